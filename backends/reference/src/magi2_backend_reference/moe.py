@@ -1,0 +1,67 @@
+"""Exact MoE references: sigmoid top-k routing and the BF16 expert rounding schedule (spec §3.2-3.4).
+
+Expert schedule per route (h, t, k) with flat expert f = h·E + idx[h,t,k]:
+FP32 gate/up projections -> SwiGLU7 in FP32 -> BF16 intermediate -> FP32 down projection times the
+routing weight -> BF16 per route -> sum over k in FP32 -> one cast. Routes are processed expert by
+expert, so memory stays at one expert's tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from magi2_core.contracts.moe import swiglu7
+
+__all__ = ["reference_moe_route", "reference_moe_experts", "flat_expert_ids"]
+
+
+@torch.no_grad()
+def reference_moe_route(
+    x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    t, hl, d = x.shape
+    e = router_weight.shape[0] // hl
+    w = router_weight.view(hl, e, d)
+    logits = torch.bmm(x.float().permute(1, 0, 2), w.transpose(1, 2))  # [Hl, T, E] FP32
+    scores = torch.sigmoid(logits)
+    select = scores if bias is None else scores + bias.view(hl, 1, e)
+    idx = torch.topk(select, top_k, dim=-1, sorted=True).indices
+    probs = torch.gather(scores, -1, idx)
+    probs = probs / probs.abs().sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    return probs * route_scale, idx
+
+
+def flat_expert_ids(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``[Hl, T, K]`` per-head ids -> flat ids ``h·E + idx`` (head-major expert banks)."""
+    offsets = torch.arange(idx.shape[0], device=idx.device, dtype=torch.int64).view(-1, 1, 1) * num_experts
+    return idx.long() + offsets
+
+
+@torch.no_grad()
+def reference_moe_experts(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    t, hl, d = x.shape
+    k = probs.shape[2]
+    e = w_gate.shape[0] // hl
+    flat = flat_expert_ids(idx, e).reshape(-1)  # route r = (h·T + t)·K + k
+    weights = probs.reshape(-1).float()
+    rows = x.permute(1, 0, 2).reshape(hl * t, d)  # head-major activations, row = h·T + t
+    routes = torch.zeros(flat.numel(), d, dtype=x.dtype, device=x.device)
+    order = torch.argsort(flat, stable=True)
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    start = 0
+    for f, n in zip(experts.tolist(), counts.tolist()):
+        r = order[start:start + n]
+        start += n
+        a = rows[r // k].float()
+        mid = swiglu7(a @ w_gate[f].float(), a @ w_up[f].float()).to(x.dtype)
+        out = (mid.float() @ w_down[f].float()) * weights[r, None]
+        routes[r] = out.to(x.dtype)
+    y = routes.view(hl, t, k, d).float().sum(dim=2).to(x.dtype)
+    return y.permute(1, 0, 2).contiguous()

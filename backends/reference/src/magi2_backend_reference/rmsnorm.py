@@ -1,0 +1,48 @@
+"""Exact multi-modality RMSNorm: FP32 normalisation, modality-major ``(w + 1)`` scales (spec §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["reference_rmsnorm_fp32", "reference_rmsnorm", "broadcast_scale"]
+
+
+def broadcast_scale(x: torch.Tensor, weight: torch.Tensor, modality_sizes: Sequence[int] | None) -> torch.Tensor:
+    """FP32 scales ``w[m(t)] + 1`` shaped to broadcast against ``x`` (``[T, D]`` or ``[T, ..., P, D]``).
+
+    ``w + 1`` is formed in the weight's dtype, then promoted: a low-precision weight rounds first,
+    as upstream does. ``weight`` is ``[M, P, D]``.
+    """
+    tokens = x.shape[0]
+    scale = (weight + 1).float()
+    if modality_sizes is None:
+        per_token = scale[0].expand(tokens, *scale.shape[1:])
+    else:
+        sizes = torch.tensor(list(modality_sizes), device=weight.device)
+        per_token = torch.repeat_interleave(scale, sizes, dim=0, output_size=tokens)
+    if x.dim() == 2:
+        return per_token.reshape(tokens, x.shape[-1])
+    return per_token.reshape([tokens] + [1] * (x.dim() - 3) + list(per_token.shape[1:]))
+
+
+@torch.no_grad()
+def reference_rmsnorm_fp32(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: Sequence[int] | None
+) -> torch.Tensor:
+    """The pre-cast FP32 result: ``x·rsqrt(mean(x²) + eps)·(w[m] + 1)``. ``weight`` is ``[M, P, D]``."""
+    xf = x.float()
+    n = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    return n * broadcast_scale(x, weight, modality_sizes)
+
+
+def reference_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float,
+    modality_sizes: Sequence[int] | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return reference_rmsnorm_fp32(x, weight, eps, modality_sizes).to(out_dtype)

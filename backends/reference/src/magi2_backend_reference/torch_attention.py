@@ -1,0 +1,83 @@
+"""Attention through torch's own varlen kernel (``torch.nn.attention.varlen.varlen_attn``, CUDA).
+
+torch >= 2.10 returns the LSE through ``return_aux=AuxRequest(lse=True)`` as ``[Hq, Tq]`` FP32; the
+sinks are applied afterwards through the LSE correction. No softcap. On torch 2.10 there is no
+``scale``/``enable_gqa`` keyword, which the signature check below turns into typed reasons.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from magi2_core.problem import Feature, Problem
+from magi2_core.provider import SinkRescale
+from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.sinks import sink_correction
+
+__all__ = ["TorchVarlenAttention", "torch_varlen_attention"]
+
+
+class TorchVarlenAttention:
+    @cached_property
+    def _api(self) -> tuple[Any, Any, frozenset[str]] | str:
+        try:
+            from torch.nn.attention.varlen import AuxRequest, varlen_attn
+        except ImportError as exc:
+            return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn with AuxRequest ({exc})"
+        return varlen_attn, AuxRequest, frozenset(inspect.signature(varlen_attn).parameters)
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        api = self._api
+        if isinstance(api, str):
+            return [Reason(code=ReasonCode.UNAVAILABLE, field="torch", expected="torch >= 2.10 varlen_attn",
+                           actual=torch.__version__, detail=api)]
+        if problem.device_type == "cuda" and not torch.cuda.is_available():
+            return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none")]
+        params = api[2]
+        out: list[Reason] = []
+        if Feature.GQA in problem.features and "enable_gqa" not in params:
+            out.append(Reason(code=ReasonCode.FEATURE, field="gqa", expected="varlen_attn(enable_gqa=)",
+                              actual=f"torch {torch.__version__}"))
+        if "scale" not in params:
+            out.append(Reason(code=ReasonCode.CHECK, field="softmax_scale", expected="varlen_attn(scale=)",
+                              actual=f"torch {torch.__version__}", detail="needs torch >= 2.12"))
+        return out
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float,
+        softcap: float,
+        sinks: torch.Tensor | None,
+        sink_rescale: SinkRescale,
+        deterministic: bool,
+        return_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        api = self._api
+        assert not isinstance(api, str), api
+        varlen_attn, aux_request, params = api
+        kwargs: dict[str, Any] = {"return_aux": aux_request(lse=True), "scale": softmax_scale}
+        if q.shape[1] != k.shape[1]:
+            kwargs["enable_gqa"] = True
+        o, lse = varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+        if tuple(lse.shape) != (q.shape[1], q.shape[0]):
+            raise RuntimeError(f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = "
+                               f"{[q.shape[1], q.shape[0]]}")
+        if sinks is not None:
+            o, lse = sink_correction(o, lse, sinks, rescale=sink_rescale)
+        return o, lse if return_lse else None
+
+
+torch_varlen_attention = TorchVarlenAttention()

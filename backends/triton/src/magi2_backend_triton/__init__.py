@@ -1,0 +1,1 @@
+"""magi2-backend-triton: portable Triton kernels for MAGI-2."""

@@ -1,0 +1,61 @@
+"""magi2-core: contracts, registry and resolver for the MAGI-2 operators.
+
+>>> import magi2_core as m2
+>>> m2.resolve  # doctest: +ELLIPSIS
+<function resolve at ...>
+"""
+
+from magi2_core._version import CORE_API_VERSION, __version__
+from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.errors import (
+    InvalidDeviceError,
+    InvalidDTypeError,
+    InvalidInputError,
+    InvalidShapeError,
+    Magi2Error,
+    NoEligibleProviderError,
+    ProviderNotEligibleError,
+    ResolutionError,
+    UnknownProviderError,
+)
+from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.ops import attention, moe_experts, moe_route, resolve, rmsnorm
+from magi2_core.overrides import use
+from magi2_core.problem import Feature, Problem
+from magi2_core.registry import get_registry
+from magi2_core.resolution import Candidate, Reason, ReasonCode, Resolution, Verdict
+
+__all__ = [
+    "__version__",
+    "CORE_API_VERSION",
+    "attention",
+    "moe_route",
+    "moe_experts",
+    "rmsnorm",
+    "resolve",
+    "use",
+    "get_registry",
+    "Capability",
+    "Condition",
+    "IntRange",
+    "Provenance",
+    "Rule",
+    "BackendSpec",
+    "hookimpl",
+    "Feature",
+    "Problem",
+    "Resolution",
+    "Candidate",
+    "Reason",
+    "ReasonCode",
+    "Verdict",
+    "Magi2Error",
+    "InvalidInputError",
+    "InvalidShapeError",
+    "InvalidDTypeError",
+    "InvalidDeviceError",
+    "ResolutionError",
+    "NoEligibleProviderError",
+    "UnknownProviderError",
+    "ProviderNotEligibleError",
+]

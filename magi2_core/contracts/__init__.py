@@ -1,0 +1,1 @@
+"""Operator contracts: validation, the problem a call poses, and numerical acceptance rules."""

@@ -1,0 +1,43 @@
+"""Small validation helpers shared by the op contracts; each raises with the argument's name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError
+
+__all__ = ["dtype_name", "tensor", "rank", "dtype_in", "same_device", "describe"]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"{dtype_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
+
+
+def tensor(op: str, arg: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidDTypeError(op, arg, "a torch.Tensor", type(value).__name__)
+    return value
+
+
+def rank(op: str, arg: str, t: torch.Tensor, ranks: Iterable[int], layout: str) -> None:
+    allowed = tuple(ranks)
+    if t.dim() not in allowed:
+        raise InvalidShapeError(op, arg, f"{' or '.join(map(str, allowed))}-D {layout}", describe(t))
+
+
+def dtype_in(op: str, arg: str, t: torch.Tensor, dtypes: Iterable[torch.dtype]) -> None:
+    allowed = tuple(dtypes)
+    if t.dtype not in allowed:
+        raise InvalidDTypeError(op, arg, "of dtype " + " or ".join(dtype_name(d) for d in allowed), describe(t))
+
+
+def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for arg, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise InvalidDeviceError(op, arg, f"on {ref.device} like '{ref_arg}'", describe(t))

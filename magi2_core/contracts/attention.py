@@ -1,0 +1,170 @@
+"""Attention contract: packed variable-length attention with learned sinks (spec §2).
+
+``validate`` checks every argument before any kernel runs and returns an :class:`AttentionCall`
+with normalised inputs: int32 prefix sums on q's device, integer max lengths, the softmax scale,
+``max(softcap, 0)`` and ``sinks`` as ``None`` or FP32 ``[S, Hq]`` with ``S >= 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from magi2_core.contracts import _checks as ck
+from magi2_core.errors import InvalidInputError, InvalidShapeError
+from magi2_core.problem import FEATURE_BIT, Feature, Problem, features_from_mask
+from magi2_core.provider import SinkRescale
+
+__all__ = ["OP", "KEY_FIELDS", "AttentionCall", "validate", "problem_from_raw", "ACTIVATION_DTYPES"]
+
+OP: Literal["attention"] = "attention"
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+KEY_FIELDS = (
+    "tokens", "tokens_k", "max_seqlen_q", "max_seqlen_k", "num_segments", "head_dim", "num_heads_q", "num_heads_kv",
+)
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    softmax_scale: float
+    softcap: float
+    sinks: torch.Tensor | None
+    sink_rescale: SinkRescale
+    deterministic: bool
+    return_lse: bool
+    raw: tuple[object, ...]
+
+
+def _prefix_sums(arg: str, cu: object, total: int, device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
+    t = ck.tensor(OP, arg, cu)
+    if t.dim() != 1 or t.numel() < 1:
+        raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
+    ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))
+    values: list[int] | None = None
+    if t.device.type == "cpu":
+        values = t.tolist()
+    out = t.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
+    return out, values
+
+
+def _check_values(arg: str, values: list[int], total: int, n_tokens_arg: str) -> int:
+    if values[0] != 0:
+        raise InvalidShapeError(OP, arg, "a prefix sum starting at 0", f"first value {values[0]}")
+    if values[-1] != total:
+        raise InvalidShapeError(OP, arg, f"a prefix sum ending at {n_tokens_arg}.shape[0] = {total}",
+                                f"last value {values[-1]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    bad = next((i for i, n in enumerate(lengths) if n < 0), None)
+    if bad is not None:
+        raise InvalidShapeError(OP, arg, "non-decreasing", f"{values[bad]} then {values[bad + 1]} at index {bad}")
+    return max(lengths, default=0)
+
+
+def _max_len(arg: str, given: int | None, derived: int | None) -> int:
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise InvalidShapeError(OP, arg, "a non-negative Python int or None", repr(given))
+        if derived is not None and given < derived:
+            raise InvalidShapeError(OP, arg, f">= the longest segment ({derived})", str(given))
+        return given
+    assert derived is not None
+    return derived
+
+
+def validate(
+    q: object,
+    k: object,
+    v: object,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    *,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: object,
+    sink_rescale: str,
+    deterministic: bool,
+    return_lse: bool,
+    compiling: bool,
+) -> AttentionCall:
+    q = ck.tensor(OP, "q", q)
+    k = ck.tensor(OP, "k", k)
+    v = ck.tensor(OP, "v", v)
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
+    ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
+    for arg, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise InvalidInputError(OP, arg, f"of q's dtype {ck.dtype_name(q.dtype)}", ck.describe(t))
+    ck.same_device(OP, "q", q, k=k, v=v)
+    tq, hq, d = q.shape
+    tk, hkv, dk = k.shape
+    if dk != d or v.shape[2] != d:
+        raise InvalidShapeError(OP, "k/v", f"head_dim {d} like q", f"k {list(k.shape)}, v {list(v.shape)}")
+    if tuple(v.shape[:2]) != (tk, hkv):
+        raise InvalidShapeError(OP, "v", f"[{tk}, {hkv}, {d}] like k", ck.describe(v))
+    if hkv == 0 or hq % hkv != 0:
+        raise InvalidShapeError(OP, "k", f"a kv head count dividing q's {hq} heads (GQA)", f"{hkv} kv heads")
+    cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, tq, q.device)
+    cu_k, vals_k = _prefix_sums("cu_seqlens_k", cu_seqlens_k, tk, q.device)
+    if cu_q.numel() != cu_k.numel():
+        raise InvalidShapeError(OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)",
+                                f"{cu_k.numel()} entries")
+    need_values = max_seqlen_q is None or max_seqlen_k is None
+    if need_values and vals_q is None:  # device prefix sums: one host sync, only when lengths were not given
+        vals_q = cu_q.tolist()
+    if need_values and vals_k is None:
+        vals_k = cu_k.tolist()
+    long_q = _check_values("cu_seqlens_q", vals_q, tq, "q") if vals_q is not None else None
+    long_k = _check_values("cu_seqlens_k", vals_k, tk, "k") if vals_k is not None else None
+    mq = _max_len("max_seqlen_q", max_seqlen_q, long_q)
+    mk = _max_len("max_seqlen_k", max_seqlen_k, long_k)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    else:
+        scale = float(softmax_scale)
+        if not math.isfinite(scale) or scale <= 0:
+            raise InvalidShapeError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
+    cap = float(softcap)
+    if math.isnan(cap) or math.isinf(cap):
+        raise InvalidShapeError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
+    cap = max(cap, 0.0)
+    sink_t: torch.Tensor | None = None
+    if sinks is not None:
+        sink_t = ck.tensor(OP, "sinks", sinks)
+        if sink_t.dtype != torch.float32 or sink_t.dim() != 2 or sink_t.shape[1] != hq:
+            raise InvalidInputError(OP, "sinks", f"an FP32 tensor [S, {hq}] (S sink logits per q head)",
+                                    ck.describe(sink_t))
+        ck.same_device(OP, "q", q, sinks=sink_t)
+        if sink_t.shape[0] == 0:
+            sink_t = None
+    if sink_rescale not in ("fp32", "activation"):
+        raise InvalidShapeError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
+    mask = (
+        (FEATURE_BIT[Feature.SOFTCAP] if cap > 0 else 0)
+        | (FEATURE_BIT[Feature.SINKS] if sink_t is not None else 0)
+        | (FEATURE_BIT[Feature.GQA] if hq != hkv else 0)
+        | (FEATURE_BIT[Feature.LSE] if return_lse else 0)
+        | (FEATURE_BIT[Feature.DETERMINISTIC] if deterministic else 0)
+        | (FEATURE_BIT[Feature.COMPILING] if compiling else 0)
+    )
+    raw = (q.device.type, ck.dtype_name(q.dtype), None, mask, tq, tk, mq, mk, cu_q.numel() - 1, d, hq, hkv)
+    return AttentionCall(q, k, v, cu_q, cu_k, mq, mk, scale, cap, sink_t, sink_rescale,  # type: ignore[arg-type]
+                         bool(deterministic), bool(return_lse), raw)
+
+
+def problem_from_raw(raw: tuple[object, ...]) -> Problem:
+    device_type, dtype, _, mask, *ints = raw
+    return Problem(op=OP, device_type=str(device_type), dtype=str(dtype), features=features_from_mask(int(mask)),  # type: ignore[call-overload]
+                   **dict(zip(KEY_FIELDS, ints)))

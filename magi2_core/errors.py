@@ -1,0 +1,73 @@
+"""One exception family for everything magi2-core raises.
+
+Input errors name the argument, what was expected and what was given, so that the message alone
+says how to fix the call. Resolution errors carry the :class:`~magi2_core.resolution.Resolution`
+that explains every candidate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magi2_core.resolution import Resolution
+
+__all__ = [
+    "Magi2Error",
+    "InvalidInputError",
+    "InvalidShapeError",
+    "InvalidDTypeError",
+    "InvalidDeviceError",
+    "ResolutionError",
+    "NoEligibleProviderError",
+    "UnknownProviderError",
+    "ProviderNotEligibleError",
+]
+
+
+class Magi2Error(Exception):
+    """Base class of every error raised by magi2-core."""
+
+
+class InvalidInputError(Magi2Error):
+    """An argument of an operator call is wrong; ``arg``, ``expected`` and ``actual`` say how."""
+
+    def __init__(self, op: str, arg: str, expected: str, actual: str) -> None:
+        self.op = op
+        self.arg = arg
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{op}: argument '{arg}' must be {expected}; got {actual}")
+
+
+class InvalidShapeError(InvalidInputError, ValueError):
+    """Wrong rank, size, or inconsistent sizes/values (prefix sums, modality sizes, top_k)."""
+
+
+class InvalidDTypeError(InvalidInputError, TypeError):
+    """Wrong dtype."""
+
+
+class InvalidDeviceError(InvalidInputError, ValueError):
+    """Tensors of one call on different devices."""
+
+
+class ResolutionError(Magi2Error, RuntimeError):
+    """No provider could be resolved; ``resolution.explain()`` says why for each candidate."""
+
+    def __init__(self, message: str, resolution: Resolution | None = None) -> None:
+        self.resolution = resolution
+        detail = f"\n\n{resolution.explain()}" if resolution is not None else ""
+        super().__init__(message + detail)
+
+
+class NoEligibleProviderError(ResolutionError):
+    """Every installed provider of the operator rejected the call."""
+
+
+class UnknownProviderError(ResolutionError, ValueError):
+    """An override named a provider that is not installed for this operator."""
+
+
+class ProviderNotEligibleError(ResolutionError):
+    """An override forced a provider that cannot serve this call."""

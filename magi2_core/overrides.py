@@ -1,0 +1,101 @@
+"""Provider overrides: ``provider=`` argument > ``use(...)`` context > environment > priority.
+
+``use(attention="reference", moe="triton")`` sets overrides for a scope (a ContextVar: nestable,
+thread- and task-safe). Keys are op families (``attention``, ``moe``, ``rmsnorm``) or single ops
+(``moe_route``, ``moe_experts``). A family-level name applies to the ops of the family that have a
+provider of that name; the others fall through to the next layer. The environment works the same:
+``MAGI2_ATTENTION_PROVIDER``, ``MAGI2_MOE_PROVIDER``, ``MAGI2_RMSNORM_PROVIDER`` and per op
+``MAGI2_MOE_ROUTE_PROVIDER``, ``MAGI2_MOE_EXPERTS_PROVIDER``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import MappingProxyType
+
+from magi2_core.errors import InvalidInputError
+from magi2_core.problem import OpName
+
+__all__ = ["FAMILY", "use", "current_overrides", "context_token", "layered_overrides", "env_var", "env_vars"]
+
+FAMILY: dict[OpName, str] = {
+    "attention": "attention",
+    "moe_route": "moe",
+    "moe_experts": "moe",
+    "rmsnorm": "rmsnorm",
+}
+_KEYS = frozenset(FAMILY) | frozenset(FAMILY.values())
+# A sorted tuple of (key, provider) pairs: hashable, so it can be part of the resolution cache key.
+_OVERRIDES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("magi2_overrides", default=())
+
+
+def env_var(key: str) -> str:
+    return f"MAGI2_{key.upper()}_PROVIDER"
+
+
+def env_vars(op: OpName) -> tuple[str, ...]:
+    """The environment variables that can force a provider for ``op``, strongest first."""
+    family = FAMILY[op]
+    return (env_var(family),) if family == op else (env_var(op), env_var(family))
+
+
+@contextmanager
+def use(**providers: str | None) -> Iterator[None]:
+    """Force providers inside a ``with`` block; ``None`` lifts an outer override for that key.
+
+    >>> import magi2_core as m2
+    >>> with m2.use(attention="reference"):
+    ...     pass
+    """
+    unknown = sorted(set(providers) - _KEYS)
+    if unknown:
+        raise InvalidInputError("use", ", ".join(unknown), f"one of {sorted(_KEYS)}", "unknown key(s)")
+    merged = dict(_OVERRIDES.get())
+    for key, name in providers.items():
+        if name is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = name
+    token = _OVERRIDES.set(tuple(sorted(merged.items())))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def current_overrides() -> Mapping[str, str]:
+    """The overrides of the current context, as a read-only mapping."""
+    return MappingProxyType(dict(_OVERRIDES.get()))
+
+
+def context_token() -> tuple[tuple[str, str], ...]:
+    """The hashable form of the current context's overrides (for cache keys)."""
+    return _OVERRIDES.get()
+
+
+def layered_overrides(op: OpName) -> tuple[tuple[str, str, bool], ...]:
+    """The override layers that name a provider for ``op``, strongest first.
+
+    Each item is ``(source, name, family_level)`` with source ``context`` or ``env``; a
+    family-level name may be skipped by the resolver when this op has no provider of that name.
+    """
+    family = FAMILY[op]
+    out: list[tuple[str, str, bool]] = []
+    ctx = dict(_OVERRIDES.get())
+    if ctx:
+        if op in ctx:
+            out.append(("context", ctx[op], False))
+        if family != op and family in ctx:
+            out.append(("context", ctx[family], True))
+    env = os.environ
+    if op != family:
+        name = env.get(env_var(op))
+        if name:
+            out.append(("env", name, False))
+    name = env.get(env_var(family))
+    if name:
+        out.append(("env", name, family != op))
+    return tuple(out)

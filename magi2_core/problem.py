@@ -1,0 +1,76 @@
+"""The problem a call poses: what the resolver matches capability descriptors against.
+
+A :class:`Problem` is built from validated inputs (or from a CLI description, with no tensors).
+It holds only what selection may depend on: device type, dtypes, sizes and the features asked for.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["OpName", "OPS", "Feature", "FEATURE_BIT", "features_from_mask", "Problem", "INT_FIELDS"]
+
+OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
+OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm")
+
+
+class Feature(str, Enum):
+    """Optional behaviour a call asks for; a provider must declare each one it serves."""
+
+    SOFTCAP = "softcap"
+    SINKS = "sinks"
+    GQA = "gqa"
+    LSE = "lse"
+    DETERMINISTIC = "deterministic"
+    COMPILING = "compiling"
+
+
+class Problem(BaseModel):
+    """Everything provider selection may depend on, and nothing else.
+
+    Integer fields that an operator does not use stay ``None``. ``tokens`` is the query token count
+    for attention and the token count ``T`` for the MoE and RMSNorm operators.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: OpName
+    device_type: str
+    dtype: str
+    features: frozenset[Feature] = frozenset()
+    tokens: int | None = None
+    # attention
+    tokens_k: int | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
+    num_segments: int | None = None
+    head_dim: int | None = None
+    num_heads_q: int | None = None
+    num_heads_kv: int | None = None
+    # moe
+    num_heads: int | None = None
+    num_experts: int | None = None
+    top_k: int | None = None
+    hidden: int | None = None
+    intermediate: int | None = None
+    # rmsnorm
+    width: int | None = None
+    num_modalities: int | None = None
+    num_patterns: int | None = None
+    out_dtype: str | None = None
+
+
+INT_FIELDS: tuple[str, ...] = tuple(
+    name for name, field in Problem.model_fields.items() if field.annotation == (int | None)
+)
+
+_FEATURE_ORDER: tuple[Feature, ...] = tuple(Feature)
+FEATURE_BIT: dict[Feature, int] = {f: 1 << i for i, f in enumerate(_FEATURE_ORDER)}
+
+
+def features_from_mask(mask: int) -> frozenset[Feature]:
+    """Inverse of OR-ing :data:`FEATURE_BIT` values (the hot path keeps features as an int)."""
+    return frozenset(f for f in _FEATURE_ORDER if mask & FEATURE_BIT[f])

@@ -1,0 +1,99 @@
+"""What a provider's kernel object looks like to the core.
+
+A capability descriptor names its kernel object as ``impl = "module:attribute"``. The registry
+imports it only when the provider is considered for a call. The object is callable with the
+operator's provider signature (below) and may define ``check(problem)`` for run-time availability
+(an optional import, a compute capability) and cross-field limits. ``check`` must depend only on the
+problem's device type, dtypes and features and on the environment, never on sizes: its answer is
+cached per problem bucket. Size limits belong in the descriptor (``ranges``, ``rules``).
+
+Inputs reaching a provider are validated and normalised by the op contract: prefix sums are int32 on
+q's device, ``max_seqlen_*`` are Python ints, ``softcap`` is ``max(softcap, 0.0)``, ``sinks`` is
+``None`` or FP32 ``[S, Hq]`` with ``S >= 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+from magi2_core.problem import Problem
+from magi2_core.resolution import Reason
+
+__all__ = [
+    "SinkRescale",
+    "Checkable",
+    "AttentionKernel",
+    "MoERouteKernel",
+    "MoEExpertsKernel",
+    "RMSNormKernel",
+]
+
+SinkRescale = Literal["fp32", "activation"]
+
+
+@runtime_checkable
+class Checkable(Protocol):
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        """Reasons this provider cannot serve ``problem`` here (empty: it can)."""
+        ...
+
+
+class AttentionKernel(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float,
+        softcap: float,
+        sinks: torch.Tensor | None,
+        sink_rescale: SinkRescale,
+        deterministic: bool,
+        return_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return ``(o [Tq, Hq, D] in q.dtype, lse [Hq, Tq] FP32 or None)``; sinks already applied."""
+        ...
+
+
+class MoERouteKernel(Protocol):
+    def __call__(
+        self, x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``."""
+        ...
+
+
+class MoEExpertsKernel(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        probs: torch.Tensor,
+        idx: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """Return ``y [T, Hl, d]`` in x.dtype."""
+        ...
+
+
+class RMSNormKernel(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        eps: float,
+        modality_sizes: Sequence[int] | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """Return the normalised, scaled ``x`` cast once to ``out_dtype``."""
+        ...

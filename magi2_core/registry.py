@@ -1,0 +1,261 @@
+"""Backend discovery: entry points, pluggy validation, quarantine, allow/deny lists.
+
+Backends are found under the entry-point group ``magi2_core.backends``. Each one is loaded in
+isolation: an entry point that fails to import, fails pluggy's hook validation, returns an invalid
+spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
+with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others.
+``MAGI2_PLUGINS`` (comma-separated entry-point names) is an allow-list, ``MAGI2_DISABLE_PLUGINS`` a
+deny-list. Loading is lazy (first use) and thread-safe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from magi2_core._version import CORE_API_VERSION
+from magi2_core.capability import Capability
+from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec
+from magi2_core.problem import INT_FIELDS, OPS, OpName
+from magi2_core.resolution import QuarantinedPlugin
+
+__all__ = ["ENTRY_POINT_GROUP", "LoadedProvider", "LoadedBackend", "Registry", "get_registry"]
+
+ENTRY_POINT_GROUP = "magi2_core.backends"
+log = logging.getLogger("magi2_core")
+
+
+@dataclass
+class LoadedProvider:
+    """A provider's descriptor plus its lazily imported kernel object."""
+
+    capability: Capability
+    _impl: Any = None
+    _error: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.capability.name
+
+    def load(self) -> tuple[Any, str | None]:
+        """Import ``impl`` once; return ``(object, None)`` or ``(None, why it failed)``."""
+        if self._impl is None and self._error is None:
+            with self._lock:
+                if self._impl is None and self._error is None:
+                    module_name, _, attr = self.capability.impl.partition(":")
+                    try:
+                        obj: Any = importlib.import_module(module_name)
+                        for part in attr.split("."):
+                            obj = getattr(obj, part)
+                        self._impl = obj
+                    except Exception as exc:  # an optional dependency missing, a broken build...
+                        self._error = f"cannot import {self.capability.impl}: {type(exc).__name__}: {exc}"
+        return self._impl, self._error
+
+
+@dataclass(frozen=True)
+class LoadedBackend:
+    entry_point: str
+    spec: BackendSpec
+    plugin: object
+
+
+class Registry:
+    """The installed backends and their providers, per operator, in resolution order."""
+
+    def __init__(self, *, discover: bool = True) -> None:
+        self._discover = discover
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._pm = pluggy.PluginManager(PROJECT)
+        self._pm.add_hookspecs(BackendHooks)
+        self._backends: dict[str, LoadedBackend] = {}
+        self._quarantined: list[QuarantinedPlugin] = []
+        self._providers: dict[OpName, list[LoadedProvider]] = {op: [] for op in OPS}
+        self._bounds: dict[OpName, dict[str, tuple[int, ...]]] = {op: {} for op in OPS}
+        self.generation = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- loading -------------------------------------------------------------------------------
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            if self._discover:
+                self._load_entry_points()
+            self._loaded = True
+            self._changed()
+
+    def _load_entry_points(self) -> None:
+        allow = _name_list("MAGI2_PLUGINS")
+        deny = _name_list("MAGI2_DISABLE_PLUGINS")
+        eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+        for ep in eps:
+            if (allow is not None and ep.name not in allow) or (deny is not None and ep.name in deny):
+                log.info("magi2_core: backend entry point %r skipped by MAGI2_PLUGINS/MAGI2_DISABLE_PLUGINS", ep.name)
+                continue
+            dist = ep.dist.name if ep.dist is not None else "?"
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                self._quarantine(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}")
+                continue
+            self._add(plugin, ep.name, ep.value, dist)
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a backend object or module directly (tests, or a plugin outside entry points)."""
+        with self._lock:
+            self._ensure_loaded()
+            self._add(plugin, name, repr(plugin), "(registered in process)")
+            self._changed()
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            backend = self._backends.pop(name, None)
+            self._quarantined = [q for q in self._quarantined if q.entry_point != name]
+            if backend is not None:
+                self._pm.unregister(backend.plugin)
+                for op in OPS:
+                    self._providers[op] = [
+                        p for p in self._providers[op] if p.capability.backend != backend.spec.name
+                    ]
+            self._changed()
+
+    def _add(self, plugin: object, name: str, value: str, dist: str) -> None:
+        try:
+            self._pm.register(plugin, name=name)
+        except Exception as exc:  # pluggy.PluginValidationError, duplicate names
+            self._quarantine(name, value, dist, f"invalid plugin: {type(exc).__name__}: {exc}")
+            return
+        try:
+            impls = [i for i in self._pm.hook.magi2_backend.get_hookimpls() if i.plugin is plugin]
+            if not impls:
+                raise TypeError("the plugin does not implement the required hook 'magi2_backend'")
+            spec = impls[0].function()
+            if not isinstance(spec, BackendSpec):
+                spec = BackendSpec.model_validate(spec)
+            _check_core_api(spec)
+            clashes = [
+                f"{c.op}:{c.name}"
+                for c in spec.providers
+                if any(p.name == c.name for p in self._providers[c.op])
+            ]
+            if clashes:
+                raise ValueError(f"provider names already registered by another backend: {clashes}")
+        except Exception as exc:
+            self._pm.unregister(plugin)
+            self._quarantine(name, value, dist, f"{type(exc).__name__}: {exc}")
+            return
+        self._backends[name] = LoadedBackend(name, spec, plugin)
+        for cap in spec.providers:
+            cap = cap.model_copy(update={"backend": spec.name})
+            self._providers[cap.op].append(LoadedProvider(cap))
+
+    def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
+        log.warning("magi2_core: backend %r (%s) quarantined: %s", name, dist, reason)
+        self._quarantined.append(QuarantinedPlugin(entry_point=name, value=value, distribution=dist, reason=reason))
+
+    def _changed(self) -> None:
+        for op in OPS:
+            self._providers[op].sort(key=lambda p: (-p.capability.priority, p.name))
+            bounds: dict[str, set[int]] = {}
+            for p in self._providers[op]:
+                for fld, values in p.capability.boundaries().items():
+                    bounds.setdefault(fld, set()).update(values)
+            self._bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
+        self.generation += 1
+        for listener in self._listeners:
+            listener()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def reload(self) -> None:
+        """Forget everything and rediscover (after installing a backend, or changing MAGI2_PLUGINS)."""
+        with self._lock:
+            for backend in self._backends.values():
+                self._pm.unregister(backend.plugin)
+            self._backends.clear()
+            self._quarantined.clear()
+            self._providers = {op: [] for op in OPS}
+            self._loaded = False
+            self._ensure_loaded()
+
+    # -- queries -------------------------------------------------------------------------------
+    def providers(self, op: OpName) -> list[LoadedProvider]:
+        """The providers of ``op`` in resolution order (priority descending, then name)."""
+        self._ensure_loaded()
+        return self._providers[op]
+
+    def provider(self, op: OpName, name: str) -> LoadedProvider | None:
+        return next((p for p in self.providers(op) if p.name == name), None)
+
+    def boundaries(self, op: OpName) -> dict[str, tuple[int, ...]]:
+        self._ensure_loaded()
+        return self._bounds[op]
+
+    def backends(self) -> list[LoadedBackend]:
+        self._ensure_loaded()
+        return sorted(self._backends.values(), key=lambda b: b.entry_point)
+
+    def quarantined(self) -> tuple[QuarantinedPlugin, ...]:
+        self._ensure_loaded()
+        return tuple(self._quarantined)
+
+    def self_test(self, entry_point: str, device: str) -> list[str]:
+        backend = self._backends[entry_point]
+        impls = [i for i in self._pm.hook.magi2_self_test.get_hookimpls() if i.plugin is backend.plugin]
+        return list(impls[0].function(device=device)) if impls else []
+
+
+def _name_list(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {n.strip() for n in raw.split(",") if n.strip()}
+
+
+def _check_core_api(spec: BackendSpec) -> None:
+    try:
+        ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"core_api {spec.core_api!r} is not a valid version specifier: {exc}") from exc
+    if not ok:
+        raise ValueError(
+            f"backend {spec.name} implements core contract {spec.core_api}, "
+            f"but this magi2-core provides contract {CORE_API_VERSION}; install a matching version"
+        )
+
+
+_REGISTRY: Registry | None = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry (created on first use)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        with _REGISTRY_LOCK:
+            if _REGISTRY is None:
+                _REGISTRY = Registry()
+    return _REGISTRY
+
+
+def iter_capabilities(op: OpName | None = None) -> Iterable[Capability]:
+    reg = get_registry()
+    for o in OPS if op is None else (op,):
+        for p in reg.providers(o):
+            yield p.capability

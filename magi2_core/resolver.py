@@ -1,0 +1,195 @@
+"""Resolution: from a :class:`Problem` to a provider, explained, and memoised for the hot path.
+
+Order: overrides in fixed precedence (``provider=`` argument > ``use(...)`` > environment), else the
+providers of the op in a total order (priority descending, then name), the first eligible wins.
+Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
+then the kernel object's run-time ``check`` (imports, compute capability).
+
+The :class:`Dispatcher` caches the chosen kernel by the call's key: device type, dtype, feature mask
+and each integer field *bucketed* by the boundaries that the installed descriptors use, plus the
+active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from magi2_core.capability import Capability
+from magi2_core.errors import (
+    NoEligibleProviderError,
+    ProviderNotEligibleError,
+    UnknownProviderError,
+)
+from magi2_core.overrides import FAMILY, context_token, env_vars, layered_overrides
+from magi2_core.problem import OpName, Problem
+from magi2_core.provider import Checkable
+from magi2_core.registry import LoadedProvider, Registry, get_registry
+from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
+
+__all__ = ["static_reasons", "resolve_problem", "Dispatcher", "RawKey"]
+
+# (device_type, dtype, out_dtype, feature_mask, *integer fields in the op's KEY_FIELDS order)
+RawKey = tuple[Any, ...]
+
+
+def static_reasons(cap: Capability, problem: Problem) -> list[Reason]:
+    """Why the descriptor alone rules the provider out (empty: it does not)."""
+    out: list[Reason] = []
+    if problem.device_type not in cap.device_types and "*" not in cap.device_types:
+        out.append(Reason(code=ReasonCode.DEVICE_TYPE, field="device_type",
+                          expected=" | ".join(cap.device_types), actual=problem.device_type))
+    if problem.dtype not in cap.dtypes:
+        out.append(Reason(code=ReasonCode.DTYPE, field="dtype", expected=" | ".join(cap.dtypes), actual=problem.dtype))
+    if cap.out_dtypes is not None and problem.out_dtype is not None and problem.out_dtype not in cap.out_dtypes:
+        out.append(Reason(code=ReasonCode.OUT_DTYPE, field="out_dtype",
+                          expected=" | ".join(cap.out_dtypes), actual=problem.out_dtype))
+    if cap.head_dims is not None and problem.head_dim is not None and problem.head_dim not in cap.head_dims:
+        out.append(Reason(code=ReasonCode.HEAD_DIM, field="head_dim",
+                          expected=" | ".join(map(str, cap.head_dims)), actual=str(problem.head_dim)))
+    for rng in cap.ranges:
+        value = getattr(problem, rng.field)
+        if value is not None and not rng.contains(value):
+            out.append(Reason(code=ReasonCode.RANGE, field=rng.field, expected=str(rng), actual=str(value)))
+    missing = sorted(f.value for f in problem.features - cap.features)
+    for feat in missing:
+        out.append(Reason(code=ReasonCode.FEATURE, field=feat, expected="supported", actual="requested"))
+    for rule in cap.rules:
+        if rule.fires(problem):
+            out.append(Reason(code=ReasonCode.RULE, field=rule.id, expected=f"not ({rule.describe()})",
+                              actual="rule fired", detail=f"{rule.reason}; source: {rule.provenance}"))
+    return out
+
+
+def _runtime_reasons(provider: LoadedProvider, problem: Problem) -> list[Reason]:
+    impl, error = provider.load()
+    if error is not None:
+        return [Reason(code=ReasonCode.UNAVAILABLE, field="impl", expected="importable", actual="import failed",
+                       detail=error)]
+    if isinstance(impl, Checkable):
+        return list(impl.check(problem))
+    return []
+
+
+def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = ()) -> Candidate:
+    c = p.capability
+    return Candidate(provider=c.name, backend=c.backend, version=c.version, priority=c.priority,
+                     verdict=verdict, reasons=tuple(reasons))
+
+
+def _forced(op: OpName, provider: str | None, reg: Registry) -> tuple[str, DecidedBy] | None:
+    if provider is not None:
+        return provider, "argument"
+    for source, name, family_level in layered_overrides(op):
+        if reg.provider(op, name) is not None or not family_level:
+            return name, "context" if source == "context" else "env"
+        siblings = [o for o, f in FAMILY.items() if f == FAMILY[op]]
+        if not any(reg.provider(o, name) for o in siblings):
+            return name, "context" if source == "context" else "env"
+    return None
+
+
+def resolve_problem(problem: Problem, provider: str | None = None, registry: Registry | None = None) -> Resolution:
+    """Resolve ``problem`` without running anything; raise with the full Resolution if nothing fits.
+
+    Raises :class:`UnknownProviderError` for an override naming no installed provider,
+    :class:`ProviderNotEligibleError` for a forced provider that cannot serve the problem, and
+    :class:`NoEligibleProviderError` when no provider can.
+    """
+    reg = registry or get_registry()
+    providers = reg.providers(problem.op)
+    forced = _forced(problem.op, provider, reg)
+    candidates: list[Candidate] = []
+    chosen: str | None = None
+    if forced is not None:
+        name, source = forced
+        target = reg.provider(problem.op, name)
+        if target is None:
+            valid = [p.name for p in providers]
+            raise UnknownProviderError(
+                f"{problem.op}: no provider named {name!r} ({source} override); installed: {valid}. "
+                f"Check the name, or install the backend that provides it (`magi2 backends` lists them)."
+            )
+        for p in providers:
+            if p is target:
+                reasons = static_reasons(p.capability, problem) or _runtime_reasons(p, problem)
+                chosen = None if reasons else p.name
+                candidates.append(_candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons))
+            else:
+                candidates.append(_candidate(p, Verdict.SKIPPED, [Reason(
+                    code=ReasonCode.OVERRIDDEN, field="provider", expected=name, actual=p.name,
+                    detail=f"{source} override")]))
+        res = Resolution(problem=problem, candidates=tuple(candidates), decided_by=source, override=name,
+                         chosen=chosen, quarantined=reg.quarantined())
+        if chosen is None:
+            raise ProviderNotEligibleError(
+                f"{problem.op}: provider {name!r} was forced ({source}) but cannot serve this call", res)
+        return res
+    for p in providers:
+        reasons = static_reasons(p.capability, problem)
+        if chosen is None:
+            reasons = reasons or _runtime_reasons(p, problem)
+            if not reasons:
+                chosen = p.name
+                candidates.append(_candidate(p, Verdict.CHOSEN))
+                continue
+            candidates.append(_candidate(p, Verdict.REJECTED, reasons))
+        elif reasons:
+            candidates.append(_candidate(p, Verdict.REJECTED, reasons))
+        else:
+            candidates.append(_candidate(p, Verdict.SKIPPED, [Reason(
+                code=ReasonCode.NOT_REACHED, field="order", expected=f"ranked before {chosen!r}",
+                actual="ranked after", detail="not probed: a provider earlier in the order was chosen")]))
+    res = Resolution(problem=problem, candidates=tuple(candidates), decided_by="priority", chosen=chosen,
+                     quarantined=reg.quarantined())
+    if chosen is None:
+        raise NoEligibleProviderError(f"{problem.op}: no installed provider can serve this call", res)
+    return res
+
+
+class Dispatcher:
+    """Memoised resolution for op calls: a repeated call costs a tuple build and a dict lookup."""
+
+    def __init__(self, registry: Registry | None = None) -> None:
+        self._registry = registry or get_registry()
+        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._plans: dict[OpName, tuple[tuple[int, tuple[int, ...]], ...]] = {}
+        self._registry.on_change(self.clear)
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._plans.clear()
+
+    def _plan(self, op: OpName, key_fields: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        bounds = self._registry.boundaries(op)
+        plan = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
+        self._plans[op] = plan
+        return plan
+
+    def kernel(
+        self,
+        op: OpName,
+        raw: RawKey,
+        key_fields: Sequence[str],
+        build: Callable[[RawKey], Problem],
+        provider: str | None,
+    ) -> Any:
+        """The kernel object to run for this call (resolving and caching on a miss)."""
+        plan = self._plans.get(op)
+        if plan is None:
+            plan = self._plan(op, key_fields)
+        env = os.environ
+        key = (
+            op, provider, context_token(), *[env.get(v) for v in env_vars(op)], raw[0], raw[1], raw[2], raw[3],
+            *[None if raw[i] is None else bisect_right(b, raw[i]) for i, b in plan],
+        )
+        kernel = self._cache.get(key)
+        if kernel is None:
+            res = resolve_problem(build(raw), provider, self._registry)
+            chosen = self._registry.provider(op, res.chosen or "")
+            assert chosen is not None
+            kernel, _ = chosen.load()
+            self._cache[key] = kernel
+        return kernel
