@@ -11,7 +11,7 @@ provider of that name; the others fall through to the next layer. The environmen
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
@@ -19,7 +19,7 @@ from types import MappingProxyType
 from magi2_core.errors import InvalidInputError
 from magi2_core.problem import OpName
 
-__all__ = ["FAMILY", "use", "current_overrides", "context_token", "layered_overrides", "env_var", "env_vars"]
+__all__ = ["FAMILY", "use", "current_overrides", "context_token", "layered_overrides", "env_var", "env_vars", "env_reader"]
 
 FAMILY: dict[OpName, str] = {
     "attention": "attention",
@@ -40,6 +40,20 @@ def env_vars(op: OpName) -> tuple[str, ...]:
     """The environment variables that can force a provider for ``op``, strongest first."""
     family = FAMILY[op]
     return (env_var(family),) if family == op else (env_var(op), env_var(family))
+
+
+def env_reader(names: tuple[str, ...]) -> Callable[[], tuple[object, ...]]:
+    """A fast reader of the current values of ``names`` (part of the hot-path cache key).
+
+    ``os.environ.get`` costs over a microsecond for a missing key; on POSIX the mapping's backing dict
+    (``os.environ._data``, bytes keys, kept in sync by ``os.environ[...] = ...``) answers in tens of ns.
+    """
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+        keys = tuple(os.fsencode(n) for n in names)
+        get = data.get
+        return lambda: tuple([get(k) for k in keys])
+    return lambda: tuple([os.environ.get(n) for n in names])
 
 
 @contextmanager

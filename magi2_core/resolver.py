@@ -12,7 +12,6 @@ active overrides. A new sequence length reuses the cached decision unless it cro
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from magi2_core.errors import (
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.overrides import FAMILY, context_token, env_vars, layered_overrides
+from magi2_core.overrides import FAMILY, context_token, env_reader, env_vars, layered_overrides
 from magi2_core.problem import OpName, Problem
 from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, get_registry
@@ -155,16 +154,19 @@ class Dispatcher:
     def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry or get_registry()
         self._cache: dict[tuple[Any, ...], Any] = {}
-        self._plans: dict[OpName, tuple[tuple[int, tuple[int, ...]], ...]] = {}
+        self._plans: dict[OpName, tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]] = {}
         self._registry.on_change(self.clear)
 
     def clear(self) -> None:
         self._cache.clear()
         self._plans.clear()
 
-    def _plan(self, op: OpName, key_fields: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    def _plan(
+        self, op: OpName, key_fields: Sequence[str]
+    ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]:
         bounds = self._registry.boundaries(op)
-        plan = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
+        buckets = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
+        plan = (buckets, env_reader(env_vars(op)))
         self._plans[op] = plan
         return plan
 
@@ -180,10 +182,10 @@ class Dispatcher:
         plan = self._plans.get(op)
         if plan is None:
             plan = self._plan(op, key_fields)
-        env = os.environ
+        buckets, env = plan
         key = (
-            op, provider, context_token(), *[env.get(v) for v in env_vars(op)], raw[0], raw[1], raw[2], raw[3],
-            *[None if raw[i] is None else bisect_right(b, raw[i]) for i, b in plan],
+            op, provider, context_token(), env(), raw[:4],
+            tuple([None if raw[i] is None else bisect_right(b, raw[i]) for i, b in buckets]) if buckets else (),
         )
         kernel = self._cache.get(key)
         if kernel is None:

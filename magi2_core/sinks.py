@@ -26,10 +26,12 @@ __all__ = ["sink_scale", "sink_correction"]
 
 
 def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(scale [H, T] FP32, corrected lse [H, T] FP32)``."""
-    ls = torch.logsumexp(sinks.float(), dim=0)
-    new_lse = torch.logaddexp(lse.float(), ls[:, None])
-    delta = lse.float() - new_lse
+    """Return ``(scale [H, T], corrected lse [H, T])`` in FP32 (FP64 for an FP64 ``lse``)."""
+    acc = torch.promote_types(lse.dtype, torch.float32)
+    lse = lse.to(acc)
+    ls = torch.logsumexp(sinks.to(acc), dim=0)
+    new_lse = torch.logaddexp(lse, ls[:, None])
+    delta = lse - new_lse
     delta = torch.where(torch.isfinite(delta), delta, torch.full_like(delta, float("-inf")))
     return torch.exp(delta), new_lse
 
@@ -60,7 +62,7 @@ def sink_correction(
     scale, new_lse = sink_scale(lse, sinks)
     scale_th = scale.t().unsqueeze(-1)
     if rescale == "fp32":
-        out = (o.float() * scale_th).to(dtype)
+        out = (o.to(torch.promote_types(o.dtype, torch.float32)) * scale_th).to(dtype)
     else:
         od = o.to(dtype)
         out = od * scale_th.to(dtype)

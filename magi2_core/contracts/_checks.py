@@ -11,8 +11,15 @@ from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShap
 __all__ = ["dtype_name", "tensor", "rank", "dtype_in", "same_device", "describe"]
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    """``torch.bfloat16`` -> ``"bfloat16"`` (memoised: this runs on every op call)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def describe(t: torch.Tensor) -> str:

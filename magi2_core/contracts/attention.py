@@ -8,8 +8,7 @@ with normalised inputs: int32 prefix sums on q's device, integer max lengths, th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -27,8 +26,7 @@ KEY_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class AttentionCall:
+class AttentionCall(NamedTuple):
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor

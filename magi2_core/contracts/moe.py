@@ -9,8 +9,7 @@ idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -31,9 +30,10 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def swiglu7(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """SwiGLU with clamps, in FP32: ``min(g,7)·σ(1.702·min(g,7))·(clamp(u,±7)+1)``."""
-    g = g.float().clamp(max=SWIGLU_LIMIT)
-    u = u.float().clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+    """SwiGLU with clamps, in FP32 (or wider): ``min(g,7)·σ(1.702·min(g,7))·(clamp(u,±7)+1)``."""
+    acc = torch.promote_types(g.dtype, torch.float32)
+    g = g.to(acc).clamp(max=SWIGLU_LIMIT)
+    u = u.to(acc).clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
     return g * torch.sigmoid(SWIGLU_ALPHA * g) * (u + 1.0)
 
 
@@ -41,8 +41,7 @@ def _compiling_bit(compiling: bool) -> int:
     return FEATURE_BIT[Feature.COMPILING] if compiling else 0
 
 
-@dataclass(frozen=True)
-class RouteCall:
+class RouteCall(NamedTuple):
     x: torch.Tensor
     router_weight: torch.Tensor
     bias: torch.Tensor | None
@@ -81,8 +80,7 @@ def validate_route(
     return RouteCall(x, w, b, top_k, scale, raw)
 
 
-@dataclass(frozen=True)
-class ExpertsCall:
+class ExpertsCall(NamedTuple):
     x: torch.Tensor
     probs: torch.Tensor
     idx: torch.Tensor

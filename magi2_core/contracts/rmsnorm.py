@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -27,8 +26,7 @@ KEY_FIELDS = ("tokens", "width", "num_modalities", "num_patterns")
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@dataclass(frozen=True)
-class RMSNormCall:
+class RMSNormCall(NamedTuple):
     x: torch.Tensor
     weight: torch.Tensor
     eps: float

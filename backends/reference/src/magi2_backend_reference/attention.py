@@ -1,6 +1,7 @@
 """Exact packed varlen attention with learned sinks, on any device (spec §2.2-2.3).
 
-Scores, softmax and the P·V product are FP32; the output is rounded once to q's dtype. Memory stays
+Scores, softmax and the P·V product are FP32 (FP64 for FP64 inputs: the demo's oracle uses that);
+the output is rounded once to q's dtype. Memory stays
 bounded for long sequences: queries are processed in chunks so that one chunk's score matrix holds
 at most ``MAX_SCORE_ELEMENTS`` values (a 32k-token segment fits in a few hundred MB).
 """
@@ -64,20 +65,21 @@ def reference_attention(
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     tq, hq, d = q.shape
-    o32 = q.new_zeros(tq, hq, d, dtype=torch.float32)
-    lse = q.new_full((hq, tq), float("-inf"), dtype=torch.float32)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    o32 = q.new_zeros(tq, hq, d, dtype=acc)
+    lse = q.new_full((hq, tq), float("-inf"), dtype=acc)
     bq = cu_seqlens_q.tolist()
     bk = cu_seqlens_k.tolist()
     for (q0, q1), (k0, k1) in zip(zip(bq, bq[1:]), zip(bk, bk[1:])):
         if q1 == q0:
             continue
-        o_seg, lse_seg = _segment(q[q0:q1].float(), k[k0:k1].float(), v[k0:k1].float(), softmax_scale, softcap)
+        o_seg, lse_seg = _segment(q[q0:q1].to(acc), k[k0:k1].to(acc), v[k0:k1].to(acc), softmax_scale, softcap)
         o32[q0:q1] = o_seg
         lse[:, q0:q1] = lse_seg
     if sinks is None:
-        return o32.to(q.dtype), lse if return_lse else None
+        return o32.to(q.dtype), lse.float() if return_lse else None
     if sink_rescale == "fp32":
         out, new_lse = sink_correction(o32, lse, sinks, rescale="fp32", out_dtype=q.dtype)
     else:  # as on CUDA: the kernel's output is rounded first, then scaled in the activation dtype
         out, new_lse = sink_correction(o32.to(q.dtype), lse, sinks, rescale="activation")
-    return out, new_lse if return_lse else None
+    return out, new_lse.float() if return_lse else None

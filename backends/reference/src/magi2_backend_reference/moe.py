@@ -22,9 +22,10 @@ def reference_moe_route(
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
     w = router_weight.view(hl, e, d)
-    logits = torch.bmm(x.float().permute(1, 0, 2), w.transpose(1, 2))  # [Hl, T, E] FP32
+    acc = torch.promote_types(x.dtype, torch.float32)
+    logits = torch.bmm(x.to(acc).permute(1, 0, 2), w.to(acc).transpose(1, 2))  # [Hl, T, E] FP32 (or FP64)
     scores = torch.sigmoid(logits)
-    select = scores if bias is None else scores + bias.view(hl, 1, e)
+    select = scores if bias is None else scores + bias.view(hl, 1, e).to(acc)
     idx = torch.topk(select, top_k, dim=-1, sorted=True).indices
     probs = torch.gather(scores, -1, idx)
     probs = probs / probs.abs().sum(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -50,7 +51,8 @@ def reference_moe_experts(
     k = probs.shape[2]
     e = w_gate.shape[0] // hl
     flat = flat_expert_ids(idx, e).reshape(-1)  # route r = (h·T + t)·K + k
-    weights = probs.reshape(-1).float()
+    acc = torch.promote_types(x.dtype, torch.float32)  # FP32; FP64 inputs give the float64 oracle
+    weights = probs.reshape(-1).to(acc)
     rows = x.permute(1, 0, 2).reshape(hl * t, d)  # head-major activations, row = h·T + t
     routes = torch.zeros(flat.numel(), d, dtype=x.dtype, device=x.device)
     order = torch.argsort(flat, stable=True)
@@ -59,9 +61,9 @@ def reference_moe_experts(
     for f, n in zip(experts.tolist(), counts.tolist()):
         r = order[start:start + n]
         start += n
-        a = rows[r // k].float()
-        mid = swiglu7(a @ w_gate[f].float(), a @ w_up[f].float()).to(x.dtype)
-        out = (mid.float() @ w_down[f].float()) * weights[r, None]
+        a = rows[r // k].to(acc)
+        mid = swiglu7(a @ w_gate[f].to(acc), a @ w_up[f].to(acc)).to(x.dtype)
+        out = (mid.to(acc) @ w_down[f].to(acc)) * weights[r, None]
         routes[r] = out.to(x.dtype)
-    y = routes.view(hl, t, k, d).float().sum(dim=2).to(x.dtype)
+    y = routes.view(hl, t, k, d).to(acc).sum(dim=2).to(x.dtype)
     return y.permute(1, 0, 2).contiguous()

@@ -9,6 +9,7 @@ from magi2_core.problem import Feature
 from magi2_backend_reference import __version__
 
 _ALL_FEATURES = frozenset(Feature)
+_PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
 
@@ -28,22 +29,22 @@ PROVIDERS = (
     ),
     Capability(
         op="moe_route", name="reference", impl=f"{_PKG}.moe:reference_moe_route", version=__version__,
-        device_types=("*",), dtypes=_FLOATS, features=_ALL_FEATURES, priority=0,
+        device_types=("*",), dtypes=_FLOATS, features=_PLAIN, priority=0,
         description="sigmoid scores, biased top-k selection, unbiased L1-normalised weights x route_scale",
     ),
     Capability(
         op="moe_experts", name="reference", impl=f"{_PKG}.moe:reference_moe_experts", version=__version__,
-        device_types=("*",), dtypes=_FLOATS, features=_ALL_FEATURES, priority=0,
+        device_types=("*",), dtypes=_FLOATS, features=_PLAIN, priority=0,
         description="exact rounding schedule, expert by expert (FP32 gate/up, BF16 intermediate, BF16 per route)",
     ),
     Capability(
         op="rmsnorm", name="reference", impl=f"{_PKG}.rmsnorm:reference_rmsnorm", version=__version__,
-        device_types=("*",), dtypes=_FLOATS, features=_ALL_FEATURES, priority=0,
+        device_types=("*",), dtypes=_FLOATS, features=_PLAIN, priority=0,
         description="x·rsqrt(mean(x²)+eps)·(w[m]+1) in FP32, one final cast",
     ),
     Capability(
         op="rmsnorm", name="torch_native", impl=f"{_PKG}.torch_rmsnorm:torch_rmsnorm", version=__version__,
-        device_types=("cuda", "musa"), dtypes=_FLOATS, features=_ALL_FEATURES, priority=10,
+        device_types=("cuda", "musa"), dtypes=_FLOATS, features=_PLAIN, priority=10,
         description="F.rms_norm on the FP32 input (no affine), then (w+1) and one cast (vllm-omni #7286)",
     ),
 )

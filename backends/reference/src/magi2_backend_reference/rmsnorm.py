@@ -16,7 +16,7 @@ def broadcast_scale(x: torch.Tensor, weight: torch.Tensor, modality_sizes: Seque
     as upstream does. ``weight`` is ``[M, P, D]``.
     """
     tokens = x.shape[0]
-    scale = (weight + 1).float()
+    scale = (weight + 1).to(torch.promote_types(weight.dtype, torch.float32))
     if modality_sizes is None:
         per_token = scale[0].expand(tokens, *scale.shape[1:])
     else:
@@ -32,9 +32,9 @@ def reference_rmsnorm_fp32(
     x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: Sequence[int] | None
 ) -> torch.Tensor:
     """The pre-cast FP32 result: ``x·rsqrt(mean(x²) + eps)·(w[m] + 1)``. ``weight`` is ``[M, P, D]``."""
-    xf = x.float()
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # FP32 (FP64 inputs: the demo's oracle)
     n = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
-    return n * broadcast_scale(x, weight, modality_sizes)
+    return n * broadcast_scale(x, weight, modality_sizes).to(xf.dtype)
 
 
 def reference_rmsnorm(
