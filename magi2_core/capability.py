@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from magi2_core.problem import INT_FIELDS, Feature, OpName, Problem
 
-__all__ = ["Provenance", "Condition", "Rule", "IntRange", "Capability", "CompareOp"]
+__all__ = ["Capability", "CompareOp", "Condition", "IntRange", "Provenance", "Rule"]
 
 CompareOp = Literal["lt", "le", "gt", "ge", "eq", "ne", "in", "not_in"]
 
-_COMPARE: dict[str, Callable[[object, object], bool]] = {
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "lt": operator.lt,
     "le": operator.le,
     "gt": operator.gt,
     "ge": operator.ge,
     "eq": operator.eq,
     "ne": operator.ne,
-    "in": lambda a, b: a in b,  # type: ignore[operator]
-    "not_in": lambda a, b: a not in b,  # type: ignore[operator]
+    "in": lambda a, b: a in b,
+    "not_in": lambda a, b: a not in b,
 }
 _SYMBOL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "in": "in", "not_in": "not in"}
 
@@ -137,7 +137,7 @@ class Capability(BaseModel):
     op: OpName
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="provider name, unique per op")
     impl: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="'module:attribute' of the kernel object")
-    version: str = "0"
+    version: str = Field("", description="provider version; defaults to the backend's version")
     backend: str = Field("", description="distribution that provides it; set by the registry")
     device_types: tuple[str, ...] = Field(description="torch device types served; '*' = any")
     dtypes: tuple[str, ...]

@@ -17,6 +17,7 @@ import torch
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import rel_l2
+from magi2_core.problem import OpName
 
 __all__ = ["OpReport", "best_device", "run_demo"]
 
@@ -61,16 +62,19 @@ def _time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> fl
     return statistics.median(samples)
 
 
-def _oracle(op: str, *args: Any, **kwargs: Any) -> Any:
+def _oracle(op: OpName, *args: Any, **kwargs: Any) -> Any:
     """The reference provider's kernel on float64 copies: a float64 evaluation of the op's math."""
-    kernel, error = m2.get_registry().provider(op, "reference").load()  # type: ignore[union-attr]
+    provider = m2.get_registry().provider(op, "reference")
+    assert provider is not None, "the reference backend is not installed"
+    kernel, error = provider.load()
     assert error is None, error
     up = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     return kernel(*up, **kwargs)
 
 
-def run_demo(device: torch.device | None = None, seed: int = 0, repeats: int = 3,
-             progress: Callable[[str], None] | None = None) -> list[OpReport]:
+def run_demo(
+    device: torch.device | None = None, seed: int = 0, repeats: int = 3, progress: Callable[[str], None] | None = None
+) -> list[OpReport]:
     dev = device or best_device()
     dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32
     g = torch.Generator().manual_seed(seed)
@@ -85,19 +89,28 @@ def run_demo(device: torch.device | None = None, seed: int = 0, repeats: int = 3
     cu = torch.tensor([0, 97, tokens], dtype=torch.int32)
     x = rnd(tokens, width)
     norm_w = rnd(len(sizes), 1, width, scale=0.1, dt=torch.float32)
-    w_qkv = rnd(width, 3 * width, scale=width ** -0.5)
+    w_qkv = rnd(width, 3 * width, scale=width**-0.5)
     sinks = rnd(1, heads, dt=torch.float32)
-    router = rnd(moe_heads * experts, d, scale=d ** -0.5, dt=torch.float32)
+    router = rnd(moe_heads * experts, d, scale=d**-0.5, dt=torch.float32)
     bias = rnd(moe_heads * experts, scale=0.01, dt=torch.float32)
     w_gate = rnd(moe_heads * experts, d, inter, scale=1 / 16)
     w_up = rnd(moe_heads * experts, d, inter, scale=1 / 16)
-    w_down = rnd(moe_heads * experts, inter, d, scale=inter ** -0.5)
+    w_down = rnd(moe_heads * experts, inter, d, scale=inter**-0.5)
     reports: list[OpReport] = []
 
     def record(op: str, provider: str, out: torch.Tensor, ref: torch.Tensor, fn: Callable[[], object]) -> None:
         err = (out.double() - ref.double()).abs().max().item() if out.numel() else 0.0
-        reports.append(OpReport(op, provider, str(dev), str(dtype).removeprefix("torch."), err,
-                                rel_l2(out, ref), _time_ms(fn, dev, repeats)))
+        reports.append(
+            OpReport(
+                op,
+                provider,
+                str(dev),
+                str(dtype).removeprefix("torch."),
+                err,
+                rel_l2(out, ref),
+                _time_ms(fn, dev, repeats),
+            )
+        )
         if progress is not None:
             progress(f"{op}: {provider}")
 
@@ -113,9 +126,22 @@ def run_demo(device: torch.device | None = None, seed: int = 0, repeats: int = 3
     kw: dict[str, Any] = dict(max_seqlen_q=160, max_seqlen_k=160, sinks=sinks)
     res = m2.resolve("attention", q, k, v, cu, cu, **kw)
     o = m2.attention(q, k, v, cu, cu, **kw)
-    ref_o, _ = _oracle("attention", q, k, v, cu.to(dev), cu.to(dev), max_seqlen_q=160, max_seqlen_k=160,
-                       softmax_scale=head_dim ** -0.5, softcap=0.0, sinks=sinks, sink_rescale="fp32",
-                       deterministic=False, return_lse=False)
+    ref_o, _ = _oracle(
+        "attention",
+        q,
+        k,
+        v,
+        cu.to(dev),
+        cu.to(dev),
+        max_seqlen_q=160,
+        max_seqlen_k=160,
+        softmax_scale=head_dim**-0.5,
+        softcap=0.0,
+        sinks=sinks,
+        sink_rescale="fp32",
+        deterministic=False,
+        return_lse=False,
+    )
     record("attention", res.chosen or "?", o, ref_o, lambda: m2.attention(q, k, v, cu, cu, **kw))
 
     # 3. routed MoE on the attention output viewed as MoE heads
@@ -129,6 +155,5 @@ def run_demo(device: torch.device | None = None, seed: int = 0, repeats: int = 3
     res = m2.resolve("moe_experts", xm, probs, idx, w_gate, w_up, w_down)
     y = m2.moe_experts(xm, probs, idx, w_gate, w_up, w_down)
     ref_y = _oracle("moe_experts", xm, probs, idx, w_gate, w_up, w_down)
-    record("moe_experts", res.chosen or "?", y, ref_y,
-           lambda: m2.moe_experts(xm, probs, idx, w_gate, w_up, w_down))
+    record("moe_experts", res.chosen or "?", y, ref_y, lambda: m2.moe_experts(xm, probs, idx, w_gate, w_up, w_down))
     return reports

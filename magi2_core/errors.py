@@ -13,15 +13,15 @@ if TYPE_CHECKING:
     from magi2_core.resolution import Resolution
 
 __all__ = [
-    "Magi2Error",
-    "InvalidInputError",
-    "InvalidShapeError",
     "InvalidDTypeError",
     "InvalidDeviceError",
-    "ResolutionError",
+    "InvalidInputError",
+    "InvalidShapeError",
+    "Magi2Error",
     "NoEligibleProviderError",
-    "UnknownProviderError",
     "ProviderNotEligibleError",
+    "ResolutionError",
+    "UnknownProviderError",
 ]
 
 

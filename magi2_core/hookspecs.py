@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from magi2_core.capability import Capability
 
-__all__ = ["PROJECT", "hookspec", "hookimpl", "BackendSpec", "BackendHooks"]
+__all__ = ["PROJECT", "BackendHooks", "BackendSpec", "hookimpl", "hookspec"]
 
 PROJECT = "magi2_core"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -1,9 +1,9 @@
 """The public operators: validate, resolve (cached), run the chosen provider.
 
-Eager calls go straight to the provider's kernel. Under ``torch.compile`` the provider is resolved
-at trace time (outside the graph) and the call is recorded as a ``torch.library`` custom op
-(``magi2::attention`` ...) whose fake implementation gives output shapes, with the provider's name
-as a constant argument.
+Eager calls go straight to the provider's kernel. Under ``torch.compile`` each public op is recorded
+as one opaque ``torch.library`` custom op (``magi2::attention`` ...): the fake implementation gives
+the output shapes, and validation and resolution run when the compiled graph executes, outside the
+traced graph, with the ``compiling`` feature set (providers that are not safe there are skipped).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
 from magi2_core.contracts import rmsnorm as norm_c
 from magi2_core.errors import InvalidInputError
-from magi2_core.problem import OpName, Problem
+from magi2_core.problem import Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.registry import get_registry
 from magi2_core.resolution import Resolution
 from magi2_core.resolver import Dispatcher, resolve_problem
 
-__all__ = ["attention", "moe_route", "moe_experts", "rmsnorm", "resolve", "dispatcher"]
+__all__ = ["attention", "dispatcher", "moe_experts", "moe_route", "resolve", "rmsnorm"]
 
 _DISPATCHER: Dispatcher | None = None
 
@@ -41,38 +41,44 @@ def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-def _kernel(op: OpName, name: str) -> Any:
-    p = get_registry().provider(op, name)
-    assert p is not None, f"provider {name!r} of {op} vanished after resolution"
-    kernel, error = p.load()
-    if error is not None:
-        raise RuntimeError(error)
-    return kernel
-
-
-def _chosen_name(op: OpName, kernel: Any) -> str:
-    for p in get_registry().providers(op):
-        if p.load()[0] is kernel:
-            return p.name
-    raise RuntimeError(f"{op}: resolved kernel is not registered")
-
-
 # ---------------------------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------------------------
 @overload
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
-    max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ..., softmax_scale: float | None = ...,
-    softcap: float = ..., sinks: torch.Tensor | None = ..., deterministic: bool = ...,
-    return_lse: Literal[False] = ..., sink_rescale: SinkRescale = ..., provider: str | None = ...,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = ...,
+    max_seqlen_k: int | None = ...,
+    softmax_scale: float | None = ...,
+    softcap: float = ...,
+    sinks: torch.Tensor | None = ...,
+    deterministic: bool = ...,
+    return_lse: Literal[False] = ...,
+    sink_rescale: SinkRescale = ...,
+    provider: str | None = ...,
 ) -> torch.Tensor: ...
 @overload
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
-    max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ..., softmax_scale: float | None = ...,
-    softcap: float = ..., sinks: torch.Tensor | None = ..., deterministic: bool = ...,
-    return_lse: Literal[True], sink_rescale: SinkRescale = ..., provider: str | None = ...,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = ...,
+    max_seqlen_k: int | None = ...,
+    softmax_scale: float | None = ...,
+    softcap: float = ...,
+    sinks: torch.Tensor | None = ...,
+    deterministic: bool = ...,
+    return_lse: Literal[True],
+    sink_rescale: SinkRescale = ...,
+    provider: str | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
@@ -98,51 +104,150 @@ def attention(
     cap. ``sinks`` FP32 ``[S, Hq]`` are extra softmax logits (never rounded to the activation dtype).
     ``sink_rescale``: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (scale cast to
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
-    prefix sums live on the GPU (and under ``torch.compile``, where they are required).
+    prefix sums live on the GPU.
     """
-    compiling = _compiling()
-    if compiling and (max_seqlen_q is None or max_seqlen_k is None):
-        raise InvalidInputError("attention", "max_seqlen_q/max_seqlen_k", "given under torch.compile",
-                                "None (they would need a host sync of the prefix sums)")
-    call = attn_c.validate(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
-        deterministic=deterministic, return_lse=return_lse, compiling=compiling,
-    )
-    kernel = dispatcher().kernel("attention", call.raw, attn_c.KEY_FIELDS, attn_c.problem_from_raw, provider)
-    if compiling:
+    if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(
-            call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
-            call.softmax_scale, call.softcap, call.sinks, call.sink_rescale, call.deterministic,
-            _chosen_name("attention", kernel),
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            float(softcap),
+            sinks,
+            deterministic,
+            sink_rescale,
+            provider,
         )
         return (o, lse) if return_lse else o
+    result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = _attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        softcap,
+        sinks,
+        deterministic,
+        return_lse,
+        sink_rescale,
+        provider,
+        compiling=False,
+    )
+    return result
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    return_lse: bool,
+    sink_rescale: str,
+    provider: str | None,
+    *,
+    compiling: bool,
+) -> Any:
+    call = attn_c.validate(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        sinks=sinks,
+        sink_rescale=sink_rescale,
+        deterministic=deterministic,
+        return_lse=return_lse,
+        compiling=compiling,
+    )
+    kernel = dispatcher().kernel("attention", call.raw, attn_c.KEY_FIELDS, attn_c.problem_from_raw, provider)
     o, lse = kernel(
-        call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, max_seqlen_q=call.max_seqlen_q,
-        max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,
-        sink_rescale=call.sink_rescale, deterministic=call.deterministic, return_lse=call.return_lse,
+        call.q,
+        call.k,
+        call.v,
+        call.cu_seqlens_q,
+        call.cu_seqlens_k,
+        max_seqlen_q=call.max_seqlen_q,
+        max_seqlen_k=call.max_seqlen_k,
+        softmax_scale=call.softmax_scale,
+        softcap=call.softcap,
+        sinks=call.sinks,
+        sink_rescale=call.sink_rescale,
+        deterministic=call.deterministic,
+        return_lse=call.return_lse,
     )
     return (o, lse) if return_lse else o
 
 
 @torch.library.custom_op("magi2::attention", mutates_args=())
 def _attention_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, softcap: float, sinks: torch.Tensor | None,
-    sink_rescale: str, deterministic: bool, provider: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    sink_rescale: str,
+    provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _kernel("attention", provider)(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
-        deterministic=deterministic, return_lse=True,
+    o, lse = _attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        softcap,
+        sinks,
+        deterministic,
+        True,
+        sink_rescale,
+        provider,
+        compiling=True,
     )
     return o, lse
 
 
 @_attention_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, softcap: float, sinks: torch.Tensor | None,
-      sink_rescale: str, deterministic: bool, provider: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    sink_rescale: str,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -164,29 +269,57 @@ def moe_route(
     shifts the selection only. Weights are the unbiased sigmoid scores of the selected experts,
     L1-normalised (eps 1e-12) and multiplied by ``route_scale``; ties resolve as ``torch.topk``.
     """
-    compiling = _compiling()
-    call = moe_c.validate_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, compiling=compiling)
-    kernel = dispatcher().kernel(
-        "moe_route", call.raw, moe_c.ROUTE_KEY_FIELDS, lambda raw: moe_c.problem_from_raw("moe_route", raw), provider
-    )
-    if compiling:
-        probs, idx = torch.ops.magi2.moe_route(call.x, call.router_weight, call.bias, call.top_k, call.route_scale,
-                                               _chosen_name("moe_route", kernel))
+    if torch.compiler.is_compiling():
+        probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), provider)
         return probs, idx
+    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=False)
+
+
+def _moe_route(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    route_scale: float,
+    provider: str | None,
+    *,
+    compiling: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    call = moe_c.validate_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, compiling=compiling)
+    kernel = dispatcher().kernel("moe_route", call.raw, moe_c.ROUTE_KEY_FIELDS, _route_problem, provider)
     probs, idx = kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale)
     return probs, idx
 
 
+def _route_problem(raw: tuple[object, ...]) -> Problem:
+    return moe_c.problem_from_raw("moe_route", raw)
+
+
+def _experts_problem(raw: tuple[object, ...]) -> Problem:
+    return moe_c.problem_from_raw("moe_experts", raw)
+
+
 @torch.library.custom_op("magi2::moe_route", mutates_args=())
-def _moe_route_op(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-                  route_scale: float, provider: str) -> tuple[torch.Tensor, torch.Tensor]:
-    probs, idx = _kernel("moe_route", provider)(x, router_weight, bias, top_k=top_k, route_scale=route_scale)
-    return probs, idx
+def _moe_route_op(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    route_scale: float,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
 
 
 @_moe_route_op.register_fake
-def _(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, route_scale: float,
-      provider: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    route_scale: float,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (x.shape[1], x.shape[0], top_k)
     return x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.int64)
 
@@ -207,31 +340,56 @@ def moe_experts(
     ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; ``probs``/``idx`` as returned by
     :func:`moe_route`. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
-    compiling = _compiling()
     det = os.environ.get("MAGI2_DETERMINISTIC") == "1" if deterministic is None else bool(deterministic)
-    call = moe_c.validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=det, compiling=compiling)
-    kernel = dispatcher().kernel(
-        "moe_experts", call.raw, moe_c.EXPERTS_KEY_FIELDS, lambda raw: moe_c.problem_from_raw("moe_experts", raw),
-        provider,
-    )
-    if compiling:
-        y: torch.Tensor = torch.ops.magi2.moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up,
-                                                      call.w_down, _chosen_name("moe_experts", kernel))
+    if torch.compiler.is_compiling():
+        y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider)
         return y
+    return _moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider, compiling=False)
+
+
+def _moe_experts(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    deterministic: bool,
+    provider: str | None,
+    *,
+    compiling: bool,
+) -> torch.Tensor:
+    call = moe_c.validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=compiling)
+    kernel = dispatcher().kernel("moe_experts", call.raw, moe_c.EXPERTS_KEY_FIELDS, _experts_problem, provider)
     out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
     return out
 
 
 @torch.library.custom_op("magi2::moe_experts", mutates_args=())
-def _moe_experts_op(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, w_gate: torch.Tensor,
-                    w_up: torch.Tensor, w_down: torch.Tensor, provider: str) -> torch.Tensor:
-    y: torch.Tensor = _kernel("moe_experts", provider)(x, probs, idx, w_gate, w_up, w_down)
-    return y
+def _moe_experts_op(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    deterministic: bool,
+    provider: str | None,
+) -> torch.Tensor:
+    return _moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic, provider, compiling=True)
 
 
 @_moe_experts_op.register_fake
-def _(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-      w_down: torch.Tensor, provider: str) -> torch.Tensor:
+def _(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    deterministic: bool,
+    provider: str | None,
+) -> torch.Tensor:
     return torch.empty_like(x)
 
 
@@ -252,32 +410,53 @@ def rmsnorm(
     ``x [T, D]`` or ``[T, ..., P, D]``; ``weight [M, P, D]`` (or flat ``[M·P·D]``) delta-scale;
     ``modality_sizes``: host-side sizes of the M contiguous token groups (None: one modality).
     """
-    compiling = _compiling()
-    call = norm_c.validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype,
-                           compiling=compiling)
-    kernel = dispatcher().kernel("rmsnorm", call.raw, norm_c.KEY_FIELDS, norm_c.problem_from_raw, provider)
-    sizes = None if call.modality_sizes is None else list(call.modality_sizes)
-    if compiling:
-        y: torch.Tensor = torch.ops.magi2.rmsnorm(call.x, call.weight, call.eps, sizes, call.out_dtype,
-                                                  _chosen_name("rmsnorm", kernel))
+    if torch.compiler.is_compiling():
+        sizes = None if modality_sizes is None else list(modality_sizes)
+        y: torch.Tensor = torch.ops.magi2.rmsnorm(x, weight, float(eps), sizes, out_dtype, provider)
         return y
-    out: torch.Tensor = kernel(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
-                               out_dtype=call.out_dtype)
+    return _rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=False)
+
+
+def _rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    modality_sizes: Sequence[int] | None,
+    out_dtype: torch.dtype | None,
+    provider: str | None,
+    *,
+    compiling: bool,
+) -> torch.Tensor:
+    call = norm_c.validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=compiling)
+    kernel = dispatcher().kernel("rmsnorm", call.raw, norm_c.KEY_FIELDS, norm_c.problem_from_raw, provider)
+    out: torch.Tensor = kernel(
+        call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype
+    )
     return out
 
 
 @torch.library.custom_op("magi2::rmsnorm", mutates_args=())
-def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: list[int] | None,
-                out_dtype: torch.dtype, provider: str) -> torch.Tensor:
-    y: torch.Tensor = _kernel("rmsnorm", provider)(x, weight, eps=eps, modality_sizes=modality_sizes,
-                                                   out_dtype=out_dtype)
-    return y
+def _rmsnorm_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    modality_sizes: list[int] | None,
+    out_dtype: torch.dtype | None,
+    provider: str | None,
+) -> torch.Tensor:
+    return _rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True)
 
 
 @_rmsnorm_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: list[int] | None, out_dtype: torch.dtype,
-      provider: str) -> torch.Tensor:
-    return torch.empty_like(x, dtype=out_dtype)
+def _(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    modality_sizes: list[int] | None,
+    out_dtype: torch.dtype | None,
+    provider: str | None,
+) -> torch.Tensor:
+    return torch.empty_like(x, dtype=out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,15 +466,24 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
     kw = dict(kwargs)
     kw.pop("provider", None)
     if op == "attention":
-        a = attn_c.validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
-                            softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
-                            sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
-                            deterministic=kw.pop("deterministic", False), return_lse=kw.pop("return_lse", False),
-                            compiling=False, **kw)
+        a = attn_c.validate(
+            *args,
+            max_seqlen_q=kw.pop("max_seqlen_q", None),
+            max_seqlen_k=kw.pop("max_seqlen_k", None),
+            softmax_scale=kw.pop("softmax_scale", None),
+            softcap=kw.pop("softcap", 0.0),
+            sinks=kw.pop("sinks", None),
+            sink_rescale=kw.pop("sink_rescale", "fp32"),
+            deterministic=kw.pop("deterministic", False),
+            return_lse=kw.pop("return_lse", False),
+            compiling=False,
+            **kw,
+        )
         return attn_c.problem_from_raw(a.raw)
     if op == "moe_route":
-        r = moe_c.validate_route(*args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9),
-                                 compiling=False, **kw)
+        r = moe_c.validate_route(
+            *args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9), compiling=False, **kw
+        )
         return moe_c.problem_from_raw("moe_route", r.raw)
     if op == "moe_experts":
         det = kw.pop("deterministic", None)
@@ -303,8 +491,14 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
         e = moe_c.validate_experts(*args, deterministic=det, compiling=False, **kw)
         return moe_c.problem_from_raw("moe_experts", e.raw)
     if op == "rmsnorm":
-        n = norm_c.validate(*args, eps=kw.pop("eps", norm_c.DEFAULT_EPS), modality_sizes=kw.pop("modality_sizes", None),
-                            out_dtype=kw.pop("out_dtype", None), compiling=False, **kw)
+        n = norm_c.validate(
+            *args,
+            eps=kw.pop("eps", norm_c.DEFAULT_EPS),
+            modality_sizes=kw.pop("modality_sizes", None),
+            out_dtype=kw.pop("out_dtype", None),
+            compiling=False,
+            **kw,
+        )
         return norm_c.problem_from_raw(n.raw)
     raise InvalidInputError("resolve", "op", "'attention', 'moe_route', 'moe_experts' or 'rmsnorm'", repr(op))
 

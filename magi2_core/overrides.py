@@ -19,7 +19,16 @@ from types import MappingProxyType
 from magi2_core.errors import InvalidInputError
 from magi2_core.problem import OpName
 
-__all__ = ["FAMILY", "use", "current_overrides", "context_token", "layered_overrides", "env_var", "env_vars", "env_reader"]
+__all__ = [
+    "FAMILY",
+    "context_token",
+    "current_overrides",
+    "env_reader",
+    "env_var",
+    "env_vars",
+    "layered_overrides",
+    "use",
+]
 
 FAMILY: dict[OpName, str] = {
     "attention": "attention",

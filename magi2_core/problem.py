@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["OpName", "OPS", "Feature", "FEATURE_BIT", "features_from_mask", "Problem", "INT_FIELDS"]
+__all__ = ["FEATURE_BIT", "INT_FIELDS", "OPS", "Feature", "OpName", "Problem", "features_from_mask"]
 
 OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
 OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm")

@@ -23,12 +23,12 @@ from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
 __all__ = [
-    "SinkRescale",
-    "Checkable",
     "AttentionKernel",
-    "MoERouteKernel",
+    "Checkable",
     "MoEExpertsKernel",
+    "MoERouteKernel",
     "RMSNormKernel",
+    "SinkRescale",
 ]
 
 SinkRescale = Literal["fp32", "activation"]

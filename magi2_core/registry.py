@@ -29,7 +29,7 @@ from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
 from magi2_core.resolution import QuarantinedPlugin
 
-__all__ = ["ENTRY_POINT_GROUP", "LoadedProvider", "LoadedBackend", "Registry", "get_registry"]
+__all__ = ["ENTRY_POINT_GROUP", "LoadedBackend", "LoadedProvider", "Registry", "get_registry"]
 
 ENTRY_POINT_GROUP = "magi2_core.backends"
 log = logging.getLogger("magi2_core")
@@ -92,8 +92,8 @@ class Registry:
         if self._loaded:
             return
         with self._lock:
-            if self._loaded:
-                return
+            if self._loaded:  # another thread loaded meanwhile
+                return  # type: ignore[unreachable]
             if self._discover:
                 self._load_entry_points()
             self._loaded = True
@@ -129,9 +129,7 @@ class Registry:
             if backend is not None:
                 self._pm.unregister(backend.plugin)
                 for op in OPS:
-                    self._providers[op] = [
-                        p for p in self._providers[op] if p.capability.backend != backend.spec.name
-                    ]
+                    self._providers[op] = [p for p in self._providers[op] if p.capability.backend != backend.spec.name]
             self._changed()
 
     def _add(self, plugin: object, name: str, value: str, dist: str) -> None:
@@ -149,9 +147,7 @@ class Registry:
                 spec = BackendSpec.model_validate(spec)
             _check_core_api(spec)
             clashes = [
-                f"{c.op}:{c.name}"
-                for c in spec.providers
-                if any(p.name == c.name for p in self._providers[c.op])
+                f"{c.op}:{c.name}" for c in spec.providers if any(p.name == c.name for p in self._providers[c.op])
             ]
             if clashes:
                 raise ValueError(f"provider names already registered by another backend: {clashes}")
@@ -161,7 +157,7 @@ class Registry:
             return
         self._backends[name] = LoadedBackend(name, spec, plugin)
         for cap in spec.providers:
-            cap = cap.model_copy(update={"backend": spec.name})
+            cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
             self._providers[cap.op].append(LoadedProvider(cap))
 
     def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
@@ -218,7 +214,10 @@ class Registry:
     def self_test(self, entry_point: str, device: str) -> list[str]:
         backend = self._backends[entry_point]
         impls = [i for i in self._pm.hook.magi2_self_test.get_hookimpls() if i.plugin is backend.plugin]
-        return list(impls[0].function(device=device)) if impls else []
+        if not impls:
+            return []
+        result: Any = impls[0].function(device=device)
+        return [str(f) for f in result]
 
 
 def _name_list(var: str) -> set[str] | None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from magi2_core.problem import Problem
 
-__all__ = ["ReasonCode", "Reason", "Verdict", "Candidate", "DecidedBy", "Resolution", "QuarantinedPlugin"]
+__all__ = ["Candidate", "DecidedBy", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution", "Verdict"]
 
 
 class ReasonCode(str, Enum):
@@ -96,10 +96,7 @@ class Resolution(BaseModel):
 
     def explain(self) -> str:
         p = self.problem
-        asked = ", ".join(
-            f"{k}={v}"
-            for k, v in p.model_dump(exclude={"op", "features"}, exclude_none=True).items()
-        )
+        asked = ", ".join(f"{k}={v}" for k, v in p.model_dump(exclude={"op", "features"}, exclude_none=True).items())
         feats = ", ".join(sorted(f.value for f in p.features)) or "none"
         lines = [f"{p.op}: {asked}; features: {feats}"]
         how = {

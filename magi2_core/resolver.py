@@ -28,7 +28,7 @@ from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, get_registry
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
 
-__all__ = ["static_reasons", "resolve_problem", "Dispatcher", "RawKey"]
+__all__ = ["Dispatcher", "RawKey", "resolve_problem", "static_reasons"]
 
 # (device_type, dtype, out_dtype, feature_mask, *integer fields in the op's KEY_FIELDS order)
 RawKey = tuple[Any, ...]
@@ -38,16 +38,34 @@ def static_reasons(cap: Capability, problem: Problem) -> list[Reason]:
     """Why the descriptor alone rules the provider out (empty: it does not)."""
     out: list[Reason] = []
     if problem.device_type not in cap.device_types and "*" not in cap.device_types:
-        out.append(Reason(code=ReasonCode.DEVICE_TYPE, field="device_type",
-                          expected=" | ".join(cap.device_types), actual=problem.device_type))
+        out.append(
+            Reason(
+                code=ReasonCode.DEVICE_TYPE,
+                field="device_type",
+                expected=" | ".join(cap.device_types),
+                actual=problem.device_type,
+            )
+        )
     if problem.dtype not in cap.dtypes:
         out.append(Reason(code=ReasonCode.DTYPE, field="dtype", expected=" | ".join(cap.dtypes), actual=problem.dtype))
     if cap.out_dtypes is not None and problem.out_dtype is not None and problem.out_dtype not in cap.out_dtypes:
-        out.append(Reason(code=ReasonCode.OUT_DTYPE, field="out_dtype",
-                          expected=" | ".join(cap.out_dtypes), actual=problem.out_dtype))
+        out.append(
+            Reason(
+                code=ReasonCode.OUT_DTYPE,
+                field="out_dtype",
+                expected=" | ".join(cap.out_dtypes),
+                actual=problem.out_dtype,
+            )
+        )
     if cap.head_dims is not None and problem.head_dim is not None and problem.head_dim not in cap.head_dims:
-        out.append(Reason(code=ReasonCode.HEAD_DIM, field="head_dim",
-                          expected=" | ".join(map(str, cap.head_dims)), actual=str(problem.head_dim)))
+        out.append(
+            Reason(
+                code=ReasonCode.HEAD_DIM,
+                field="head_dim",
+                expected=" | ".join(map(str, cap.head_dims)),
+                actual=str(problem.head_dim),
+            )
+        )
     for rng in cap.ranges:
         value = getattr(problem, rng.field)
         if value is not None and not rng.contains(value):
@@ -57,16 +75,26 @@ def static_reasons(cap: Capability, problem: Problem) -> list[Reason]:
         out.append(Reason(code=ReasonCode.FEATURE, field=feat, expected="supported", actual="requested"))
     for rule in cap.rules:
         if rule.fires(problem):
-            out.append(Reason(code=ReasonCode.RULE, field=rule.id, expected=f"not ({rule.describe()})",
-                              actual="rule fired", detail=f"{rule.reason}; source: {rule.provenance}"))
+            out.append(
+                Reason(
+                    code=ReasonCode.RULE,
+                    field=rule.id,
+                    expected=f"not ({rule.describe()})",
+                    actual="rule fired",
+                    detail=f"{rule.reason}; source: {rule.provenance}",
+                )
+            )
     return out
 
 
 def _runtime_reasons(provider: LoadedProvider, problem: Problem) -> list[Reason]:
     impl, error = provider.load()
     if error is not None:
-        return [Reason(code=ReasonCode.UNAVAILABLE, field="impl", expected="importable", actual="import failed",
-                       detail=error)]
+        return [
+            Reason(
+                code=ReasonCode.UNAVAILABLE, field="impl", expected="importable", actual="import failed", detail=error
+            )
+        ]
     if isinstance(impl, Checkable):
         return list(impl.check(problem))
     return []
@@ -74,8 +102,14 @@ def _runtime_reasons(provider: LoadedProvider, problem: Problem) -> list[Reason]
 
 def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = ()) -> Candidate:
     c = p.capability
-    return Candidate(provider=c.name, backend=c.backend, version=c.version, priority=c.priority,
-                     verdict=verdict, reasons=tuple(reasons))
+    return Candidate(
+        provider=c.name,
+        backend=c.backend,
+        version=c.version,
+        priority=c.priority,
+        verdict=verdict,
+        reasons=tuple(reasons),
+    )
 
 
 def _forced(op: OpName, provider: str | None, reg: Registry) -> tuple[str, DecidedBy] | None:
@@ -117,14 +151,33 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
                 chosen = None if reasons else p.name
                 candidates.append(_candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons))
             else:
-                candidates.append(_candidate(p, Verdict.SKIPPED, [Reason(
-                    code=ReasonCode.OVERRIDDEN, field="provider", expected=name, actual=p.name,
-                    detail=f"{source} override")]))
-        res = Resolution(problem=problem, candidates=tuple(candidates), decided_by=source, override=name,
-                         chosen=chosen, quarantined=reg.quarantined())
+                candidates.append(
+                    _candidate(
+                        p,
+                        Verdict.SKIPPED,
+                        [
+                            Reason(
+                                code=ReasonCode.OVERRIDDEN,
+                                field="provider",
+                                expected=name,
+                                actual=p.name,
+                                detail=f"{source} override",
+                            )
+                        ],
+                    )
+                )
+        res = Resolution(
+            problem=problem,
+            candidates=tuple(candidates),
+            decided_by=source,
+            override=name,
+            chosen=chosen,
+            quarantined=reg.quarantined(),
+        )
         if chosen is None:
             raise ProviderNotEligibleError(
-                f"{problem.op}: provider {name!r} was forced ({source}) but cannot serve this call", res)
+                f"{problem.op}: provider {name!r} was forced ({source}) but cannot serve this call", res
+            )
         return res
     for p in providers:
         reasons = static_reasons(p.capability, problem)
@@ -138,11 +191,28 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
         elif reasons:
             candidates.append(_candidate(p, Verdict.REJECTED, reasons))
         else:
-            candidates.append(_candidate(p, Verdict.SKIPPED, [Reason(
-                code=ReasonCode.NOT_REACHED, field="order", expected=f"ranked before {chosen!r}",
-                actual="ranked after", detail="not probed: a provider earlier in the order was chosen")]))
-    res = Resolution(problem=problem, candidates=tuple(candidates), decided_by="priority", chosen=chosen,
-                     quarantined=reg.quarantined())
+            candidates.append(
+                _candidate(
+                    p,
+                    Verdict.SKIPPED,
+                    [
+                        Reason(
+                            code=ReasonCode.NOT_REACHED,
+                            field="order",
+                            expected=f"a rank before {chosen!r}",
+                            actual="ranked after it",
+                            detail="not probed: a provider earlier in the order was chosen",
+                        )
+                    ],
+                )
+            )
+    res = Resolution(
+        problem=problem,
+        candidates=tuple(candidates),
+        decided_by="priority",
+        chosen=chosen,
+        quarantined=reg.quarantined(),
+    )
     if chosen is None:
         raise NoEligibleProviderError(f"{problem.op}: no installed provider can serve this call", res)
     return res
@@ -184,7 +254,11 @@ class Dispatcher:
             plan = self._plan(op, key_fields)
         buckets, env = plan
         key = (
-            op, provider, context_token(), env(), raw[:4],
+            op,
+            provider,
+            context_token(),
+            env(),
+            raw[:4],
             tuple([None if raw[i] is None else bisect_right(b, raw[i]) for i, b in buckets]) if buckets else (),
         )
         kernel = self._cache.get(key)

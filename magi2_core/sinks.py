@@ -22,7 +22,7 @@ import torch
 
 from magi2_core.provider import SinkRescale
 
-__all__ = ["sink_scale", "sink_correction"]
+__all__ = ["sink_correction", "sink_scale"]
 
 
 def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,11 +54,15 @@ def sink_correction(
     if sinks is None or sinks.numel() == 0:
         return o.to(dtype), lse
     if o.dim() != 3 or lse.dim() != 2 or sinks.dim() != 2:
-        raise ValueError(f"sink_correction: need o [T,H,D], lse [H,T], sinks [S,H]; got {list(o.shape)}, "
-                         f"{list(lse.shape)}, {list(sinks.shape)}")
+        raise ValueError(
+            f"sink_correction: need o [T,H,D], lse [H,T], sinks [S,H]; got {list(o.shape)}, "
+            f"{list(lse.shape)}, {list(sinks.shape)}"
+        )
     if not (o.shape[1] == lse.shape[0] == sinks.shape[1]) or o.shape[0] != lse.shape[1]:
-        raise ValueError(f"sink_correction: head/token counts disagree: o {list(o.shape)}, lse {list(lse.shape)}, "
-                         f"sinks {list(sinks.shape)}")
+        raise ValueError(
+            f"sink_correction: head/token counts disagree: o {list(o.shape)}, lse {list(lse.shape)}, "
+            f"sinks {list(sinks.shape)}"
+        )
     scale, new_lse = sink_scale(lse, sinks)
     scale_th = scale.t().unsqueeze(-1)
     if rescale == "fp32":

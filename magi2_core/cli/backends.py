@@ -10,7 +10,6 @@ from rich.table import Table
 from magi2_core.cli._output import console, print_json
 from magi2_core.registry import get_registry
 
-
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -20,21 +19,26 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
     loaded = reg.backends()
     quarantined = reg.quarantined()
     if json_out:
-        print_json({
-            "backends": [
-                {"entry_point": b.entry_point, **b.spec.model_dump(mode="json")} for b in loaded
-            ],
-            "quarantined": [q.model_dump(mode="json") for q in quarantined],
-        })
+        print_json(
+            {
+                "backends": [{"entry_point": b.entry_point, **b.spec.model_dump(mode="json")} for b in loaded],
+                "quarantined": [q.model_dump(mode="json") for q in quarantined],
+            }
+        )
         return
     for b in loaded:
-        table = Table(title=f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api})",
-                      title_justify="left")
+        table = Table(
+            title=f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api})",
+            title_justify="left",
+        )
         for col in ("op", "provider", "prio", "devices", "dtypes", "features", "rules"):
             table.add_column(col, overflow="fold")
         for c in sorted(b.spec.providers, key=lambda c: (c.op, -c.priority, c.name)):
             table.add_row(
-                c.op, c.name, str(c.priority), ",".join(c.device_types),
+                c.op,
+                c.name,
+                str(c.priority),
+                ",".join(c.device_types),
                 ",".join(_SHORT.get(d, d) for d in c.dtypes),
                 ",".join(sorted(f.value for f in c.features)) or "-",
                 "\n".join(f"{r.id}: {r.describe()}" for r in c.rules) or "-",

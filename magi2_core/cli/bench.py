@@ -24,6 +24,7 @@ def bench(
     for col in ("op", "resolve (cached) us", "public call us", "direct provider us", "added us"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}",
-                      f"{r['added_us']:.2f}")
+        table.add_row(
+            r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}", f"{r['added_us']:.2f}"
+        )
     console.print(table)

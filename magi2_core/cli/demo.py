@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import torch
 import typer
@@ -13,7 +13,7 @@ from magi2_core.demo import best_device, run_demo
 
 
 def demo(
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, musa (default: the best present)")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, musa (default: the best present)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the random weights and inputs")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,13 +18,13 @@ def explain(
     op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm")],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
-    tokens: Annotated[Optional[int], typer.Option(help="query tokens (attention) or T")] = None,
-    max_seqlen_q: Annotated[Optional[int], typer.Option(help="longest query segment")] = None,
-    max_seqlen_k: Annotated[Optional[int], typer.Option(help="longest key segment (default: = q)")] = None,
+    tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,
+    max_seqlen_q: Annotated[int | None, typer.Option(help="longest query segment")] = None,
+    max_seqlen_k: Annotated[int | None, typer.Option(help="longest key segment (default: = q)")] = None,
     segments: Annotated[int, typer.Option(help="number of segments")] = 1,
     head_dim: Annotated[int, typer.Option(help="attention head dim")] = 128,
     heads_q: Annotated[int, typer.Option(help="query heads")] = 24,
-    heads_kv: Annotated[Optional[int], typer.Option(help="kv heads (default: = q heads)")] = None,
+    heads_kv: Annotated[int | None, typer.Option(help="kv heads (default: = q heads)")] = None,
     softcap: Annotated[bool, typer.Option("--softcap", help="ask for a positive softcap")] = False,
     sinks: Annotated[bool, typer.Option("--sinks", help="ask for learned sinks")] = False,
     lse: Annotated[bool, typer.Option("--lse", help="ask for the LSE")] = False,
@@ -38,8 +38,8 @@ def explain(
     width: Annotated[int, typer.Option(help="RMSNorm width D")] = 3072,
     modalities: Annotated[int, typer.Option(help="RMSNorm modality groups")] = 1,
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
-    out_dtype: Annotated[Optional[str], typer.Option(help="RMSNorm output dtype (default: = dtype)")] = None,
-    provider: Annotated[Optional[str], typer.Option(help="force a provider, as provider= would")] = None,
+    out_dtype: Annotated[str | None, typer.Option(help="RMSNorm output dtype (default: = dtype)")] = None,
+    provider: Annotated[str | None, typer.Option(help="force a provider, as provider= would")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
@@ -52,21 +52,48 @@ def explain(
         mq = max_seqlen_q if max_seqlen_q is not None else (tokens or 4096)
         mk = max_seqlen_k if max_seqlen_k is not None else mq
         hkv = heads_kv or heads_q
-        feats |= {f for f, on in ((Feature.SOFTCAP, softcap), (Feature.SINKS, sinks), (Feature.LSE, lse),
-                                  (Feature.DETERMINISTIC, deterministic), (Feature.GQA, hkv != heads_q)) if on}
-        fields = dict(tokens=tokens or mq * segments, tokens_k=mk * segments, max_seqlen_q=mq, max_seqlen_k=mk,
-                      num_segments=segments, head_dim=head_dim, num_heads_q=heads_q, num_heads_kv=hkv)
+        feats |= {
+            f
+            for f, on in (
+                (Feature.SOFTCAP, softcap),
+                (Feature.SINKS, sinks),
+                (Feature.LSE, lse),
+                (Feature.DETERMINISTIC, deterministic),
+                (Feature.GQA, hkv != heads_q),
+            )
+            if on
+        }
+        fields = dict(
+            tokens=tokens or mq * segments,
+            tokens_k=mk * segments,
+            max_seqlen_q=mq,
+            max_seqlen_k=mk,
+            num_segments=segments,
+            head_dim=head_dim,
+            num_heads_q=heads_q,
+            num_heads_kv=hkv,
+        )
     elif op in ("moe_route", "moe_experts"):
         if deterministic:
             feats.add(Feature.DETERMINISTIC)
-        fields = dict(tokens=tokens if tokens is not None else 4096, num_heads=moe_heads, num_experts=experts,
-                      top_k=top_k, hidden=hidden)
+        fields = dict(
+            tokens=tokens if tokens is not None else 4096,
+            num_heads=moe_heads,
+            num_experts=experts,
+            top_k=top_k,
+            hidden=hidden,
+        )
         if op == "moe_experts":
             fields["intermediate"] = intermediate
     else:
-        fields = dict(tokens=tokens if tokens is not None else 4096, width=width, num_modalities=modalities,
-                      num_patterns=patterns, out_dtype=_DTYPES.get(out_dtype or dt, out_dtype or dt))
-    problem = Problem(op=op, device_type=device, dtype=dt, features=frozenset(feats), **fields)  # type: ignore[arg-type]
+        fields = dict(
+            tokens=tokens if tokens is not None else 4096,
+            width=width,
+            num_modalities=modalities,
+            num_patterns=patterns,
+            out_dtype=_DTYPES.get(out_dtype or dt, out_dtype or dt),
+        )
+    problem = Problem(op=op, device_type=device, dtype=dt, features=frozenset(feats), **fields)
     try:
         res = resolve_problem(problem, provider)
     except ResolutionError as exc:

@@ -8,7 +8,7 @@ import torch
 
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError
 
-__all__ = ["dtype_name", "tensor", "rank", "dtype_in", "same_device", "describe"]
+__all__ = ["describe", "dtype_in", "dtype_name", "rank", "same_device", "tensor"]
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}

@@ -13,8 +13,16 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Acceptance", "rel_l2", "within_ulps", "allclose", "accept_attention", "accept_lse",
-    "accept_moe_route", "accept_moe_experts", "accept_rmsnorm", "ATTENTION_TOL",
+    "ATTENTION_TOL",
+    "Acceptance",
+    "accept_attention",
+    "accept_lse",
+    "accept_moe_experts",
+    "accept_moe_route",
+    "accept_rmsnorm",
+    "allclose",
+    "rel_l2",
+    "within_ulps",
 ]
 
 # (rtol, atol) for attention outputs by activation dtype: upstream MATE/FA3 parity tolerances.
@@ -70,8 +78,12 @@ def allclose(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: fl
         err = float((a - e).abs().nan_to_num(0.0).max()) if a.numel() else 0.0
         return Acceptance(True, what, f"max |Δ| {err:.3g} within rtol={rtol:g}, atol={atol:g}")
     where = torch.nonzero(~close)[0].tolist()
-    return Acceptance(False, what, f"{n_bad}/{a.numel()} outside rtol={rtol:g}, atol={atol:g}; first at {where}: "
-                                   f"got {a[tuple(where)].item():.6g}, expected {e[tuple(where)].item():.6g}")
+    return Acceptance(
+        False,
+        what,
+        f"{n_bad}/{a.numel()} outside rtol={rtol:g}, atol={atol:g}; first at {where}: "
+        f"got {a[tuple(where)].item():.6g}, expected {e[tuple(where)].item():.6g}",
+    )
 
 
 def within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 1.0) -> Acceptance:
@@ -91,8 +103,12 @@ def within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 1.0)
     if n_bad == 0:
         return Acceptance(True, f"<= {ulps:g} ulp", f"{a64.numel()} values")
     where = torch.nonzero(~close)[0].tolist()
-    return Acceptance(False, f"<= {ulps:g} ulp", f"{n_bad}/{a64.numel()} values off; first at {where}: "
-                                                 f"got {a64[tuple(where)].item():.8g}, expected {e64[tuple(where)].item():.8g}")
+    return Acceptance(
+        False,
+        f"<= {ulps:g} ulp",
+        f"{n_bad}/{a64.numel()} values off; first at {where}: "
+        f"got {a64[tuple(where)].item():.8g}, expected {e64[tuple(where)].item():.8g}",
+    )
 
 
 def accept_attention(actual: torch.Tensor, expected: torch.Tensor) -> Acceptance:

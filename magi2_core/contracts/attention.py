@@ -8,7 +8,8 @@ with normalised inputs: int32 prefix sums on q's device, integer max lengths, th
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from itertools import pairwise
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -17,12 +18,19 @@ from magi2_core.errors import InvalidInputError, InvalidShapeError
 from magi2_core.problem import FEATURE_BIT, Feature, Problem, features_from_mask
 from magi2_core.provider import SinkRescale
 
-__all__ = ["OP", "KEY_FIELDS", "AttentionCall", "validate", "problem_from_raw", "ACTIVATION_DTYPES"]
+__all__ = ["ACTIVATION_DTYPES", "KEY_FIELDS", "OP", "AttentionCall", "problem_from_raw", "validate"]
 
 OP: Literal["attention"] = "attention"
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KEY_FIELDS = (
-    "tokens", "tokens_k", "max_seqlen_q", "max_seqlen_k", "num_segments", "head_dim", "num_heads_q", "num_heads_kv",
+    "tokens",
+    "tokens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "num_segments",
+    "head_dim",
+    "num_heads_q",
+    "num_heads_kv",
 )
 
 
@@ -40,7 +48,7 @@ class AttentionCall(NamedTuple):
     sink_rescale: SinkRescale
     deterministic: bool
     return_lse: bool
-    raw: tuple[object, ...]
+    raw: tuple[Any, ...]
 
 
 def _prefix_sums(arg: str, cu: object, total: int, device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
@@ -59,9 +67,10 @@ def _check_values(arg: str, values: list[int], total: int, n_tokens_arg: str) ->
     if values[0] != 0:
         raise InvalidShapeError(OP, arg, "a prefix sum starting at 0", f"first value {values[0]}")
     if values[-1] != total:
-        raise InvalidShapeError(OP, arg, f"a prefix sum ending at {n_tokens_arg}.shape[0] = {total}",
-                                f"last value {values[-1]}")
-    lengths = [b - a for a, b in zip(values, values[1:])]
+        raise InvalidShapeError(
+            OP, arg, f"a prefix sum ending at {n_tokens_arg}.shape[0] = {total}", f"last value {values[-1]}"
+        )
+    lengths = [b - a for a, b in pairwise(values)]
     bad = next((i for i, n in enumerate(lengths) if n < 0), None)
     if bad is not None:
         raise InvalidShapeError(OP, arg, "non-decreasing", f"{values[bad]} then {values[bad + 1]} at index {bad}")
@@ -117,8 +126,9 @@ def validate(
     cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, tq, q.device)
     cu_k, vals_k = _prefix_sums("cu_seqlens_k", cu_seqlens_k, tk, q.device)
     if cu_q.numel() != cu_k.numel():
-        raise InvalidShapeError(OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)",
-                                f"{cu_k.numel()} entries")
+        raise InvalidShapeError(
+            OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)", f"{cu_k.numel()} entries"
+        )
     need_values = max_seqlen_q is None or max_seqlen_k is None
     if need_values and vals_q is None:  # device prefix sums: one host sync, only when lengths were not given
         vals_q = cu_q.tolist()
@@ -142,8 +152,9 @@ def validate(
     if sinks is not None:
         sink_t = ck.tensor(OP, "sinks", sinks)
         if sink_t.dtype != torch.float32 or sink_t.dim() != 2 or sink_t.shape[1] != hq:
-            raise InvalidInputError(OP, "sinks", f"an FP32 tensor [S, {hq}] (S sink logits per q head)",
-                                    ck.describe(sink_t))
+            raise InvalidInputError(
+                OP, "sinks", f"an FP32 tensor [S, {hq}] (S sink logits per q head)", ck.describe(sink_t)
+            )
         ck.same_device(OP, "q", q, sinks=sink_t)
         if sink_t.shape[0] == 0:
             sink_t = None
@@ -158,11 +169,30 @@ def validate(
         | (FEATURE_BIT[Feature.COMPILING] if compiling else 0)
     )
     raw = (q.device.type, ck.dtype_name(q.dtype), None, mask, tq, tk, mq, mk, cu_q.numel() - 1, d, hq, hkv)
-    return AttentionCall(q, k, v, cu_q, cu_k, mq, mk, scale, cap, sink_t, sink_rescale,  # type: ignore[arg-type]
-                         bool(deterministic), bool(return_lse), raw)
+    return AttentionCall(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        mq,
+        mk,
+        scale,
+        cap,
+        sink_t,
+        sink_rescale,  # type: ignore[arg-type]
+        bool(deterministic),
+        bool(return_lse),
+        raw,
+    )
 
 
-def problem_from_raw(raw: tuple[object, ...]) -> Problem:
+def problem_from_raw(raw: tuple[Any, ...]) -> Problem:
     device_type, dtype, _, mask, *ints = raw
-    return Problem(op=OP, device_type=str(device_type), dtype=str(dtype), features=features_from_mask(int(mask)),  # type: ignore[call-overload]
-                   **dict(zip(KEY_FIELDS, ints)))
+    return Problem(
+        op=OP,
+        device_type=str(device_type),
+        dtype=str(dtype),
+        features=features_from_mask(int(mask)),
+        **dict(zip(KEY_FIELDS, ints, strict=True)),
+    )

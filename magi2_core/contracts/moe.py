@@ -9,7 +9,7 @@ idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -18,8 +18,16 @@ from magi2_core.errors import InvalidDTypeError, InvalidShapeError
 from magi2_core.problem import FEATURE_BIT, Feature, OpName, Problem, features_from_mask
 
 __all__ = [
-    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "swiglu7", "ROUTE_KEY_FIELDS", "EXPERTS_KEY_FIELDS",
-    "RouteCall", "ExpertsCall", "validate_route", "validate_experts", "problem_from_raw",
+    "EXPERTS_KEY_FIELDS",
+    "ROUTE_KEY_FIELDS",
+    "SWIGLU_ALPHA",
+    "SWIGLU_LIMIT",
+    "ExpertsCall",
+    "RouteCall",
+    "problem_from_raw",
+    "swiglu7",
+    "validate_experts",
+    "validate_route",
 ]
 
 SWIGLU_ALPHA = 1.702
@@ -47,7 +55,7 @@ class RouteCall(NamedTuple):
     bias: torch.Tensor | None
     top_k: int
     route_scale: float
-    raw: tuple[object, ...]
+    raw: tuple[Any, ...]
 
 
 def validate_route(
@@ -61,8 +69,9 @@ def validate_route(
     w = ck.tensor(op, "router_weight", router_weight)
     ck.dtype_in(op, "router_weight", w, (torch.float32,))
     if w.dim() != 2 or w.shape[1] != d or hl == 0 or w.shape[0] % hl != 0 or w.shape[0] == 0:
-        raise InvalidShapeError(op, "router_weight", f"FP32 [heads·experts, {d}] with a multiple of {hl} rows",
-                                ck.describe(w))
+        raise InvalidShapeError(
+            op, "router_weight", f"FP32 [heads·experts, {d}] with a multiple of {hl} rows", ck.describe(w)
+        )
     e = w.shape[0] // hl
     b: torch.Tensor | None = None
     if bias is not None:
@@ -87,12 +96,19 @@ class ExpertsCall(NamedTuple):
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
-    raw: tuple[object, ...]
+    raw: tuple[Any, ...]
 
 
 def validate_experts(
-    x: object, probs: object, idx: object, w_gate: object, w_up: object, w_down: object,
-    *, deterministic: bool, compiling: bool,
+    x: object,
+    probs: object,
+    idx: object,
+    w_gate: object,
+    w_up: object,
+    w_down: object,
+    *,
+    deterministic: bool,
+    compiling: bool,
 ) -> ExpertsCall:
     op = "moe_experts"
     x = ck.tensor(op, "x", x)
@@ -112,8 +128,9 @@ def validate_experts(
     wu = ck.tensor(op, "w_up", w_up)
     wd = ck.tensor(op, "w_down", w_down)
     if wg.dim() != 3 or hl == 0 or wg.shape[0] % hl != 0 or wg.shape[1] != d or wg.shape[0] == 0:
-        raise InvalidShapeError(op, "w_gate", f"[heads·experts, {d}, intermediate] with a multiple of {hl} rows",
-                                ck.describe(wg))
+        raise InvalidShapeError(
+            op, "w_gate", f"[heads·experts, {d}, intermediate] with a multiple of {hl} rows", ck.describe(wg)
+        )
     f, _, inter = wg.shape
     if tuple(wu.shape) != (f, d, inter):
         raise InvalidShapeError(op, "w_up", f"[{f}, {d}, {inter}] like w_gate", ck.describe(wu))
@@ -128,15 +145,21 @@ def validate_experts(
     if k > e:
         raise InvalidShapeError(op, "probs", f"top_k <= {e} experts per head", f"top_k = {k}")
     if i.device.type == "cpu" and i.numel() and (int(i.min()) < 0 or int(i.max()) >= e):
-        raise InvalidShapeError(op, "idx", f"per-head expert ids in [0, {e})",
-                                f"values in [{int(i.min())}, {int(i.max())}]")
+        raise InvalidShapeError(
+            op, "idx", f"per-head expert ids in [0, {e})", f"values in [{int(i.min())}, {int(i.max())}]"
+        )
     mask = _compiling_bit(compiling) | (FEATURE_BIT[Feature.DETERMINISTIC] if deterministic else 0)
     raw = (x.device.type, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
     return ExpertsCall(x, p, i, wg, wu, wd, raw)
 
 
-def problem_from_raw(op: OpName, raw: tuple[object, ...]) -> Problem:
+def problem_from_raw(op: OpName, raw: tuple[Any, ...]) -> Problem:
     fields = ROUTE_KEY_FIELDS if op == "moe_route" else EXPERTS_KEY_FIELDS
     device_type, dtype, _, mask, *ints = raw
-    return Problem(op=op, device_type=str(device_type), dtype=str(dtype), features=features_from_mask(int(mask)),  # type: ignore[call-overload]
-                   **dict(zip(fields, ints)))
+    return Problem(
+        op=op,
+        device_type=str(device_type),
+        dtype=str(dtype),
+        features=features_from_mask(int(mask)),
+        **dict(zip(fields, ints, strict=True)),
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -18,7 +18,7 @@ from magi2_core.contracts import _checks as ck
 from magi2_core.errors import InvalidShapeError
 from magi2_core.problem import FEATURE_BIT, Feature, Problem, features_from_mask
 
-__all__ = ["OP", "KEY_FIELDS", "RMSNormCall", "validate", "problem_from_raw", "DEFAULT_EPS"]
+__all__ = ["DEFAULT_EPS", "KEY_FIELDS", "OP", "RMSNormCall", "problem_from_raw", "validate"]
 
 OP: Literal["rmsnorm"] = "rmsnorm"
 DEFAULT_EPS = 1e-6
@@ -32,11 +32,16 @@ class RMSNormCall(NamedTuple):
     eps: float
     modality_sizes: tuple[int, ...] | None
     out_dtype: torch.dtype
-    raw: tuple[object, ...]
+    raw: tuple[Any, ...]
 
 
 def validate(
-    x: object, weight: object, *, eps: float, modality_sizes: Sequence[int] | None, out_dtype: torch.dtype | None,
+    x: object,
+    weight: object,
+    *,
+    eps: float,
+    modality_sizes: object,
+    out_dtype: torch.dtype | None,
     compiling: bool,
 ) -> RMSNormCall:
     x = ck.tensor(OP, "x", x)
@@ -50,14 +55,24 @@ def validate(
     sizes: tuple[int, ...] | None = None
     if modality_sizes is not None:
         if isinstance(modality_sizes, torch.Tensor):
-            raise InvalidShapeError(OP, "modality_sizes", "a host-side list of ints (not a tensor: no device sync)",
-                                    ck.describe(modality_sizes))
+            raise InvalidShapeError(
+                OP,
+                "modality_sizes",
+                "a host-side list of ints (not a tensor: no device sync)",
+                ck.describe(modality_sizes),
+            )
+        if not isinstance(modality_sizes, Sequence):
+            raise InvalidShapeError(OP, "modality_sizes", "a list of ints or None", type(modality_sizes).__name__)
         sizes = tuple(modality_sizes)
         if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
             raise InvalidShapeError(OP, "modality_sizes", "a non-empty list of non-negative ints", repr(modality_sizes))
         if sum(sizes) != t:
-            raise InvalidShapeError(OP, "modality_sizes", f"sizes summing to the token count x.shape[0] = {t}",
-                                    f"{list(sizes)} (sum {sum(sizes)})")
+            raise InvalidShapeError(
+                OP,
+                "modality_sizes",
+                f"sizes summing to the token count x.shape[0] = {t}",
+                f"{list(sizes)} (sum {sum(sizes)})",
+            )
     m = len(sizes) if sizes is not None else 1
     if w.dim() == 1:
         if d == 0 or w.numel() % (m * d) != 0:
@@ -73,13 +88,21 @@ def validate(
         raise InvalidShapeError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in _FLOATS:
-        raise InvalidShapeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype))
+        raise InvalidShapeError(
+            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
+        )
     mask = FEATURE_BIT[Feature.COMPILING] if compiling else 0
     raw = (x.device.type, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)
     return RMSNormCall(x, w, e, sizes, od, raw)
 
 
-def problem_from_raw(raw: tuple[object, ...]) -> Problem:
+def problem_from_raw(raw: tuple[Any, ...]) -> Problem:
     device_type, dtype, out_dtype, mask, *ints = raw
-    return Problem(op=OP, device_type=str(device_type), dtype=str(dtype), out_dtype=str(out_dtype),  # type: ignore[call-overload]
-                   features=features_from_mask(int(mask)), **dict(zip(KEY_FIELDS, ints)))
+    return Problem(
+        op=OP,
+        device_type=str(device_type),
+        dtype=str(dtype),
+        out_dtype=str(out_dtype),
+        features=features_from_mask(int(mask)),
+        **dict(zip(KEY_FIELDS, ints, strict=True)),
+    )

@@ -8,12 +8,14 @@ at most ``MAX_SCORE_ELEMENTS`` values (a 32k-token segment fits in a few hundred
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from magi2_core.provider import SinkRescale
 from magi2_core.sinks import sink_correction
 
-__all__ = ["reference_attention", "MAX_SCORE_ELEMENTS"]
+__all__ = ["MAX_SCORE_ELEMENTS", "reference_attention"]
 
 MAX_SCORE_ELEMENTS = 1 << 24
 
@@ -33,7 +35,7 @@ def _segment(
     vh = v.permute(1, 0, 2)
     chunk = max(1, MAX_SCORE_ELEMENTS // max(1, lk * hq))
     for start in range(0, lq, chunk):
-        qc = q[start:start + chunk]  # [c, Hq, D]
+        qc = q[start : start + chunk]  # [c, Hq, D]
         c = qc.shape[0]
         qh = qc.permute(1, 0, 2).reshape(hkv, g * c, d)  # q head h = kvh * g + j (repeat-interleave groups)
         s = torch.bmm(qh, kh.transpose(1, 2)) * scale  # [Hkv, g·c, Lk]
@@ -42,8 +44,8 @@ def _segment(
         m = torch.logsumexp(s, dim=-1, keepdim=True)  # finite: Lk > 0
         p = torch.exp(s - m)
         oc = torch.bmm(p, vh)  # [Hkv, g·c, D]
-        o[start:start + c] = oc.reshape(hq, c, d).permute(1, 0, 2)
-        lse[:, start:start + c] = m.reshape(hq, c)
+        o[start : start + c] = oc.reshape(hq, c, d).permute(1, 0, 2)
+        lse[:, start : start + c] = m.reshape(hq, c)
     return o, lse
 
 
@@ -70,7 +72,7 @@ def reference_attention(
     lse = q.new_full((hq, tq), float("-inf"), dtype=acc)
     bq = cu_seqlens_q.tolist()
     bk = cu_seqlens_k.tolist()
-    for (q0, q1), (k0, k1) in zip(zip(bq, bq[1:]), zip(bk, bk[1:])):
+    for (q0, q1), (k0, k1) in zip(pairwise(bq), pairwise(bk), strict=True):
         if q1 == q0:
             continue
         o_seg, lse_seg = _segment(q[q0:q1].to(acc), k[k0:k1].to(acc), v[k0:k1].to(acc), softmax_scale, softcap)

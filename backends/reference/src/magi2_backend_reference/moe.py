@@ -12,14 +12,14 @@ import torch
 
 from magi2_core.contracts.moe import swiglu7
 
-__all__ = ["reference_moe_route", "reference_moe_experts", "flat_expert_ids"]
+__all__ = ["flat_expert_ids", "reference_moe_experts", "reference_moe_route"]
 
 
 @torch.no_grad()
 def reference_moe_route(
     x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    t, hl, d = x.shape
+    hl, d = x.shape[1], x.shape[2]
     e = router_weight.shape[0] // hl
     w = router_weight.view(hl, e, d)
     acc = torch.promote_types(x.dtype, torch.float32)
@@ -58,8 +58,8 @@ def reference_moe_experts(
     order = torch.argsort(flat, stable=True)
     experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
     start = 0
-    for f, n in zip(experts.tolist(), counts.tolist()):
-        r = order[start:start + n]
+    for f, n in zip(experts.tolist(), counts.tolist(), strict=True):
+        r = order[start : start + n]
         start += n
         a = rows[r // k].to(acc)
         mid = swiglu7(a @ w_gate[f].to(acc), a @ w_up[f].to(acc)).to(x.dtype)

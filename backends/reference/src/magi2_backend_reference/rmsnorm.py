@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["reference_rmsnorm_fp32", "reference_rmsnorm", "broadcast_scale"]
+__all__ = ["broadcast_scale", "reference_rmsnorm", "reference_rmsnorm_fp32"]
 
 
 def broadcast_scale(x: torch.Tensor, weight: torch.Tensor, modality_sizes: Sequence[int] | None) -> torch.Tensor:

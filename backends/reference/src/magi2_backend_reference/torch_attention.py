@@ -34,18 +34,38 @@ class TorchVarlenAttention:
     def check(self, problem: Problem) -> Sequence[Reason]:
         api = self._api
         if isinstance(api, str):
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="torch", expected="torch >= 2.10 varlen_attn",
-                           actual=torch.__version__, detail=api)]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="torch",
+                    expected="torch >= 2.10 varlen_attn",
+                    actual=torch.__version__,
+                    detail=api,
+                )
+            ]
         if problem.device_type == "cuda" and not torch.cuda.is_available():
             return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none")]
         params = api[2]
         out: list[Reason] = []
         if Feature.GQA in problem.features and "enable_gqa" not in params:
-            out.append(Reason(code=ReasonCode.FEATURE, field="gqa", expected="varlen_attn(enable_gqa=)",
-                              actual=f"torch {torch.__version__}"))
+            out.append(
+                Reason(
+                    code=ReasonCode.FEATURE,
+                    field="gqa",
+                    expected="varlen_attn(enable_gqa=)",
+                    actual=f"torch {torch.__version__}",
+                )
+            )
         if "scale" not in params:
-            out.append(Reason(code=ReasonCode.CHECK, field="softmax_scale", expected="varlen_attn(scale=)",
-                              actual=f"torch {torch.__version__}", detail="needs torch >= 2.12"))
+            out.append(
+                Reason(
+                    code=ReasonCode.CHECK,
+                    field="softmax_scale",
+                    expected="varlen_attn(scale=)",
+                    actual=f"torch {torch.__version__}",
+                    detail="needs torch >= 2.12",
+                )
+            )
         return out
 
     def __call__(
@@ -67,14 +87,15 @@ class TorchVarlenAttention:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         api = self._api
         assert not isinstance(api, str), api
-        varlen_attn, aux_request, params = api
+        varlen_attn, aux_request, _ = api
         kwargs: dict[str, Any] = {"return_aux": aux_request(lse=True), "scale": softmax_scale}
         if q.shape[1] != k.shape[1]:
             kwargs["enable_gqa"] = True
         o, lse = varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
-            raise RuntimeError(f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = "
-                               f"{[q.shape[1], q.shape[0]]}")
+            raise RuntimeError(
+                f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[q.shape[1], q.shape[0]]}"
+            )
         if sinks is not None:
             o, lse = sink_correction(o, lse, sinks, rescale=sink_rescale)
         return o, lse if return_lse else None

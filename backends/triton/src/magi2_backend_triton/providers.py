@@ -1,0 +1,91 @@
+"""Kernel objects of the Triton providers: availability checks plus the call into the kernels.
+
+Importing this module imports Triton; where Triton is missing the registry reports the providers as
+unavailable with that import error (a reason, not a crash).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import triton
+
+from magi2_backend_triton.moe.fused import fused_moe_experts
+from magi2_backend_triton.rmsnorm import triton_rmsnorm
+from magi2_core.problem import Problem
+from magi2_core.resolution import Reason, ReasonCode
+
+__all__ = ["TritonMoEExperts", "TritonRMSNorm", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
+
+
+def device_reasons(device_type: str) -> list[Reason]:
+    """Can Triton launch on this device type here? (CPU only through ``TRITON_INTERPRET=1``.)"""
+    if device_type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="TRITON_INTERPRET",
+                    expected="1 (interpreter on CPU)",
+                    actual=str(os.environ.get("TRITON_INTERPRET")),
+                )
+            ]
+        return []
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none visible")]
+    if device_type == "musa":
+        musa = getattr(torch, "musa", None)
+        if musa is None or not musa.is_available():
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="musa",
+                    expected="torch_musa with a MUSA device",
+                    actual="none visible",
+                )
+            ]
+    return []
+
+
+class TritonMoEExperts:
+    """The fused head-routed BF16 MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum)."""
+
+    version = triton.__version__
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        return device_reasons(problem.device_type)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        probs: torch.Tensor,
+        idx: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        return fused_moe_experts(x, probs, idx, w_gate, w_up, w_down)
+
+
+class TritonRMSNorm:
+    """One-pass multi-modality RMSNorm (FP32 math, one final cast)."""
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        return device_reasons(problem.device_type)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        eps: float,
+        modality_sizes: Sequence[int] | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        return triton_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype)
+
+
+triton_moe_experts = TritonMoEExperts()
+triton_rmsnorm_provider = TritonRMSNorm()

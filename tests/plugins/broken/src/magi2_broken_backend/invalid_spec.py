@@ -1,0 +1,13 @@
+"""Returns a descriptor that does not validate (an unknown op, no device types)."""
+
+from magi2_core import hookimpl
+
+
+@hookimpl
+def magi2_backend() -> dict[str, object]:
+    return {
+        "name": "magi2-backend-broken-spec",
+        "version": "0.0.1",
+        "core_api": ">=1.0,<2",
+        "providers": [{"op": "convolution", "name": "bad", "impl": "x:y", "dtypes": ["float32"]}],
+    }

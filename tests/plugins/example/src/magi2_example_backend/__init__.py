@@ -1,0 +1,1 @@
+"""A third-party backend as a vendor would write it: one plugin module, one kernel module."""
