@@ -1,0 +1,69 @@
+"""The magi2 command line, through typer's runner (no subprocess)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from magi2_core.cli import app
+
+runner = CliRunner()
+
+
+def test_backends_json_lists_providers_and_quarantine() -> None:
+    result = runner.invoke(app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    entry_points = {b["entry_point"] for b in data["backends"]}
+    assert "reference" in entry_points
+    ref = next(b for b in data["backends"] if b["entry_point"] == "reference")
+    assert {(p["op"], p["name"]) for p in ref["providers"]} >= {("attention", "reference"), ("rmsnorm", "reference")}
+    if any(q["entry_point"] == "broken_import" for q in data["quarantined"]):
+        assert all(q["reason"] for q in data["quarantined"])
+
+
+def test_backends_table_exits_zero_with_a_broken_plugin_installed() -> None:
+    result = runner.invoke(app, ["backends"])
+    assert result.exit_code == 0
+    assert "magi2-backend-reference" in result.stdout
+
+
+def test_explain_musa_short_sequence_picks_reference_and_names_the_rule() -> None:
+    result = runner.invoke(app, ["explain", "attention", "--device", "musa", "--dtype", "bfloat16",
+                                 "--max-seqlen-q", "16", "--sinks"])
+    assert result.exit_code == 0, result.output
+    assert "chosen: reference" in result.stdout
+    if "mate" in result.stdout:  # the MATE backend is installed: its 32-token rule must be named
+        assert "max_seqlen_q < 32" in result.stdout
+
+
+def test_explain_json_and_long_sequence() -> None:
+    result = runner.invoke(app, ["explain", "attention", "--device", "musa", "--max-seqlen-q", "4096", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["problem"]["max_seqlen_q"] == 4096 and data["chosen"]
+    assert all(c["verdict"] in {"chosen", "rejected", "skipped"} for c in data["candidates"])
+
+
+def test_explain_unknown_op_and_unservable_problem() -> None:
+    assert runner.invoke(app, ["explain", "convolution"]).exit_code != 0
+    result = runner.invoke(app, ["explain", "rmsnorm", "--provider", "torch_native", "--device", "cpu"])
+    assert result.exit_code == 1 and "torch_native" in result.stdout
+
+
+@pytest.mark.parametrize("op", ["moe_route", "moe_experts", "rmsnorm"])
+def test_explain_each_op(op: str) -> None:
+    result = runner.invoke(app, ["explain", op, "--device", "cpu", "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    assert f"{op}:" in result.stdout
+
+
+def test_demo_json_reports_each_op_against_the_oracle() -> None:
+    result = runner.invoke(app, ["demo", "--json", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["op"] for r in rows] == ["rmsnorm", "attention", "moe_route", "moe_experts"]
+    for r in rows:
+        assert r["rel_l2_err"] < 1e-5, r  # FP32 on the CPU reference vs the float64 oracle

@@ -1,0 +1,118 @@
+"""Discovery, quarantine, allow/deny lists, contract versions, in-process registration."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import magi2_core as m2
+from magi2_core import BackendSpec, Capability, hookimpl
+from magi2_core.registry import Registry
+
+
+def _plugin(name: str, *caps: Capability, core_api: str = ">=1.0,<2") -> types.ModuleType:
+    mod = types.ModuleType(f"plugin_{name}")
+
+    @hookimpl
+    def magi2_backend() -> BackendSpec:
+        return BackendSpec(name=name, version="1.2.3", core_api=core_api, providers=caps)
+
+    mod.magi2_backend = magi2_backend  # type: ignore[attr-defined]
+    return mod
+
+
+def _cap(name: str = "toy", op: str = "rmsnorm", priority: int = 5) -> Capability:
+    return Capability(op=op, name=name, impl="magi2_backend_reference.rmsnorm:reference_rmsnorm",  # type: ignore[arg-type]
+                      device_types=("cpu",), dtypes=("float32",), priority=priority)
+
+
+def test_reference_backend_is_discovered_through_its_entry_point() -> None:
+    reg = Registry()
+    names = {b.entry_point for b in reg.backends()}
+    assert "reference" in names
+    assert [p.name for p in reg.providers("attention")][-1] == "reference"
+
+
+def test_example_third_party_backend_is_discovered_end_to_end() -> None:
+    reg = Registry()
+    backend = {b.entry_point: b for b in reg.backends()}.get("example")
+    if backend is None:
+        pytest.skip("tests/plugins/example is not installed (pip install -e tests/plugins/example)")
+    assert backend.spec.name == "magi2-backend-example"
+    fpga = reg.provider("attention", "example_fpga")
+    assert fpga is not None and fpga.capability.device_types == ("fpga",)
+    assert fpga.capability.backend == "magi2-backend-example" and fpga.capability.version == "0.0.1"
+
+
+def test_broken_plugins_are_quarantined_with_reasons_and_ops_still_work() -> None:
+    reg = Registry()
+    q = {item.entry_point: item.reason for item in reg.quarantined()}
+    if not q:
+        pytest.skip("tests/plugins/broken is not installed (pip install -e tests/plugins/broken)")
+    assert "magi2_no_such_native_extension" in q["broken_import"]
+    assert "core contract >=9,<10" in q["broken_api"] and "provides contract 1.0" in q["broken_api"]
+    assert "validation error" in q["broken_spec"]
+    x = torch.randn(3, 8)
+    assert m2.rmsnorm(x, torch.zeros(1, 1, 8)).shape == (3, 8)
+
+
+def test_allow_list_and_deny_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAGI2_PLUGINS", "reference")
+    assert [b.entry_point for b in Registry().backends()] == ["reference"]
+    assert Registry().quarantined() == ()
+    monkeypatch.delenv("MAGI2_PLUGINS")
+    monkeypatch.setenv("MAGI2_DISABLE_PLUGINS", "reference, triton")
+    names = {b.entry_point for b in Registry().backends()}
+    assert "reference" not in names and "triton" not in names
+
+
+def test_register_unregister_and_ordering() -> None:
+    reg = Registry(discover=False)
+    reg.register(_plugin("b-dist", _cap("zeta", priority=5), _cap("alpha", priority=5), _cap("top", priority=9)),
+                 name="b")
+    assert [p.name for p in reg.providers("rmsnorm")] == ["top", "alpha", "zeta"]  # priority, then name
+    gen = reg.generation
+    reg.unregister("b")
+    assert reg.providers("rmsnorm") == [] and reg.generation > gen
+
+
+def test_core_api_mismatch_quarantines() -> None:
+    reg = Registry(discover=False)
+    reg.register(_plugin("old", _cap(), core_api="<1.0"), name="old")
+    (item,) = reg.quarantined()
+    assert item.entry_point == "old" and "provides contract 1.0" in item.reason
+    assert reg.providers("rmsnorm") == []
+
+
+def test_duplicate_provider_names_quarantine_the_later_backend() -> None:
+    reg = Registry(discover=False)
+    reg.register(_plugin("first", _cap("same")), name="first")
+    reg.register(_plugin("second", _cap("same")), name="second")
+    assert [p.capability.backend for p in reg.providers("rmsnorm")] == ["first"]
+    assert "already registered" in reg.quarantined()[0].reason
+
+
+def test_plugin_without_the_hook_is_quarantined() -> None:
+    reg = Registry(discover=False)
+    reg.register(types.ModuleType("empty"), name="empty")
+    assert "magi2_backend" in reg.quarantined()[0].reason
+
+
+def test_provider_import_failure_is_a_reason_not_an_exception() -> None:
+    reg = Registry(discover=False)
+    cap = Capability(op="rmsnorm", name="ghost", impl="no_such_module_xyz:kernel", device_types=("cpu",),
+                     dtypes=("float32",))
+    reg.register(_plugin("ghost", cap), name="ghost")
+    impl, error = reg.providers("rmsnorm")[0].load()
+    assert impl is None and error is not None and "no_such_module_xyz" in error
+
+
+def test_descriptors_are_frozen_and_json_round_trip() -> None:
+    cap = m2.get_registry().provider("attention", "reference")
+    assert cap is not None
+    c = cap.capability
+    with pytest.raises(Exception):
+        c.priority = 3  # type: ignore[misc]
+    assert Capability.model_validate_json(c.model_dump_json()) == c
