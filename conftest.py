@@ -1,0 +1,22 @@
+"""Hardware gating for every test directory: ``gpu`` needs CUDA, ``musa`` needs a MUSA device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _has_musa() -> bool:
+    musa = getattr(torch, "musa", None)
+    return bool(musa is not None and musa.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False here)")
+    no_musa = pytest.mark.skip(reason="needs a Moore Threads GPU with torch_musa and MATE (none here)")
+    cuda, musa = torch.cuda.is_available(), _has_musa()
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(no_cuda)
+        if "musa" in item.keywords and not musa:
+            item.add_marker(no_musa)
