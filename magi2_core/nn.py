@@ -1,0 +1,77 @@
+"""``torch.nn.Module`` wrappers for users who want layers rather than functions.
+
+Each layer holds its parameters in MAGI-2's checkpoint layout and calls the public ops, so the same
+resolution, overrides and explanations apply. Packed-weight caches (the Triton MoE's gate/up bank) are
+keyed by the parameters' identity, storage and version counter inside the provider, so an in-place
+weight update or a device move is picked up without any call here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from magi2_core import ops
+
+__all__ = ["MultiModalityRMSNorm", "PackedAttentionWithSinks", "HeadRoutedMoE"]
+
+
+class MultiModalityRMSNorm(nn.Module):
+    """FP32 RMSNorm with modality-major delta scales ``w[m, p] + 1`` (zero-initialised = identity)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, num_modality: int = 1, num_patterns: int = 1,
+                 out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.dim, self.eps, self.num_modality, self.num_patterns, self.out_dtype = (
+            dim, eps, num_modality, num_patterns, out_dtype)
+        self.weight = nn.Parameter(torch.zeros(num_modality * num_patterns * dim, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor, modality_sizes: Sequence[int] | None = None) -> torch.Tensor:
+        w = self.weight.view(self.num_modality, self.num_patterns, self.dim)
+        return ops.rmsnorm(x, w, eps=self.eps, modality_sizes=modality_sizes, out_dtype=self.out_dtype)
+
+
+class PackedAttentionWithSinks(nn.Module):
+    """Packed varlen attention with FP32 learned sink logits ``[sink_tokens, num_heads]``."""
+
+    def __init__(self, num_heads: int, sink_tokens: int = 1, softcap: float = -1.0) -> None:
+        super().__init__()
+        self.softcap = softcap
+        self.sinks = nn.Parameter(torch.zeros(sink_tokens, num_heads, dtype=torch.float32))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None,
+                max_seqlen_k: int | None = None) -> torch.Tensor:
+        return ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                             max_seqlen_k=max_seqlen_k, softcap=self.softcap, sinks=self.sinks)
+
+
+class HeadRoutedMoE(nn.Module):
+    """MAGI-2's multi-head MoE: ``x [T, H·d]`` viewed ``[T, H, d]``, each head routed over its own experts."""
+
+    def __init__(self, num_heads: int, head_dim: int, num_experts: int, intermediate: int, top_k: int = 6,
+                 route_scale: float = 4.9, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        f = num_heads * num_experts
+        self.num_heads, self.head_dim, self.top_k, self.route_scale = num_heads, head_dim, top_k, route_scale
+        self.router = nn.Parameter(torch.empty(f, head_dim, dtype=torch.float32))
+        self.register_buffer("expert_bias", torch.zeros(f, dtype=torch.float32))
+        self.w_gate = nn.Parameter(torch.empty(f, head_dim, intermediate, dtype=dtype))
+        self.w_up = nn.Parameter(torch.empty(f, head_dim, intermediate, dtype=dtype))
+        self.w_down = nn.Parameter(torch.empty(f, intermediate, head_dim, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.router, std=self.head_dim ** -0.5)
+        for w in (self.w_gate, self.w_up):
+            nn.init.normal_(w, std=self.head_dim ** -0.5)
+        nn.init.normal_(self.w_down, std=self.w_down.shape[1] ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = x.reshape(x.shape[0], self.num_heads, self.head_dim)
+        bias: torch.Tensor = self.expert_bias
+        probs, idx = ops.moe_route(heads, self.router, bias, top_k=self.top_k, route_scale=self.route_scale)
+        y = ops.moe_experts(heads, probs, idx, self.w_gate, self.w_up, self.w_down)
+        return y.reshape(x.shape)
