@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 
+import pydantic
 import pytest
 import torch
 
@@ -113,6 +114,6 @@ def test_descriptors_are_frozen_and_json_round_trip() -> None:
     cap = m2.get_registry().provider("attention", "reference")
     assert cap is not None
     c = cap.capability
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         c.priority = 3  # type: ignore[misc]
     assert Capability.model_validate_json(c.model_dump_json()) == c
