@@ -14,6 +14,7 @@ from typing import Any, Literal, overload
 
 import torch
 
+from magi2_core import shadow as _shadow
 from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
 from magi2_core.contracts import rmsnorm as norm_c
@@ -193,6 +194,8 @@ def _attention(
         deterministic=call.deterministic,
         return_lse=call.return_lse,
     )
+    if _shadow.ACTIVE:
+        _shadow.observe("attention", kernel, call, (o, lse))
     return (o, lse) if return_lse else o
 
 
@@ -288,6 +291,8 @@ def _moe_route(
     call = moe_c.validate_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, compiling=compiling)
     kernel = dispatcher().kernel("moe_route", call.raw, moe_c.ROUTE_KEY_FIELDS, _route_problem, provider)
     probs, idx = kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale)
+    if _shadow.ACTIVE:
+        _shadow.observe("moe_route", kernel, call, (probs, idx))
     return probs, idx
 
 
@@ -362,6 +367,8 @@ def _moe_experts(
     call = moe_c.validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=compiling)
     kernel = dispatcher().kernel("moe_experts", call.raw, moe_c.EXPERTS_KEY_FIELDS, _experts_problem, provider)
     out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
+    if _shadow.ACTIVE:
+        _shadow.observe("moe_experts", kernel, call, out)
     return out
 
 
@@ -432,6 +439,8 @@ def _rmsnorm(
     out: torch.Tensor = kernel(
         call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype
     )
+    if _shadow.ACTIVE:
+        _shadow.observe("rmsnorm", kernel, call, out)
     return out
 
 
