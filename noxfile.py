@@ -68,13 +68,16 @@ def tests_musa_mate(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """The conformance kit against every installed provider that can run here (Triton via the interpreter)."""
     _install(session, TRITON, "-e", "backends/triton", "-e", "backends/cuda_fa3", "-e", "backends/musa_mate")
-    session.run("magi2", "check", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.run("magi2", "check", "--device", "cpu", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """On an NVIDIA machine, in an environment that already has a CUDA torch: the gpu-marked tests."""
+    """On an NVIDIA machine, in an environment that already has a CUDA torch and the backends installed:
+    the gpu-marked tests, then the conformance kit against every provider that runs on CUDA."""
     session.run(*PYTEST, "-m", "gpu", "tests", "backends", *session.posargs)
+    session.run(*PYTEST, "-p", "magi2_core.testing.plugin", "--magi2-conformance", "--magi2-only",
+                "--magi2-device", "cuda", "-rs")
 
 
 @nox.session(venv_backend="none")
