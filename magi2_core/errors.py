@@ -16,6 +16,7 @@ __all__ = [
     "InvalidDTypeError",
     "InvalidDeviceError",
     "InvalidInputError",
+    "InvalidValueError",
     "InvalidShapeError",
     "Magi2Error",
     "NoEligibleProviderError",
@@ -40,7 +41,11 @@ class InvalidInputError(Magi2Error):
         super().__init__(f"{op}: argument '{arg}' must be {expected}; got {actual}")
 
 
-class InvalidShapeError(InvalidInputError, ValueError):
+class InvalidValueError(InvalidInputError, ValueError):
+    """A value outside what the call accepts (an option, a scale, an op name)."""
+
+
+class InvalidShapeError(InvalidValueError):
     """Wrong rank, size, or inconsistent sizes/values (prefix sums, modality sizes, top_k)."""
 
 
@@ -48,7 +53,7 @@ class InvalidDTypeError(InvalidInputError, TypeError):
     """Wrong dtype."""
 
 
-class InvalidDeviceError(InvalidInputError, ValueError):
+class InvalidDeviceError(InvalidValueError):
     """Tensors of one call on different devices."""
 
 

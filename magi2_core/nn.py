@@ -71,7 +71,7 @@ class HeadRoutedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], self.num_heads, self.head_dim)
-        bias: torch.Tensor = self.expert_bias
+        bias = self.get_buffer("expert_bias")
         probs, idx = ops.moe_route(heads, self.router, bias, top_k=self.top_k, route_scale=self.route_scale)
         y = ops.moe_experts(heads, probs, idx, self.w_gate, self.w_up, self.w_down)
         return y.reshape(x.shape)

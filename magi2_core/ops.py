@@ -18,7 +18,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
 from magi2_core.contracts import rmsnorm as norm_c
-from magi2_core.errors import InvalidInputError
+from magi2_core.errors import InvalidValueError
 from magi2_core.problem import Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.registry import get_registry
@@ -509,7 +509,7 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
             **kw,
         )
         return norm_c.problem_from_raw(n.raw)
-    raise InvalidInputError("resolve", "op", "'attention', 'moe_route', 'moe_experts' or 'rmsnorm'", repr(op))
+    raise InvalidValueError("resolve", "op", "'attention', 'moe_route', 'moe_experts' or 'rmsnorm'", repr(op))
 
 
 def resolve(op: str, *args: Any, **kwargs: Any) -> Resolution:

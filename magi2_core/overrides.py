@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
 
-from magi2_core.errors import InvalidInputError
+from magi2_core.errors import InvalidValueError
 from magi2_core.problem import OpName
 
 __all__ = [
@@ -75,7 +75,7 @@ def use(**providers: str | None) -> Iterator[None]:
     """
     unknown = sorted(set(providers) - _KEYS)
     if unknown:
-        raise InvalidInputError("use", ", ".join(unknown), f"one of {sorted(_KEYS)}", "unknown key(s)")
+        raise InvalidValueError("use", ", ".join(unknown), f"one of {sorted(_KEYS)}", "unknown key(s)")
     merged = dict(_OVERRIDES.get())
     for key, name in providers.items():
         if name is None:

@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from magi2_core.contracts import _checks as ck
-from magi2_core.errors import InvalidInputError, InvalidShapeError
+from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.problem import FEATURE_BIT, Feature, Problem, features_from_mask
 from magi2_core.provider import SinkRescale
 
@@ -56,6 +56,8 @@ def _prefix_sums(arg: str, cu: object, total: int, device: torch.device) -> tupl
     if t.dim() != 1 or t.numel() < 1:
         raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
     ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))
+    if t.device.type not in ("cpu", device.type):
+        raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", ck.describe(t))
     values: list[int] | None = None
     if t.device.type == "cpu":
         values = t.tolist()
@@ -113,7 +115,7 @@ def validate(
     ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
     for arg, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
-            raise InvalidInputError(OP, arg, f"of q's dtype {ck.dtype_name(q.dtype)}", ck.describe(t))
+            raise InvalidDTypeError(OP, arg, f"of q's dtype {ck.dtype_name(q.dtype)}", ck.describe(t))
     ck.same_device(OP, "q", q, k=k, v=v)
     tq, hq, d = q.shape
     tk, hkv, dk = k.shape
@@ -143,23 +145,24 @@ def validate(
     else:
         scale = float(softmax_scale)
         if not math.isfinite(scale) or scale <= 0:
-            raise InvalidShapeError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
+            raise InvalidValueError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
     cap = float(softcap)
     if math.isnan(cap) or math.isinf(cap):
-        raise InvalidShapeError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
+        raise InvalidValueError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
     cap = max(cap, 0.0)
     sink_t: torch.Tensor | None = None
     if sinks is not None:
         sink_t = ck.tensor(OP, "sinks", sinks)
-        if sink_t.dtype != torch.float32 or sink_t.dim() != 2 or sink_t.shape[1] != hq:
-            raise InvalidInputError(
-                OP, "sinks", f"an FP32 tensor [S, {hq}] (S sink logits per q head)", ck.describe(sink_t)
-            )
+        if sink_t.dtype != torch.float32:
+            raise InvalidDTypeError(OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)",
+                                    ck.describe(sink_t))
+        if sink_t.dim() != 2 or sink_t.shape[1] != hq:
+            raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
         ck.same_device(OP, "q", q, sinks=sink_t)
         if sink_t.shape[0] == 0:
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
-        raise InvalidShapeError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
+        raise InvalidValueError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
     mask = (
         (FEATURE_BIT[Feature.SOFTCAP] if cap > 0 else 0)
         | (FEATURE_BIT[Feature.SINKS] if sink_t is not None else 0)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from magi2_core.contracts import _checks as ck
-from magi2_core.errors import InvalidDTypeError, InvalidShapeError
+from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.problem import FEATURE_BIT, Feature, OpName, Problem, features_from_mask
 
 __all__ = [
@@ -84,7 +84,7 @@ def validate_route(
         raise InvalidShapeError(op, "top_k", f"an int in [1, {e}] (experts per head)", repr(top_k))
     scale = float(route_scale)
     if not math.isfinite(scale):
-        raise InvalidShapeError(op, "route_scale", "a finite float", repr(route_scale))
+        raise InvalidValueError(op, "route_scale", "a finite float", repr(route_scale))
     raw = (x.device.type, ck.dtype_name(x.dtype), None, _compiling_bit(compiling), t, hl, e, top_k, d)
     return RouteCall(x, w, b, top_k, scale, raw)
 

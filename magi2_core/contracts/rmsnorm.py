@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from magi2_core.contracts import _checks as ck
-from magi2_core.errors import InvalidShapeError
+from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.problem import FEATURE_BIT, Feature, Problem, features_from_mask
 
 __all__ = ["DEFAULT_EPS", "KEY_FIELDS", "OP", "RMSNormCall", "problem_from_raw", "validate"]
@@ -85,10 +85,10 @@ def validate(
         raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", ck.describe(x))
     e = float(eps)
     if not math.isfinite(e) or e < 0:
-        raise InvalidShapeError(OP, "eps", "a finite float >= 0", repr(eps))
+        raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in _FLOATS:
-        raise InvalidShapeError(
+        raise InvalidDTypeError(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
     mask = FEATURE_BIT[Feature.COMPILING] if compiling else 0
