@@ -1,0 +1,52 @@
+"""Is this process on MUSA, and bring up the MUSA runtime (torchada first) when it is.
+
+Two traps shape this module:
+
+* torchada makes MUSA tensors report ``is_cuda=True`` (while ``torch.cuda.is_available()`` stays
+  False). The platform therefore never comes from ``is_cuda``: a call's device is
+  ``tensor.device.type``, which is ``"musa"`` for a MUSA tensor (torch_musa renames the
+  PrivateUse1 backend), and the core builds its problem from exactly that.
+* ``import torchada`` has side effects even on a CPU or CUDA machine (it sets
+  ``SGLANG_MOE_CONFIG_DIR`` and ``VLLM_TUNED_CONFIG_FOLDER``), so it is imported only after MUSA
+  has been detected, and detection itself imports nothing: it reads ``torch.version.musa`` and
+  asks the import system whether ``torch_musa`` *could* be imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+import torch
+
+__all__ = ["DEVICE_TYPE", "import_musa_runtime", "musa_available"]
+
+DEVICE_TYPE = "musa"
+
+
+def musa_available() -> bool:
+    """True on a MUSA build of torch or where torch_musa is installed; imports nothing."""
+    if getattr(torch.version, "musa", None) is not None:
+        return True
+    try:
+        return importlib.util.find_spec("torch_musa") is not None
+    except (ImportError, ValueError):  # a broken parent package or a half-initialised module
+        return False
+
+
+def import_musa_runtime() -> ModuleType:
+    """Import torchada, then torch_musa; return torchada.
+
+    Must run before MATE is imported, so that MATE and everything after it see the patched torch.
+    torchada comes first because it is written to be the first import (it syncs the visible-device
+    variables and patches ``torch.cuda`` itself); torch_musa is then imported by name because
+    torchada *tolerates* its absence, and a missing torch_musa must surface here as an ImportError
+    rather than later as a confusing MATE failure. Raises :class:`RuntimeError` off MUSA, where
+    importing torchada would only change the environment.
+    """
+    if not musa_available():
+        raise RuntimeError("not a MUSA platform (no torch.version.musa, no torch_musa): torchada is not imported")
+    torchada = importlib.import_module("torchada")
+    importlib.import_module("torch_musa")
+    return torchada
