@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-
-def _has_musa() -> bool:
-    musa = getattr(torch, "musa", None)
-    return bool(musa is not None and musa.is_available())
+from magi2_core.platform import cuda_available, musa_available
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False here)")
     no_musa = pytest.mark.skip(reason="needs a Moore Threads GPU with torch_musa and MATE (none here)")
-    cuda, musa = torch.cuda.is_available(), _has_musa()
+    cuda, musa = cuda_available(), musa_available()
     for item in items:
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_cuda)

@@ -17,6 +17,7 @@ import torch
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import rel_l2
+from magi2_core.platform import cuda_available, musa_available
 from magi2_core.problem import OpName
 
 __all__ = ["OpReport", "best_device", "run_demo"]
@@ -37,10 +38,9 @@ class OpReport:
 
 
 def best_device() -> torch.device:
-    if torch.cuda.is_available():
+    if cuda_available():
         return torch.device("cuda")
-    musa = getattr(torch, "musa", None)
-    if musa is not None and musa.is_available():
+    if musa_available():
         return torch.device("musa")
     return torch.device("cpu")
 

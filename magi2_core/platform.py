@@ -1,0 +1,43 @@
+"""Which accelerators are present, without being fooled by torchada and without importing it elsewhere.
+
+On MUSA, torchada makes MUSA tensors report ``is_cuda=True`` while ``torch.cuda.is_available()`` stays
+False, and ``torch.musa`` exists only once torch_musa is imported. So MUSA is detected from
+``torch.version.musa`` or an installed ``torch_musa``; only then are torchada (first, as the MUSA stack
+requires) and torch_musa imported. On other platforms neither is imported: torchada sets environment
+variables even on a CPU. Problems are keyed by ``tensor.device.type``, never by ``is_cuda``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from functools import cache
+
+import torch
+
+__all__ = ["musa_installed", "musa_available", "cuda_available"]
+
+
+def musa_installed() -> bool:
+    """torch_musa is importable (no import happens here)."""
+    return getattr(torch.version, "musa", None) is not None or importlib.util.find_spec("torch_musa") is not None
+
+
+@cache
+def musa_available() -> bool:
+    """A MUSA device is usable: imports torchada then torch_musa, on MUSA installs only."""
+    if not musa_installed():
+        return False
+    try:
+        if importlib.util.find_spec("torchada") is not None:
+            importlib.import_module("torchada")
+        importlib.import_module("torch_musa")
+    except ImportError:
+        return False
+    musa = getattr(torch, "musa", None)
+    return bool(musa is not None and musa.is_available())
+
+
+def cuda_available() -> bool:
+    """A real CUDA device (not torchada's alias: on MUSA, torch.cuda.is_available() stays False)."""
+    return bool(torch.cuda.is_available()) and getattr(torch.version, "musa", None) is None
