@@ -1,0 +1,83 @@
+"""Entry point of magi2-backend-cuda-fa3: the FA3 attention descriptor (no kernel is imported here).
+
+The descriptor describes the installed build from its packaging alone (``discovery``): its version
+string names the distribution, and its head dims follow the build's ``FLASHATTENTION_DISABLE_HDIM*``
+flags. What needs the kernel or the device (compute capability, FP16 and softcap compiled out, a
+MATE look-alike) is reported by the kernel object's ``check``.
+"""
+
+from __future__ import annotations
+
+from magi2_backend_cuda_fa3 import __version__
+from magi2_backend_cuda_fa3.discovery import FoundBuild, installed_build
+from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.problem import Feature
+
+__all__ = ["SHORT_SEQUENCE_RULES", "SHORT_WORK_LIMITS", "descriptor", "head_dims", "magi2_backend"]
+
+# FA3 rounds the head dim up to the next compiled class and needs a multiple of 8 (flash_api.cpp).
+_HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
+
+# Where torch's own varlen kernel (provider torch_varlen, priority 10) beats FA3: measured on the
+# H200 (benchmarks/results/attention_h200.json, docs/fa3-notes.md). FA3 costs about 0.1 ms per call
+# however small the problem (host-side wrapper, scheduler metadata), torch varlen_attn about 0.05 ms
+# plus its work, so torch wins while the work (sum of Lq·Lk <= tokens · max_seqlen_k) is small.
+# Each (tokens, max_seqlen_k) corner below was measured with torch ahead (2x1024, 16x256, 64x128,
+# 256x64); 1536 and 2048-token single segments, 8x1024 and up went to FA3. The rules stand aside
+# when torch_varlen would be slower or cannot serve the call: with sinks (its unfused torch sink
+# correction costs ~0.2 ms of launches, FA3's fused one far less: FA3 won at every measured size),
+# with a softcap (torch_varlen has none), and above the 24 heads measured (work grows with heads).
+SHORT_WORK_LIMITS: tuple[tuple[int, int], ...] = ((2048, 1024), (4096, 256), (8192, 128), (16384, 64))
+SHORT_WORK_MAX_HEADS = 24
+_PROVENANCE = Provenance(
+    kind="benchmark", source="benchmarks/results/attention_h200.json",
+    note="short sweep, H200, bf16, 24 heads x 128: raw_varlen vs raw_fa3 and the resolved call; docs/fa3-notes.md",
+)  # fmt: skip
+
+
+def _short_work_rule(tokens: int, max_seqlen_k: int) -> Rule:
+    return Rule(
+        id=f"fa3-short-work-{tokens}x{max_seqlen_k}",
+        when=(Condition(field="tokens", op="le", value=tokens),
+              Condition(field="max_seqlen_k", op="le", value=max_seqlen_k),
+              Condition(field="num_heads_q", op="le", value=SHORT_WORK_MAX_HEADS),
+              Condition(field="feature", op="not_in", value="sinks"),
+              Condition(field="feature", op="not_in", value="softcap")),
+        reason=(f"torch varlen_attn is faster than FA3 when the work is small (<= {tokens} query tokens with "
+                f"key segments <= {max_seqlen_k}): FA3's fixed per-call cost dominates"),
+        provenance=_PROVENANCE,
+    )  # fmt: skip
+
+
+SHORT_SEQUENCE_RULES: tuple[Rule, ...] = tuple(_short_work_rule(t, m) for t, m in SHORT_WORK_LIMITS)
+
+
+def head_dims(build: FoundBuild | None) -> tuple[int, ...]:
+    """Head dims the build serves: multiples of 8 up to its largest compiled class."""
+    classes = [c for c in _HEAD_DIM_CLASSES if build is None or not build.disabled(f"HDIM{c}")]
+    top = max(classes, default=0)
+    return tuple(range(8, top + 1, 8))
+
+
+def descriptor(build: FoundBuild | None) -> Capability:
+    source = build.label if build is not None else "no FA3 build installed"
+    return Capability(
+        op="attention", name="fa3", impl="magi2_backend_cuda_fa3.provider:fa3_attention",
+        version=f"{__version__} ({source})", device_types=("cuda",), dtypes=("bfloat16", "float16"),
+        head_dims=head_dims(build),
+        ranges=(IntRange(field="tokens", min=1), IntRange(field="tokens_k", min=1)),
+        features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
+                            Feature.COMPILING}),
+        priority=30, rules=SHORT_SEQUENCE_RULES,
+        description="FlashAttention-3 varlen (fa3-fwd, flash_attn_3 or tokenspeed-fa3) + the fused sink correction",
+    )  # fmt: skip
+
+
+@hookimpl
+def magi2_backend() -> BackendSpec:
+    return BackendSpec(
+        name="magi2-backend-cuda-fa3", version=__version__, core_api=">=1.0,<2",
+        providers=(descriptor(installed_build()),),
+        description="MAGI-2 attention through FlashAttention-3 on NVIDIA Hopper",
+    )  # fmt: skip

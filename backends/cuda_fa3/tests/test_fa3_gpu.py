@@ -1,0 +1,140 @@
+"""FA3 on a real GPU (fa3-fwd or another build): output and LSE against the FP32 reference provider.
+
+Everything runs through the public ``magi2_core.attention(..., provider="fa3")`` where the
+descriptor allows it; the short ragged packs that the short-sequence rule sends to torch's varlen
+kernel are checked on the kernel object directly (the rule is about speed, the kernel must still be
+right) and their resolution is checked separately.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from magi2_backend_reference.attention import reference_attention
+
+import magi2_core as m2
+from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.errors import ProviderNotEligibleError
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from magi2_backend_cuda_fa3.plugin import SHORT_WORK_LIMITS  # noqa: E402
+from magi2_backend_cuda_fa3.provider import fa3_attention  # noqa: E402
+
+ABI = fa3_attention.loaded.abi
+if ABI is None:
+    pytest.skip(f"no usable FA3 build: {fa3_attention.loaded.why_none()}", allow_module_level=True)
+
+D = 128
+RAGGED = [0, 37, 37, 300]  # an empty segment between a short and a longer one
+# appended so that sink-free packs clear every short-work rule (more tokens and a longer key segment)
+LONG_TAIL = max(m for _, m in SHORT_WORK_LIMITS) + 64
+
+
+def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(cu_q[-1], hq, D, device="cuda", generator=g).to(dtype)
+    k = torch.randn(cu_k[-1], hkv, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(cu_k[-1], hkv, D, device="cuda", generator=g).to(dtype)
+    # sinks near the rows' LSE (log of a few hundred keys) so the correction changes o materially
+    sinks = (torch.randn(n_sinks, hq, device="cuda", generator=g) * 2 + 5).float() if n_sinks else None
+    cq = torch.tensor(cu_q, dtype=torch.int32, device="cuda")
+    ck = torch.tensor(cu_k, dtype=torch.int32, device="cuda")
+    return q, k, v, cq, ck, sinks
+
+
+def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
+    lens_q = (cq[1:] - cq[:-1]).tolist()
+    lens_k = (ck[1:] - ck[:-1]).tolist()
+    return reference_attention(q, k, v, cq, ck, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                               softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
+                               deterministic=False, return_lse=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("hq", "hkv"), [(6, 6), (6, 2)], ids=["mha", "gqa3"])
+@pytest.mark.parametrize("softcap", [0.0, 2.0, -1.0], ids=["nocap", "cap2", "cap-1"])
+@pytest.mark.parametrize("n_sinks", [0, 1, 2])
+def test_public_attention_matches_reference(registered, dtype, hq, hkv, softcap, n_sinks):
+    cu_q = [*RAGGED, RAGGED[-1] + LONG_TAIL]
+    cu_k = [0, 41, 41, 330, 330 + LONG_TAIL]
+    if dtype == torch.float16 and not ABI.fp16:
+        q, k, v, cq, ck, sinks = _inputs(cu_q, cu_k, hq, hkv, n_sinks, dtype, 0)
+        with pytest.raises(ProviderNotEligibleError) as err:
+            m2.attention(q, k, v, cq, ck, softcap=softcap, sinks=sinks, provider="fa3")
+        assert "FLASHATTENTION_DISABLE_FP16" in err.value.resolution.explain()
+        return
+    for seed in (1, 2):
+        q, k, v, cq, ck, sinks = _inputs(cu_q, cu_k, hq, hkv, n_sinks, dtype, seed)
+        sinks_before = None if sinks is None else sinks.clone()
+        o, lse = m2.attention(q, k, v, cq, ck, softcap=softcap, sinks=sinks, return_lse=True, provider="fa3")
+        ro, rlse = _reference(q, k, v, cq, ck, softcap=max(softcap, 0.0), sinks=sinks, rescale="fp32")
+        assert accept_attention(o, ro), accept_attention(o, ro)
+        assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)
+        assert o.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (hq, cu_q[-1])
+        if sinks is not None:  # never mutated, never rounded
+            assert torch.equal(sinks, sinks_before) and sinks.dtype == torch.float32
+
+
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
+    dtype = torch.bfloat16
+    for seed in (3, 4):
+        q, k, v, cq, ck, sinks = _inputs(RAGGED, [0, 41, 41, 330], 6, 2, n_sinks, dtype, seed)
+        o, lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289, softmax_scale=D**-0.5,
+                               softcap=0.0, sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True)
+        ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
+        assert accept_attention(o, ro), accept_attention(o, ro)
+        assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)
+        assert lse.shape == (6, RAGGED[-1]) and bool(torch.isfinite(lse).all())
+
+
+def test_empty_key_segment_gives_zero_output_and_sink_lse():
+    dtype = torch.bfloat16
+    q, k, v, cq, ck, sinks = _inputs([0, 5, 40], [0, 0, 50], 4, 4, 1, dtype, 5)
+    o, lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50, softmax_scale=D**-0.5, softcap=0.0,
+                           sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True)
+    ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
+    assert torch.equal(o[:5], torch.zeros_like(o[:5]))
+    assert accept_attention(o, ro) and accept_lse(lse, rlse, dtype)
+
+
+def test_deterministic_repeat_is_bitwise_equal(registered):
+    cu = [0, 700, 700 + LONG_TAIL]
+    q, k, v, cq, ck, sinks = _inputs(cu, cu, 8, 4, 1, torch.bfloat16, 6)
+    a = m2.attention(q, k, v, cq, ck, sinks=sinks, deterministic=True, return_lse=True, provider="fa3")
+    b = m2.attention(q, k, v, cq, ck, sinks=sinks, deterministic=True, return_lse=True, provider="fa3")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_resolution_short_work_rules(registered):
+    long_cu = [0, LONG_TAIL]
+    q, k, v, cq, ck, sinks = _inputs(long_cu, long_cu, 24, 24, 1, torch.bfloat16, 7)
+    assert m2.resolve("attention", q, k, v, cq, ck).chosen == "fa3"
+    assert m2.resolve("attention", q, k, v, cq, ck, sinks=sinks).chosen == "fa3"
+    q, k, v, cq, ck, sinks = _inputs(RAGGED, RAGGED, 24, 24, 1, torch.bfloat16, 8)
+    # no sinks, no cap, small work: torch's varlen kernel, and FA3's candidate names the rule
+    res = m2.resolve("attention", q, k, v, cq, ck)
+    assert res.chosen == "torch_varlen", res.explain()
+    fa3 = next(c for c in res.candidates if c.provider == "fa3")
+    assert any(r.field.startswith("fa3-short-work-") for r in fa3.reasons), res.explain()
+    # sinks (torch_varlen's unfused correction is slower) or a softcap (torch_varlen has none): FA3
+    assert m2.resolve("attention", q, k, v, cq, ck, sinks=sinks).chosen == "fa3"
+    assert m2.resolve("attention", q, k, v, cq, ck, softcap=2.0).chosen == "fa3"
+
+
+def test_torch_compile_matches_eager(registered):
+    cu = [0, 100, 100 + LONG_TAIL]
+    q, k, v, cq, ck, sinks = _inputs(cu, cu, 8, 8, 1, torch.bfloat16, 9)
+    kw = {"max_seqlen_q": LONG_TAIL, "max_seqlen_k": LONG_TAIL, "sinks": sinks, "provider": "fa3"}
+
+    def f(q, k, v):
+        return m2.attention(q, k, v, cq, ck, **kw)
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
