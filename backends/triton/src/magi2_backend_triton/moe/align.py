@@ -1,0 +1,159 @@
+"""Route alignment on the device: group routes by flat expert, pad each group to the row block.
+
+Everything stays on the device: the padded row count is a 1-element int32 tensor the GEMMs read,
+so the forward never waits for the host. Buffers are upper-bound sized and reused across calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+def route_capacity(num_routes: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on padded rows: every expert may waste up to block_m - 1 rows."""
+    rows = num_routes + num_experts * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+@dataclass
+class RouteBuffers:
+    """Reusable alignment outputs; `capacity` rows of sorted ids, one expert id per row block."""
+
+    sorted_ids: Tensor  # [capacity] int32; route number or the sentinel R
+    expert_ids: Tensor  # [capacity // block_m] int32; flat expert owning each row block
+    num_padded: Tensor  # [1] int32; rows actually used (sum of padded expert counts)
+    capacity: int
+    block_m: int
+    counts: Tensor  # [F] int32 scratch: routes per expert
+    cursor: Tensor  # [F] int32 scratch: next free slot per expert
+
+    @staticmethod
+    def allocate(capacity: int, block_m: int, num_experts: int, device: torch.device) -> RouteBuffers:
+        return RouteBuffers(
+            sorted_ids=torch.empty(capacity, dtype=torch.int32, device=device),
+            expert_ids=torch.empty(capacity // block_m, dtype=torch.int32, device=device),
+            num_padded=torch.empty(1, dtype=torch.int32, device=device),
+            capacity=capacity,
+            block_m=block_m,
+            counts=torch.empty(num_experts, dtype=torch.int32, device=device),
+            cursor=torch.empty(num_experts, dtype=torch.int32, device=device),
+        )
+
+
+def flat_route_experts(idx: Tensor, num_local_experts: int) -> Tensor:
+    """rid[r] = h*E + idx[h,t,k] for r = (h*T + t)*K + k, as int32 (head-major flat experts)."""
+    heads = idx.shape[0]
+    offsets = torch.arange(heads, device=idx.device, dtype=torch.int32).mul_(num_local_experts)
+    return (idx.to(torch.int32) + offsets.view(heads, 1, 1)).reshape(-1)
+
+
+def align_routes(rid: Tensor, num_experts: int, buffers: RouteBuffers) -> RouteBuffers:
+    """Readable torch statement of the alignment contract (tests cross-check the kernels with it).
+
+    Fills `buffers` for the flat expert ids `rid` ([R] int32); returns the same buffers.
+
+    sorted_ids[start_e + j] = the j-th route of expert e (plain, not stable, order), rows
+    [start_e + n_e, start_e + P_e) hold the sentinel R; expert_ids[b] = #{e : cumsum(P)_e <= b*BM}.
+    """
+    bm = buffers.block_m
+    num_routes = rid.numel()
+    device = rid.device
+    # int32 counting: int64 scatter-add is slow on MUSA (upstream measurement).
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    counts.index_add_(0, rid, torch.ones_like(rid))
+    padded = torch.div(counts + (bm - 1), bm, rounding_mode="floor").mul_(bm)
+    padded_end = torch.cumsum(padded, 0, dtype=torch.int32)
+    # Where an expert's routes land: its padded start minus its start in the unpadded sorted order.
+    shift = (padded_end - padded) - (torch.cumsum(counts, 0, dtype=torch.int32) - counts)
+    sorted_experts, order = torch.sort(rid)
+    dest = shift[sorted_experts.long()].long() + torch.arange(num_routes, device=device)
+    buffers.sorted_ids.fill_(num_routes)
+    buffers.sorted_ids[dest] = order.to(torch.int32)
+    block_starts = torch.arange(0, buffers.capacity, bm, device=device, dtype=torch.int32)
+    torch.searchsorted(padded_end, block_starts, right=True, out_int32=True, out=buffers.expert_ids)
+    if num_experts > 0:
+        buffers.num_padded.copy_(padded_end[-1:])
+    else:
+        buffers.num_padded.zero_()
+    return buffers
+
+
+@triton.jit
+def _flat_expert(idx_ptr, r, mask, TK, E):
+    # idx is [Hl, T, K] contiguous, so route r = (h*T + t)*K + k is its flat index and h = r // (T*K).
+    return (r // TK) * E + tl.load(idx_ptr + r, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _count_kernel(idx_ptr, counts_ptr, R, TK, E, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < R
+    tl.atomic_add(counts_ptr + _flat_expert(idx_ptr, r, mask, TK, E), 1, mask=mask)
+
+
+@triton.jit
+def _offsets_kernel(counts_ptr, cursor_ptr, num_padded_ptr, F, BM: tl.constexpr, BLOCK_F: tl.constexpr):
+    # One program: padded counts, their exclusive prefix sum (each expert's first slot) and total.
+    e = tl.arange(0, BLOCK_F)
+    n = tl.load(counts_ptr + e, mask=e < F, other=0)
+    padded = (n + BM - 1) // BM * BM
+    end = tl.cumsum(padded, 0)
+    tl.store(cursor_ptr + e, end - padded, mask=e < F)
+    tl.store(num_padded_ptr, tl.sum(padded, 0))
+
+
+@triton.jit
+def _blocks_kernel(
+    counts_ptr, cursor_ptr, sorted_ids_ptr, expert_ids_ptr, R, BM: tl.constexpr, MAX_BLOCKS: tl.constexpr
+):
+    # One program per expert: tag its row blocks and put the sentinel R in its padding slots.
+    e = tl.program_id(0)
+    n = tl.load(counts_ptr + e)
+    start = tl.load(cursor_ptr + e)
+    offs = tl.arange(0, BM)
+    tail = n % BM
+    tl.store(sorted_ids_ptr + start + n - tail + offs, R, mask=(offs >= tail) & (tail > 0))
+    b = tl.arange(0, MAX_BLOCKS)
+    tl.store(expert_ids_ptr + start // BM + b, e, mask=b < (n + BM - 1) // BM)
+
+
+@triton.jit
+def _scatter_kernel(idx_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, BLOCK: tl.constexpr):
+    # Slot order inside an expert follows the atomics (not stable); the contract only fixes the
+    # per-expert route sets, and every route's output is independent of its row in the block.
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < R
+    slot = tl.atomic_add(cursor_ptr + _flat_expert(idx_ptr, r, mask, TK, E), 1, mask=mask)
+    tl.store(sorted_ids_ptr + slot, r, mask=mask)
+
+
+def align_routes_device(idx: Tensor, num_local_experts: int, buffers: RouteBuffers) -> RouteBuffers:
+    """The alignment as four small kernels reading `idx` [Hl, T, K] directly (no flat-id tensor).
+
+    Same contract as `align_routes` on rows [0, num_padded); slots past num_padded and their
+    block ids are left as they were (the GEMMs exit there). No host synchronisation.
+    """
+    bm = buffers.block_m
+    num_routes = idx.numel()
+    num_experts = buffers.counts.numel()
+    idx = idx.contiguous()
+    tk = idx.shape[1] * idx.shape[2]
+    block = 1024
+    grid = (triton.cdiv(num_routes, block),)
+    buffers.counts.zero_()
+    if num_routes > 0:
+        _count_kernel[grid](idx, buffers.counts, num_routes, tk, num_local_experts, BLOCK=block)
+    block_f = triton.next_power_of_2(num_experts)
+    _offsets_kernel[(1,)](buffers.counts, buffers.cursor, buffers.num_padded, num_experts, BM=bm, BLOCK_F=block_f)
+    max_blocks = triton.next_power_of_2(max(triton.cdiv(num_routes, bm), 1))
+    _blocks_kernel[(num_experts,)](
+        buffers.counts, buffers.cursor, buffers.sorted_ids, buffers.expert_ids, num_routes, BM=bm, MAX_BLOCKS=max_blocks
+    )
+    if num_routes > 0:
+        _scatter_kernel[grid](idx, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts, BLOCK=block)
+    return buffers

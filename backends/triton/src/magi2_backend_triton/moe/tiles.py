@@ -1,0 +1,80 @@
+"""Per-platform tile table for the fused MoE GEMMs.
+
+Keyed by (device type, compute capability) and by how many routes each flat expert receives on
+average, because that decides the padding waste of a row block: at 512 tokens an expert sees ~12
+routes, so a 128-row block would be 90% padding and the call turns into wasted matrix work, while
+at 14,601 tokens (~340 routes per expert) big blocks keep the tensor cores fed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    """One GEMM launch config (rows per block, output columns, reduction step, warps, stages)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+@dataclass(frozen=True)
+class MoETiles:
+    """Tiles for both GEMMs; they share block_m because they share the route alignment."""
+
+    gemm1: GemmTile
+    gemm2: GemmTile
+    # True: GEMM1 reads the cached interleaved [F, 2I, d] bank; False: it reads w_gate/w_up as given.
+    packed_w13: bool = True
+    # When set (block_n = intermediate slice), both GEMMs run in one kernel and the intermediate
+    # stays on chip; used where d is a power of two and I a multiple of the slice.
+    single: GemmTile | None = None
+    # One-kernel path with the packed bank: one dot over the interleaved (gate, up) columns
+    # instead of two half-width dots.
+    interleaved_dot: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gemm1.block_m != self.gemm2.block_m:
+            raise ValueError("gemm1 and gemm2 share the route alignment, so they need one block_m")
+
+    @property
+    def block_m(self) -> int:
+        """Row block of the preferred path (the launcher falls back to gemm1's when needed)."""
+        return self.single.block_m if self.single is not None else self.gemm1.block_m
+
+
+# Upstream #7206 tiles (H20 sweep, CUDA) and the MUSA k-tile; kept as the portable defaults.
+_UPSTREAM_CUDA = MoETiles(GemmTile(128, 128, 32, 4, 3, 16), GemmTile(128, 128, 32, 4, 3, 16))
+_UPSTREAM_MUSA = MoETiles(GemmTile(128, 128, 64, 16, 1, 16), GemmTile(128, 128, 64, 16, 1, 16))
+
+# (upper bound of mean routes per expert, tiles), first match wins. Tuned on one H200
+# (benchmarks/results/moe_h200_*.json; docs/moe-notes.md): the one-kernel path wins at every
+# measured size; the two-kernel tiles are kept for shapes it cannot take (d not a power of two).
+_TWO_SMALL = MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4), packed_w13=False)
+_TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3))
+_H200: tuple[tuple[float, MoETiles], ...] = (
+    (24.0, replace(_TWO_SMALL, packed_w13=True, single=GemmTile(16, 32, 64, 4, 4))),
+    (48.0, replace(_TWO_SMALL, packed_w13=True, single=GemmTile(32, 32, 64, 4, 3))),
+    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3))),
+)
+
+# CPU runs only under TRITON_INTERPRET=1 (tests): the smallest legal tiles keep it quick.
+_INTERPRETER = MoETiles(GemmTile(16, 16, 16, 4, 1), GemmTile(16, 16, 16, 4, 1))
+
+
+def select_tiles(device_type: str, capability: tuple[int, int] | None, routes_per_expert: float) -> MoETiles:
+    """Pick the tiles for one call; a host-side decision from shapes only (no device sync)."""
+    if device_type == "cpu":
+        return _INTERPRETER
+    if device_type == "musa":
+        return _UPSTREAM_MUSA
+    if device_type == "cuda" and capability is not None and capability[0] == 9:
+        for bound, tiles in _H200:
+            if routes_per_expert <= bound:
+                return tiles
+    return _UPSTREAM_CUDA

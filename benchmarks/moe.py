@@ -1,0 +1,340 @@
+"""Head-routed BF16 MoE benchmark: fused Triton vs torch-native (_grouped_mm) vs eager reference.
+
+Production-local shape (Hl=3, E=256, top-6, d=256, I=1280) at T in {512, 4096, 14601} plus the
+12-head shape at 4096. Calls alternate between providers, a 512 MiB buffer is zeroed before every
+call (L2 flush, outside the timed region), each call is timed with device events. `--tune` sweeps
+the fused tiles first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
+
+    PYTHONPATH=backends/triton/src python -m benchmarks.moe --out results.json [--tune] [--crossover]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import triton
+from magi2_backend_triton.moe.align import align_routes_device
+from magi2_backend_triton.moe.fused import MoEState, run_fused
+from magi2_backend_triton.moe.native import grouped_mm_moe_experts, loop_moe_experts
+from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
+from torch import Tensor
+
+D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the spec's names
+DEV = "cuda"
+COPY_TBPS = 4.27  # measured H200 copy ceiling (read + write), DESIGN.md
+MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
+
+
+def make_inputs(tokens: int, heads: int, seed: int = 419) -> tuple[Tensor, ...]:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    dev = DEV
+    x = torch.randn(tokens, heads, D, device=dev, generator=g).bfloat16()
+    w_gate = (torch.randn(heads * E, D, I, device=dev, generator=g) / 16).bfloat16()
+    w_up = (torch.randn(heads * E, D, I, device=dev, generator=g) / 16).bfloat16()
+    w_down = (torch.randn(heads * E, I, D, device=dev, generator=g) / math.sqrt(I)).bfloat16()
+    logits = torch.randn(heads, tokens, E, device=dev, generator=g)
+    top, idx = logits.topk(K, dim=-1)
+    probs = torch.softmax(top, dim=-1) * 4.9  # route_scale-sized weights, unique ids
+    return x, probs.float(), idx, w_gate, w_up, w_down
+
+
+def floors(tokens: int, heads: int) -> dict[str, float]:
+    weight_bytes = heads * E * 3 * D * I * 2
+    flops = 6.0 * D * I * heads * tokens * K
+    return {
+        "weight_bytes": weight_bytes,
+        "flops": flops,
+        "weight_floor_ms": weight_bytes / (COPY_TBPS * 1e12) * 1e3,
+        "matmul_floor_ms": flops / (MATMUL_TFLOPS * 1e12) * 1e3,
+    }
+
+
+def rel_l2(a: Tensor, b: Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+_FLUSH: Tensor | None = None
+
+
+def time_alternating(fns: dict[str, Callable[[], Any]], iters: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Device-event milliseconds per call, calls interleaved A,B,..,B,A, L2 flushed before each."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(512 * 2**20 if DEV == "cuda" else 1024, dtype=torch.uint8, device=DEV)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names = list(fns)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(iters):
+        for n in names if i % 2 == 0 else reversed(names):
+            _FLUSH.zero_()
+            if DEV != "cuda":  # CPU dry run of the script's logic only
+                t0 = time.perf_counter()
+                fns[n]()
+                out[n].append((time.perf_counter() - t0) * 1e3)
+                continue
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+            start.record()
+            fns[n]()
+            end.record()
+            torch.cuda.synchronize()
+            out[n].append(start.elapsed_time(end))
+    return out
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
+    return {
+        "p50": statistics.median(s),
+        "p10": q[0],
+        "p90": q[-1],
+        "min": s[0],
+        "n": len(s),
+    }
+
+
+def two_kernel_candidates(tokens: int) -> list[MoETiles]:
+    """GEMM1/GEMM2 configs, the per-BM winners of the first H200 sweep (moe_h200_run1.json)."""
+    if tokens * K / E < 40:
+        return [
+            MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4), packed_w13=False),
+            MoETiles(GemmTile(32, 64, 128, 4, 2), GemmTile(32, 128, 128, 8, 2), packed_w13=False),
+            MoETiles(GemmTile(64, 32, 64, 4, 4), GemmTile(64, 128, 64, 4, 3)),
+        ]
+    return [
+        MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), packed_w13=False),
+        MoETiles(GemmTile(64, 64, 64, 4, 3), GemmTile(64, 256, 64, 8, 3)),
+        MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3)),
+    ]
+
+
+def single_candidates(tokens: int) -> list[MoETiles]:
+    """One-kernel configs: (block_m, intermediate slice, warps, stages, bank) with bank 0 = w_gate/w_up
+    as given, 1 = packed with two dots, 2 = packed with one interleaved dot."""
+    cfgs = (
+        [(16, 32, 4, 4, 1), (16, 32, 4, 4, 2), (16, 16, 4, 4, 2), (32, 32, 4, 3, 1), (32, 32, 4, 3, 2),
+         (16, 64, 4, 2, 2)]
+        if tokens * K / E < 40
+        else [(128, 32, 8, 3, 1), (128, 32, 8, 3, 0), (128, 32, 8, 3, 2), (128, 16, 8, 4, 2), (64, 64, 4, 2, 2),
+              (64, 32, 4, 3, 2), (32, 32, 4, 3, 1)]
+    )  # fmt: skip
+    base = GemmTile(16, 64, 64, 4, 3)
+    return [
+        MoETiles(base, base, packed_w13=b > 0, single=GemmTile(bm, bi, 64, w, st), interleaved_dot=b == 2)
+        for bm, bi, w, st, b in cfgs
+    ]
+
+
+def tune(tokens: int, heads: int, iters: int) -> dict[str, Any]:
+    x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
+    state = MoEState()
+    rows: list[dict[str, Any]] = []
+    for tiles in single_candidates(tokens) + two_kernel_candidates(tokens)[:1]:
+        try:
+            fn = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, tiles=tiles)
+            ms = stats(time_alternating({"f": fn}, iters)["f"])["p50"]
+        except Exception as e:  # an illegal config (shared memory) is a data point
+            rows.append({"tiles": asdict(tiles), "error": repr(e)[:300]})
+            continue
+        rows.append({"tiles": asdict(tiles), "p50_ms": ms})
+    ok = [r for r in rows if "p50_ms" in r]
+    best = {
+        "single": min((r for r in ok if r["tiles"]["single"]), key=lambda r: r["p50_ms"], default=None),
+        "two_kernel": min((r for r in ok if not r["tiles"]["single"]), key=lambda r: r["p50_ms"], default=None),
+    }
+    return {"tokens": tokens, "heads": heads, "sweep": rows, "combined": {k: v for k, v in best.items() if v}}
+
+
+def stage_times(tokens: int, heads: int, tiles: MoETiles | None, iters: int) -> dict[str, Any]:
+    """Where the time goes: the route alignment alone, the whole call eager, and the whole call
+    replayed from a CUDA graph (GPU time without Python launch gaps); L2 flushed before each."""
+    x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
+    state = MoEState()
+    t = tiles or select_tiles("cuda", torch.cuda.get_device_capability(), tokens * K / E)
+    call = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, tiles=t)
+    call()
+    bufs = state.route_buffers(heads * tokens * K, heads * E, t.block_m, x.device)
+    fns: dict[str, Callable[[], Any]] = {"align": functools.partial(align_routes_device, idx, E, bufs), "eager": call}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    fns["graph"] = graph.replay
+    res = {k: stats(v)["p50"] for k, v in time_alternating(fns, iters).items()}
+    return {"tokens": tokens, "heads": heads, "tiles": asdict(t), **res}
+
+
+def check(tokens: int, heads: int, state: MoEState, seed: int, tiles: MoETiles | None = None) -> dict[str, Any]:
+    x, probs, idx, wg, wu, wd = make_inputs(tokens, heads, seed)
+    ref = loop_moe_experts(x, probs, idx, wg, wu, wd)
+    y = run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles).y
+    nat = grouped_mm_moe_experts(x, probs, idx, wg, wu, wd)
+    return {
+        "tokens": tokens, "heads": heads, "seed": seed,
+        "fused_rel_l2": rel_l2(y, ref), "fused_finite": bool(torch.isfinite(y).all()),
+        "fused_max_abs": float((y.float() - ref.float()).abs().max()),
+        "native_rel_l2": rel_l2(nat, ref),
+        "single_kernel": bool(tiles and tiles.single),
+    }  # fmt: skip
+
+
+def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles | None) -> dict[str, Any]:
+    x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
+    state = MoEState()
+    args = (x, probs, idx, wg, wu, wd)
+    fused = functools.partial(run_fused, *args, state=state, tiles=tiles)
+    native = functools.partial(grouped_mm_moe_experts, *args)
+    samples = time_alternating({"fused": fused, "native": native}, iters)
+    if eager_iters:
+        eager = functools.partial(loop_moe_experts, *args)
+        samples.update(time_alternating({"eager": eager}, eager_iters, warmup=1))
+    fl = floors(tokens, heads)
+    res: dict[str, Any] = {"tokens": tokens, "heads": heads, **fl}
+    for name, s in samples.items():
+        st = stats(s)
+        st["weight_floor_fraction"] = fl["weight_floor_ms"] / st["p50"]
+        st["tflops"] = fl["flops"] / (st["p50"] * 1e-3) / 1e12
+        res[name] = st
+    res["speedup_vs_native_p50"] = res["native"]["p50"] / res["fused"]["p50"]
+    cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
+    res["tiles"] = asdict(tiles or select_tiles(DEV, cap, tokens * K / E))
+    return res
+
+
+def crossover(heads: int, ladder: list[int], iters: int) -> list[dict[str, Any]]:
+    out = []
+    for t in ladder:
+        args = make_inputs(t, heads)
+        state = MoEState()
+        s = time_alternating(
+            {
+                "fused": lambda a=args, st=state: run_fused(*a, state=st),
+                "native": lambda a=args: grouped_mm_moe_experts(*a),
+            },
+            iters,
+        )
+        out.append(
+            {
+                "tokens": t,
+                "fused_p50": stats(s["fused"])["p50"],
+                "native_p50": stats(s["native"])["p50"],
+            }
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokens", type=int, nargs="*", default=[512, 4096, 14601])
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--eager-iters", type=int, default=3)
+    p.add_argument("--tune", action="store_true")
+    p.add_argument("--tune-iters", type=int, default=8)
+    p.add_argument("--crossover", type=int, nargs="*", default=[])
+    p.add_argument("--skip-12", action="store_true")
+    p.add_argument("--stages", action="store_true")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny shapes on CPU under TRITON_INTERPRET=1",
+    )
+    a = p.parse_args()
+    if a.dry_run:
+        global D, I, E, DEV  # noqa: E741
+        D, I, E, DEV = 32, 48, 8, "cpu"  # noqa: E741
+    cuda = DEV == "cuda"
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else 0,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": os.environ.get("GIT_COMMIT") or _git_commit(),
+        "shape": {"d": D, "I": I, "E": E, "K": K},
+        "method": "device events per call; calls alternate; 512 MiB zeroed before each call",
+    }
+
+    def dump() -> None:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    if a.tune:
+        report["tune"] = []
+        for t in a.tokens:
+            report["tune"].append(tune(t, 3, a.tune_iters))
+            dump()
+            for k, v in report["tune"][-1]["combined"].items():
+                print(f"tune T={t} {k}: {v['p50_ms']:.3f} ms {v['tiles']}", flush=True)
+    best: dict[int, MoETiles] = {}
+    for r in report.get("tune", []):
+        top = min(r["combined"].values(), key=lambda c: c["p50_ms"])
+        best[r["tokens"]] = _tiles_from(top["tiles"])
+    if a.stages and cuda:
+        report["stages"] = [stage_times(t, 3, best.get(t), 15) for t in a.tokens]
+        for r in report["stages"]:
+            print("stages", {k: r[k] for k in ("tokens", "align", "eager", "graph")}, flush=True)
+        dump()
+    st = MoEState()
+    big = 4096 if cuda else 9
+    cases = [(1, 3, 1), (129, 3, 2), (big, 3, 419), (big, 3, 420)]
+    report["checks"] = [check(t, h, st, s) for t, h, s in cases]
+    report["checks"] += [check(t, h, st, s, tl_) for t, h, s in cases for tl_ in best.values()]
+    for c in report["checks"]:
+        print("check", c, flush=True)
+    dump()
+    report["bench"] = []
+    shapes = [(t, 3) for t in a.tokens] + ([] if a.skip_12 else [(4096, 12)])
+    for t, h in shapes:
+        report["bench"].append(bench(t, h, a.iters, a.eager_iters, best.get(t)))
+        dump()
+    if a.crossover:
+        report["crossover"] = crossover(3, a.crossover, 15)
+        dump()
+    print(
+        f"{'T':>6} {'Hl':>3} {'fused p50':>10} {'p10-p90':>14} {'native p50':>10} {'eager p50':>10} {'x native':>8} {'floor frac':>10}"
+    )
+    for r in report["bench"]:
+        f, n = r["fused"], r["native"]
+        e = r.get("eager", {}).get("p50", float("nan"))
+        print(
+            f"{r['tokens']:>6} {r['heads']:>3} {f['p50']:>10.3f} {f['p10']:>6.3f}-{f['p90']:<7.3f} {n['p50']:>10.3f} {e:>10.2f} {r['speedup_vs_native_p50']:>8.2f} {f['weight_floor_fraction']:>10.2f}"
+        )
+    for c in report.get("crossover", []):
+        print(f"crossover T={c['tokens']}: fused {c['fused_p50']:.3f} native {c['native_p50']:.3f}")
+
+
+def _tiles_from(d: dict[str, Any]) -> MoETiles:
+    single = GemmTile(**d["single"]) if d.get("single") else None
+    return MoETiles(GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]), d["packed_w13"], single, d["interleaved_dot"])
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
