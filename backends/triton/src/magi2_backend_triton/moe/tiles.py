@@ -52,15 +52,19 @@ class MoETiles:
 _UPSTREAM_CUDA = MoETiles(GemmTile(128, 128, 32, 4, 3, 16), GemmTile(128, 128, 32, 4, 3, 16))
 _UPSTREAM_MUSA = MoETiles(GemmTile(128, 128, 64, 16, 1, 16), GemmTile(128, 128, 64, 16, 1, 16))
 
-# (upper bound of mean routes per expert, tiles), first match wins. Tuned on one H200
-# (benchmarks/results/moe_h200_*.json; docs/moe-notes.md): the one-kernel path wins at every
-# measured size; the two-kernel tiles are kept for shapes it cannot take (d not a power of two).
-_TWO_SMALL = MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4), packed_w13=False)
+# (upper bound of mean routes per expert, tiles), first match wins. Picked from the sweeps on one
+# H200 (benchmarks/results/moe_h200.json, docs/moe-notes.md): the one-kernel path wins at every
+# measured size. Few routes per expert: 16-row blocks (padding is the cost, the call is a weight
+# stream); more routes: bigger blocks so each expert's weights stream through fewer programs.
+# The two-kernel tiles serve shapes the one-kernel path cannot take (d not a power of two, I not
+# a multiple of the slice).
+_TWO_SMALL = MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4))
+_TWO_MID = MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), packed_w13=False)
 _TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3))
 _H200: tuple[tuple[float, MoETiles], ...] = (
-    (24.0, replace(_TWO_SMALL, packed_w13=True, single=GemmTile(16, 32, 64, 4, 4))),
-    (48.0, replace(_TWO_SMALL, packed_w13=True, single=GemmTile(32, 32, 64, 4, 3))),
-    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3))),
+    (16.0, replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4))),  # T=512: 0.395 ms
+    (64.0, replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True)),  # T=2048
+    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True)),  # T=4096, 14601
 )
 
 # CPU runs only under TRITON_INTERPRET=1 (tests): the smallest legal tiles keep it quick.
