@@ -5,7 +5,9 @@ Production-local shape (Hl=3, E=256, top-6, d=256, I=1280) at T in {512, 4096, 1
 call (L2 flush, outside the timed region), each call is timed with device events. `--tune` sweeps
 the fused tiles first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
 
-    PYTHONPATH=backends/triton/src python -m benchmarks.moe --out results.json [--tune] [--crossover]
+    PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe --out moe.json \
+        --tokens 512 2048 4096 14601 --tune --stages --crossover 1 64 256 1024
+    (magi2_core, hence pydantic, must be importable; --dry-run checks the script on CPU.)
 """
 
 from __future__ import annotations

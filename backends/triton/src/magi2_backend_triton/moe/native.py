@@ -14,15 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from magi2_core.contracts.moe import swiglu7
+
 from .align import flat_route_experts
-
-
-def swiglu7_fp32(g: Tensor, u: Tensor) -> Tensor:
-    """SwiGLU7 in FP32: min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,-7,7) + 1)."""
-    g = g.float().clamp(max=7.0)
-    u = u.float().clamp(-7.0, 7.0)
-    return g * torch.sigmoid(1.702 * g) * (u + 1.0)
-
 
 _MAX_GROUPS = 1000  # torch rejects 1024 groups on sm90 (seen with 12 x 256 experts)
 
@@ -65,7 +59,7 @@ def grouped_mm_moe_experts(
             ac = a[row0:]
             g = torch._grouped_mm(ac, w_gate[fs], offs=offs)
             u = torch._grouped_mm(ac, w_up[fs], offs=offs)
-            m = swiglu7_fp32(g, u).to(torch.bfloat16)
+            m = swiglu7(g, u).to(torch.bfloat16)
             o = torch._grouped_mm(m, w_down[fs], offs=offs).float() * weights[row0:, None]
             rows = a.shape[0] - row0 if c == len(bounds) - 1 else bounds[c + 1] - row0
             r[row0 : row0 + rows] = o[:rows].to(torch.bfloat16)
@@ -97,7 +91,7 @@ def _expert_loop(
     for f, end in enumerate(torch.cumsum(counts, 0).tolist()):
         if end > start:
             af = a[start:end].float()
-            mf = swiglu7_fp32(af @ w_gate[f].float(), af @ w_up[f].float()).to(torch.bfloat16).float()
+            mf = swiglu7(af @ w_gate[f].float(), af @ w_up[f].float()).to(torch.bfloat16).float()
             r[start:end] = ((mf @ w_down[f].float()) * weights[start:end, None]).to(torch.bfloat16)
         start = end
     return r
