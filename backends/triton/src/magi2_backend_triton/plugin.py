@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from magi2_backend_triton import __version__
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.capability import Capability, IntRange
 from magi2_core.hookspecs import BackendSpec, hookimpl
 from magi2_core.problem import Feature
 
@@ -17,15 +17,11 @@ def _device_types() -> tuple[str, ...]:
     return ("cuda", "musa", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda", "musa")
 
 
-# Below this many local tokens on CUDA the torch-native grouped-GEMM pipeline is at least as fast as
-# the fused kernel (route alignment and launch costs dominate); see the provenance for the measurement.
-MOE_CUDA_MIN_TOKENS = 4096
-MOE_MIN_TOKENS_SOURCE = Provenance(
-    kind="upstream",
-    source="vllm-omni #7206 (H20: fused iff T >= 4096 local tokens on CUDA)",
-    note="to be replaced by the H200 crossover from benchmarks/moe.py",
-)
-
+# Dispatch policy of vllm-omni #7206 as data: BF16 only (dtypes), never in deterministic mode and never
+# inside torch.compile (neither feature is declared). Upstream also required T >= 4096 local tokens on
+# CUDA (measured on an H20 against its own native kernel). On the H200 the fused path beat the
+# torch-native grouped-GEMM pipeline at every token count measured, 1 to 14601
+# (benchmarks/results/moe_h200.json, "crossover"), so no token threshold is declared here.
 
 def providers() -> tuple[Capability, ...]:
     devices = _device_types()
@@ -39,17 +35,6 @@ def providers() -> tuple[Capability, ...]:
             dtypes=("bfloat16",),
             features=frozenset(),
             priority=20,
-            rules=(
-                Rule(
-                    id="triton-moe-cuda-min-tokens",
-                    when=(
-                        Condition(field="device_type", op="eq", value="cuda"),
-                        Condition(field="tokens", op="lt", value=MOE_CUDA_MIN_TOKENS),
-                    ),
-                    reason="below the measured crossover the torch-native pipeline is as fast or faster",
-                    provenance=MOE_MIN_TOKENS_SOURCE,
-                ),
-            ),
             description="fused BF16 routed MoE: on-device route alignment, GEMM1+SwiGLU7, GEMM2 x weight, top-k sum; "
             "not deterministic-mode, not while compiling (vllm-omni #7206 dispatch policy)",
         ),
