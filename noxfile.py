@@ -83,5 +83,8 @@ def gpu(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """On an NVIDIA machine: every benchmark, results as JSON under benchmarks/results/."""
-    for script in ("moe", "rmsnorm", "sink_correction", "attention"):
-        session.run("python", f"benchmarks/{script}.py", *session.posargs)
+    results = "benchmarks/results"
+    session.run("python", "-m", "benchmarks.moe", "--out", f"{results}/moe_h200.json", *session.posargs)
+    session.run("python", "-m", "benchmarks.rmsnorm", "--json", f"{results}/rmsnorm_h200.json")
+    session.run("python", "-m", "benchmarks.sink_correction", "--json", f"{results}/sink_correction_h200.json")
+    session.run("python", "-m", "benchmarks.attention", "--out", f"{results}/attention_h200.json")

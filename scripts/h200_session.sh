@@ -14,18 +14,29 @@ export MAGI2_GIT_COMMIT=${MAGI2_GIT_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
+want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those
+if want tests; then
 step "gpu tests"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests backends -x --junitxml="$OUT/gpu.xml" > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"
+fi
+if want conformance; then
 step "conformance on cuda"
 python3 -m pytest -q -p no:cacheprovider -p magi2_core.testing.plugin --magi2-conformance --magi2-only \
   --magi2-device cuda -rs > "$OUT/conformance_cuda.log" 2>&1
 tail -3 "$OUT/conformance_cuda.log"
+fi
+if want demo; then
 step "demo"
 python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -9
+fi
+if want norm; then
 step "rmsnorm + sink benchmarks (final default tiles)"
-python3 benchmarks/rmsnorm.py --json "$OUT/rmsnorm_h200.json" > "$OUT/rmsnorm.log" 2>&1; tail -8 "$OUT/rmsnorm.log"
-python3 benchmarks/sink_correction.py --json "$OUT/sink_correction_h200.json" > "$OUT/sink.log" 2>&1; tail -6 "$OUT/sink.log"
+python3 -m benchmarks.rmsnorm --json "$OUT/rmsnorm_h200.json" > "$OUT/rmsnorm.log" 2>&1; tail -8 "$OUT/rmsnorm.log"
+python3 -m benchmarks.sink_correction --json "$OUT/sink_correction_h200.json" > "$OUT/sink.log" 2>&1; tail -6 "$OUT/sink.log"
+fi
+if want attention; then
 step "attention benchmark (final rule)"
-python3 benchmarks/attention.py --quick --out "$OUT/attention_h200.json" > "$OUT/attention.log" 2>&1; tail -22 "$OUT/attention.log"
+python3 -m benchmarks.attention --quick --out "$OUT/attention_h200.json" > "$OUT/attention.log" 2>&1; tail -22 "$OUT/attention.log"
+fi
 step "done"

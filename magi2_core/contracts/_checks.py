@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
 
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError
 
-__all__ = ["describe", "dtype_in", "dtype_name", "rank", "same_device", "tensor"]
+__all__ = [
+    "describe", "device_value_checks", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
+    "tensor",
+]
+
+# Checks of values that live on an accelerator (expert ids in range, device prefix sums) need a host
+# sync, which a serving loop (and CUDA-graph capture) cannot afford, so they are opt-in there:
+# MAGI2_CHECK_DEVICE_VALUES=1 or set_device_value_checks(True). Host values are always checked.
+_DEVICE_VALUES = os.environ.get("MAGI2_CHECK_DEVICE_VALUES") == "1"
+
+
+def device_value_checks() -> bool:
+    return _DEVICE_VALUES
+
+
+def set_device_value_checks(enabled: bool) -> bool:
+    """Turn host-syncing checks of device-resident values on or off; returns the previous setting."""
+    global _DEVICE_VALUES
+    previous, _DEVICE_VALUES = _DEVICE_VALUES, bool(enabled)
+    return previous
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}

@@ -131,7 +131,7 @@ def validate(
         raise InvalidShapeError(
             OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)", f"{cu_k.numel()} entries"
         )
-    need_values = max_seqlen_q is None or max_seqlen_k is None
+    need_values = max_seqlen_q is None or max_seqlen_k is None or ck.device_value_checks()
     if need_values and vals_q is None:  # device prefix sums: one host sync, only when lengths were not given
         vals_q = cu_q.tolist()
     if need_values and vals_k is None:

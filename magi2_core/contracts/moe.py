@@ -144,7 +144,7 @@ def validate_experts(
     k = p.shape[2]
     if k > e:
         raise InvalidShapeError(op, "probs", f"top_k <= {e} experts per head", f"top_k = {k}")
-    if i.device.type == "cpu" and i.numel() and (int(i.min()) < 0 or int(i.max()) >= e):
+    if i.numel() and (i.device.type == "cpu" or ck.device_value_checks()) and (int(i.min()) < 0 or int(i.max()) >= e):
         raise InvalidShapeError(
             op, "idx", f"per-head expert ids in [0, {e})", f"values in [{int(i.min())}, {int(i.max())}]"
         )

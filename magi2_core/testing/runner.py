@@ -25,6 +25,7 @@ import torch
 import magi2_core as m2
 from magi2_core.capability import Capability
 from magi2_core.contracts import acceptance as acc
+from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import InvalidInputError, ProviderNotEligibleError, ResolutionError
 from magi2_core.problem import OPS, OpName, Problem
 from magi2_core.registry import Registry, get_registry
@@ -280,6 +281,16 @@ def _header(case: AnyCase, seed: int, kit_seed: int, cap: Capability | None) -> 
 
 
 def _run_validation(case: ValidationCase, seed: int) -> list[str]:
+    # Bad values on an accelerator (an expert id out of range) are only caught with the opt-in,
+    # host-syncing device-value checks; the kit asks for them so that it can demand a clean error.
+    previous = set_device_value_checks(True)
+    try:
+        return _invalid_calls_rejected(case, seed)
+    finally:
+        set_device_value_checks(previous)
+
+
+def _invalid_calls_rejected(case: ValidationCase, seed: int) -> list[str]:
     checks = []
     for what, call in invalid_calls(case.op, case.dtype, case.device, seed).items():
         try:

@@ -14,7 +14,7 @@ from magi2_core.capability import Capability, Condition, IntRange, Provenance, R
 from magi2_core.hookspecs import BackendSpec, hookimpl
 from magi2_core.problem import Feature
 
-__all__ = ["SHORT_SEQUENCE_RULES", "SHORT_WORK_LIMITS", "descriptor", "head_dims", "magi2_backend"]
+__all__ = ["SHORT_SEQUENCE_RULES", "SHORT_WORK_LIMITS", "descriptor", "dtypes", "head_dims", "magi2_backend"]
 
 # FA3 rounds the head dim up to the next compiled class and needs a multiple of 8 (flash_api.cpp).
 _HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
@@ -60,11 +60,17 @@ def head_dims(build: FoundBuild | None) -> tuple[int, ...]:
     return tuple(range(8, top + 1, 8))
 
 
+def dtypes(build: FoundBuild | None) -> tuple[str, ...]:
+    """Activation dtypes the build serves (fa3-fwd 0.0.3 compiles FP16 out: the conformance kit caught
+    the over-claim on the H200 when FP16 was declared regardless)."""
+    return ("bfloat16",) if build is not None and build.disabled("FP16") else ("bfloat16", "float16")
+
+
 def descriptor(build: FoundBuild | None) -> Capability:
     source = build.label if build is not None else "no FA3 build installed"
     return Capability(
         op="attention", name="fa3", impl="magi2_backend_cuda_fa3.provider:fa3_attention",
-        version=f"{__version__} ({source})", device_types=("cuda",), dtypes=("bfloat16", "float16"),
+        version=f"{__version__} ({source})", device_types=("cuda",), dtypes=dtypes(build),
         head_dims=head_dims(build),
         ranges=(IntRange(field="tokens", min=1), IntRange(field="tokens_k", min=1)),
         features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from magi2_backend_reference import __version__
 from magi2_core.capability import Capability
 from magi2_core.hookspecs import BackendSpec, hookimpl
@@ -11,6 +13,20 @@ _ALL_FEATURES = frozenset(Feature)
 _PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
+
+
+def _varlen_features() -> frozenset[Feature]:
+    """GQA only where this torch's varlen_attn takes ``enable_gqa`` (torch 2.11 does not: the
+    conformance kit caught the over-claim on the H200). A signature read, no kernel import."""
+    feats = {Feature.SINKS, Feature.LSE, Feature.COMPILING}
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+            feats.add(Feature.GQA)
+    except (ImportError, ValueError, TypeError):
+        pass  # no varlen_attn at all: check() reports the provider unavailable with the reason
+    return frozenset(feats)
 
 # Priorities: reference 0 (always eligible, last resort), torch-native 10, Triton 20, vendor kernels 30.
 PROVIDERS = (
@@ -33,7 +49,7 @@ PROVIDERS = (
         device_types=("cuda",),
         dtypes=("bfloat16", "float16"),
         head_dims=tuple(range(8, 257, 8)),
-        features=frozenset({Feature.SINKS, Feature.GQA, Feature.LSE, Feature.COMPILING}),
+        features=_varlen_features(),
         priority=10,
         description="torch.nn.attention.varlen.varlen_attn (FA2 inside torch) + the LSE sink correction",
     ),
