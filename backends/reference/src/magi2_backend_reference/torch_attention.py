@@ -96,6 +96,9 @@ class TorchVarlenAttention:
             raise RuntimeError(
                 f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[q.shape[1], q.shape[0]]}"
             )
+        # FA2 inside torch marks a row with no keys by LSE = +inf; the contract (and FA3, MATE) use -inf,
+        # which the sink correction needs (L' = Ls). A finite score row can never give +inf.
+        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
         if sinks is not None:
             o, lse = sink_correction(o, lse, sinks, rescale=sink_rescale)
         return o, lse if return_lse else None
