@@ -56,13 +56,14 @@ def _prefix_sums(arg: str, cu: object, total: int, device: torch.device) -> tupl
     if t.dim() != 1 or t.numel() < 1:
         raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
     ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))
-    if t.device.type not in ("cpu", device.type):
+    where = t.device
+    on_host = where.type == "cpu"
+    if not on_host and where.type != device.type:
         raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", ck.describe(t))
-    values: list[int] | None = None
-    if t.device.type == "cpu":
-        values = t.tolist()
-    out = t.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
-    return out, values
+    values = t.tolist() if on_host else None
+    if t.dtype is torch.int32 and where == device and t.is_contiguous():
+        return t, values  # the common case: no conversion call on the hot path
+    return t.to(device=device, dtype=torch.int32, non_blocking=True).contiguous(), values
 
 
 def _check_values(arg: str, values: list[int], total: int, n_tokens_arg: str) -> int:
