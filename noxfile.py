@@ -14,6 +14,7 @@ nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"  # the CPU build on this project's machines; a bare "torch" pulls a multi-GB CUDA build
 TRITON = "triton==3.6.0"  # the H200 image's Triton; its interpreter runs the kernels on the CPU in CI
+INTERPRETER = (TRITON, "numpy")  # TRITON_INTERPRET=1 needs numpy, which triton does not declare
 CORE = ("-e", "backends/reference", "-e", ".")
 PLUGINS = ("-e", "tests/plugins/example", "-e", "tests/plugins/broken")
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider")
@@ -46,14 +47,14 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="tests-triton")
 def tests_triton(session: nox.Session) -> None:
     """Triton kernels under TRITON_INTERPRET=1 on small shapes."""
-    _install(session, TRITON, "-e", "backends/triton")
+    _install(session, *INTERPRETER, "-e", "backends/triton")
     session.run(*PYTEST, "backends/triton/tests", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(name="tests-cuda_fa3")
 def tests_cuda_fa3(session: nox.Session) -> None:
     """FA3 adapter against fake FA3 modules (every ABI variant); GPU tests skip here."""
-    _install(session, TRITON, "-e", "backends/triton", "-e", "backends/cuda_fa3")
+    _install(session, *INTERPRETER, "-e", "backends/triton", "-e", "backends/cuda_fa3")
     session.run(*PYTEST, "backends/cuda_fa3/tests", *session.posargs)
 
 
@@ -67,7 +68,7 @@ def tests_musa_mate(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance kit against every installed provider that can run here (Triton via the interpreter)."""
-    _install(session, TRITON, "-e", "backends/triton", "-e", "backends/cuda_fa3", "-e", "backends/musa_mate")
+    _install(session, *INTERPRETER, "-e", "backends/triton", "-e", "backends/cuda_fa3", "-e", "backends/musa_mate")
     session.run("magi2", "check", "--device", "cpu", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
