@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from magi2_core.errors import InvalidShapeError
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -184,15 +186,15 @@ def test_low_precision_weight_rounds_offset_first() -> None:
     torch.testing.assert_close(y.cpu(), expect, rtol=1e-6, atol=1e-6)
 
 
-def test_rejects_bad_arguments() -> None:
+def test_rejects_bad_arguments_through_the_op_contract() -> None:
     x = torch.randn(4, 3, 128).to(DEVICE)
-    with pytest.raises(ValueError, match="sum to T=4"):
+    with pytest.raises(InvalidShapeError, match="summing to the token count"):
         triton_rmsnorm(x, torch.zeros(2, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[1, 2],
                        out_dtype=None)  # fmt: skip
-    with pytest.raises(ValueError, match="P=4"):
+    with pytest.raises(InvalidShapeError, match="to match weight's 4 patterns"):
         triton_rmsnorm(x, torch.zeros(1, 4, 128, device=DEVICE), eps=EPS, modality_sizes=None,
                        out_dtype=None)  # fmt: skip
-    with pytest.raises(ValueError, match="groups but weight has M=3"):
+    with pytest.raises(InvalidShapeError, match=r"\[1, P, 128\]"):
         triton_rmsnorm(x, torch.zeros(3, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[4],
                        out_dtype=None)  # fmt: skip
 

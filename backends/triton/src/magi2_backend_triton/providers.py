@@ -13,7 +13,7 @@ import torch
 import triton
 
 from magi2_backend_triton.moe.fused import fused_moe_experts
-from magi2_backend_triton.rmsnorm import triton_rmsnorm
+from magi2_backend_triton.rmsnorm import launch_rmsnorm
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason, ReasonCode
 
@@ -84,7 +84,7 @@ class TritonRMSNorm:
         modality_sizes: Sequence[int] | None,
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
-        return triton_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype)
+        return launch_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype)
 
 
 triton_moe_experts = TritonMoEExperts()

@@ -26,7 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["triton_rmsnorm"]
+from magi2_core.contracts import rmsnorm as rmsnorm_contract
+
+__all__ = ["launch_rmsnorm", "triton_rmsnorm"]
 
 # Boundaries b1..b3 are scalar arguments: MAGI-2 uses at most 3 modalities, one launch serves 4.
 _MOD_PER_LAUNCH = 4
@@ -124,29 +126,6 @@ def _as_token_view(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(x.shape[0], k, x.shape[-1])
 
 
-def _validate(x: torch.Tensor, weight: torch.Tensor, modality_sizes: Sequence[int] | None) -> list[int]:
-    if x.dim() < 2:
-        raise ValueError(f"x must be [T, D] or [T, ..., P, D]; got shape {tuple(x.shape)}")
-    if weight.dim() != 3:
-        raise ValueError(f"weight must be [M, P, D]; got shape {tuple(weight.shape)}")
-    m, p, d = weight.shape
-    if x.shape[-1] != d:
-        raise ValueError(f"x's last dim {x.shape[-1]} != weight's D={d}")
-    if p > 1 and (x.dim() < 3 or x.shape[-2] != p):
-        raise ValueError(f"weight has P={p} patterns: x's second-to-last dim must be {p}; got shape {tuple(x.shape)}")
-    if x.device != weight.device:
-        raise ValueError(f"x on {x.device} but weight on {weight.device}")
-    if not (x.is_floating_point() and weight.is_floating_point()):
-        raise ValueError(f"x and weight must be floating point; got {x.dtype}, {weight.dtype}")
-    n_tok = x.shape[0]
-    sizes = [n_tok] if modality_sizes is None else [int(s) for s in modality_sizes]
-    if len(sizes) != m:
-        raise ValueError(f"modality_sizes has {len(sizes)} groups but weight has M={m}")
-    if any(s < 0 for s in sizes) or sum(sizes) != n_tok:
-        raise ValueError(f"modality_sizes {sizes} must be non-negative and sum to T={n_tok} (x.shape[0])")
-    return sizes
-
-
 def triton_rmsnorm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -168,7 +147,23 @@ def triton_rmsnorm(
     fp32_out: optional contiguous FP32 tensor of x's shape that receives the pre-cast result.
     Returns a new contiguous tensor of x's shape.
     """
-    sizes = _validate(x, weight, modality_sizes)
+    call = rmsnorm_contract.validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype,
+                                     compiling=False)
+    return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
+                          out_dtype=call.out_dtype, fp32_out=fp32_out)
+
+
+def launch_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float,
+    modality_sizes: Sequence[int] | None,
+    out_dtype: torch.dtype | None,
+    fp32_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`triton_rmsnorm` for inputs the op contract has already validated (the provider's path)."""
+    sizes = [x.shape[0]] if modality_sizes is None else list(modality_sizes)
     _, p, d = weight.shape
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if fp32_out is not None and (
