@@ -29,7 +29,7 @@ def main() -> None:
         "torch": torch.__version__,
         "magi2_core": magi2_core.__version__,
         "commit": commit,
-        "method": "median of 5 repeats of N back-to-back calls, tiny CPU tensors; added = public - direct",
+        "method": "best of 5 repeats of N back-to-back calls, tiny CPU tensors, against a no-op provider registered for the measurement; added = public - direct (validation + cached resolution + plumbing)",
         "rows": rows,
     }
     out = Path(__file__).parent / "results" / "dispatch_cpu.json"

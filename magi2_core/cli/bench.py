@@ -20,7 +20,7 @@ def bench(
     if json_out:
         print_json(rows)
         return
-    table = Table(title="dispatch overhead per call (CPU, median of 5 repeats)")
+    table = Table(title="dispatch overhead per call against a no-op provider (CPU, best of 5 repeats)")
     for col in ("op", "resolve (cached) us", "public call us", "direct provider us", "added us"):
         table.add_column(col)
     for r in rows:
