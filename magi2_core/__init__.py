@@ -7,6 +7,7 @@
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import (
     InvalidDeviceError,
     InvalidDTypeError,
@@ -60,4 +61,5 @@ __all__ = [
     "resolve",
     "rmsnorm",
     "use",
+    "set_device_value_checks",
 ]
