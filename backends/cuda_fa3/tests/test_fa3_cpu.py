@@ -346,7 +346,7 @@ def test_short_work_rules_fire_only_where_torch_varlen_serves_better() -> None:
         return any(r.fires(p) for r in SHORT_SEQUENCE_RULES)
 
     assert fires(342, 300) and fires(1024, 1024) and fires(2048, 1024) and fires(4096, 256) and fires(16384, 64)
-    assert fires(1536, 1536) and fires(2048, 2048)  # single segments: torch varlen measured ahead
+    assert not fires(1536, 1536) and not fires(2048, 2048)  # single segments: a toss-up, FA3 kept
     assert not fires(2049, 1024) and not fires(4096, 512) and not fires(8192, 1024) and not fires(4096, 4096) and not fires(32768, 32768)
     assert not fires(342, 300, 24, Feature.SINKS) and not fires(342, 300, 24, Feature.SOFTCAP)
     assert not fires(342, 300, 48)

@@ -24,17 +24,18 @@ _HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
 # however small the problem (host-side wrapper, scheduler metadata), torch varlen_attn about 0.05 ms
 # plus its work, so torch wins while the work (sum of Lq·Lk <= tokens · max_seqlen_k) is small.
 # Each (tokens, max_seqlen_k) corner below was measured with torch ahead (2x1024, 16x256, 64x128,
-# 256x64, and single 1536- and 2048-token segments: raw varlen 0.13/0.18 ms vs FA3 0.22/0.23 ms in
-# attention_h200.json and attention_h200_final.json); a 4096-token segment, 8x1024 and up go to FA3. The rules stand aside
+# 256x64); 8x1024, 4096-token segments and up go to FA3. Single 1536/2048-token segments are a
+# toss-up at this scale (~0.1-0.2 ms): three H200 runs disagreed on the faster provider (a widened
+# (2048, 2048) corner was tried and measured in attention_h200_rule2048x2048.json), so they stay on FA3. The rules stand aside
 # when torch_varlen would be slower or cannot serve the call: with sinks (its unfused torch sink
 # correction costs ~0.2 ms of launches, FA3's fused one far less: FA3 won at every measured size),
 # with a softcap (torch_varlen has none), and above the 24 heads measured (work grows with heads).
-SHORT_WORK_LIMITS: tuple[tuple[int, int], ...] = ((2048, 2048), (4096, 256), (8192, 128), (16384, 64))
+SHORT_WORK_LIMITS: tuple[tuple[int, int], ...] = ((2048, 1024), (4096, 256), (8192, 128), (16384, 64))
 SHORT_WORK_MAX_HEADS = 24
 _PROVENANCE = Provenance(
-    kind="benchmark", source="benchmarks/results/attention_h200_final.json",
-    note="short sweep, H200, bf16, 24 heads x 128: raw_varlen vs raw_fa3 and the resolved call (also "
-         "attention_h200.json, the earlier run); docs/fa3-notes.md",
+    kind="benchmark", source="benchmarks/results/attention_h200.json",
+    note="short sweep, H200, bf16, 24 heads x 128: raw_varlen vs raw_fa3 and the resolved call; re-checked in "
+         "attention_h200_final.json and attention_h200_rule2048x2048.json; docs/fa3-notes.md",
 )  # fmt: skip
 
 
