@@ -12,8 +12,9 @@ A sampled call is re-run on the ``reference`` provider with the same normalised 
 device) and judged by the op's acceptance rule (:mod:`magi2_core.contracts.acceptance`). A result
 outside the contract gives a :class:`ShadowMismatchWarning` naming the op, provider and metric, a
 counter in :func:`stats`, and, when asked, a :class:`ShadowMismatchError`. Calls served by the
-reference itself are not re-run. The setting is process-wide (the hot path reads one global), and
-only eager calls are observed: under ``torch.compile`` the kernel runs inside the graph.
+reference itself are not re-run. The setting is process-wide (the hot path reads one global).
+Compiled graphs run each op through the same path when they execute (the ops are opaque custom
+ops), so they are observed too.
 """
 
 from __future__ import annotations
