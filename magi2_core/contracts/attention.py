@@ -8,7 +8,7 @@ with normalised inputs: int32 prefix sums on q's device, integer max lengths, th
 from __future__ import annotations
 
 import math
-from itertools import pairwise
+import operator
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -55,13 +55,15 @@ def _prefix_sums(arg: str, cu: object, total: int, device: torch.device) -> tupl
     t = ck.tensor(OP, arg, cu)
     if t.dim() != 1 or t.numel() < 1:
         raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
-    ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))
+    dtype = t.dtype
+    if dtype is not torch.int32 and dtype is not torch.int64:
+        ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))  # raises, naming both
     where = t.device
     on_host = where.type == "cpu"
     if not on_host and where.type != device.type:
         raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", ck.describe(t))
     values = t.tolist() if on_host else None
-    if t.dtype is torch.int32 and where == device and t.is_contiguous():
+    if dtype is torch.int32 and where == device and t.is_contiguous():
         return t, values  # the common case: no conversion call on the hot path
     return t.to(device=device, dtype=torch.int32, non_blocking=True).contiguous(), values
 
@@ -73,9 +75,9 @@ def _check_values(arg: str, values: list[int], total: int, n_tokens_arg: str) ->
         raise InvalidShapeError(
             OP, arg, f"a prefix sum ending at {n_tokens_arg}.shape[0] = {total}", f"last value {values[-1]}"
         )
-    lengths = [b - a for a, b in pairwise(values)]
-    bad = next((i for i, n in enumerate(lengths) if n < 0), None)
-    if bad is not None:
+    lengths = list(map(operator.sub, values[1:], values[:-1]))  # C-level loop: this runs on every call
+    if lengths and min(lengths) < 0:
+        bad = next(i for i, n in enumerate(lengths) if n < 0)
         raise InvalidShapeError(OP, arg, "non-decreasing", f"{values[bad]} then {values[bad + 1]} at index {bad}")
     return max(lengths, default=0)
 
@@ -111,13 +113,17 @@ def validate(
     q = ck.tensor(OP, "q", q)
     k = ck.tensor(OP, "k", k)
     v = ck.tensor(OP, "v", v)
-    for arg, t in (("q", q), ("k", k), ("v", v)):
-        ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
-    ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
-    for arg, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise InvalidDTypeError(OP, arg, f"of q's dtype {ck.dtype_name(q.dtype)}", ck.describe(t))
-    ck.same_device(OP, "q", q, k=k, v=v)
+    dtype, device = q.dtype, q.device
+    # One combined test for the common case; the detailed checks below name what is wrong.
+    if not (q.dim() == k.dim() == v.dim() == 3 and dtype in ACTIVATION_DTYPES and k.dtype is dtype
+            and v.dtype is dtype and k.device == device and v.device == device):  # fmt: skip
+        for arg, t in (("q", q), ("k", k), ("v", v)):
+            ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
+        ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
+        for arg, t in (("k", k), ("v", v)):
+            if t.dtype != dtype:
+                raise InvalidDTypeError(OP, arg, f"of q's dtype {ck.dtype_name(dtype)}", ck.describe(t))
+        ck.same_device(OP, "q", q, k=k, v=v)
     tq, hq, d = q.shape
     tk, hkv, dk = k.shape
     if dk != d or v.shape[2] != d:
@@ -126,8 +132,8 @@ def validate(
         raise InvalidShapeError(OP, "v", f"[{tk}, {hkv}, {d}] like k", ck.describe(v))
     if hkv == 0 or hq % hkv != 0:
         raise InvalidShapeError(OP, "k", f"a kv head count dividing q's {hq} heads (GQA)", f"{hkv} kv heads")
-    cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, tq, q.device)
-    cu_k, vals_k = _prefix_sums("cu_seqlens_k", cu_seqlens_k, tk, q.device)
+    cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, tq, device)
+    cu_k, vals_k = _prefix_sums("cu_seqlens_k", cu_seqlens_k, tk, device)
     if cu_q.numel() != cu_k.numel():
         raise InvalidShapeError(
             OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)", f"{cu_k.numel()} entries"
@@ -172,7 +178,7 @@ def validate(
         | (FEATURE_BIT[Feature.DETERMINISTIC] if deterministic else 0)
         | (FEATURE_BIT[Feature.COMPILING] if compiling else 0)
     )
-    raw = (q.device.type, ck.dtype_name(q.dtype), None, mask, tq, tk, mq, mk, cu_q.numel() - 1, d, hq, hkv)
+    raw = (device.type, ck.dtype_name(dtype), None, mask, tq, tk, mq, mk, cu_q.numel() - 1, d, hq, hkv)
     return AttentionCall(
         q,
         k,
