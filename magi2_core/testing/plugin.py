@@ -8,7 +8,8 @@ Inert unless asked: ``--magi2-provider NAME`` (repeatable; ``all`` = every insta
 ``--magi2-only`` drops the project's own tests from the run; ``--magi2-seed N`` (default 0, or
 ``random``) changes the inputs; ``--magi2-device TYPE`` and ``--magi2-op OP`` narrow the plan. Each
 failure prints its case id and seed; ``-k "<case id>"`` with the same seed reruns it alone.
-This module imports nothing heavy at import time: pytest loads it in every session.
+pytest loads it in every session of an environment that has magi2-core; loading it imports the
+``magi2_core`` package (and so torch), nothing of the kit runs until one of the options is given.
 """
 
 from __future__ import annotations
