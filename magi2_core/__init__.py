@@ -18,6 +18,7 @@ from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     ResolutionError,
+    StrictModeError,
     UnknownProviderError,
 )
 from magi2_core.hookspecs import BackendSpec, hookimpl
@@ -26,6 +27,7 @@ from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolution import Candidate, Reason, ReasonCode, Resolution, Verdict
+from magi2_core.strict import set_strict
 
 __all__ = [
     "CORE_API_VERSION",
@@ -50,6 +52,7 @@ __all__ = [
     "Resolution",
     "ResolutionError",
     "Rule",
+    "StrictModeError",
     "UnknownProviderError",
     "Verdict",
     "__version__",
@@ -62,4 +65,5 @@ __all__ = [
     "rmsnorm",
     "use",
     "set_device_value_checks",
+    "set_strict",
 ]

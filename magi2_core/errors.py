@@ -22,6 +22,7 @@ __all__ = [
     "NoEligibleProviderError",
     "ProviderNotEligibleError",
     "ResolutionError",
+    "StrictModeError",
     "UnknownProviderError",
 ]
 
@@ -76,3 +77,7 @@ class UnknownProviderError(ResolutionError, ValueError):
 
 class ProviderNotEligibleError(ResolutionError):
     """An override forced a provider that cannot serve this call."""
+
+
+class StrictModeError(ResolutionError):
+    """Strict mode is on and an accelerator call resolved to the eager reference provider."""

@@ -27,6 +27,7 @@ from magi2_core.problem import OpName, Problem
 from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, get_registry
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
+from magi2_core.strict import check_resolution
 
 __all__ = ["Dispatcher", "RawKey", "resolve_problem", "static_reasons"]
 
@@ -264,6 +265,7 @@ class Dispatcher:
         kernel = self._cache.get(key)
         if kernel is None:
             res = resolve_problem(build(raw), provider, self._registry)
+            check_resolution(key, res)  # logs the new decision; strict mode raises here
             chosen = self._registry.provider(op, res.chosen or "")
             assert chosen is not None
             kernel, _ = chosen.load()
