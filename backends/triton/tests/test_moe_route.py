@@ -25,7 +25,7 @@ from magi2_core.contracts.acceptance import accept_moe_route
 
 # The float64 oracles live with the core tests of this monorepo.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-import oracles  # noqa: E402
+import oracles
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -50,7 +50,7 @@ def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object
 
 def _distinct_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, score_func: str) -> torch.Tensor:
     """[Hl, T] mask of rows whose float64 selection scores are pairwise further apart than FP32 rounding."""
-    t, hl, d = x.shape
+    hl, d = x.shape[1], x.shape[2]
     e = w.shape[0] // hl
     z = torch.einsum("thd,hed->hte", x.double().cpu(), w.double().cpu().view(hl, e, d))
     s = torch.sigmoid(z) if score_func == "sigmoid" else torch.softmax(z, dim=-1)
