@@ -15,8 +15,8 @@ reference on purpose), and is logged at DEBUG like any other decision.
 from __future__ import annotations
 
 import logging
-import os
 
+from magi2_core import config
 from magi2_core.errors import StrictModeError
 from magi2_core.resolution import Resolution, Verdict
 
@@ -42,10 +42,10 @@ def set_strict(enabled: bool) -> None:
 
 
 def is_strict() -> bool:
-    """Whether an accelerator call resolved to the reference raises (:func:`set_strict`, else the env)."""
+    """Whether an accelerator call resolved to the reference raises (:func:`set_strict`, else ``MAGI2_STRICT``)."""
     if _STRICT is not None:
         return _STRICT
-    return os.environ.get("MAGI2_STRICT", "0") == "1"
+    return bool(config.get("MAGI2_STRICT"))
 
 
 def _rejections(res: Resolution) -> str:

@@ -122,10 +122,15 @@ def test_set_strict_raises_naming_every_rejected_provider(registry: Registry) ->
 def test_env_variable_turns_strict_mode_on(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     disp = Dispatcher(registry)
     monkeypatch.setenv("MAGI2_STRICT", "1")
-    with pytest.raises(StrictModeError):
-        _resolve(disp, "cuda")
-    m2.set_strict(False)  # the function overrides the environment
-    assert _resolve(disp, "cuda") is not None
+    m2.reload_config()
+    try:
+        with pytest.raises(StrictModeError):
+            _resolve(disp, "cuda")
+        m2.set_strict(False)  # the function overrides the environment
+        assert _resolve(disp, "cuda") is not None
+    finally:
+        monkeypatch.delenv("MAGI2_STRICT")
+        m2.reload_config()
 
 
 def test_set_strict_clears_decisions_cached_before_it() -> None:
