@@ -183,7 +183,8 @@ def baseline_attention(dev: str) -> tuple[str, Callable[..., torch.Tensor]]:
 
 
 def baseline_layer(
-    x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor], experts: Callable[..., Any]
+    x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor],
+    experts: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     h = composite_rmsnorm(x, lw.norm1, p.sizes)
     q, k, v = qkv_views(h, lw, c)
@@ -300,7 +301,7 @@ def resolved_providers(lw: Layer, p: Pack, c: Config, x: torch.Tensor) -> dict[s
 
 
 def ops_alone(lw: Layer, p: Pack, c: Config, x: torch.Tensor, dev: str, iters: int,
-              attn: Callable[..., torch.Tensor], experts: Callable[..., Any]) -> dict[str, Any]:  # fmt: skip
+              attn: Callable[..., torch.Tensor], experts: Callable[..., torch.Tensor]) -> dict[str, Any]:  # fmt: skip
     """Each op of layer 0 alone, on the inputs it sees inside the block, in its own CUDA graph."""
     t = p.tokens
     h = m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes)
@@ -310,11 +311,11 @@ def ops_alone(lw: Layer, p: Pack, c: Config, x: torch.Tensor, dev: str, iters: i
     hm = m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes).view(t, c.moe_heads, c.d)
     probs, idx = m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE)
     y = m2.moe_experts(hm, probs, idx, lw.prepared)
-    attn_kw = {"max_seqlen_q": p.max_len, "max_seqlen_k": p.max_len, "sinks": lw.sinks}
     magi2: dict[str, Fn] = {
         "rmsnorm_1": lambda: m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes),
         "qkv_proj": lambda: h @ lw.wqkv,
-        "attention": lambda: m2.attention(q, k, v, p.cu, p.cu, **attn_kw),
+        "attention": lambda: m2.attention(q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len,
+                                          sinks=lw.sinks),
         "o_proj_residual": lambda: x + o.reshape(t, -1) @ lw.wo,
         "rmsnorm_2": lambda: m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes),
         "moe_route": lambda: m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE),
@@ -343,6 +344,13 @@ def ops_alone(lw: Layer, p: Pack, c: Config, x: torch.Tensor, dev: str, iters: i
     return out
 
 
+def route_and_experts(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, lw: Layer, c: Config) -> dict[str, Fn]:
+    return {
+        "route": lambda: m2.moe_route(x, lw.router, lw.bias, top_k=c.top_k),
+        "experts": lambda: m2.moe_experts(x, probs, idx, lw.prepared),
+    }
+
+
 def route_vs_experts(c: Config, lw: Layer, dev: str, iters: int) -> list[dict[str, Any]]:
     rows = []
     for t in c.route_tokens:
@@ -350,10 +358,7 @@ def route_vs_experts(c: Config, lw: Layer, dev: str, iters: int) -> list[dict[st
         x = torch.randn(t, c.moe_heads, c.d, device=dev, generator=g).bfloat16()
         probs, idx = m2.moe_route(x, lw.router, lw.bias, top_k=c.top_k)
         ref_p, ref_i = m2.moe_route(x, lw.router, lw.bias, top_k=c.top_k, provider="reference")
-        fns: dict[str, Fn] = {
-            "route": lambda x=x: m2.moe_route(x, lw.router, lw.bias, top_k=c.top_k),
-            "experts": lambda x=x, p=probs, i=idx: m2.moe_experts(x, p, i, lw.prepared),
-        }
+        fns = route_and_experts(x, probs, idx, lw, c)
         eager = p50s(time_alternating(fns, iters, warmup=c.warmup, device=dev))
         graphs = {k: graphed(f, dev) for k, f in fns.items()} if dev != "cpu" else {}
         graph = p50s(time_alternating(graphs, iters, warmup=c.warmup, device=dev)) if graphs else {}

@@ -71,5 +71,6 @@ def check_resolution(key: object, res: Resolution) -> None:
             f"Install or enable a provider that serves this call, or turn strict mode off to accept the reference.",
             res,
         )
-    LOGGER.warning("%s on %s (%s) runs on the eager reference provider (slow); rejected: %s",
-                   p.op, p.device_type, p.dtype, why)
+    LOGGER.warning(
+        "%s on %s (%s) runs on the eager reference provider (slow); rejected: %s", p.op, p.device_type, p.dtype, why
+    )
