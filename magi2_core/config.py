@@ -203,8 +203,10 @@ _DECLARED: tuple[Variable[Any], ...] = (
     Variable(
         "MAGI2_STRICT",
         False,
-        "Strict mode: a call on an accelerator that resolves to the `reference` provider raises "
-        "instead of running the slow reference.",
+        "Strict mode: a call on an accelerator that falls to the `reference` provider by priority raises "
+        "`StrictModeError` (naming why every faster provider was rejected) instead of running the slow "
+        "reference; a provider forced by `provider=`, `use(...)` or `MAGI2_*_PROVIDER` is exempt. "
+        "`magi2_core.set_strict()` overrides this variable.",
         boolean,
     ),
     Variable(

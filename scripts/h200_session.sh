@@ -39,4 +39,8 @@ if want attention; then
 step "attention benchmark (final rule)"
 python3 -m benchmarks.attention --quick --out "$OUT/attention_h200.json" > "$OUT/attention.log" 2>&1; tail -22 "$OUT/attention.log"
 fi
+if want block; then
+step "block benchmark (4-layer MAGI-2 stack, strict)"
+python3 -m benchmarks.block --out "$OUT/block_h200.json" > "$OUT/block.log" 2>&1; tail -70 "$OUT/block.log"
+fi
 step "done"
