@@ -89,3 +89,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.rmsnorm", "--json", f"{results}/rmsnorm_h200.json")
     session.run("python", "-m", "benchmarks.sink_correction", "--json", f"{results}/sink_correction_h200.json")
     session.run("python", "-m", "benchmarks.attention", "--out", f"{results}/attention_h200.json")
+    session.run("python", "-m", "benchmarks.block", "--out", f"{results}/block_h200.json")
