@@ -145,3 +145,20 @@ def test_set_strict_clears_decisions_cached_before_it() -> None:
         m2.rmsnorm(x, w)  # the CPU reference is allowed in strict mode
     finally:
         m2.set_strict(False)
+
+
+@pytest.mark.gpu
+def test_strict_mode_on_a_real_gpu_names_the_rejected_providers() -> None:
+    """FP32 attention on CUDA has no fast provider (FA3 and torch varlen are BF16/FP16): strict refuses it."""
+    q = torch.randn(64, 2, 64, device="cuda")
+    cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    m2.set_strict(True)
+    try:
+        with pytest.raises(StrictModeError) as err:
+            m2.attention(q, q, q, cu, cu, max_seqlen_q=64, max_seqlen_k=64)
+        assert "torch_varlen" in str(err.value) and "[dtype]" in str(err.value)
+        x = torch.randn(64, 1, 16, device="cuda", dtype=torch.bfloat16)
+        _, idx = m2.moe_route(x, torch.randn(8, 16, device="cuda"), None, top_k=2)  # a kernel serves it
+        assert idx.shape == (1, 64, 2)
+    finally:
+        m2.set_strict(False)
