@@ -42,6 +42,21 @@ def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def _forward_only(op: str, **tensors: torch.Tensor | None) -> None:
+    """No provider implements backward: refuse a tensor that asks for gradients instead of dropping them."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise InvalidValueError(
+                op, arg, "a tensor that does not require grad (magi2 ops are forward-only: call them under "
+                "torch.no_grad() or torch.inference_mode(), or pass .detach())", "requires_grad=True")
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """What the fake implementations promise under torch.compile: a contiguous result (a provider may
+    return x's strides for a non-contiguous x; the copy happens only then, and only in compiled graphs)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
 # ---------------------------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +122,8 @@ def attention(
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
     prefix sums live on the GPU.
     """
+    if torch.is_grad_enabled():
+        _forward_only("attention", q=q, k=k, v=v, sinks=sinks)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(
             q,
@@ -232,7 +249,7 @@ def _attention_op(
         provider,
         compiling=True,
     )
-    return o, lse
+    return _dense(o), _dense(lse)
 
 
 @_attention_op.register_fake
@@ -251,7 +268,7 @@ def _(
     sink_rescale: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +289,8 @@ def moe_route(
     shifts the selection only. Weights are the unbiased sigmoid scores of the selected experts,
     L1-normalised (eps 1e-12) and multiplied by ``route_scale``; ties resolve as ``torch.topk``.
     """
+    if torch.is_grad_enabled():
+        _forward_only("moe_route", x=x, router_weight=router_weight, bias=bias)
     if torch.compiler.is_compiling():
         probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), provider)
         return probs, idx
@@ -313,7 +332,8 @@ def _moe_route_op(
     route_scale: float,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
+    probs, idx = _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
+    return _dense(probs), _dense(idx)
 
 
 @_moe_route_op.register_fake
@@ -346,6 +366,8 @@ def moe_experts(
     :func:`moe_route`. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
+    if torch.is_grad_enabled():
+        _forward_only("moe_experts", x=x, probs=probs, w_gate=w_gate, w_up=w_up, w_down=w_down)
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider)
         return y
@@ -383,7 +405,7 @@ def _moe_experts_op(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return _moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic, provider, compiling=True)
+    return _dense(_moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic, provider, compiling=True))
 
 
 @_moe_experts_op.register_fake
@@ -397,7 +419,7 @@ def _(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +439,8 @@ def rmsnorm(
     ``x [T, D]`` or ``[T, ..., P, D]``; ``weight [M, P, D]`` (or flat ``[M·P·D]``) delta-scale;
     ``modality_sizes``: host-side sizes of the M contiguous token groups (None: one modality).
     """
+    if torch.is_grad_enabled():
+        _forward_only("rmsnorm", x=x, weight=weight)
     if torch.compiler.is_compiling():
         sizes = None if modality_sizes is None else list(modality_sizes)
         y: torch.Tensor = torch.ops.magi2.rmsnorm(x, weight, float(eps), sizes, out_dtype, provider)
@@ -453,7 +477,7 @@ def _rmsnorm_op(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return _rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True)
+    return _dense(_rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True))
 
 
 @_rmsnorm_op.register_fake
@@ -465,7 +489,7 @@ def _(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x, dtype=out_dtype or x.dtype)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
