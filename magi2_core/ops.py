@@ -43,6 +43,21 @@ def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def _forward_only(op: str, **tensors: torch.Tensor | None) -> None:
+    """No provider implements backward: refuse a tensor that asks for gradients instead of dropping them."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise InvalidValueError(
+                op, arg, "a tensor that does not require grad (magi2 ops are forward-only: call them under "
+                "torch.no_grad() or torch.inference_mode(), or pass .detach())", "requires_grad=True")
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """What the fake implementations promise under torch.compile: a contiguous result (a provider may
+    return x's strides for a non-contiguous x; the copy happens only then, and only in compiled graphs)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
 # ---------------------------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +123,8 @@ def attention(
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
     prefix sums live on the GPU.
     """
+    if torch.is_grad_enabled():
+        _forward_only("attention", q=q, k=k, v=v, sinks=sinks)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(
             q,
@@ -233,7 +250,7 @@ def _attention_op(
         provider,
         compiling=True,
     )
-    return o, lse
+    return _dense(o), _dense(lse)
 
 
 @_attention_op.register_fake
@@ -252,7 +269,7 @@ def _(
     sink_rescale: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +294,8 @@ def moe_route(
     in ascending expert id. Weights are the unbiased scores of the selected experts, L1-normalised
     (eps 1e-12) unless ``route_norm=False``, times ``route_scale``.
     """
+    if torch.is_grad_enabled():
+        _forward_only("moe_route", x=x, router_weight=router_weight, bias=bias)
     if torch.compiler.is_compiling():
         probs, idx = torch.ops.magi2.moe_route(
             x, router_weight, bias, top_k, float(route_scale), route_norm, score_func, provider
@@ -341,7 +360,10 @@ def _moe_route_op(
     score_func: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _moe_route(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, compiling=True)
+    probs, idx = _moe_route(
+        x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, compiling=True
+    )
+    return _dense(probs), _dense(idx)
 
 
 @_moe_route_op.register_fake
@@ -379,6 +401,8 @@ def moe_experts(
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
     layout, weights = _weights_arg(w_gate, w_up, w_down)
+    if torch.is_grad_enabled():  # a prepared object's tensors are checked as w_gate/w_up/w_down
+        _forward_only("moe_experts", x=x, probs=probs, **dict(zip(("w_gate", "w_up", "w_down"), weights, strict=False)))
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y
@@ -429,7 +453,7 @@ def _moe_experts_op(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return _moe_experts(x, probs, idx, layout, weights, deterministic, provider, compiling=True)
+    return _dense(_moe_experts(x, probs, idx, layout, weights, deterministic, provider, compiling=True))
 
 
 @_moe_experts_op.register_fake
@@ -442,7 +466,7 @@ def _(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,6 +486,8 @@ def rmsnorm(
     ``x [T, D]`` or ``[T, ..., P, D]``; ``weight [M, P, D]`` (or flat ``[M·P·D]``) delta-scale;
     ``modality_sizes``: host-side sizes of the M contiguous token groups (None: one modality).
     """
+    if torch.is_grad_enabled():
+        _forward_only("rmsnorm", x=x, weight=weight)
     if torch.compiler.is_compiling():
         sizes = None if modality_sizes is None else list(modality_sizes)
         y: torch.Tensor = torch.ops.magi2.rmsnorm(x, weight, float(eps), sizes, out_dtype, provider)
@@ -498,7 +524,7 @@ def _rmsnorm_op(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return _rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True)
+    return _dense(_rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True))
 
 
 @_rmsnorm_op.register_fake
@@ -510,7 +536,7 @@ def _(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x, dtype=out_dtype or x.dtype)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,10 @@ def use(**providers: str | None) -> Iterator[None]:
     unknown = sorted(set(providers) - _KEYS)
     if unknown:
         raise InvalidValueError("use", ", ".join(unknown), f"one of {sorted(_KEYS)}", "unknown key(s)")
+    bad = {k: v for k, v in providers.items() if v is not None and not isinstance(v, str)}
+    if bad:
+        key, name = next(iter(bad.items()))
+        raise InvalidValueError("use", key, "a provider name (str) or None", repr(name))
     merged = dict(_OVERRIDES.get())
     for key, name in providers.items():
         if name is None:
