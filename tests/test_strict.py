@@ -1,9 +1,9 @@
 """No silent slow path: the DEBUG resolution log, the WARNING for the reference on an accelerator,
 and strict mode (``MAGI2_STRICT=1`` / ``m2.set_strict``) raising with every faster provider's reasons.
 
-A CPU machine has no accelerator, so the calls are posed as ``cuda`` problems straight to a
-:class:`Dispatcher` over a private registry: a ``reference`` provider that serves any device and a
-faster ``fast_cuda`` provider whose run-time check rejects the call.
+A CPU machine has no accelerator, so the calls are ``moe_route`` problems on a made-up accelerator
+type ``npu`` posed straight to a :class:`Dispatcher` over a registry of the installed backends (whose
+``reference`` serves any device) plus a toy ``fast_npu`` provider whose run-time check rejects the call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from magi2_core.resolution import Reason, ReasonCode
 from magi2_core.resolver import Dispatcher
 
 MOD = "magi2_strict_toy"
-FIELDS = ("tokens", "width", "num_modalities", "num_patterns")
+FIELDS = ("tokens", "num_heads", "num_experts", "top_k", "hidden")
 
 
 class Kernel:
@@ -44,13 +44,10 @@ class Kernel:
 def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
     monkeypatch.setattr(strict, "_STRICT", None)  # follow the environment unless a test calls set_strict
     mod = types.ModuleType(MOD)
-    mod.ref = Kernel()  # type: ignore[attr-defined]
     mod.fast = Kernel(unavailable=True)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, MOD, mod)
     caps = (
-        Capability(op="rmsnorm", name="reference", impl=f"{MOD}:ref", device_types=("*",), dtypes=("float32",),
-                   priority=0),
-        Capability(op="rmsnorm", name="fast_cuda", impl=f"{MOD}:fast", device_types=("cuda",),
+        Capability(op="moe_route", name="fast_npu", impl=f"{MOD}:fast", device_types=("npu",),
                    dtypes=("float32",), priority=20),
     )
     plugin = types.ModuleType("strict_toy_plugin")
@@ -60,20 +57,20 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
         return BackendSpec(name="strict-toy", version="0.0.0", core_api=">=1.0,<2", providers=caps)
 
     plugin.magi2_backend = magi2_backend  # type: ignore[attr-defined]
-    reg = Registry(discover=False)
+    reg = Registry()  # the installed backends: the reference serves any device type
     reg.register(plugin, name="strict_toy")
     yield reg
     m2.set_strict(False)  # also clears the process-wide dispatcher cache
 
 
-def _resolve(disp: Dispatcher, device: str, tokens: int = 64, provider: str | None = None) -> object:
-    raw = (device, "float32", "float32", 0, tokens, 128, 1, 1)
+def _resolve(disp: Dispatcher, device: str, provider: str | None = None) -> object:
+    raw = (device, "float32", None, 0, 64, 2, 8, 2, 16)
 
     def build(r: tuple[object, ...]) -> Problem:
-        return Problem(op="rmsnorm", device_type=str(r[0]), dtype="float32", tokens=tokens, width=128,
-                       num_modalities=1, num_patterns=1, out_dtype="float32")
+        return Problem(op="moe_route", device_type=str(r[0]), dtype="float32", tokens=64, num_heads=2,
+                       num_experts=8, top_k=2, hidden=16)
 
-    return disp.kernel("rmsnorm", raw, FIELDS, build, provider)
+    return disp.kernel("moe_route", raw, FIELDS, build, provider)
 
 
 def test_debug_line_per_new_key(registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
@@ -84,7 +81,7 @@ def test_debug_line_per_new_key(registry: Registry, caplog: pytest.LogCaptureFix
         _resolve(disp, "cpu", provider="reference")  # a new key (the argument is part of it)
     lines = [r for r in caplog.records if r.levelno == logging.DEBUG and r.name == "magi2_core"]
     assert len(lines) == 2
-    assert "rmsnorm" in lines[0].getMessage() and "-> reference" in lines[0].getMessage()
+    assert "moe_route" in lines[0].getMessage() and "-> reference" in lines[0].getMessage()
     assert "decided by priority" in lines[0].getMessage() and "decided by argument" in lines[1].getMessage()
 
 
@@ -94,29 +91,29 @@ def test_warning_once_per_key_for_the_reference_on_an_accelerator(
     disp = Dispatcher(registry)
     with caplog.at_level(logging.WARNING, logger="magi2_core"):
         for _ in range(3):
-            _resolve(disp, "cuda")
+            _resolve(disp, "npu")
         _resolve(disp, "cpu")  # the reference on the CPU is not a slow path
-        _resolve(disp, "cuda", provider="reference")  # forced on purpose: not a fallback
+        _resolve(disp, "npu", provider="reference")  # forced on purpose: not a fallback
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "rmsnorm on cuda" in warnings[0] and "fast_cuda" in warnings[0] and "toy_driver" in warnings[0]
+    assert "moe_route on npu" in warnings[0] and "fast_npu" in warnings[0] and "toy_driver" in warnings[0]
 
 
 def test_set_strict_raises_naming_every_rejected_provider(registry: Registry) -> None:
     disp = Dispatcher(registry)
     m2.set_strict(True)
     with pytest.raises(StrictModeError) as err:
-        _resolve(disp, "cuda")
+        _resolve(disp, "npu")
     assert isinstance(err.value, ResolutionError)
     msg = str(err.value)
-    assert "fast_cuda" in msg and "[unavailable] toy_driver: needs loaded, got missing" in msg
+    assert "fast_npu" in msg and "[unavailable] toy_driver: needs loaded, got missing" in msg
     assert err.value.resolution is not None and err.value.resolution.chosen == "reference"
     assert _resolve(disp, "cpu") is not None  # the CPU still resolves to the reference
-    assert _resolve(disp, "cuda", provider="reference") is not None  # so does an explicit choice
+    assert _resolve(disp, "npu", provider="reference") is not None  # so does an explicit choice
     with pytest.raises(StrictModeError):  # a raising key is never cached: it raises every time
-        _resolve(disp, "cuda")
+        _resolve(disp, "npu")
     m2.set_strict(False)
-    assert _resolve(disp, "cuda") is not None
+    assert _resolve(disp, "npu") is not None
 
 
 def test_env_variable_turns_strict_mode_on(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,26 +122,22 @@ def test_env_variable_turns_strict_mode_on(registry: Registry, monkeypatch: pyte
     m2.reload_config()
     try:
         with pytest.raises(StrictModeError):
-            _resolve(disp, "cuda")
+            _resolve(disp, "npu")
         m2.set_strict(False)  # the function overrides the environment
-        assert _resolve(disp, "cuda") is not None
+        assert _resolve(disp, "npu") is not None
     finally:
         monkeypatch.delenv("MAGI2_STRICT")
         m2.reload_config()
 
 
-def test_set_strict_clears_decisions_cached_before_it() -> None:
+def test_set_strict_clears_decisions_cached_before_it(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reference decision cached while strict mode was off is judged again once it is on."""
-    x, w = torch.randn(4, 8), torch.zeros(1, 1, 8)
-    m2.rmsnorm(x, w)
-    disp = m2.ops.dispatcher()
-    assert disp._cache  # something was cached
+    disp = Dispatcher(registry)
+    monkeypatch.setattr(m2.ops, "_DISPATCHER", disp)  # set_strict clears the ops' dispatcher: this one
+    assert _resolve(disp, "npu") is not None  # cached (with a warning)
     m2.set_strict(True)
-    try:
-        assert not disp._cache
-        m2.rmsnorm(x, w)  # the CPU reference is allowed in strict mode
-    finally:
-        m2.set_strict(False)
+    with pytest.raises(StrictModeError):
+        _resolve(disp, "npu")
 
 
 @pytest.mark.gpu
