@@ -148,7 +148,8 @@ def run_demo(
     xm = o.reshape(tokens, moe_heads, d)
     res = m2.resolve("moe_route", xm, router, bias, top_k=top_k)
     probs, idx = m2.moe_route(xm, router, bias, top_k=top_k)
-    ref_p, ref_i = _oracle("moe_route", xm, router, bias, top_k=top_k, route_scale=4.9)
+    ref_p, ref_i = _oracle("moe_route", xm, router, bias, top_k=top_k, route_scale=4.9, route_norm=True,
+                           score_func="sigmoid")
     if not torch.equal(idx.cpu(), ref_i.cpu()):
         ref_p = probs  # a near-tie picked another expert: compare experts on the same routes below
     record("moe_route", res.chosen or "?", probs, ref_p, lambda: m2.moe_route(xm, router, bias, top_k=top_k))
