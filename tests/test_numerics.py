@@ -81,9 +81,14 @@ def test_nan_router_bias_on_the_host_is_rejected() -> None:
         m2.moe_route(x, w, b, top_k=2)
 
 
-def test_eps_zero_is_rejected() -> None:
-    with pytest.raises(m2.InvalidValueError, match="'eps' must be a finite float > 0"):
-        m2.rmsnorm(torch.zeros(2, 4), torch.zeros(1, 1, 4), eps=0.0)
+def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
+    x = torch.randn(3, 8)
+    x[1] = 0.0
+    w = torch.randn(1, 1, 8)
+    out = m2.rmsnorm(x, w, eps=0.0)  # 0/0: NaN, by definition (never a finite zero row)
+    assert bool(out[1].isnan().all()) and bool(torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all())
+    with pytest.raises(m2.InvalidValueError, match="'eps' must be a finite float >= 0"):
+        m2.rmsnorm(x, w, eps=-1e-6)
 
 
 def test_reference_rmsnorm_does_not_overflow_to_zeros() -> None:

@@ -20,6 +20,7 @@ from magi2_core import BackendSpec, Capability, Condition, Provenance, Rule, hoo
 from magi2_core.registry import REFERENCE_DIST, Registry
 from magi2_core.shadow import _reference_kernel
 from magi2_core.testing import registered_backend
+from magi2_core.testing.register import InProcessBackend
 
 
 def _impostor_installed() -> bool:
@@ -111,6 +112,34 @@ def test_registry_changes_while_other_threads_call_ops(monkeypatch: pytest.Monke
     assert errors == []
     out = m2.rmsnorm(x, w)  # the unregistered provider's kernel must not stay cached
     assert not torch.equal(out, torch.full(x.shape, -7.0))
+
+
+class _Vanishing:
+    """Eligible, but its backend is unregistered while the resolver asks (as another thread would)."""
+
+    def check(self, problem: object) -> list[object]:
+        m2.get_registry().unregister("vanishing")
+        return []
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return torch.full(x.shape, -7.0)
+
+
+def test_unregister_during_resolution_neither_crashes_nor_leaves_a_stale_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mod = types.ModuleType("magi2_vanishing_kernels")
+    mod.kernel = _Vanishing()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    cap = Capability(op="rmsnorm", name="vanishing", impl="magi2_vanishing_kernels:kernel", device_types=("cpu",),
+                     dtypes=("float32",), priority=10_000)
+    spec = BackendSpec(name="vanishing", version="0", core_api=">=1.0,<2", providers=(cap,))
+    m2.get_registry().register(InProcessBackend(spec), name="vanishing")
+    x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
+    first = m2.rmsnorm(x, w)  # resolved from one consistent state (was: a bare AssertionError)
+    assert torch.equal(first, torch.full(x.shape, -7.0))
+    assert m2.get_registry().provider("rmsnorm", "vanishing") is None
+    assert not torch.equal(m2.rmsnorm(x, w), first)  # the next call resolves again: no stale kernel
 
 
 def test_float_threshold_on_an_integer_field_is_rejected() -> None:

@@ -385,8 +385,8 @@ CASES: list[tuple[str, Callable[[], Any], type[InvalidInputError], str, str]] = 
     ),
     ("norm-patterns", lambda: _norm(weight=torch.randn(3, 2, 16)), InvalidShapeError, "x", "[tokens, ..., 2, 16]"),
     ("norm-patterns-2d-x", lambda: _norm(x=torch.randn(7, 16)), InvalidShapeError, "x", "[tokens, ..., 4, 16]"),
-    ("norm-eps-negative", lambda: _norm(eps=-1e-6), InvalidValueError, "eps", "finite float > 0"),
-    ("norm-eps-nan", lambda: _norm(eps=math.nan), InvalidValueError, "eps", "finite float > 0"),
+    ("norm-eps-negative", lambda: _norm(eps=-1e-6), InvalidValueError, "eps", "finite float >= 0"),
+    ("norm-eps-nan", lambda: _norm(eps=math.nan), InvalidValueError, "eps", "finite float >= 0"),
 ]
 
 

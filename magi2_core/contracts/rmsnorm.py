@@ -84,9 +84,9 @@ def validate(
     p = w.shape[1]
     if p != 1 and (x.dim() < 3 or x.shape[-2] != p):
         raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", ck.describe(x))
-    e = ck.real(OP, "eps", eps, "a finite float > 0")
-    if not math.isfinite(e) or e <= 0:  # eps = 0 would turn an all-zero row into 0/0 = NaN
-        raise InvalidValueError(OP, "eps", "a finite float > 0 (0 makes an all-zero row NaN)", repr(eps))
+    e = ck.real(OP, "eps", eps, "a finite float >= 0")
+    if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
+        raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in _FLOATS:
         raise InvalidDTypeError(
