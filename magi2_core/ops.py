@@ -8,12 +8,12 @@ traced graph, with the ``compiling`` feature set (providers that are not safe th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import torch
 
+from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
@@ -345,7 +345,7 @@ def moe_experts(
     ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; ``probs``/``idx`` as returned by
     :func:`moe_route`. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
-    det = os.environ.get("MAGI2_DETERMINISTIC") == "1" if deterministic is None else bool(deterministic)
+    det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider)
         return y
@@ -496,7 +496,7 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
         return moe_c.problem_from_raw("moe_route", r.raw)
     if op == "moe_experts":
         det = kw.pop("deterministic", None)
-        det = os.environ.get("MAGI2_DETERMINISTIC") == "1" if det is None else bool(det)
+        det = config.get("MAGI2_DETERMINISTIC") if det is None else bool(det)
         e = moe_c.validate_experts(*args, deterministic=det, compiling=False, **kw)
         return moe_c.problem_from_raw("moe_experts", e.raw)
     if op == "rmsnorm":

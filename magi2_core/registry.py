@@ -5,14 +5,15 @@ isolation: an entry point that fails to import, fails pluggy's hook validation, 
 spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
 with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others.
 ``MAGI2_PLUGINS`` (comma-separated entry-point names) is an allow-list, ``MAGI2_DISABLE_PLUGINS`` a
-deny-list. Loading is lazy (first use) and thread-safe.
+deny-list (both read through :mod:`magi2_core.config`); neither can remove the ``reference`` backend, and
+an allow-list naming an entry point that is not installed is a :class:`ConfigError`. Loading is lazy
+(first use) and thread-safe.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from magi2_core import config
 from magi2_core._version import CORE_API_VERSION
 from magi2_core.capability import Capability
 from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec
@@ -32,6 +34,7 @@ from magi2_core.resolution import QuarantinedPlugin
 __all__ = ["ENTRY_POINT_GROUP", "LoadedBackend", "LoadedProvider", "Registry", "get_registry"]
 
 ENTRY_POINT_GROUP = "magi2_core.backends"
+REFERENCE = "reference"  # the core's own dependency: always loaded
 log = logging.getLogger("magi2_core")
 
 
@@ -85,6 +88,7 @@ class Registry:
         self._providers: dict[OpName, list[LoadedProvider]] = {op: [] for op in OPS}
         self._bounds: dict[OpName, dict[str, tuple[int, ...]]] = {op: {} for op in OPS}
         self.generation = 0
+        self._plugin_lists: tuple[frozenset[str] | None, frozenset[str]] | None = None
         self._listeners: list[Callable[[], None]] = []
 
     # -- loading -------------------------------------------------------------------------------
@@ -100,11 +104,15 @@ class Registry:
             self._changed()
 
     def _load_entry_points(self) -> None:
-        allow = _name_list("MAGI2_PLUGINS")
-        deny = _name_list("MAGI2_DISABLE_PLUGINS")
+        allow: frozenset[str] | None = config.get("MAGI2_PLUGINS")
+        deny: frozenset[str] = config.get("MAGI2_DISABLE_PLUGINS") or frozenset()
+        self._plugin_lists = (allow, deny)
         eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+        installed = {ep.name for ep in eps}
+        for name in sorted(deny - installed):
+            log.warning("magi2_core: MAGI2_DISABLE_PLUGINS names %r, which is not an installed backend", name)
         for ep in eps:
-            if (allow is not None and ep.name not in allow) or (deny is not None and ep.name in deny):
+            if ep.name != REFERENCE and ((allow is not None and ep.name not in allow) or ep.name in deny):
                 log.info("magi2_core: backend entry point %r skipped by MAGI2_PLUGINS/MAGI2_DISABLE_PLUGINS", ep.name)
                 continue
             dist = ep.dist.name if ep.dist is not None else "?"
@@ -190,6 +198,12 @@ class Registry:
             self._loaded = False
             self._ensure_loaded()
 
+    def _config_reloaded(self) -> None:
+        """After ``reload_config()``: rediscover if the allow/deny lists this registry loaded with changed."""
+        lists = (config.get("MAGI2_PLUGINS"), config.get("MAGI2_DISABLE_PLUGINS") or frozenset())
+        if self._loaded and self._discover and lists != self._plugin_lists:
+            self.reload()
+
     # -- queries -------------------------------------------------------------------------------
     def providers(self, op: OpName) -> list[LoadedProvider]:
         """The providers of ``op`` in resolution order (priority descending, then name)."""
@@ -220,13 +234,6 @@ class Registry:
         return [str(f) for f in result]
 
 
-def _name_list(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
-    if raw is None:
-        return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
-
-
 def _check_core_api(spec: BackendSpec) -> None:
     try:
         ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
@@ -250,6 +257,7 @@ def get_registry() -> Registry:
         with _REGISTRY_LOCK:
             if _REGISTRY is None:
                 _REGISTRY = Registry()
+                config.on_reload(_REGISTRY._config_reloaded)
     return _REGISTRY
 
 

@@ -16,13 +16,14 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from magi2_core import config
 from magi2_core.capability import Capability
 from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.overrides import FAMILY, context_token, env_reader, env_vars, layered_overrides
+from magi2_core.overrides import FAMILY, context_token, layered_overrides
 from magi2_core.problem import OpName, Problem
 from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, get_registry
@@ -224,21 +225,19 @@ class Dispatcher:
     def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry or get_registry()
         self._cache: dict[tuple[Any, ...], Any] = {}
-        self._plans: dict[OpName, tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]] = {}
+        self._plans: dict[OpName, tuple[tuple[int, tuple[int, ...]], ...]] = {}
         self._registry.on_change(self.clear)
+        config.on_reload(self.clear)  # the environment's provider overrides are part of every decision
 
     def clear(self) -> None:
         self._cache.clear()
         self._plans.clear()
 
-    def _plan(
-        self, op: OpName, key_fields: Sequence[str]
-    ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]:
+    def _plan(self, op: OpName, key_fields: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
         bounds = self._registry.boundaries(op)
         buckets = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
-        plan = (buckets, env_reader(env_vars(op)))
-        self._plans[op] = plan
-        return plan
+        self._plans[op] = buckets
+        return buckets
 
     def kernel(
         self,
@@ -249,15 +248,13 @@ class Dispatcher:
         provider: str | None,
     ) -> Any:
         """The kernel object to run for this call (resolving and caching on a miss)."""
-        plan = self._plans.get(op)
-        if plan is None:
-            plan = self._plan(op, key_fields)
-        buckets, env = plan
+        buckets = self._plans.get(op)
+        if buckets is None:
+            buckets = self._plan(op, key_fields)
         key = (
             op,
             provider,
             context_token(),
-            env(),
             raw[:4],
             tuple([None if raw[i] is None else bisect_right(b, raw[i]) for i, b in buckets]) if buckets else (),
         )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 import torch
 
-from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError
+from magi2_core import config
+from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
     "describe", "device_value_checks", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
@@ -17,17 +17,22 @@ __all__ = [
 # Checks of values that live on an accelerator (expert ids in range, device prefix sums) need a host
 # sync, which a serving loop (and CUDA-graph capture) cannot afford, so they are opt-in there:
 # MAGI2_CHECK_DEVICE_VALUES=1 or set_device_value_checks(True). Host values are always checked.
-_DEVICE_VALUES = os.environ.get("MAGI2_CHECK_DEVICE_VALUES") == "1"
+# None: follow the configuration; a bool: set at run time (wins until set back to None).
+_DEVICE_VALUES: bool | None = None
 
 
 def device_value_checks() -> bool:
-    return _DEVICE_VALUES
+    return bool(config.get("MAGI2_CHECK_DEVICE_VALUES")) if _DEVICE_VALUES is None else _DEVICE_VALUES
 
 
-def set_device_value_checks(enabled: bool) -> bool:
-    """Turn host-syncing checks of device-resident values on or off; returns the previous setting."""
+def set_device_value_checks(enabled: bool | None) -> bool:
+    """Turn host-syncing checks of device-resident values on or off (``None``: back to
+    ``MAGI2_CHECK_DEVICE_VALUES``); returns the previous effective setting."""
     global _DEVICE_VALUES
-    previous, _DEVICE_VALUES = _DEVICE_VALUES, bool(enabled)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidValueError("set_device_value_checks", "enabled", "True, False or None", repr(enabled))
+    previous = device_value_checks()
+    _DEVICE_VALUES = enabled
     return previous
 
 
