@@ -4,9 +4,12 @@ Production-local shape (Hl=3, E=256, top-6, d=256, I=1280) at T in {512, 4096, 1
 12-head shape at 4096. Calls alternate between providers, a 512 MiB buffer is zeroed before every
 call (L2 flush, outside the timed region), each call is timed with device events. `--tune` sweeps
 the fused tiles first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
+`--layers N` times N distinct layers called in turn through the public op (`m2.moe_experts`, prepared
+and raw weights; eager, CUDA graph and torch.compile) against one layer repeated, with re-pack counts.
 
     PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe --out moe.json \
         --tokens 512 2048 4096 14601 --tune --stages --crossover 1 64 256 1024
+    ... python -m benchmarks.moe --out moe_layers.json --tokens 4096 14601 --layers 4 --skip-12
     (magi2_core, hence pydantic, must be importable; --dry-run checks the script on CPU.)
 """
 
@@ -29,6 +32,7 @@ import triton
 from magi2_backend_triton.moe.align import align_routes_device
 from magi2_backend_triton.moe.fused import MoEState, run_fused
 from magi2_backend_triton.moe.native import grouped_mm_moe_experts, loop_moe_experts
+from magi2_backend_triton.moe.pack import pack_count
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
 from torch import Tensor
 
@@ -224,6 +228,69 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles
     return res
 
 
+def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Warm ``fn`` up on a side stream, capture one call in a CUDA graph, return its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str, Any]:
+    """ms per MoE call when ``layers`` distinct layers run in turn through ``m2.moe_experts``."""
+    import magi2_core as m2
+
+    x, probs, idx, *_ = make_inputs(tokens, heads)
+    raw = [make_inputs(tokens, heads, seed=1000 + n)[3:] for n in range(layers)]
+    prepared = [m2.prepare_moe_weights(*w) for w in raw]
+    provider = m2.resolve("moe_experts", x, probs, idx, prepared[0]).chosen
+
+    def one_pass(weights: list[Any], det: bool = False) -> Callable[[], Any]:
+        def run() -> Any:
+            for w in weights:
+                y = m2.moe_experts(x, probs, idx, *(w if isinstance(w, tuple) else (w,)), deterministic=det)
+            return y
+
+        return run
+
+    fns: dict[str, Callable[[], Any]] = {
+        "one_layer_repeated": one_pass([prepared[0]] * layers),
+        "prepared_in_turn": one_pass(prepared),
+        "raw_in_turn": one_pass([tuple(w) for w in raw]),
+        "prepared_in_turn_deterministic": one_pass(prepared, det=True),
+    }
+    if DEV == "cuda":
+        for name in ("prepared_in_turn", "raw_in_turn"):
+            fns[name + "_graph"] = _graphed(fns[name])
+        compiled = torch.compile(fns["prepared_in_turn"], fullgraph=True)
+        fns["prepared_in_turn_compiled"] = compiled
+    for fn in fns.values():
+        fn()  # first pass: compiles, packs the raw layers' banks
+    packs0 = pack_count()
+    samples = time_alternating(fns, iters)
+    res: dict[str, Any] = {
+        "tokens": tokens, "heads": heads, "layers": layers, "provider": provider,
+        "repacks_after_first_pass": pack_count() - packs0,
+        "bytes_per_layer": {
+            "raw_tensors": sum(t.nbytes for t in raw[0]),
+            "raw_plus_cached_bank": sum(t.nbytes for t in raw[0]) + 2 * raw[0][0].nbytes,
+            "prepared": prepared[0].nbytes,
+        },
+    }  # fmt: skip
+    for name, s in samples.items():
+        res[name] = stats([v / layers for v in s])
+    base = res["prepared_in_turn"]["p50"]
+    res["deterministic_over_default"] = res["prepared_in_turn_deterministic"]["p50"] / base
+    res["in_turn_over_repeated"] = base / res["one_layer_repeated"]["p50"]
+    return res
+
+
 def crossover(heads: int, ladder: list[int], iters: int) -> list[dict[str, Any]]:
     out = []
     for t in ladder:
@@ -257,6 +324,7 @@ def main() -> None:
     p.add_argument("--crossover", type=int, nargs="*", default=[])
     p.add_argument("--skip-12", action="store_true")
     p.add_argument("--stages", action="store_true")
+    p.add_argument("--layers", type=int, default=0, help="also time N distinct layers called in turn")
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -313,6 +381,11 @@ def main() -> None:
     if a.crossover:
         report["crossover"] = crossover(3, a.crossover, 15)
         dump()
+    if a.layers:
+        report["layers_in_turn"] = []
+        for t in a.tokens:
+            report["layers_in_turn"].append(layers_in_turn(t, 3, a.layers, a.iters))
+            dump()
     print(
         f"{'T':>6} {'Hl':>3} {'fused p50':>10} {'p10-p90':>14} {'native p50':>10} {'eager p50':>10} {'x native':>8} {'floor frac':>10}"
     )
@@ -324,6 +397,10 @@ def main() -> None:
         )
     for c in report.get("crossover", []):
         print(f"crossover T={c['tokens']}: fused {c['fused_p50']:.3f} native {c['native_p50']:.3f}")
+    for r in report.get("layers_in_turn", []):
+        modes = " ".join(f"{k} {v['p50']:.3f}" for k, v in r.items() if isinstance(v, dict) and "p50" in v)
+        print(f"layers T={r['tokens']} x{r['layers']} ({r['provider']}), ms per call: {modes}; "
+              f"re-packs after first pass {r['repacks_after_first_pass']}; bytes/layer {r['bytes_per_layer']}")
 
 
 def _tiles_from(d: dict[str, Any]) -> MoETiles:

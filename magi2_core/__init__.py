@@ -23,7 +23,8 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.hookspecs import BackendSpec, hookimpl
-from magi2_core.ops import attention, moe_experts, moe_route, resolve, rmsnorm
+from magi2_core.moe_weights import PreparedMoEWeights
+from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidValueError",
     "Magi2Error",
     "NoEligibleProviderError",
+    "PreparedMoEWeights",
     "Problem",
     "Provenance",
     "ProviderNotEligibleError",
@@ -61,6 +63,7 @@ __all__ = [
     "hookimpl",
     "moe_experts",
     "moe_route",
+    "prepare_moe_weights",
     "resolve",
     "rmsnorm",
     "use",

@@ -19,13 +19,14 @@ from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
 from magi2_core.contracts import rmsnorm as norm_c
 from magi2_core.errors import InvalidValueError
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, checkpoint_views, prepare_moe_weights
 from magi2_core.problem import Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.registry import get_registry
 from magi2_core.resolution import Resolution
 from magi2_core.resolver import Dispatcher, resolve_problem
 
-__all__ = ["attention", "dispatcher", "moe_experts", "moe_route", "resolve", "rmsnorm"]
+__all__ = ["attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights", "resolve", "rmsnorm"]
 
 _DISPATCHER: Dispatcher | None = None
 
@@ -333,40 +334,57 @@ def moe_experts(
     x: torch.Tensor,
     probs: torch.Tensor,
     idx: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down: torch.Tensor,
+    w_gate: torch.Tensor | PreparedMoEWeights,
+    w_up: torch.Tensor | None = None,
+    w_down: torch.Tensor | None = None,
     *,
     deterministic: bool | None = None,
     provider: str | None = None,
 ) -> torch.Tensor:
     """Routed experts with SwiGLU7: ``x [T, Hl, d] -> y [T, Hl, d]`` in x's dtype.
 
-    ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; ``probs``/``idx`` as returned by
-    :func:`moe_route`. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
+    ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``, or one
+    :class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights` in their place;
+    ``probs``/``idx`` as returned by :func:`moe_route`. ``deterministic=None`` reads
+    ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
+    layout, weights = _weights_arg(w_gate, w_up, w_down)
     if torch.compiler.is_compiling():
-        y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider)
+        y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y
-    return _moe_experts(x, probs, idx, w_gate, w_up, w_down, det, provider, compiling=False)
+    return _moe_experts(x, probs, idx, layout, weights, det, provider, compiling=False)
+
+
+def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """The weights as (layout, tensors): what the custom op can carry through a compiled graph."""
+    if isinstance(w_gate, PreparedMoEWeights):
+        if w_up is not None or w_down is not None:
+            raise InvalidValueError(
+                "moe_experts", "w_up/w_down", "omitted when w_gate is a PreparedMoEWeights", "tensors"
+            )
+        return w_gate.layout, w_gate.tensors
+    return CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[return-value]  # validated below
 
 
 def _moe_experts(
     x: torch.Tensor,
     probs: torch.Tensor,
     idx: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down: torch.Tensor,
+    layout: str,
+    weights: Sequence[torch.Tensor],
     deterministic: bool,
     provider: str | None,
     *,
     compiling: bool,
 ) -> torch.Tensor:
+    w_gate, w_up, w_down = checkpoint_views(layout, tuple(weights))
     call = moe_c.validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=compiling)
     kernel = dispatcher().kernel("moe_experts", call.raw, moe_c.EXPERTS_KEY_FIELDS, _experts_problem, provider)
-    out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
+    # Only providers that declare the feature are resolved for deterministic calls, and only they
+    # receive the keyword (providers without it keep the plain signature).
+    kw = {"deterministic": True} if deterministic else {}
+    out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, **kw)
     if _shadow.ACTIVE:
         _shadow.observe("moe_experts", kernel, call, out)
     return out
@@ -377,13 +395,12 @@ def _moe_experts_op(
     x: torch.Tensor,
     probs: torch.Tensor,
     idx: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down: torch.Tensor,
+    weights: list[torch.Tensor],
+    layout: str,
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return _moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic, provider, compiling=True)
+    return _moe_experts(x, probs, idx, layout, weights, deterministic, provider, compiling=True)
 
 
 @_moe_experts_op.register_fake
@@ -391,9 +408,8 @@ def _(
     x: torch.Tensor,
     probs: torch.Tensor,
     idx: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down: torch.Tensor,
+    weights: list[torch.Tensor],
+    layout: str,
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
@@ -497,7 +513,10 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
     if op == "moe_experts":
         det = kw.pop("deterministic", None)
         det = config.get("MAGI2_DETERMINISTIC") if det is None else bool(det)
-        e = moe_c.validate_experts(*args, deterministic=det, compiling=False, **kw)
+        x, probs, idx, *w = args
+        w.extend(kw.pop(n, None) for n in ("w_gate", "w_up", "w_down")[len(w) :])
+        wg, wu, wd = checkpoint_views(*_weights_arg(*w))
+        e = moe_c.validate_experts(x, probs, idx, wg, wu, wd, deterministic=det, compiling=False, **kw)
         return moe_c.problem_from_raw("moe_experts", e.raw)
     if op == "rmsnorm":
         n = norm_c.validate(

@@ -26,6 +26,7 @@ __all__ = [
     "AttentionKernel",
     "Checkable",
     "MoEExpertsKernel",
+    "MoEWeightPreparer",
     "MoERouteKernel",
     "RMSNormKernel",
     "SinkRescale",
@@ -80,9 +81,30 @@ class MoEExpertsKernel(Protocol):
         w_gate: torch.Tensor,
         w_up: torch.Tensor,
         w_down: torch.Tensor,
+        *,
+        deterministic: bool = False,
     ) -> torch.Tensor:
-        """Return ``y [T, Hl, d]`` in x.dtype."""
+        """Return ``y [T, Hl, d]`` in x.dtype.
+
+        ``deterministic=True`` is passed (as a keyword, and only when asked) to providers that declare
+        the ``deterministic`` feature: the output must then be bitwise repeatable.
+        """
         ...
+
+
+@runtime_checkable
+class MoEWeightPreparer(Protocol):
+    """Optional on a ``moe_experts`` kernel object: lay one layer's weights out once, at load time.
+
+    Returns ``(layout, tensors)`` for a layout named in :mod:`magi2_core.moe_weights`. Without this
+    method the weights stay in checkpoint layout (the identity preparation). The kernel then receives
+    the checkpoint-layout views of the prepared tensors and may recognise its own layout from their
+    strides; a provider must serve any layout correctly, even one it did not prepare.
+    """
+
+    def prepare_weights(
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    ) -> tuple[str, tuple[torch.Tensor, ...]]: ...
 
 
 class RMSNormKernel(Protocol):

@@ -7,8 +7,10 @@ public op, judged by the op's rule in :mod:`magi2_core.contracts.acceptance`.
 
 What fails a case: the provider refuses a call its descriptor claims (over-claim), raises, returns
 the wrong dtype, shape or device, writes to its inputs, disagrees with the reference beyond the
-acceptance rule, or (when ``deterministic`` is asked) gives different bits on a second run; or the
-contract does not reject an invalid call with an input error.
+acceptance rule, or (when ``deterministic`` is asked) gives different bits on a second run; for
+``moe_experts``, gives different bits with weights from ``prepare_moe_weights`` or, when it declares
+``compiling``, inside ``torch.compile(fullgraph=True)``; or the contract does not reject an invalid
+call with an input error.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from magi2_core.capability import Capability
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import InvalidInputError, ProviderNotEligibleError, ResolutionError
-from magi2_core.problem import OPS, OpName, Problem
+from magi2_core.problem import OPS, Feature, OpName, Problem
 from magi2_core.registry import Registry, get_registry
 from magi2_core.resolver import resolve_problem, static_reasons
 from magi2_core.testing.cases import DEFAULT_MAX_TOKENS, Case, generate_cases
@@ -342,7 +344,36 @@ def _run_case(case: Case, cap: Capability, seed: int) -> tuple[Status, list[str]
                 raise _Failure(f"deterministic=True was asked but a second run changed '{name}' "
                                f"({int((t != again[name]).sum())} elements differ)")
         checks.append("deterministic: a second run is bitwise identical")
+    if case.op == "moe_experts":
+        checks += _moe_weight_paths(case, cap, call, got["y"])
     return "passed", checks
+
+
+def _moe_weight_paths(case: Case, cap: Capability, call: Call, y: torch.Tensor) -> list[str]:
+    """Prepared weights (the provider's own layout) and a compiled call give the eager raw bits."""
+    x, probs, idx, *weights = call.args
+    try:
+        prepared = m2.prepare_moe_weights(*weights, provider=case.provider)
+    except Exception as exc:
+        raise _Failure(f"prepare_moe_weights(provider={case.provider!r}) raised {type(exc).__name__}: {exc}") from exc
+    again = m2.moe_experts(x, probs, idx, prepared, **call.kwargs, provider=case.provider)
+    if not torch.equal(again, y):
+        raise _Failure(f"weights prepared as {prepared.layout!r} changed the output "
+                       f"({int((again != y).sum())} elements differ from the raw-weight call)")
+    checks = [f"prepared weights ({prepared.layout}) give the raw-weight bits"]
+    if Feature.COMPILING in cap.features and case.label == "base":
+        # The dynamo frontend is what the `compiling` feature is about (the op stays opaque to any
+        # backend); the eager backend keeps the check cheap.
+        def fn(*a: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = m2.moe_experts(*a, prepared, **call.kwargs, provider=case.provider)
+            return out
+
+        compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)(x, probs, idx)
+        if not torch.equal(compiled, y):
+            raise _Failure(f"inside torch.compile(fullgraph=True) the output changed "
+                           f"({int((compiled != y).sum())} elements differ from the eager call)")
+        checks.append("torch.compile(fullgraph=True) with prepared weights gives the eager bits")
+    return checks
 
 
 def run_case(case: AnyCase, kit_seed: int, cap: Capability | None = None) -> CaseResult:

@@ -17,11 +17,14 @@ def _device_types() -> tuple[str, ...]:
     return ("cuda", "musa", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda", "musa")
 
 
-# Dispatch policy of vllm-omni #7206 as data: BF16 only (dtypes), never in deterministic mode and never
-# inside torch.compile (neither feature is declared). Upstream also required T >= 4096 local tokens on
-# CUDA (measured on an H20 against its own native kernel). On the H200 the fused path beat the
-# torch-native grouped-GEMM pipeline at every token count measured, 1 to 14601
-# (benchmarks/results/moe_h200.json, "crossover"), so no token threshold is declared here.
+# Dispatch policy of vllm-omni #7206, widened where our kernel allows it: upstream serves BF16 only and
+# falls back to its native kernels in deterministic mode and inside torch.compile. Here the fallback
+# would be the eager reference, so the fused kernel serves all three float dtypes (FP32 with IEEE
+# dots), deterministic mode (a stable-sort route alignment, no float atomics anywhere) and compiled
+# graphs (per-call state is bounded caches and route buffers rewritten by every call). Upstream also
+# required T >= 4096 local tokens on CUDA (measured on an H20 against its own native kernel). On the
+# H200 the fused path beat the torch-native grouped-GEMM pipeline at every token count measured, 1 to
+# 14601 (benchmarks/results/moe_h200.json, "crossover"), so no token threshold is declared here.
 
 def providers() -> tuple[Capability, ...]:
     devices = _device_types()
@@ -32,11 +35,11 @@ def providers() -> tuple[Capability, ...]:
             impl=f"{_PKG}:triton_moe_experts",
             version=__version__,
             device_types=devices,
-            dtypes=("bfloat16",),
-            features=frozenset(),
+            dtypes=("bfloat16", "float16", "float32"),
+            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
             priority=20,
-            description="fused BF16 routed MoE: on-device route alignment, GEMM1+SwiGLU7, GEMM2 x weight, top-k sum; "
-            "not deterministic-mode, not while compiling (vllm-omni #7206 dispatch policy)",
+            description="fused routed MoE: on-device route alignment, GEMM1+SwiGLU7, GEMM2 x weight, top-k sum; "
+            "gate/up packed once by prepare_moe_weights",
         ),
         Capability(
             op="rmsnorm",

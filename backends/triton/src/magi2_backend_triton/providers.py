@@ -13,6 +13,7 @@ import torch
 import triton
 
 from magi2_backend_triton.moe.fused import fused_moe_experts
+from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason, ReasonCode
@@ -50,12 +51,18 @@ def device_reasons(device_type: str) -> list[Reason]:
 
 
 class TritonMoEExperts:
-    """The fused head-routed BF16 MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum)."""
+    """The fused head-routed MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum)."""
 
     version = triton.__version__
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
+
+    def prepare_weights(
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    ) -> tuple[str, tuple[torch.Tensor, ...]]:
+        """Pack gate/up once into the interleaved bank GEMM1 streams; w_down is read as stored."""
+        return "w13_interleaved", (pack_w13(w_gate, w_up), w_down.contiguous())
 
     def __call__(
         self,
@@ -65,8 +72,10 @@ class TritonMoEExperts:
         w_gate: torch.Tensor,
         w_up: torch.Tensor,
         w_down: torch.Tensor,
+        *,
+        deterministic: bool = False,
     ) -> torch.Tensor:
-        return fused_moe_experts(x, probs, idx, w_gate, w_up, w_down)
+        return fused_moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic)
 
 
 class TritonRMSNorm:

@@ -83,6 +83,31 @@ def align_routes(rid: Tensor, num_experts: int, buffers: RouteBuffers) -> RouteB
     return buffers
 
 
+def align_routes_stable(rid: Tensor, num_experts: int, buffers: RouteBuffers) -> RouteBuffers:
+    """The alignment without atomics, for deterministic mode: routes of one expert in route order.
+
+    A stable sort fixes every route's slot, and the counts come from the sorted order, so two runs
+    fill the buffers identically. Same contract as `align_routes`; no host synchronisation.
+    """
+    bm = buffers.block_m
+    num_routes = rid.numel()
+    device = rid.device
+    sorted_experts, order = torch.sort(rid, stable=True)
+    edges = torch.arange(num_experts + 1, device=device, dtype=rid.dtype)
+    starts = torch.searchsorted(sorted_experts, edges, out_int32=True)  # first sorted position per expert
+    counts = starts[1:] - starts[:-1]
+    padded = torch.div(counts + (bm - 1), bm, rounding_mode="floor").mul_(bm)
+    padded_end = torch.cumsum(padded, 0, dtype=torch.int32)
+    shift = (padded_end - padded) - starts[:-1]
+    dest = shift[sorted_experts.long()].long() + torch.arange(num_routes, device=device)
+    buffers.sorted_ids.fill_(num_routes)
+    buffers.sorted_ids[dest] = order.to(torch.int32)  # distinct destinations: no accumulation
+    block_starts = torch.arange(0, buffers.capacity, bm, device=device, dtype=torch.int32)
+    torch.searchsorted(padded_end, block_starts, right=True, out_int32=True, out=buffers.expert_ids)
+    buffers.num_padded.copy_(padded_end[-1:])
+    return buffers
+
+
 @triton.jit
 def _flat_expert(idx_ptr, r, mask, TK, E):
     # idx is [Hl, T, K] contiguous, so route r = (h*T + t)*K + k is its flat index and h = r // (T*K).

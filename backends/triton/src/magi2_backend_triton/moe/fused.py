@@ -1,4 +1,9 @@
-"""Launcher of the fused head-routed BF16 MoE (spec §3.4-3.5)."""
+"""Launcher of the fused head-routed MoE (spec §3.4-3.5): BF16 as upstream, FP16 and FP32 too.
+
+Host-side work per call is shape arithmetic and cache lookups: no host sync, and after the first
+call with given shapes no allocation that depends on data, so a warmed-up forward can be captured
+in a CUDA graph.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ import torch
 import triton
 from torch import Tensor
 
-from .align import RouteBuffers, align_routes_device, route_capacity
+from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_route_experts, route_capacity
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
-from .pack import PackedW13Cache
+from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
 
 
@@ -21,11 +26,15 @@ def _interpreting() -> bool:
 
 
 class MoEState:
-    """Reusable route buffers and the packed gate/up cache of one MoE layer (or of plain calls)."""
+    """Reusable route buffers and a bounded cache of packed gate/up banks for raw weights.
 
-    def __init__(self) -> None:
+    Prepared weights (views of a packed bank) bypass the cache. Layers called in turn share the route
+    buffers: they are rewritten by every call before they are read.
+    """
+
+    def __init__(self, w13_capacity: int = 8) -> None:
         self._routes: RouteBuffers | None = None
-        self.w13 = PackedW13Cache()
+        self.w13 = PackedW13Cache(w13_capacity)
         self.route_allocations = 0
 
     def route_buffers(self, num_routes: int, num_experts: int, block_m: int, device: torch.device) -> RouteBuffers:
@@ -49,6 +58,8 @@ class MoEState:
         self.w13.clear()
 
 
+# Shared by plain calls: bounded (8 raw layers' banks at most, freed with their weights). A model
+# with more layers prepares its weights (prepare_moe_weights) and never touches this cache.
 _DEFAULT_STATE = MoEState()
 
 
@@ -58,16 +69,18 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def _tiles_for(x: Tensor, num_routes: int, num_experts: int) -> MoETiles:
-    return select_tiles(x.device.type, _capability(x.device), num_routes / max(num_experts, 1))
+    return select_tiles(
+        x.device.type, _capability(x.device), num_routes / max(num_experts, 1), wide=x.dtype == torch.float32
+    )
 
 
 @dataclass
 class FusedRun:
     """Everything one forward produced; the intermediates are exposed for stage tests."""
 
-    y: Tensor  # [T, Hl, d] bf16
-    inter: Tensor | None  # [capacity, I] bf16 by aligned slot (rows of sentinel slots unwritten)
-    routed: Tensor | None  # [R, d] bf16 per route, r = (h*T + t)*K + k
+    y: Tensor  # [T, Hl, d] in x's dtype
+    inter: Tensor | None  # [capacity, I] by aligned slot (rows of sentinel slots unwritten)
+    routed: Tensor | None  # [R, d] per route, r = (h*T + t)*K + k
     buffers: RouteBuffers | None
 
 
@@ -80,13 +93,16 @@ def fused_moe_experts(
     w_down: Tensor,
     *,
     state: MoEState | None = None,
+    deterministic: bool = False,
 ) -> Tensor:
-    """y[t,h] = sum_k bf16(p[h,t,k] * (bf16(SwiGLU7(x[t,h] W_gate[f], x[t,h] W_up[f])) W_down[f])).
+    """y[t,h] = sum_k rd(p[h,t,k] * (rd(SwiGLU7(x[t,h] W_gate[f], x[t,h] W_up[f])) W_down[f])).
 
-    x [T, Hl, d] bf16; probs [Hl, T, K] fp32; idx [Hl, T, K] int per-head expert ids; weights
-    [Hl*E, d, I] / [Hl*E, I, d] bf16. Inputs are validated by the caller. No host sync.
+    rd rounds to x's dtype (BF16, FP16 or FP32); products accumulate in FP32. x [T, Hl, d];
+    probs [Hl, T, K] fp32; idx [Hl, T, K] int per-head expert ids; weights [Hl*E, d, I] /
+    [Hl*E, I, d] in x's dtype, gate/up possibly views of a packed bank. Inputs are validated by the
+    caller. No host sync. ``deterministic``: slots ordered by a stable sort instead of atomics.
     """
-    return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state).y
+    return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, deterministic=deterministic).y
 
 
 def run_fused(
@@ -99,6 +115,7 @@ def run_fused(
     *,
     state: MoEState | None = None,
     tiles: MoETiles | None = None,
+    deterministic: bool = False,
 ) -> FusedRun:
     """The forward of `fused_moe_experts`, with an explicit tile override and its intermediates."""
     state = _DEFAULT_STATE if state is None else state
@@ -106,12 +123,15 @@ def run_fused(
     topk = idx.shape[2]
     num_experts = w_gate.shape[0]
     inter_dim = w_gate.shape[2]
-    y = torch.empty((num_tokens, heads, d), dtype=torch.bfloat16, device=x.device)
+    dtype = x.dtype
+    y = torch.empty((num_tokens, heads, d), dtype=dtype, device=x.device)
     num_routes = heads * num_tokens * topk
     if num_routes == 0:
         return FusedRun(y.zero_(), None, None, None)
     tiles = tiles or _tiles_for(x, num_routes, num_experts)
     interp = _interpreting()
+    upcast = interp or dtype == torch.float32  # FP32: IEEE dots (the default would be TF32)
+    rne = interp and dtype == torch.bfloat16
     x = x.contiguous() if x.stride(2) != 1 else x
     w_down = w_down.contiguous()
     probs_flat = probs.reshape(-1).to(torch.float32)
@@ -123,28 +143,38 @@ def run_fused(
     # The alignment's row block must be the block of the kernels that read it.
     block_m = single.block_m if single is not None else tiles.gemm1.block_m
     bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
-    align_routes_device(idx, num_experts // heads, bufs)
+    if deterministic:
+        # Every route's output is computed by the same fixed-order program wherever it sits, but a
+        # stable sort also fixes which slot it sits in, so two runs execute identically.
+        align_routes_stable(flat_route_experts(idx, num_experts // heads), num_experts, bufs)
+    else:
+        align_routes_device(idx, num_experts // heads, bufs)
     num_blocks_m = bufs.capacity // block_m
 
-    if tiles.packed_w13:
+    # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
+    # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
+    w13 = interleaved_bank(w_gate, w_up)
+    if w13 is None and (tiles.packed_w13 or not (w_gate.is_contiguous() and w_up.is_contiguous())):
         w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
+    if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
     else:
         wg, wu = w_gate.contiguous(), w_up.contiguous()
         w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
 
-    routed = torch.empty((num_routes, d), dtype=torch.bfloat16, device=x.device)
+    routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
     inter: Tensor | None = None
     if single is not None:
         fused_expert_kernel[(num_blocks_m,)](
             x, wg, wu, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
             num_tokens, num_routes, x.stride(0), x.stride(1), *w_strides,
             D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=single.block_m, BLOCK_I=single.block_n,
-            INTERLEAVED=tiles.packed_w13 and tiles.interleaved_dot, UPCAST_DOT=interp, EXPLICIT_RNE=interp, num_warps=single.num_warps, num_stages=single.num_stages,
+            INTERLEAVED=w13 is not None and tiles.interleaved_dot, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
+            num_warps=single.num_warps, num_stages=single.num_stages,
         )  # fmt: skip
     else:
-        inter = torch.empty((bufs.capacity, inter_dim), dtype=torch.bfloat16, device=x.device)
+        inter = torch.empty((bufs.capacity, inter_dim), dtype=dtype, device=x.device)
         t1 = tiles.gemm1
         grid1 = (num_blocks_m * triton.cdiv(inter_dim, t1.block_n),)
         gemm1_swiglu7_kernel[grid1](
@@ -152,7 +182,7 @@ def run_fused(
             num_tokens, num_routes, num_blocks_m,
             x.stride(0), x.stride(1), *w_strides,
             D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k,
-            GROUP_M=t1.group_m, UPCAST_DOT=interp, EXPLICIT_RNE=interp,
+            GROUP_M=t1.group_m, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
             num_warps=t1.num_warps, num_stages=t1.num_stages,
         )  # fmt: skip
         t2 = tiles.gemm2
@@ -161,7 +191,7 @@ def run_fused(
             inter, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
             num_routes, num_blocks_m,
             D=d, INTER=inter_dim, BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k,
-            GROUP_M=t2.group_m, UPCAST_DOT=interp, EXPLICIT_RNE=interp,
+            GROUP_M=t2.group_m, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
             num_warps=t2.num_warps, num_stages=t2.num_stages,
         )  # fmt: skip
 
@@ -169,6 +199,6 @@ def run_fused(
     block_r = 16 if interp else 8
     topk_sum_kernel[(triton.cdiv(rows, block_r),)](
         routed, y, rows, num_tokens, y.stride(0), y.stride(1),
-        D=d, TOPK=topk, BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(d), EXPLICIT_RNE=interp,
+        D=d, TOPK=topk, BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(d), EXPLICIT_RNE=rne,
     )  # fmt: skip
     return FusedRun(y, inter, routed, bufs)

@@ -4,10 +4,14 @@ Rows are "slots" of the aligned route list (see align.py): slot s holds route r 
 (or the sentinel R), and every row block belongs to one flat expert expert_ids[block]. Blocks
 at or past the padded count exit at once, so the grid can be sized from the host-side upper bound.
 
+Activations and weights are BF16, FP16 or FP32 (one dtype per call); every rounding named by the
+contract is a cast to that dtype (the identity for FP32), accumulators are FP32.
+
 Two Triton-interpreter traps are handled by constexpr flags set only under TRITON_INTERPRET=1:
 UPCAST_DOT (the interpreter multiplies raw bf16 bits in tl.dot; fp32 operands are exact since
 bf16 products fit in fp32) and EXPLICIT_RNE (its fp32->bf16 cast truncates; we round to nearest
-even by hand first so the stored bf16 values match the GPU's).
+even by hand first so the stored bf16 values match the GPU's). UPCAST_DOT is also set for FP32
+activations on the GPU: it selects IEEE FP32 dots, where the default would be TF32.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _to_bf16(x, EXPLICIT_RNE: tl.constexpr):
+def _rne(x, EXPLICIT_RNE: tl.constexpr):
+    # FP32 rounded to the nearest BF16 value (ties to even), still as FP32; the caller's cast to the
+    # storage dtype is then exact. Only set for BF16 outputs under the interpreter.
     if EXPLICIT_RNE:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         x = bits.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
+    return x
 
 
 @triton.jit
@@ -108,7 +114,7 @@ def gemm1_swiglu7_kernel(
     u = tl.minimum(tl.maximum(acc_u, -7.0), 7.0)
     m = g * tl.sigmoid(1.702 * g) * (u + 1.0)
     out_ptrs = inter_ptr + slots.to(tl.int64)[:, None] * INTER + offs_n[None, :]
-    tl.store(out_ptrs, _to_bf16(m, EXPLICIT_RNE), mask=valid[:, None] & mask_n[None, :])
+    tl.store(out_ptrs, _rne(m, EXPLICIT_RNE).to(inter_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -160,7 +166,7 @@ def gemm2_weighted_kernel(
     w = tl.load(probs_ptr + routes, mask=valid, other=0.0)
     r = acc * w[:, None]
     out_ptrs = out_ptr + routes.to(tl.int64)[:, None] * D + offs_n[None, :]
-    tl.store(out_ptrs, _to_bf16(r, EXPLICIT_RNE), mask=valid[:, None] & mask_n[None, :])
+    tl.store(out_ptrs, _rne(r, EXPLICIT_RNE).to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -189,7 +195,7 @@ def topk_sum_kernel(
     head = rows // num_tokens
     tok = rows - head * num_tokens
     dst = y_ptr + tok.to(tl.int64)[:, None] * stride_yt + head.to(tl.int64)[:, None] * stride_yh + offs_d[None, :]
-    tl.store(dst, _to_bf16(acc, EXPLICIT_RNE), mask=mask)
+    tl.store(dst, _rne(acc, EXPLICIT_RNE).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -271,7 +277,7 @@ def fused_expert_kernel(
                 u = tl.dot(a, bu)
         g = tl.minimum(g, 7.0)
         u = tl.minimum(tl.maximum(u, -7.0), 7.0)
-        m = _to_bf16(g * tl.sigmoid(1.702 * g) * (u + 1.0), EXPLICIT_RNE)
+        m = _rne(g * tl.sigmoid(1.702 * g) * (u + 1.0), EXPLICIT_RNE).to(wd_ptr.dtype.element_ty)
         bd = tl.load(d_ptrs)
         if UPCAST_DOT:
             acc = tl.dot(m.to(tl.float32), bd.to(tl.float32), acc, input_precision="ieee")
@@ -283,4 +289,4 @@ def fused_expert_kernel(
 
     w = tl.load(probs_ptr + routes, mask=valid, other=0.0)
     out_ptrs = out_ptr + routes.to(tl.int64)[:, None] * D + offs_d[None, :]
-    tl.store(out_ptrs, _to_bf16(acc * w[:, None], EXPLICIT_RNE), mask=valid[:, None])
+    tl.store(out_ptrs, _rne(acc * w[:, None], EXPLICIT_RNE).to(out_ptr.dtype.element_ty), mask=valid[:, None])

@@ -67,14 +67,25 @@ _H200: tuple[tuple[float, MoETiles], ...] = (
     (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True)),  # T=4096, 14601
 )
 
+# FP32 activations: IEEE FP32 dots (no tensor cores) with twice the bytes per element, so small
+# two-kernel tiles that stay well inside shared memory and registers on every target.
+_FP32 = MoETiles(GemmTile(32, 64, 32, 4, 2), GemmTile(32, 64, 32, 4, 2))
+
 # CPU runs only under TRITON_INTERPRET=1 (tests): the smallest legal tiles keep it quick.
 _INTERPRETER = MoETiles(GemmTile(16, 16, 16, 4, 1), GemmTile(16, 16, 16, 4, 1))
 
 
-def select_tiles(device_type: str, capability: tuple[int, int] | None, routes_per_expert: float) -> MoETiles:
-    """Pick the tiles for one call; a host-side decision from shapes only (no device sync)."""
+def select_tiles(
+    device_type: str, capability: tuple[int, int] | None, routes_per_expert: float, *, wide: bool = False
+) -> MoETiles:
+    """Pick the tiles for one call; a host-side decision from shapes only (no device sync).
+
+    ``wide``: 4-byte (FP32) activations; 2-byte ones (BF16, FP16) share the measured table.
+    """
     if device_type == "cpu":
         return _INTERPRETER
+    if wide:
+        return _FP32
     if device_type == "musa":
         return _UPSTREAM_MUSA
     if device_type == "cuda" and capability is not None and capability[0] == 9:
