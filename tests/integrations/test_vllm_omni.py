@@ -25,7 +25,6 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -460,3 +459,90 @@ def test_moe_refuses_routing_it_does_not_compute() -> None:
     cfg = integ.Magi2MultiHeadMoEConfig(64, 4, 8, 2, 32, torch.float32, score_func="softmax")
     with pytest.raises(m2.InvalidValueError, match="sigmoid"):
         integ.Magi2MultiHeadMoE(cfg, ep_group=integ.EPGroup())
+
+
+# ---------------------------------------------------------------------------------------------
+# weight preparation: the parameters live on the prepared storage
+# ---------------------------------------------------------------------------------------------
+class _InterleavingPreparer:
+    """``prepare_moe_weights`` as a packing provider does it (the ``w13_interleaved`` layout), with
+    the exact CPU reference left to compute: the layer's bookkeeping is under test, not a kernel."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> m2.PreparedMoEWeights:
+        self.calls += 1
+        f, d, i = w_gate.shape
+        w13 = torch.stack((w_gate.detach().transpose(1, 2), w_up.detach().transpose(1, 2)), dim=2).reshape(f, 2 * i, d)
+        return m2.PreparedMoEWeights.from_layout("reference", "w13_interleaved", (w13.contiguous(), w_down.detach()))
+
+
+def _plain_output(state: dict[str, torch.Tensor], x: torch.Tensor, group: integ.EPGroup) -> torch.Tensor:
+    layer = integ.Magi2MultiHeadMoE(_MOE_CFG, ep_group=group)
+    layer.load_state_dict(state)
+    return layer(x)
+
+
+_MOE_CFG = integ.Magi2MultiHeadMoEConfig(48, 3, 8, 2, 24, torch.bfloat16, route_scale=4.9)
+
+
+@torch.no_grad()
+def test_moe_parameters_are_views_of_the_prepared_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    single = integ.EPGroup()
+    state = {
+        n: (torch.randn(t.shape, dtype=torch.float64) * 0.4).to(t.dtype)
+        for n, t in integ.Magi2MultiHeadMoE(_MOE_CFG, ep_group=single).state_dict().items()
+    }
+    x = torch.randn(21, 48, dtype=torch.float64).bfloat16()
+    want = _plain_output(state, x, single)
+
+    preparer = _InterleavingPreparer()
+    monkeypatch.setattr(integ.moe.ops, "prepare_moe_weights", preparer)
+    layer = integ.Magi2MultiHeadMoE(_MOE_CFG, ep_group=single)
+    layer.load_state_dict(state)
+    assert preparer.calls == 2  # at construction and after the load
+    # one storage holds gate and up: no second copy
+    assert layer.W_gate.untyped_storage().data_ptr() == layer.W_up.untyped_storage().data_ptr()
+    assert not layer.W_gate.is_contiguous()
+    assert torch.equal(layer(x), want)
+    saved = layer.state_dict()
+    assert all(saved[n].is_contiguous() and torch.equal(saved[n], state[n]) for n in state)
+
+    # vllm-omni's loader copies in place: the prepared layout is filled directly, nothing re-packs
+    prepared = layer._prepared
+    new_up = (torch.randn(state["W_up"].shape, dtype=torch.float64) * 0.4).bfloat16()
+    layer.W_up.copy_(new_up)
+    got = layer(x)
+    assert layer._prepared is prepared
+    assert torch.equal(got, _plain_output({**state, "W_up": new_up}, x, single))
+    # a loader that re-seats a parameter is noticed by the next forward
+    new_down = (torch.randn(state["W_down"].shape, dtype=torch.float64) * 0.4).bfloat16()
+    layer.W_down.data = new_down.clone()
+    got = layer(x)
+    assert layer._prepared is not prepared
+    assert torch.equal(got, _plain_output({**state, "W_up": new_up, "W_down": new_down}, x, single))
+    # a dtype move prepares again, onto one storage again
+    calls = preparer.calls
+    layer.to(torch.float32)
+    assert preparer.calls == calls + 1 and layer.W_gate.dtype == torch.float32
+    assert layer.W_gate.untyped_storage().data_ptr() == layer.W_up.untyped_storage().data_ptr()
+
+
+@torch.no_grad()
+def test_moe_phantom_heads_use_only_the_real_rows_of_the_prepared_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 heads on 2 ranks, tensor-parallel layout (no exchange): rank 1 owns head 2 and a phantom head."""
+    full = {
+        n: (torch.randn(t.shape, dtype=torch.float64) * 0.4).to(t.dtype)
+        for n, t in integ.Magi2MultiHeadMoE(_MOE_CFG, ep_group=integ.EPGroup()).state_dict().items()
+    }
+    x = torch.randn(16, 48, dtype=torch.float64).bfloat16()
+    want = _plain_output(full, x, integ.EPGroup())[:, 32:48]
+
+    monkeypatch.setattr(integ.moe.ops, "prepare_moe_weights", _InterleavingPreparer())
+    rank1 = integ.Magi2MultiHeadMoE(_MOE_CFG, ep_group=integ.EPGroup(None, 2, 1, replicated_sequence=True))
+    rank1.load_state_dict({n: rank1.ep_slice(t) for n, t in full.items()})
+    assert rank1.real_local_heads == 1 and rank1.local_num_heads == 2
+    local = torch.cat((x[:, 32:48], torch.zeros(16, 16, dtype=torch.bfloat16)), dim=1)
+    y = rank1(local)
+    assert torch.equal(y[:, :16], want) and not y[:, 16:].any()

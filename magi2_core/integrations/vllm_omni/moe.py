@@ -16,14 +16,22 @@ checkpoint's), with the flattened ``(head, expert)`` axis first:
 parallelism shards the heads: each rank holds ``Hl = ceil(H / EP)`` heads' rows
 (:func:`magi2_core.distributed.ep_slice`); heads past H are zero "phantom" heads that are never
 computed.
+
+The expert weights are laid out once for the provider that serves them
+(:func:`magi2_core.prepare_moe_weights`): at construction, after ``load_state_dict`` and after a
+device or dtype move. ``W_gate``/``W_up`` then become views of the prepared storage, so vllm-omni's
+loader, which copies the checkpoint into the parameters in place, fills the prepared layout directly
+and no second copy exists. A loader that re-seats a parameter (``param.data = ...``, as mmap and
+offloading loaders may) is noticed on the next forward, which prepares again.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -33,6 +41,7 @@ from magi2_core import config as m2_config
 from magi2_core import ops
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 
 __all__ = ["EPGroup", "Magi2MultiHeadMoE", "Magi2MultiHeadMoEConfig", "MoEConfigLike", "ParallelGroupLike"]
 
@@ -180,6 +189,51 @@ class Magi2MultiHeadMoE(nn.Module):
         for name in self._EP_SHARDED_PARAMETER_NAMES:
             # vllm-omni's direct-mmap loader slices each checkpoint tensor through this hook.
             self.get_parameter(name).mmap_weight_transform = self.ep_slice  # type: ignore[attr-defined]
+        self._prepared: PreparedMoEWeights | None = None
+        self._prepared_ptrs: tuple[int, ...] = ()
+        self.prepare_weights()
+        self.register_load_state_dict_post_hook(_prepare_after_load)  # type: ignore[no-untyped-call]
+        self._register_state_dict_hook(_checkpoint_layout)  # type: ignore[no-untyped-call]
+
+    def _weight_ptrs(self) -> tuple[int, ...]:
+        return (self.W_gate.data_ptr(), self.W_up.data_ptr(), self.W_down.data_ptr())
+
+    def prepare_weights(self) -> PreparedMoEWeights | None:
+        """Lay ``W_gate``/``W_up``/``W_down`` out for the provider that serves them, in their place.
+
+        Runs by itself at construction, after ``load_state_dict``, after ``.to()`` and whenever a
+        forward finds a parameter re-seated; in-place updates need no call. Returns None on the
+        meta device (nothing to lay out until the weights are materialised).
+        """
+        if self.W_gate.device.type == "meta":
+            self._prepared, self._prepared_ptrs = None, ()
+            return None
+        prepared = ops.prepare_moe_weights(self.W_gate, self.W_up, self.W_down)
+        if prepared.layout != CHECKPOINT:
+            # The parameters (same objects) now live on the prepared storage as views of it: the old
+            # tensors are freed, so no second copy of gate/up stays alive.
+            self.W_gate.data, self.W_up.data, self.W_down.data = prepared.w_gate, prepared.w_up, prepared.w_down
+        if self._real_rows != self.local_flatten_num_experts:
+            # Phantom heads' rows are never computed: keep views of the real rows only (dim 0 is the
+            # flattened (head, expert) axis in every layout).
+            prepared = PreparedMoEWeights.from_layout(
+                prepared.provider, prepared.layout, tuple(t[: self._real_rows] for t in prepared.tensors)
+            )
+        self._prepared, self._prepared_ptrs = prepared, self._weight_ptrs()
+        return prepared
+
+    def _current_prepared(self) -> PreparedMoEWeights:
+        prepared = self._prepared
+        if prepared is None or self._weight_ptrs() != self._prepared_ptrs:
+            prepared = self.prepare_weights()
+            if prepared is None:
+                raise InvalidValueError(_OP, "weights", "materialised (not on the meta device)", "meta tensors")
+        return prepared
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Magi2MultiHeadMoE:
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        self.prepare_weights()  # a move turns the views into plain tensors: lay them out again
+        return self
 
     def ep_slice(self, checkpoint_tensor: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full ``[H·E, ...]`` checkpoint tensor (already-local tensors pass).
@@ -206,9 +260,8 @@ class Magi2MultiHeadMoE(nn.Module):
         )
 
     def _router_bias(self) -> torch.Tensor:
-        if m2_config.get("MAGI2_ROUTER_BIAS_SOURCE") == "main":
-            return self.router.expert_bias
-        return self.router.expert_bias_ema
+        name = "expert_bias" if m2_config.get("MAGI2_ROUTER_BIAS_SOURCE") == "main" else "expert_bias_ema"
+        return cast(torch.Tensor, getattr(self.router, name))
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t if self._real_rows == t.shape[0] else t[: self._real_rows]
@@ -224,9 +277,7 @@ class Magi2MultiHeadMoE(nn.Module):
             top_k=self.top_k,
             route_scale=self.config.route_scale,
         )
-        return ops.moe_experts(
-            x_heads, probs, idx, self._rows(self.W_gate), self._rows(self.W_up), self._rows(self.W_down)
-        )
+        return ops.moe_experts(x_heads, probs, idx, self._current_prepared())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, H·d]`` -> ``[T, H·d]``; under tensor parallelism ``[T, Hl·d]`` -> ``[T, Hl·d]``."""
@@ -258,3 +309,16 @@ class Magi2MultiHeadMoE(nn.Module):
             f"experts={self.num_experts}, top_k={self.top_k}, d={self.d_head}, I={self.d_expert}, "
             f"ep={self.ep_group.rank}/{self.ep_group.world_size}"
         )
+
+
+def _prepare_after_load(module: nn.Module, _incompatible: object) -> None:
+    assert isinstance(module, Magi2MultiHeadMoE)
+    module.prepare_weights()  # a plain load copied into the prepared views; assign=True replaced them
+
+
+def _checkpoint_layout(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Mapping[str, Any]) -> None:
+    # W_gate/W_up may be strided views of a packed bank; a checkpoint holds plain tensors.
+    for name in ("W_gate", "W_up", "W_down"):
+        t = state.get(prefix + name)
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            state[prefix + name] = t.contiguous()
