@@ -92,8 +92,8 @@ def test_set_device_value_checks_takes_booleans_only() -> None:
     try:
         assert device_value_checks() is True
     finally:
-        m2.set_device_value_checks(None)
-    assert device_value_checks() is previous
+        assert m2.set_device_value_checks(previous) is True
+    assert device_value_checks() is (config.get("MAGI2_CHECK_DEVICE_VALUES") if previous is None else previous)
 
 
 def test_disabling_everything_still_leaves_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,14 +25,13 @@ def device_value_checks() -> bool:
     return bool(config.get("MAGI2_CHECK_DEVICE_VALUES")) if _DEVICE_VALUES is None else _DEVICE_VALUES
 
 
-def set_device_value_checks(enabled: bool | None) -> bool:
-    """Turn host-syncing checks of device-resident values on or off (``None``: back to
-    ``MAGI2_CHECK_DEVICE_VALUES``); returns the previous effective setting."""
+def set_device_value_checks(enabled: bool | None) -> bool | None:
+    """Turn host-syncing checks of device-resident values on or off (``None``: follow
+    ``MAGI2_CHECK_DEVICE_VALUES``); returns the previous setting, which restores it when passed back."""
     global _DEVICE_VALUES
     if enabled is not None and not isinstance(enabled, bool):
         raise InvalidValueError("set_device_value_checks", "enabled", "True, False or None", repr(enabled))
-    previous = device_value_checks()
-    _DEVICE_VALUES = enabled
+    previous, _DEVICE_VALUES = _DEVICE_VALUES, enabled
     return previous
 
 
