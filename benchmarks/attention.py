@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import torch
 
 import magi2_core as m2
+from benchmarks._common import env_record, stats, time_alternating, time_loop
 from magi2_core.registry import get_registry
 from magi2_core.sinks import sink_correction
 
@@ -64,49 +63,6 @@ def ensure_backends() -> None:
             return m2.BackendSpec(name="bench-fa3-norules", version="0", core_api=">=1.0,<2", providers=(unruled,))
 
     reg.register(NoRules(), name="bench_fa3_norules")
-
-
-def stats(ms: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(ms, n=10) if len(ms) >= 2 else [ms[0]] * 9
-    return {"p10": q[0], "p50": statistics.median(ms), "p90": q[-1], "n": len(ms)}
-
-
-_FLUSH: torch.Tensor | None = None
-
-
-def time_event(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    names = list(fns)
-    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {n: [] for n in names}
-    for r in range(reps):
-        order = names if r % 2 == 0 else names[::-1]
-        for n in order:
-            _FLUSH.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[n]()
-            e.record()
-            events[n].append((s, e))
-    torch.cuda.synchronize()
-    return {n: [s.elapsed_time(e) for s, e in ev] for n, ev in events.items()}
-
-
-def time_loop(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    names = list(fns)
-    for r in range(reps):
-        for n in names if r % 2 == 0 else names[::-1]:
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(LOOP):
-                fns[n]()
-            e.record()
-            torch.cuda.synchronize()
-            out[n].append(s.elapsed_time(e) / LOOP)
-    return out
 
 
 def flops(lengths: list[int]) -> float:
@@ -173,8 +129,8 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool)
     o_raw, lse_raw = abi.varlen(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
                                 softmax_scale=scale, causal=False, **{abi.lse_flag: True})[:2]
     o_ref, _ = sink_correction(o_raw, lse_raw, sink, rescale="fp32")
-    ev = time_event(fns, reps)
-    lp = time_loop(fns, loop_reps)
+    ev = time_alternating(fns, reps, warmup=0)
+    lp = time_loop(fns, loop_reps, LOOP)
     f = flops(lengths)
     out: dict[str, Any] = {
         "segments": lengths if len(lengths) <= 8 else f"{len(lengths)}x{lengths[0]}", "tokens": t, "flops": f,
@@ -205,8 +161,7 @@ def main() -> None:
 
     t0 = time.time()
     results: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+        **env_record(),
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
         "sink_correction": fa3_attention.sink_correction.name, "sink_correction_detail": fa3_attention.sink_correction.detail,
         "rules_in_descriptor": [r.model_dump(mode="json") for r in SHORT_SEQUENCE_RULES], "heads": H, "head_dim": D,

@@ -25,8 +25,6 @@ import importlib
 import json
 import math
 import os
-import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from benchmarks._common import git_commit, stats
 
 # NVLink multicast must stay off on the shared H200 hosts (device KINDS.md): forced, not defaulted.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -115,8 +115,7 @@ def staged(clock: Clock, stages: list[tuple[str, Callable[[Any], Any]]]) -> tupl
 
 
 def summary(ms: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(ms, n=10) if len(ms) >= 2 else [ms[0]] * 9
-    return {"p10": q[0], "p50": statistics.median(ms), "p90": q[-1], "n": len(ms)}
+    return stats(ms)
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
@@ -280,15 +279,6 @@ def worker(rank: int, world: int, store: str, args: argparse.Namespace) -> None:
             report(world, args, shapes, dev, gathered)
     finally:
         dist.destroy_process_group()
-
-
-def git_commit() -> str:
-    if os.environ.get("MAGI2_GIT_COMMIT"):
-        return os.environ["MAGI2_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, ranks: list[dict[str, Any]]) -> None:

@@ -20,9 +20,7 @@ import functools
 import json
 import math
 import os
-import statistics
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -35,6 +33,8 @@ from magi2_backend_triton.moe.native import grouped_mm_moe_experts, loop_moe_exp
 from magi2_backend_triton.moe.pack import pack_count
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
 from torch import Tensor
+
+from benchmarks import _common
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the spec's names
 DEV = "cuda"
@@ -70,49 +70,12 @@ def rel_l2(a: Tensor, b: Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-_FLUSH: Tensor | None = None
-
-
 def time_alternating(fns: dict[str, Callable[[], Any]], iters: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Device-event milliseconds per call, calls interleaved A,B,..,B,A, L2 flushed before each."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(512 * 2**20 if DEV == "cuda" else 1024, dtype=torch.uint8, device=DEV)
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    names = list(fns)
-    out: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(iters):
-        for n in names if i % 2 == 0 else reversed(names):
-            _FLUSH.zero_()
-            if DEV != "cuda":  # CPU dry run of the script's logic only
-                t0 = time.perf_counter()
-                fns[n]()
-                out[n].append((time.perf_counter() - t0) * 1e3)
-                continue
-            start, end = (
-                torch.cuda.Event(enable_timing=True),
-                torch.cuda.Event(enable_timing=True),
-            )
-            start.record()
-            fns[n]()
-            end.record()
-            torch.cuda.synchronize()
-            out[n].append(start.elapsed_time(end))
-    return out
+    """Device-event milliseconds per call, calls rotating, a 512 MiB buffer zeroed before each (L2 flush)."""
+    return _common.time_alternating(fns, iters, warmup=warmup, device=DEV, flush_bytes=512 * 2**20)
 
 
-def stats(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
-    return {
-        "p50": statistics.median(s),
-        "p10": q[0],
-        "p90": q[-1],
-        "min": s[0],
-        "n": len(s),
-    }
+stats = _common.stats
 
 
 def two_kernel_candidates(tokens: int) -> list[MoETiles]:

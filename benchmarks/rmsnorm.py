@@ -8,8 +8,7 @@ alternating call by call, each call after an L2 flush (a 256 MiB buffer zeroed),
 events after warm-up. Bandwidth = (bytes of x read + bytes of y written + weight) / time, reported
 as TB/s and as a fraction of the measured copy ceiling (4.27 TB/s on the H200, 2026-11-30; the copy
 is re-measured in the run too). ``--sweep`` times alternative tile configs of the fused kernel.
-
-This module also holds the timing helpers that ``benchmarks/sink_correction.py`` uses.
+Timing, flush, statistics and the environment record come from ``benchmarks/_common.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,70 +25,25 @@ import triton
 from magi2_backend_triton import rmsnorm as rms_mod
 from magi2_backend_triton.rmsnorm import triton_rmsnorm
 
+from benchmarks._common import env_record, stats, time_alternating
+
 COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (DESIGN.md, 2026-11-30)
 EPS = 1e-6
 
-_flush_buf: torch.Tensor | None = None
-
-
-def flush_l2() -> None:
-    """Zero 256 MiB so the next call finds none of its data in the 60 MB L2."""
-    global _flush_buf
-    if _flush_buf is None:
-        _flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    _flush_buf.zero_()
-
-
-def time_alternating(fns: dict[str, Callable[[], object]], iters: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Milliseconds per call of each fn; calls alternate A, B, C, ... with an L2 flush before each."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {k: [] for k in fns}
-    names = list(fns)
-    for i in range(iters):
-        # Rotate the order so no variant always runs right after the flush of the same neighbour.
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            flush_l2()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name]()
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize()
-    return {k: [s.elapsed_time(e) for s, e in v] for k, v in events.items()}
-
-
 def summarize(ms: Sequence[float], nbytes: int) -> dict[str, float]:
-    q = statistics.quantiles(ms, n=10)
-    p50 = statistics.median(ms)
-    tbs = nbytes / (p50 * 1e-3) / 1e12
+    st = stats(ms)
+    tbs = nbytes / (st["p50"] * 1e-3) / 1e12
     return {
-        "p10_ms": q[0],
-        "p50_ms": p50,
-        "p90_ms": q[-1],
+        "p10_ms": st["p10"],
+        "p50_ms": st["p50"],
+        "p90_ms": st["p90"],
         "tb_s": tbs,
         "frac_copy_ceiling": tbs / COPY_CEILING_TBS,
     }
 
 
 def env_info() -> dict[str, Any]:
-    commit = os.environ.get("MAGI2_GIT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
-    return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "git_commit": commit,
-        "copy_ceiling_tb_s_reference": COPY_CEILING_TBS,
-    }
+    return {**env_record(), "copy_ceiling_tb_s_reference": COPY_CEILING_TBS}
 
 
 def measure_copy_tbs(nbytes: int = 2 * 1024**3, iters: int = 10) -> float:
@@ -99,7 +51,7 @@ def measure_copy_tbs(nbytes: int = 2 * 1024**3, iters: int = 10) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
     ms = time_alternating({"copy": lambda: dst.copy_(src)}, iters)["copy"]
-    return nbytes / (statistics.median(ms) * 1e-3) / 1e12
+    return nbytes / (stats(ms)["p50"] * 1e-3) / 1e12
 
 
 def composite(

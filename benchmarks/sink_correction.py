@@ -5,8 +5,8 @@
 o ``[T, 24, 128]`` BF16, lse ``[24, T]`` FP32, one sink (production). T: 16×256 = 4096 (the
 launch-bound case), 8×1024, 2×14601, 32768 (the correction does not care about segments; only T
 matters). Bytes = o read + o' written + lse read; TB/s is compared with a device copy of o (same
-bytes minus the LSE) timed in the same run and with the 4.27 TB/s ceiling. Timing as in
-``benchmarks/rmsnorm.py``: alternating calls, L2 flushed before each, CUDA events, p50 and p10/p90.
+bytes minus the LSE) timed in the same run and with the 4.27 TB/s ceiling. Timing from
+``benchmarks/_common.py``: alternating calls, L2 flushed before each, CUDA events, p50 and p10/p90.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import triton
 from magi2_backend_triton import sink_correction as sink_mod
 from magi2_backend_triton.sink_correction import triton_sink_correction
 
-from benchmarks.rmsnorm import env_info, summarize, time_alternating
+from benchmarks._common import time_alternating
+from benchmarks.rmsnorm import env_info, summarize
 
 H, D = 24, 128
 SHAPES = [("16x256", 4096), ("8x1024", 8192), ("2x14601", 29202), ("1x32768", 32768)]

@@ -20,6 +20,7 @@ from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     ResolutionError,
+    StrictModeError,
     UnknownProviderError,
 )
 from magi2_core.hookspecs import BackendSpec, hookimpl
@@ -29,6 +30,7 @@ from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolution import Candidate, Reason, ReasonCode, Resolution, Verdict
+from magi2_core.strict import set_strict
 
 __all__ = [
     "CORE_API_VERSION",
@@ -55,6 +57,7 @@ __all__ = [
     "Resolution",
     "ResolutionError",
     "Rule",
+    "StrictModeError",
     "UnknownProviderError",
     "Verdict",
     "__version__",
@@ -69,4 +72,5 @@ __all__ = [
     "use",
     "set_device_value_checks",
     "reload_config",
+    "set_strict",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "NoEligibleProviderError",
     "ProviderNotEligibleError",
     "ResolutionError",
+    "StrictModeError",
     "UnknownProviderError",
 ]
 
@@ -77,6 +78,10 @@ class UnknownProviderError(ResolutionError, ValueError):
 
 class ProviderNotEligibleError(ResolutionError):
     """An override forced a provider that cannot serve this call."""
+
+
+class StrictModeError(ResolutionError):
+    """Strict mode is on and an accelerator call resolved to the eager reference provider."""
 
 
 class ConfigError(Magi2Error, ValueError):

@@ -265,18 +265,24 @@ def moe_route(
     *,
     top_k: int = 6,
     route_scale: float = 4.9,
+    route_norm: bool = True,
+    score_func: moe_c.ScoreFunc = "sigmoid",
     provider: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head-routed sigmoid top-k: ``probs [Hl, T, K]`` FP32 and per-head expert ids ``[Hl, T, K]``.
+    """Head-routed top-k: ``probs [Hl, T, K]`` FP32 and per-head expert ids ``[Hl, T, K]``.
 
     ``x [T, Hl, d]``; ``router_weight`` FP32 ``[Hl·E, d]`` head-major; ``bias`` FP32 ``[Hl·E]``
-    shifts the selection only. Weights are the unbiased sigmoid scores of the selected experts,
-    L1-normalised (eps 1e-12) and multiplied by ``route_scale``; ties resolve as ``torch.topk``.
+    shifts the selection only. Scores are ``sigmoid`` (MAGI-2's release) or ``softmax`` over each
+    head's experts. The ids are the ``top_k`` largest biased scores in descending order, equal scores
+    in ascending expert id. Weights are the unbiased scores of the selected experts, L1-normalised
+    (eps 1e-12) unless ``route_norm=False``, times ``route_scale``.
     """
     if torch.compiler.is_compiling():
-        probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), provider)
+        probs, idx = torch.ops.magi2.moe_route(
+            x, router_weight, bias, top_k, float(route_scale), route_norm, score_func, provider
+        )
         return probs, idx
-    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=False)
+    return _moe_route(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, compiling=False)
 
 
 def _moe_route(
@@ -285,13 +291,32 @@ def _moe_route(
     bias: torch.Tensor | None,
     top_k: int,
     route_scale: float,
+    route_norm: bool,
+    score_func: str,
     provider: str | None,
     *,
     compiling: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    call = moe_c.validate_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, compiling=compiling)
+    call = moe_c.validate_route(
+        x,
+        router_weight,
+        bias,
+        top_k=top_k,
+        route_scale=route_scale,
+        route_norm=route_norm,
+        score_func=score_func,
+        compiling=compiling,
+    )
     kernel = dispatcher().kernel("moe_route", call.raw, moe_c.ROUTE_KEY_FIELDS, _route_problem, provider)
-    probs, idx = kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale)
+    probs, idx = kernel(
+        call.x,
+        call.router_weight,
+        call.bias,
+        top_k=call.top_k,
+        route_scale=call.route_scale,
+        route_norm=call.route_norm,
+        score_func=call.score_func,
+    )
     if _shadow.ACTIVE:
         _shadow.observe("moe_route", kernel, call, (probs, idx))
     return probs, idx
@@ -312,9 +337,11 @@ def _moe_route_op(
     bias: torch.Tensor | None,
     top_k: int,
     route_scale: float,
+    route_norm: bool,
+    score_func: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
+    return _moe_route(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, compiling=True)
 
 
 @_moe_route_op.register_fake
@@ -324,6 +351,8 @@ def _(
     bias: torch.Tensor | None,
     top_k: int,
     route_scale: float,
+    route_norm: bool,
+    score_func: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (x.shape[1], x.shape[0], top_k)
@@ -507,7 +536,13 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
         return attn_c.problem_from_raw(a.raw)
     if op == "moe_route":
         r = moe_c.validate_route(
-            *args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9), compiling=False, **kw
+            *args,
+            top_k=kw.pop("top_k", 6),
+            route_scale=kw.pop("route_scale", 4.9),
+            route_norm=kw.pop("route_norm", True),
+            score_func=kw.pop("score_func", "sigmoid"),
+            compiling=False,
+            **kw,
         )
         return moe_c.problem_from_raw("moe_route", r.raw)
     if op == "moe_experts":

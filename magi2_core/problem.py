@@ -26,6 +26,9 @@ class Feature(str, Enum):
     LSE = "lse"
     DETERMINISTIC = "deterministic"
     COMPILING = "compiling"
+    # moe_route options other than the MAGI-2 release's sigmoid scores with L1-normalised weights
+    ROUTE_SOFTMAX = "route_softmax"
+    ROUTE_NO_NORM = "route_no_norm"
 
 
 class Problem(BaseModel):

@@ -66,9 +66,18 @@ class AttentionKernel(Protocol):
 
 class MoERouteKernel(Protocol):
     def __call__(
-        self, x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        top_k: int,
+        route_scale: float,
+        route_norm: bool,
+        score_func: Literal["sigmoid", "softmax"],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``."""
+        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``. ``route_norm=False`` and
+        ``score_func="softmax"`` reach only providers that declare ``route_no_norm`` / ``route_softmax``."""
         ...
 
 

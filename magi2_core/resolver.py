@@ -31,6 +31,7 @@ from magi2_core.problem import OpName, Problem
 from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
+from magi2_core.strict import check_resolution
 
 __all__ = ["Dispatcher", "RawKey", "resolve_problem", "static_reasons"]
 
@@ -269,6 +270,7 @@ class Dispatcher:
         kernel = cache.get(key)
         if kernel is None:
             res = _resolve(build(raw), provider, state)
+            check_resolution(key, res)  # logs the new decision; strict mode raises here
             chosen = state.provider(op, res.chosen or "")
             if chosen is None:  # resolved from this very state, so the name is in it
                 raise RuntimeError(f"{op}: resolved provider {res.chosen!r} is missing from its registry state")

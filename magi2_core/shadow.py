@@ -159,7 +159,8 @@ def _rerun(op: OpName, kernel: Any, call: Any) -> Any:
                       sinks=call.sinks, sink_rescale=call.sink_rescale, deterministic=call.deterministic,
                       return_lse=call.return_lse)
     if op == "moe_route":
-        return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale)
+        return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                      route_norm=call.route_norm, score_func=call.score_func)
     if op == "moe_experts":
         return kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
     return kernel(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype)

@@ -121,6 +121,8 @@ def moe_route(
     *,
     top_k: int,
     route_scale: float,
+    route_norm: bool = True,
+    score_func: Literal["sigmoid", "softmax"] = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] float64, ids [Hl, T, K] int64)``; ties break toward the lower expert id."""
     t, hl, _ = x.shape
@@ -134,11 +136,16 @@ def moe_route(
         bank = w64[h * e : (h + 1) * e]  # [E, d], head-major rows
         for tok in range(t):
             z = bank @ x64[tok, h]
-            sigma = 1.0 / (1.0 + torch.exp(-z))
+            if score_func == "sigmoid":
+                sigma = 1.0 / (1.0 + torch.exp(-z))
+            else:  # softmax over the head's experts, shifted by the max
+                ez = torch.exp(z - z.max())
+                sigma = ez / ez.sum()
             sel = sigma if b64 is None else sigma + b64[h * e : (h + 1) * e]
             chosen = sorted(range(e), key=lambda j: (-float(sel[j]), j))[:top_k]
             p = sigma[chosen]  # the unbiased scores: the bias only selects
-            p = p / max(float(p.abs().sum()), 1e-12)
+            if route_norm:
+                p = p / max(float(p.abs().sum()), 1e-12)
             probs[h, tok] = p * route_scale
             ids[h, tok] = torch.tensor(chosen, dtype=torch.int64)
     return probs, ids

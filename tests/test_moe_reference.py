@@ -216,3 +216,39 @@ def test_moe_inputs_are_not_mutated(make: oracles.MakeTensor) -> None:
     m2.moe_experts(x, probs, idx, *ws)
     for a, b in zip((x, probs, idx, *ws), before, strict=True):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# routing options: softmax scores, no normalisation
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("route_norm", [True, False], ids=["norm", "no-norm"])
+def test_route_options_match_oracle(make: oracles.MakeTensor, score_func: str, route_norm: bool) -> None:
+    x = make((23, 3, 16), torch.bfloat16, scale=2.0)
+    w, b = _router(3, 8, 16)
+    probs, idx = m2.moe_route(x, w, b, top_k=4, route_scale=2.5, route_norm=route_norm, score_func=score_func)  # type: ignore[arg-type]
+    ref_p, ref_i = oracles.moe_route(x, w, b, top_k=4, route_scale=2.5, route_norm=route_norm, score_func=score_func)  # type: ignore[arg-type]
+    assert torch.equal(idx.long(), ref_i)
+    assert torch.allclose(probs.double(), ref_p, rtol=0, atol=1e-6)
+    sums = probs.double().sum(-1)
+    if route_norm:
+        assert torch.allclose(sums, torch.full_like(sums, 2.5), atol=1e-5)
+    else:  # unnormalised weights are route_scale times raw scores: their sum is not route_scale
+        assert not torch.allclose(sums, torch.full_like(sums, 2.5), atol=1e-3)
+
+
+def test_route_equal_scores_in_expert_id_order() -> None:
+    """The contract pins ties: equal selection scores come in ascending expert id (torch.topk does not)."""
+    x = torch.randn(5, 1, 4)
+    w = torch.randn(8, 4)
+    w[[0, 1, 2, 4, 6, 7]] = 0.0  # six experts with logit exactly 0: equal scores sigmoid(0) = 0.5
+    probs, idx = m2.moe_route(x, w, None, top_k=6, route_scale=1.0)
+    ref_p, ref_i = oracles.moe_route(x, w, None, top_k=6, route_scale=1.0)
+    assert torch.equal(idx.long(), ref_i) and torch.allclose(probs.double(), ref_p, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("kw", "arg"), [({"score_func": "relu"}, "score_func"), ({"route_norm": 1}, "route_norm")])
+def test_route_rejects_unknown_options(kw: dict[str, object], arg: str) -> None:
+    with pytest.raises(m2.InvalidValueError) as err:
+        m2.moe_route(torch.randn(3, 1, 4), torch.randn(4, 4), None, top_k=2, **kw)  # type: ignore[arg-type]
+    assert err.value.arg == arg

@@ -1,7 +1,11 @@
-"""MoE contracts: head-routed sigmoid top-k routing and the BF16 expert schedule (spec §3).
+"""MoE contracts: head-routed top-k routing and the BF16 expert schedule (spec §3).
 
 ``x [T, Hl, d]``: Hl heads are hidden-state slices, each with its own bank of E experts.
-Routing: ``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only).
+Routing: ``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only);
+scores are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
+:func:`router_scores`; the ids are the ``top_k`` largest ``score + bias`` in descending order, equal
+values in ascending expert id (NaN ranks highest); the weights are the selected unbiased scores,
+L1-normalised unless ``route_norm=False``, times ``route_scale``.
 Experts: ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; probs FP32 ``[Hl, T, K]``,
 idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``.
 """
@@ -9,7 +13,7 @@ idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -20,11 +24,14 @@ from magi2_core.problem import FEATURE_BIT, Feature, OpName, Problem, features_f
 __all__ = [
     "EXPERTS_KEY_FIELDS",
     "ROUTE_KEY_FIELDS",
+    "SCORE_FUNCS",
     "SWIGLU_ALPHA",
     "SWIGLU_LIMIT",
     "ExpertsCall",
     "RouteCall",
+    "ScoreFunc",
     "problem_from_raw",
+    "router_scores",
     "swiglu7",
     "validate_experts",
     "validate_route",
@@ -35,6 +42,8 @@ SWIGLU_LIMIT = 7.0
 ROUTE_KEY_FIELDS = ("tokens", "num_heads", "num_experts", "top_k", "hidden")
 EXPERTS_KEY_FIELDS = ("tokens", "num_heads", "num_experts", "top_k", "hidden", "intermediate")
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+ScoreFunc = Literal["sigmoid", "softmax"]
+SCORE_FUNCS: tuple[ScoreFunc, ...] = ("sigmoid", "softmax")
 
 
 def swiglu7(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -43,6 +52,22 @@ def swiglu7(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     g = g.to(acc).clamp(max=SWIGLU_LIMIT)
     u = u.to(acc).clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
     return g * torch.sigmoid(SWIGLU_ALPHA * g) * (u + 1.0)
+
+
+def router_scores(x: torch.Tensor, router_weight: torch.Tensor, score_func: ScoreFunc) -> torch.Tensor:
+    """``[Hl, T, E]`` routing scores in FP32 (FP64 for FP64 inputs): one batched GEMM over the heads, then
+    ``sigmoid`` or ``softmax`` over each head's experts.
+
+    Every provider that promises the reference's expert ids uses this one function: the GEMM's
+    summation order (and so the last bit of a near-tie) is whatever the BLAS picks for these exact
+    operands, so the scores are computed once, the same way, and only what follows is fused.
+    """
+    hl, d = x.shape[1], x.shape[2]
+    e = router_weight.shape[0] // hl
+    acc = torch.promote_types(x.dtype, torch.float32)
+    w = router_weight.view(hl, e, d).to(acc)
+    logits = torch.bmm(x.to(acc).permute(1, 0, 2), w.transpose(1, 2))
+    return torch.sigmoid(logits) if score_func == "sigmoid" else torch.softmax(logits, dim=-1)
 
 
 def _compiling_bit(compiling: bool) -> int:
@@ -55,11 +80,21 @@ class RouteCall(NamedTuple):
     bias: torch.Tensor | None
     top_k: int
     route_scale: float
+    route_norm: bool
+    score_func: ScoreFunc
     raw: tuple[Any, ...]
 
 
 def validate_route(
-    x: object, router_weight: object, bias: object, *, top_k: int, route_scale: float, compiling: bool
+    x: object,
+    router_weight: object,
+    bias: object,
+    *,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool = True,
+    score_func: str = "sigmoid",
+    compiling: bool,
 ) -> RouteCall:
     op = "moe_route"
     x = ck.tensor(op, "x", x)
@@ -85,8 +120,19 @@ def validate_route(
     scale = float(route_scale)
     if not math.isfinite(scale):
         raise InvalidValueError(op, "route_scale", "a finite float", repr(route_scale))
-    raw = (x.device.type, ck.dtype_name(x.dtype), None, _compiling_bit(compiling), t, hl, e, top_k, d)
-    return RouteCall(x, w, b, top_k, scale, raw)
+    if not isinstance(route_norm, bool):
+        raise InvalidValueError(op, "route_norm", "True or False", repr(route_norm))
+    if score_func == "sigmoid":
+        func: ScoreFunc = "sigmoid"
+    elif score_func == "softmax":
+        func = "softmax"
+    else:
+        raise InvalidValueError(op, "score_func", "'sigmoid' or 'softmax'", repr(score_func))
+    mask = _compiling_bit(compiling)
+    mask |= FEATURE_BIT[Feature.ROUTE_SOFTMAX] if func == "softmax" else 0
+    mask |= 0 if route_norm else FEATURE_BIT[Feature.ROUTE_NO_NORM]
+    raw = (x.device.type, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d)
+    return RouteCall(x, w, b, top_k, scale, route_norm, func, raw)
 
 
 class ExpertsCall(NamedTuple):

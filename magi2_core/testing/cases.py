@@ -81,8 +81,10 @@ def problem_of(case: Case) -> Problem:
         ints = {"tokens": p["t"], "num_heads": p["hl"], "num_experts": p["e"], "top_k": p["k"], "hidden": p["d"]}
         if case.op == "moe_experts":
             ints["intermediate"] = p["i"]
-        det = frozenset({Feature.DETERMINISTIC}) if p.get("deterministic") else frozenset()
-        return Problem(**base, features=det, **ints)
+        feats = {Feature.DETERMINISTIC} if p.get("deterministic") else set()
+        feats |= {Feature.ROUTE_SOFTMAX} if p.get("score_func") == "softmax" else set()
+        feats |= {Feature.ROUTE_NO_NORM} if p.get("route_norm") is False else set()
+        return Problem(**base, features=frozenset(feats), **ints)
     sizes = p["sizes"]
     return Problem(
         **base,
@@ -249,6 +251,12 @@ def _moe(cap: Capability, device: str, op: OpName) -> Iterator[Case]:
     }
     if op == "moe_route":
         variants["no-bias"] = {"bias": False}
+        if Feature.ROUTE_SOFTMAX in cap.features:
+            variants["softmax"] = {"score_func": "softmax"}
+        if Feature.ROUTE_NO_NORM in cap.features:
+            variants["no-norm"] = {"route_norm": False}
+            if Feature.ROUTE_SOFTMAX in cap.features:
+                variants["softmax-no-norm"] = {"score_func": "softmax", "route_norm": False}
     else:
         variants["hot-expert"] = {"pattern": "hot"}  # every token picks the same experts; the others stay empty
         if Feature.DETERMINISTIC in cap.features:

@@ -106,7 +106,8 @@ def _router(
 def _moe_route(case: Case, g: torch.Generator) -> Call:
     p = case.p
     x, w, bias = _router(g, p, dtype_of(case.dtype))
-    return Call((x, w, bias), {"top_k": p["k"], "route_scale": 4.9})
+    options = {"route_norm": p.get("route_norm", True), "score_func": p.get("score_func", "sigmoid")}
+    return Call((x, w, bias), {"top_k": p["k"], "route_scale": 4.9, **options})
 
 
 def _moe_experts(case: Case, g: torch.Generator) -> Call:

@@ -1,4 +1,4 @@
-"""Exact MoE references: sigmoid top-k routing and the BF16 expert rounding schedule (spec §3.2-3.4).
+"""Exact MoE references: top-k routing and the BF16 expert rounding schedule (spec §3.2-3.4).
 
 Expert schedule per route (h, t, k) with flat expert f = h·E + idx[h,t,k]:
 FP32 gate/up projections -> SwiGLU7 in FP32 -> BF16 intermediate -> FP32 down projection times the
@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import torch
 
-from magi2_core.contracts.moe import swiglu7
+from magi2_core.contracts.moe import ScoreFunc, router_scores, swiglu7
 
 __all__ = ["flat_expert_ids", "reference_moe_experts", "reference_moe_route"]
 
 
 @torch.no_grad()
 def reference_moe_route(
-    x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool,
+    score_func: ScoreFunc,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    hl, d = x.shape[1], x.shape[2]
-    e = router_weight.shape[0] // hl
-    w = router_weight.view(hl, e, d)
-    acc = torch.promote_types(x.dtype, torch.float32)
-    logits = torch.bmm(x.to(acc).permute(1, 0, 2), w.to(acc).transpose(1, 2))  # [Hl, T, E] FP32 (or FP64)
-    scores = torch.sigmoid(logits)
-    select = scores if bias is None else scores + bias.view(hl, 1, e).to(acc)
-    idx = torch.topk(select, top_k, dim=-1, sorted=True).indices
+    hl = x.shape[1]
+    scores = router_scores(x, router_weight, score_func)  # [Hl, T, E] FP32 (or FP64)
+    e = scores.shape[2]
+    select = scores if bias is None else scores + bias.view(hl, 1, e).to(scores.dtype)
+    # A stable descending sort pins equal selection scores to ascending expert id on every device
+    # (torch.topk's order of equal values is unspecified and differs between its CPU and CUDA kernels).
+    idx = torch.sort(select, dim=-1, descending=True, stable=True).indices[..., :top_k].contiguous()
     probs = torch.gather(scores, -1, idx)
-    probs = probs / probs.abs().sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    if route_norm:
+        probs = probs / probs.abs().sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return probs * route_scale, idx
 
 

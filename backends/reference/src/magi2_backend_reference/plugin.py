@@ -60,9 +60,9 @@ PROVIDERS = (
         version=__version__,
         device_types=("*",),
         dtypes=_FLOATS,
-        features=_PLAIN,
+        features=_PLAIN | {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM},
         priority=0,
-        description="sigmoid scores, biased top-k selection, unbiased L1-normalised weights x route_scale",
+        description="sigmoid (or softmax) scores, biased top-k selection, unbiased (L1-normalised) weights x route_scale",
     ),
     Capability(
         op="moe_experts",

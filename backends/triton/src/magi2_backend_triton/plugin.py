@@ -42,6 +42,21 @@ def providers() -> tuple[Capability, ...]:
             "gate/up packed once by prepare_moe_weights",
         ),
         Capability(
+            op="moe_route",
+            name="triton",
+            impl="magi2_backend_triton.moe_route:triton_moe_route",
+            version=__version__,
+            device_types=devices,
+            dtypes=("float32", "bfloat16", "float16"),
+            # Deterministic (no atomics) and safe inside torch.compile (the op is opaque there).
+            features=frozenset(
+                {Feature.DETERMINISTIC, Feature.COMPILING, Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
+            ),
+            priority=20,
+            description="the reference's torch scores, then one kernel: biased top-k (equal scores in expert-id "
+            "order), unbiased weights, L1 normalisation, route_scale",
+        ),
+        Capability(
             op="rmsnorm",
             name="triton",
             impl=f"{_PKG}:triton_rmsnorm_provider",

@@ -1,0 +1,149 @@
+"""The ``triton`` provider of ``moe_route``: biased top-k selection, weights, normalisation in one kernel.
+
+Exactness first. The scores come from :func:`magi2_core.contracts.moe.router_scores`, the same torch
+GEMM + sigmoid/softmax that the reference runs, so they are the reference's scores bit for bit (a
+GEMM written here would sum in another order, and near-ties would then pick other experts). One
+kernel does everything after that: ``score + bias`` (one IEEE FP32 add, as the reference), the
+top-k in descending order with equal values in ascending expert id, the gather of the unbiased
+scores, the optional L1 normalisation and ``route_scale``. The selection is therefore identical to
+the reference's, ties included; only the FP32 L1 sum may differ in its last bit (the contract's
+1e-5 tolerance on the weights).
+
+Selection. Each (head, token) row of E scores is held in registers as int64 keys: the high 32 bits
+are the FP32 value mapped to an integer of the same order (``-0.0`` first folded into ``+0.0`` and
+every NaN into one positive NaN, which ranks above ``+inf`` as in torch's sort), the low 32 bits are
+``BLOCK_E - expert`` so that among equal values the lower expert id has the larger key. Each of the
+``top_k`` steps is then one integer max-reduction per row, and the winner's key is knocked out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from magi2_backend_triton.providers import device_reasons
+from magi2_core.contracts.moe import ScoreFunc, router_scores
+from magi2_core.problem import Problem
+from magi2_core.resolution import Reason
+
+__all__ = ["TritonMoERoute", "select_routes", "triton_moe_route"]
+
+# Below every real key: a real key's high half is at least the order-mapped -inf (> -2**31).
+_REMOVED = tl.constexpr(-(2**63))
+# ~2K scores per program (8 tokens x 256 experts) keeps the int64 keys in registers with 4 warps.
+_TILE_ELEMS = 2048
+_MAX_BLOCK_T = 16
+
+
+@triton.jit(do_not_specialize=["n_tok"])
+def _select_kernel(
+    scores_ptr,
+    bias_ptr,
+    probs_ptr,
+    idx_ptr,
+    n_tok,
+    route_scale,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    head = tl.program_id(1).to(tl.int64)
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < n_tok
+    rows = head * n_tok + toks  # row of the [Hl·T, E] scores and of the [Hl·T, K] outputs
+    cols = tl.arange(0, BLOCK_E)
+    col_ok = cols < E
+    s = tl.load(scores_ptr + rows[:, None] * E + cols[None, :], mask=tok_ok[:, None] & col_ok[None, :], other=0.0)
+    sel = s
+    if HAS_BIAS:
+        sel = s + tl.load(bias_ptr + head * E + cols, mask=col_ok, other=0.0)[None, :]
+    sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
+    sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
+    bits = sel.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
+    key = (ordered.to(tl.int64) << 32) | (BLOCK_E - cols).to(tl.int64)[None, :]
+    key = tl.where(col_ok[None, :], key, _REMOVED)
+
+    kcols = tl.arange(0, BLOCK_K)
+    probs = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
+    for k in range(K):
+        best = tl.max(key, axis=1)
+        expert = BLOCK_E - (best & 0xFFFFFFFF)
+        hit = cols[None, :] == expert[:, None]
+        score = tl.sum(tl.where(hit, s, 0.0), axis=1)  # the unbiased score: exactly one term is non-zero
+        key = tl.where(hit, _REMOVED, key)
+        slot = kcols[None, :] == k
+        probs = tl.where(slot, score[:, None], probs)
+        ids = tl.where(slot, expert[:, None], ids)
+    if NORM:
+        probs = probs / tl.maximum(tl.sum(tl.abs(probs), axis=1), 1e-12)[:, None]
+    probs = probs * route_scale
+    out = rows[:, None] * K + kcols[None, :]
+    mask = tok_ok[:, None] & (kcols < K)[None, :]
+    tl.store(probs_ptr + out, probs, mask=mask)
+    tl.store(idx_ptr + out, ids, mask=mask)
+
+
+def select_routes(
+    scores: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float, route_norm: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` from FP32 scores ``[Hl, T, E]`` (launch only)."""
+    hl, t, e = scores.shape
+    probs = torch.empty((hl, t, top_k), dtype=torch.float32, device=scores.device)
+    idx = torch.empty((hl, t, top_k), dtype=torch.int64, device=scores.device)
+    if t == 0 or hl == 0:
+        return probs, idx
+    block_e = triton.next_power_of_2(e)
+    block_t = max(1, min(_MAX_BLOCK_T, _TILE_ELEMS // block_e))
+    scores = scores.contiguous()
+    _select_kernel[(triton.cdiv(t, block_t), hl)](
+        scores,
+        scores if bias is None else bias,  # never read without HAS_BIAS
+        probs,
+        idx,
+        t,
+        float(route_scale),
+        E=e,
+        K=top_k,
+        HAS_BIAS=bias is not None,
+        NORM=route_norm,
+        BLOCK_T=block_t,
+        BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(top_k),
+        num_warps=4,
+    )
+    return probs, idx
+
+
+class TritonMoERoute:
+    """Shared torch scores (bit-identical to the reference's) + one fused selection kernel."""
+
+    version = triton.__version__
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        return device_reasons(problem.device_type)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        top_k: int,
+        route_scale: float,
+        route_norm: bool,
+        score_func: ScoreFunc,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = router_scores(x, router_weight, score_func)
+        return select_routes(scores, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm)
+
+
+triton_moe_route = TritonMoERoute()
