@@ -2,16 +2,17 @@
 
 L layers of :class:`magi2_core.integrations.vllm_omni.Magi2MultiHeadMoE` with distinct weights
 (production-local shape: 3 heads x 256 experts, top-6, d 256, I 1280, BF16; FP32 router and biases),
-weights prepared once at load (``prepare_weights``), run one after the other on the same tokens:
+weights prepared once at load (the layer lays them out when built and loaded), run one after the
+other on the same tokens:
 
 - ``layer``: ``layer(x)`` for every layer, what vllm-omni calls (view, bias pick, route, experts);
-- ``ops``: ``m2.moe_route`` + ``m2.moe_experts`` on the same prepared weights, the MoE share of a
-  block (route + experts), the baseline the layer must match within 5%.
+- ``ops``: ``m2.moe_route`` + ``m2.moe_experts`` on the same prepared weights: a block's MoE share.
 
-Each is timed eager and as one CUDA graph of the whole stack. Times are per layer (stack time / L),
-device events, variants alternating, a 512 MiB buffer zeroed before every stack call (outside the
-timed region; the weights, 1.5 GB per layer, never fit in L2 anyway). Correctness: the layer's
-output must equal the bare calls' output bit for bit.
+Both are timed eager and as one CUDA graph of the whole stack (per layer = stack time / L). As in
+``benchmarks/block.py``'s ``ops_alone``, layer 0's routing and experts are also timed alone, each
+in its own CUDA graph, and so is layer 0's ``layer(x)``: the acceptance compares the layer with that
+route + experts sum (within 5%). Timing, L2 flush and statistics: ``benchmarks/_common``.
+Correctness: every layer's output equals the bare calls' output bit for bit.
 
     python -m benchmarks.vllm_omni_moe --out benchmarks/results/vllm_omni_moe_h200.json
     python -m benchmarks.vllm_omni_moe --dry-run --out /tmp/vllm_omni_moe_dry.json   # CPU, tiny shapes
@@ -21,23 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import magi2_core as m2
+from benchmarks._common import env_record, stats, time_alternating
 from magi2_core.integrations.vllm_omni import EPGroup, Magi2MultiHeadMoE, Magi2MultiHeadMoEConfig
 
+Fn = Callable[[], Any]
 HL, E, K, D, INTER = 3, 256, 6, 256, 1280
 ROUTE_SCALE = 4.9
+TARGET = 1.05  # the layer within 5% of the bare route + experts
 
 
 def build_stack(layers: int, dev: str, seed: int = 14) -> list[Magi2MultiHeadMoE]:
+    """L layers with distinct random weights, loaded as a checkpoint is (in place, then prepared)."""
     g = torch.Generator(device=dev).manual_seed(seed)
     cfg = Magi2MultiHeadMoEConfig(HL * D, HL, E, K, INTER, torch.bfloat16, route_scale=ROUTE_SCALE)
     stack = []
@@ -49,54 +50,30 @@ def build_stack(layers: int, dev: str, seed: int = 14) -> list[Magi2MultiHeadMoE
                 w.copy_(torch.randn(w.shape, device=dev, generator=g) / fan_in**0.5)
             for b in (layer.router.expert_bias, layer.router.expert_bias_ema):
                 b.copy_(torch.randn(b.shape, device=dev, generator=g) * 0.01)
-        layer.prepare_weights()
         stack.append(layer)
     return stack
+
+
+def route(layer: Magi2MultiHeadMoE, heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return m2.moe_route(heads, layer.gate, layer.router.expert_bias_ema, top_k=K, route_scale=ROUTE_SCALE)
 
 
 def ops_call(layer: Magi2MultiHeadMoE, x: torch.Tensor) -> torch.Tensor:
     """The bare operators on the layer's prepared weights (what a block's MoE share runs)."""
     heads = x.view(-1, HL, D)
-    probs, idx = m2.moe_route(heads, layer.gate, layer.router.expert_bias_ema, top_k=K, route_scale=ROUTE_SCALE)
-    return m2.moe_experts(heads, probs, idx, layer.prepare_weights()).view(-1, HL * D)
+    probs, idx = route(layer, heads)
+    return m2.moe_experts(heads, probs, idx, layer.prepared_weights()).view(-1, HL * D)
 
 
-def time_alternating(fns: dict[str, Callable[[], Any]], iters: int, cuda: bool) -> dict[str, list[float]]:
-    flush = torch.empty(512 * 2**20 if cuda else 1024, dtype=torch.uint8, device="cuda" if cuda else "cpu")
-    for fn in fns.values():
-        for _ in range(3):
-            fn()
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    names = list(fns)
-    for i in range(iters):
-        for n in names if i % 2 == 0 else reversed(names):
-            flush.zero_()
-            if not cuda:
-                t0 = time.perf_counter()
-                fns[n]()
-                out[n].append((time.perf_counter() - t0) * 1e3)
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[n]()
-            end.record()
-            torch.cuda.synchronize()
-            out[n].append(start.elapsed_time(end))
-    return out
-
-
-def stats(samples: list[float], per: int) -> dict[str, float]:
-    s = sorted(v / per for v in samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
-    return {"p50": statistics.median(s), "p10": q[0], "p90": q[-1], "min": s[0], "n": len(s)}
-
-
-def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+def graphed(fn: Fn, dev: str) -> Fn:
+    """``fn`` captured in one CUDA graph after warm-up on a side stream (CPU: ``fn`` itself)."""
+    if dev == "cpu":
+        return fn
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()  # warm up on a side stream: kernels compiled, caches and buffers allocated
+        fn()
+        fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -105,13 +82,15 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def bench(stack: list[Magi2MultiHeadMoE], tokens: int, iters: int, dev: str) -> dict[str, Any]:
-    cuda = dev == "cuda"
     x = torch.randn(tokens, HL * D, device=dev).bfloat16()
+    heads = x.view(-1, HL, D)
+    first = stack[0]
     with torch.no_grad():
-        for layer in stack:
+        for i, layer in enumerate(stack):
             a, b = layer(x), ops_call(layer, x)
             if not torch.equal(a, b):
-                raise AssertionError(f"T={tokens}: layer output != bare ops output, max |diff| {(a - b).abs().max()}")
+                raise AssertionError(f"T={tokens} layer {i}: layer != bare ops, max |diff| {(a - b).abs().max()}")
+        probs, idx = route(first, heads)
 
         def run_layers() -> None:
             for layer in stack:
@@ -121,58 +100,65 @@ def bench(stack: list[Magi2MultiHeadMoE], tokens: int, iters: int, dev: str) -> 
             for layer in stack:
                 ops_call(layer, x)
 
-        fns: dict[str, Callable[[], Any]] = {"layer_eager": run_layers, "ops_eager": run_ops}
-        if cuda:
-            fns["layer_graph"], fns["ops_graph"] = graphed(run_layers), graphed(run_ops)
-        times = time_alternating(fns, iters, cuda)
-    res: dict[str, Any] = {"tokens": tokens, "layers": len(stack), "ms_per_layer": {}}
-    for name, samples in times.items():
-        res["ms_per_layer"][name] = stats(samples, len(stack))
-    per = res["ms_per_layer"]
-    res["layer_over_ops_p50"] = {
-        mode: per[f"layer_{mode}"]["p50"] / per[f"ops_{mode}"]["p50"] for mode in ("eager", "graph") if f"ops_{mode}" in per
+        stack_fns: dict[str, Fn] = {"layer_eager": run_layers, "ops_eager": run_ops}
+        alone: dict[str, Fn] = {
+            "layer": lambda: first(x),
+            "moe_route": lambda: route(first, heads),
+            "moe_experts": lambda: m2.moe_experts(heads, probs, idx, first.prepared_weights()),
+        }
+        if dev != "cpu":
+            stack_fns |= {"layer_graph": graphed(run_layers, dev), "ops_graph": graphed(run_ops, dev)}
+            alone = {k: graphed(f, dev) for k, f in alone.items()}
+        stack_times = time_alternating(stack_fns, iters, device=dev)
+        alone_times = time_alternating(alone, iters, device=dev)
+    per_layer = {k: stats([v / len(stack) for v in s]) for k, s in stack_times.items()}
+    single = {k: stats(s) for k, s in alone_times.items()}
+    share = single["moe_route"]["p50"] + single["moe_experts"]["p50"]
+    ratios = {f"layer_over_ops_{m}": per_layer[f"layer_{m}"]["p50"] / per_layer[f"ops_{m}"]["p50"]
+              for m in ("eager", "graph") if f"ops_{m}" in per_layer}  # fmt: skip
+    ratios["layer_alone_over_route_plus_experts"] = single["layer"]["p50"] / share
+    if "layer_graph" in per_layer:
+        ratios["stack_graph_per_layer_over_route_plus_experts"] = per_layer["layer_graph"]["p50"] / share
+    return {
+        "tokens": tokens,
+        "layers": len(stack),
+        "stack_ms_per_layer": per_layer,
+        "layer0_alone_ms": single,
+        "moe_share_ms": share,
+        "ratios": ratios,
+        "within_target": all(v <= TARGET for v in ratios.values()),
+        "providers": {
+            "moe_route": m2.resolve("moe_route", heads, first.gate, first.router.expert_bias_ema, top_k=K).chosen,
+            "moe_experts": m2.resolve("moe_experts", heads, probs, idx, first.prepared_weights()).chosen,
+        },
     }
-    heads = x.view(-1, HL, D)
-    probs, idx = m2.moe_route(heads, stack[0].gate, stack[0].router.expert_bias_ema, top_k=K, route_scale=ROUTE_SCALE)
-    res["providers"] = {
-        "moe_route": m2.resolve("moe_route", heads, stack[0].gate, stack[0].router.expert_bias_ema, top_k=K).chosen,
-        "moe_experts": m2.resolve("moe_experts", heads, probs, idx, stack[0].prepare_weights()).chosen,
-    }
-    return res
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
     global HL, E, K, D, INTER
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, nargs="*", default=[14601, 4096])
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
     a = p.parse_args()
+    if a.layers < 4 and not a.dry_run:
+        p.error("--layers must be >= 4 (distinct weights must not fit in the L2)")
     dev = "cpu" if a.dry_run else "cuda"
     if a.dry_run:
         HL, E, K, D, INTER = 3, 8, 2, 16, 24
         a.tokens, a.iters = [40, 17], 3
-    if a.layers < 1:
-        p.error("--layers must be >= 1")
     stack = build_stack(a.layers, dev)
-    cuda = dev == "cuda"
+    weights = stack[0].prepared_weights()
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
-        "triton": _triton_version(),
+        **env_record(dev),
         "magi2_core": m2.__version__,
-        "commit": os.environ.get("GIT_COMMIT") or _git_commit(),
         "shape": {"local_heads": HL, "experts": E, "top_k": K, "d": D, "I": INTER, "dtype": "bfloat16"},
-        "method": "per layer = stack time / L; device events; variants alternate; 512 MiB zeroed before each call",
+        "prepared": {"provider": weights.provider, "layout": weights.layout, "nbytes_per_layer": weights.nbytes},
+        "method": "CUDA events, L2 flushed before each call, variants rotate (benchmarks/_common); "
+        "stack per layer = stack time / L; layer0_alone: each in its own CUDA graph, as block.py's ops_alone",
+        "target": f"layer <= {TARGET} x (moe_route + moe_experts)",
         "results": [],
     }
     for t in a.tokens:
@@ -180,16 +166,9 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
         r = report["results"][-1]
-        line = ", ".join(f"{k} {v['p50']:.3f} ms ({v['p10']:.3f}-{v['p90']:.3f})" for k, v in r["ms_per_layer"].items())
-        print(f"T={t} L={a.layers}: {line}; layer/ops p50 {r['layer_over_ops_p50']}; {r['providers']}", flush=True)
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return str(triton.__version__)
+        per = ", ".join(f"{k} {v['p50']:.3f}" for k, v in r["stack_ms_per_layer"].items())
+        print(f"T={t} L={a.layers} ms/layer: {per}; route+experts alone {r['moe_share_ms']:.3f}; "
+              f"ratios {json.dumps(r['ratios'])}; within 5%: {r['within_target']}; {r['providers']}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -546,3 +546,69 @@ def test_moe_phantom_heads_use_only_the_real_rows_of_the_prepared_layout(monkeyp
     local = torch.cat((x[:, 32:48], torch.zeros(16, 16, dtype=torch.bfloat16)), dim=1)
     y = rank1(local)
     assert torch.equal(y[:, :16], want) and not y[:, 16:].any()
+
+
+def test_plugin_lines_reach_vllms_log_handlers(standin: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM configures only its own logger; the plugin lends its handlers to ``magi2_core`` when
+    nothing else would print the INFO lines."""
+    standin("0.30.0")
+    ours, vllm_logger = logging.getLogger("magi2_core"), logging.getLogger("vllm")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    monkeypatch.setattr(ours, "propagate", False)  # as if no handler were configured above us
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    monkeypatch.setattr(vllm_logger, "handlers", [handler])
+    integ.register()
+    _modeling()
+    assert ours.handlers == [handler] and ours.level == logging.INFO
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# on a GPU: the fused providers behind the layers, CUDA graphs
+# ---------------------------------------------------------------------------------------------
+gpu = pytest.mark.gpu
+
+
+@gpu
+@torch.no_grad()
+def test_gpu_moe_layer_prepared_and_graphed_equals_bare_ops() -> None:
+    cfg = integ.Magi2MultiHeadMoEConfig(3 * 256, 3, 256, 6, 1280, torch.bfloat16, route_scale=4.9)
+    layer = integ.Magi2MultiHeadMoE(cfg, ep_group=integ.EPGroup(), device="cuda")
+    state = {n: (torch.randn(t.shape, device="cuda") * 0.05).to(t.dtype) for n, t in layer.state_dict().items()}
+    layer.load_state_dict(state)
+    weights = layer.prepared_weights()
+    if weights.layout != "checkpoint":  # a packing provider: the parameters are views of its storage
+        assert layer.W_gate.untyped_storage().data_ptr() == layer.W_up.untyped_storage().data_ptr()
+    assert all(torch.equal(layer.state_dict()[n], state[n]) for n in state)
+    x = torch.randn(4096, 3 * 256, device="cuda").bfloat16()
+    heads = x.view(-1, 3, 256)
+    probs, idx = m2.moe_route(heads, layer.gate, layer.router.expert_bias_ema, top_k=6, route_scale=4.9)
+    want = m2.moe_experts(heads, probs, idx, weights).view_as(x)
+    eager = layer(x)
+    assert torch.equal(eager, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want)
+
+
+@gpu
+def test_gpu_varlen_attention_with_device_prefix_sums() -> None:
+    import oracles
+
+    lens = [300, 1, 700, 64]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    t = int(cu[-1])
+    q, k, v = (torch.randn(t, 8, 128, dtype=torch.float64).to(torch.bfloat16) for _ in range(3))
+    sink = torch.randn(1, 8)
+    got = integ.varlen_attention_with_sink(
+        q.cuda(), k.cuda(), v.cuda(), cu_seqlens_q=cu.cuda(), cu_seqlens_k=cu.cuda(),
+        max_seqlen_q=max(lens), max_seqlen_k=max(lens), sink=sink.cuda(),
+    )
+    want = oracles.attention(q, k, v, cu, cu, sinks=sink).o
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1.6e-2, atol=1e-2)

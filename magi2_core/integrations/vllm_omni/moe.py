@@ -222,7 +222,9 @@ class Magi2MultiHeadMoE(nn.Module):
         self._prepared, self._prepared_ptrs = prepared, self._weight_ptrs()
         return prepared
 
-    def _current_prepared(self) -> PreparedMoEWeights:
+    def prepared_weights(self) -> PreparedMoEWeights:
+        """The prepared expert weights the forward uses (of the real heads' rows), prepared again
+        first if a parameter was re-seated since."""
         prepared = self._prepared
         if prepared is None or self._weight_ptrs() != self._prepared_ptrs:
             prepared = self.prepare_weights()
@@ -277,7 +279,7 @@ class Magi2MultiHeadMoE(nn.Module):
             top_k=self.top_k,
             route_scale=self.config.route_scale,
         )
-        return ops.moe_experts(x_heads, probs, idx, self._current_prepared())
+        return ops.moe_experts(x_heads, probs, idx, self.prepared_weights())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, H·d]`` -> ``[T, H·d]``; under tensor parallelism ``[T, Hl·d]`` -> ``[T, Hl·d]``."""
