@@ -207,15 +207,14 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(
     assert len(warnings) == 1 and "rmsnorm left as it is" in warnings[0] and "TheirNorm" in warnings[0]
 
 
-def test_a_changed_call_signature_is_left_alone(
-    standin: Callable[..., None], caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_changed_call_signature_is_left_alone(standin: Callable[..., None], caplog: pytest.LogCaptureFixture) -> None:
     standin("0.30.0")
     modeling = _modeling()
     attention = sys.modules[f"{PKG}.attention"]
 
-    def packed_attention_with_sink(q: Any, k: Any, v: Any, varlen: Any, *, softcap: float = -1.0,
-                                   sink: Any = None, window: int = 0) -> Any:
+    def packed_attention_with_sink(
+        q: Any, k: Any, v: Any, varlen: Any, *, softcap: float = -1.0, sink: Any = None, window: int = 0
+    ) -> Any:
         raise AssertionError("not called")
 
     attention.packed_attention_with_sink = packed_attention_with_sink  # as if vllm-omni 0.30.x had changed it
@@ -349,9 +348,7 @@ def _layer_step(layer: torch.nn.Module, cfg: Any, x: torch.Tensor, dispatcher: A
     return x + layer.mhc_norm(x.repeat(1, cfg.mhc.num_streams), dispatcher)[:, : cfg.hidden_size].to(act)
 
 
-@pytest.mark.parametrize(
-    ("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"]
-)
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
 @torch.no_grad()
 def test_swapped_stack_matches_the_standins_torch_math(
     standin: Callable[..., None], dtype: torch.dtype, tol: float
@@ -390,8 +387,13 @@ def _single_moe(modeling: ModuleType, cls: type, dtype: torch.dtype = torch.floa
     cfg = _small_config(modeling, dtype)
     moe = cfg.moe
     config = sys.modules[f"{PKG}.mh_moe"].Magi2MultiHeadMoEConfig(
-        hidden_size=cfg.hidden_size, num_heads=moe.num_heads, num_experts=moe.num_experts, top_k=moe.top_k,
-        expert_intermediate_size=moe.expert_intermediate_size, params_dtype=dtype, route_scale=moe.routing_scale,
+        hidden_size=cfg.hidden_size,
+        num_heads=moe.num_heads,
+        num_experts=moe.num_experts,
+        top_k=moe.top_k,
+        expert_intermediate_size=moe.expert_intermediate_size,
+        params_dtype=dtype,
+        route_scale=moe.routing_scale,
     )
     return cls(config)
 
@@ -607,8 +609,14 @@ def test_gpu_varlen_attention_with_device_prefix_sums() -> None:
     q, k, v = (torch.randn(t, 8, 128, dtype=torch.float64).to(torch.bfloat16) for _ in range(3))
     sink = torch.randn(1, 8)
     got = integ.varlen_attention_with_sink(
-        q.cuda(), k.cuda(), v.cuda(), cu_seqlens_q=cu.cuda(), cu_seqlens_k=cu.cuda(),
-        max_seqlen_q=max(lens), max_seqlen_k=max(lens), sink=sink.cuda(),
+        q.cuda(),
+        k.cuda(),
+        v.cuda(),
+        cu_seqlens_q=cu.cuda(),
+        cu_seqlens_k=cu.cuda(),
+        max_seqlen_q=max(lens),
+        max_seqlen_k=max(lens),
+        sink=sink.cuda(),
     )
     want = oracles.attention(q, k, v, cu, cu, sinks=sink).o
     torch.testing.assert_close(got.cpu().double(), want, rtol=1.6e-2, atol=1e-2)

@@ -68,8 +68,9 @@ class _Swap:
 
 
 _SWAPS: tuple[_Swap, ...] = (
-    _Swap("attention", f"{_PKG}.attention", "packed_attention_with_sink", f"{_PKG}.attention",
-          packed_attention_with_sink),
+    _Swap(
+        "attention", f"{_PKG}.attention", "packed_attention_with_sink", f"{_PKG}.attention", packed_attention_with_sink
+    ),
     _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE),
     _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
 )
@@ -95,14 +96,17 @@ def register() -> None:
         logger.warning(
             "magi2-core: vllm_omni is importable but no %s distribution is installed, so its version cannot "
             "be checked; MAGI-2 operators are left as they are (install vllm-omni %s with pip)",
-            DISTRIBUTION, SUPPORTED_VERSIONS,
+            DISTRIBUTION,
+            SUPPORTED_VERSIONS,
         )
         return
     if not _supported(installed):
         logger.warning(
             "magi2-core: vllm-omni %s is installed but this adapter was written against vllm-omni %s; "
             "MAGI-2 operators are left as they are (install a matching magi2-core, or vllm-omni %s)",
-            installed, SUPPORTED_VERSIONS, SUPPORTED_VERSIONS,
+            installed,
+            SUPPORTED_VERSIONS,
+            SUPPORTED_VERSIONS,
         )
         return
     modeling = sys.modules.get(_MODELING)
@@ -196,13 +200,19 @@ def _patch(modeling: ModuleType) -> None:
         try:
             served_by = _describe_provider(swap.op, modeling)
         except ResolutionError as exc:
-            logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s",
-                           swap.op, exc)
+            logger.warning(
+                "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
+            )
             continue
         _ORIGINALS[(swap.module, swap.attr)] = current
         setattr(module, swap.attr, swap.replacement)
-        logger.info("magi2-core: vllm-omni MAGI-2 %s (%s.%s) now runs on magi2-core; %s",
-                    swap.op, swap.module.rsplit(".", 1)[1], swap.attr, served_by)
+        logger.info(
+            "magi2-core: vllm-omni MAGI-2 %s (%s.%s) now runs on magi2-core; %s",
+            swap.op,
+            swap.module.rsplit(".", 1)[1],
+            swap.attr,
+            served_by,
+        )
 
 
 def _guard(swap: _Swap, current: object) -> str | None:
@@ -210,11 +220,15 @@ def _guard(swap: _Swap, current: object) -> str | None:
     origin = sys.modules.get(swap.origin)
     original = getattr(origin, swap.attr, None) if origin is not None else None
     if current is None or current is not original:
-        return (f"{swap.module}.{swap.attr} is {current!r}, not vllm-omni's own {swap.origin}.{swap.attr} "
-                f"(another plugin replaced it, or vllm-omni changed)")
+        return (
+            f"{swap.module}.{swap.attr} is {current!r}, not vllm-omni's own {swap.origin}.{swap.attr} "
+            f"(another plugin replaced it, or vllm-omni changed)"
+        )
     pairs: list[tuple[str, Callable[..., Any], Callable[..., Any]]]
     if inspect.isclass(current):
-        pairs = [(f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in ("__init__", "forward")]
+        pairs = [
+            (f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in ("__init__", "forward")
+        ]
     else:
         pairs = [(swap.attr, current, swap.replacement)]  # type: ignore[list-item]
     for name, theirs, ours in pairs:
@@ -248,26 +262,57 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
     dev, t = _device_type(), _TYPICAL_TOKENS
     if op == "attention":
         problem = Problem(
-            op="attention", device_type=dev, dtype="bfloat16", features=frozenset({Feature.SINKS}),
-            tokens=t, tokens_k=t, max_seqlen_q=t, max_seqlen_k=t, num_segments=1, head_dim=cfg.head_dim,
-            num_heads_q=cfg.num_heads_q, num_heads_kv=cfg.num_heads_kv,
+            op="attention",
+            device_type=dev,
+            dtype="bfloat16",
+            features=frozenset({Feature.SINKS}),
+            tokens=t,
+            tokens_k=t,
+            max_seqlen_q=t,
+            max_seqlen_k=t,
+            num_segments=1,
+            head_dim=cfg.head_dim,
+            num_heads_q=cfg.num_heads_q,
+            num_heads_kv=cfg.num_heads_kv,
         )
         chosen = resolve_problem(problem).chosen
-        return (f"a typical call ({dev}, bfloat16, {t} tokens, {cfg.num_heads_q}x{cfg.head_dim} heads, sinks) "
-                f"resolves to provider {chosen!r} (`magi2 explain attention --device {dev} --sinks "
-                f"--max-seqlen-q {t} --heads-q {cfg.num_heads_q}` shows why)")
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens, {cfg.num_heads_q}x{cfg.head_dim} heads, sinks) "
+            f"resolves to provider {chosen!r} (`magi2 explain attention --device {dev} --sinks "
+            f"--max-seqlen-q {t} --heads-q {cfg.num_heads_q}` shows why)"
+        )
     if op == "moe":
         moe = cfg.moe
-        dims = dict(tokens=t, num_heads=moe.num_heads, num_experts=moe.num_experts, top_k=moe.top_k,
-                    hidden=cfg.hidden_size // moe.num_heads)
+        dims = dict(
+            tokens=t,
+            num_heads=moe.num_heads,
+            num_experts=moe.num_experts,
+            top_k=moe.top_k,
+            hidden=cfg.hidden_size // moe.num_heads,
+        )
         route = resolve_problem(Problem(op="moe_route", device_type=dev, dtype="bfloat16", **dims)).chosen
-        experts = resolve_problem(Problem(op="moe_experts", device_type=dev, dtype="bfloat16",
-                                          intermediate=moe.expert_intermediate_size, **dims)).chosen
-        return (f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
-                f"resolves routing to provider {route!r} and experts to {experts!r} "
-                f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads}` shows why)")
-    problem = Problem(op="rmsnorm", device_type=dev, dtype="bfloat16", out_dtype="bfloat16", tokens=t,
-                      width=cfg.hidden_size, num_modalities=3, num_patterns=1)
+        experts = resolve_problem(
+            Problem(
+                op="moe_experts", device_type=dev, dtype="bfloat16", intermediate=moe.expert_intermediate_size, **dims
+            )
+        ).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
+            f"resolves routing to provider {route!r} and experts to {experts!r} "
+            f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads}` shows why)"
+        )
+    problem = Problem(
+        op="rmsnorm",
+        device_type=dev,
+        dtype="bfloat16",
+        out_dtype="bfloat16",
+        tokens=t,
+        width=cfg.hidden_size,
+        num_modalities=3,
+        num_patterns=1,
+    )
     chosen = resolve_problem(problem).chosen
-    return (f"a typical call ({dev}, bfloat16, {t} x {cfg.hidden_size}, 3 modalities) resolves to provider "
-            f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3` shows why)")
+    return (
+        f"a typical call ({dev}, bfloat16, {t} x {cfg.hidden_size}, 3 modalities) resolves to provider "
+        f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3` shows why)"
+    )

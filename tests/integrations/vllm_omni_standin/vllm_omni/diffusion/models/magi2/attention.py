@@ -108,6 +108,11 @@ class Magi2PackedAttentionKernel(nn.Module):
         assert attn_metadata is not None
         extra = attn_metadata.extra
         return ulysses_packed_attention_with_sink(
-            query, key, value, extra["magi2_varlen"], extra["magi2_split_sizes"],
-            softcap=self.softcap, sink=extra.get("magi2_sink"),
+            query,
+            key,
+            value,
+            extra["magi2_varlen"],
+            extra["magi2_split_sizes"],
+            softcap=self.softcap,
+            sink=extra.get("magi2_sink"),
         )

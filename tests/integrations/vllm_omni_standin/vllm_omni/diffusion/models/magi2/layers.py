@@ -49,7 +49,12 @@ class MultiModalityRMSNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.dim, self.eps, self.num_modality, self.num_patterns, self.out_dtype = (
-            dim, eps, num_modality, num_patterns, out_dtype)
+            dim,
+            eps,
+            num_modality,
+            num_patterns,
+            out_dtype,
+        )
         self.weight = nn.Parameter(torch.zeros(num_modality * num_patterns * dim, dtype=torch.float32, device=device))
 
     def forward(self, tensor: torch.Tensor, modality_dispatcher: ModalityDispatcher | None = None) -> torch.Tensor:

@@ -72,9 +72,7 @@ class Magi2TransformerLayer(nn.Module):
             if layer_index in config.moe.layers
             else Magi2MLP(config, num_modality=num_modality)
         )
-        self.mhc_norm = MultiModalityRMSNorm(
-            config.virtual_width, num_modality=num_modality, out_dtype=torch.float32
-        )
+        self.mhc_norm = MultiModalityRMSNorm(config.virtual_width, num_modality=num_modality, out_dtype=torch.float32)
 
 
 class Magi2TransformerBlock(nn.Module):
