@@ -620,3 +620,30 @@ def test_gpu_varlen_attention_with_device_prefix_sums() -> None:
     )
     want = oracles.attention(q, k, v, cu, cu, sinks=sink).o
     torch.testing.assert_close(got.cpu().double(), want, rtol=1.6e-2, atol=1e-2)
+
+
+@torch.no_grad()
+def test_vllm_omni_loader_fills_the_prepared_layout_in_place(
+    standin: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vllm-omni's load_weights copies into ``state_dict(keep_vars=True)`` entries: with a packing
+    provider those are strided views of the prepared storage, and the copy must land there."""
+    standin("0.30.0")
+    integ.register()
+    modeling = _modeling()
+    cfg = _small_config(modeling, torch.bfloat16)
+    ckpt = _random_checkpoint(cfg)
+    plain = modeling.Magi2PreviewTransformer(cfg)
+    plain.load_state_dict(ckpt, strict=True)
+    monkeypatch.setattr(integ.moe.ops, "prepare_moe_weights", _InterleavingPreparer())
+    model = modeling.Magi2PreviewTransformer(cfg)
+    moe = model.block.layers[1].mlp.moe_mlp
+    bank = moe.W_gate.untyped_storage().data_ptr()
+    assert not moe.W_gate.is_contiguous() and moe.W_up.untyped_storage().data_ptr() == bank
+    model.load_weights((f"transformer.{n}", t) for n, t in ckpt.items())
+    assert moe.W_gate.untyped_storage().data_ptr() == bank  # filled in place, nothing re-seated
+    for name, tensor in model.state_dict().items():
+        source = name.replace("expert_bias", "expert_bias_ema") if name.endswith("router.expert_bias") else name
+        assert torch.equal(tensor, ckpt[source]), name
+    x = torch.randn(19, cfg.hidden_size, dtype=torch.float64).bfloat16()
+    assert torch.equal(moe(x), plain.block.layers[1].mlp.moe_mlp(x))

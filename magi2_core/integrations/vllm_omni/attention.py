@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from magi2_core import ops
+from magi2_core import config, ops
 
 __all__ = ["VarlenLike", "packed_attention_with_sink", "varlen_attention_with_sink"]
 
@@ -34,7 +34,8 @@ def varlen_attention_with_sink(
     ``cu_seqlens_*``: int32 prefix sums (on the GPU in serving), ``max_seqlen_*``: host ints, so the
     call needs no host sync. ``softcap <= 0`` disables the cap (vllm-omni passes -1.0). ``sink``:
     ``[num_sink, Hq]`` logits whose values are zero vectors, taken in FP32; an empty one is no sink.
-    The softmax scale is ``D ** -0.5``, as in vllm-omni.
+    The softmax scale is ``D ** -0.5`` and ``MAGI2_DETERMINISTIC=1`` asks for a deterministic
+    kernel, as in vllm-omni.
     """
     sinks = None if sink is None or sink.numel() == 0 else sink.float()
     return ops.attention(
@@ -47,6 +48,7 @@ def varlen_attention_with_sink(
         max_seqlen_k=max_seqlen_k,
         softcap=softcap,
         sinks=sinks,
+        deterministic=bool(config.get("MAGI2_DETERMINISTIC")),
     )
 
 

@@ -319,8 +319,10 @@ def _prepare_after_load(module: nn.Module, _incompatible: object) -> None:
 
 
 def _checkpoint_layout(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Mapping[str, Any]) -> None:
-    # W_gate/W_up may be strided views of a packed bank; a checkpoint holds plain tensors.
+    # W_gate/W_up may be strided views of a packed bank; a checkpoint holds plain tensors. With
+    # keep_vars=True the entries are the Parameters themselves, which vllm-omni's load_weights fills
+    # in place through copy_: those must stay the parameters, not copies.
     for name in ("W_gate", "W_up", "W_down"):
         t = state.get(prefix + name)
-        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter) and not t.is_contiguous():
             state[prefix + name] = t.contiguous()
