@@ -299,7 +299,7 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
         return (
             f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
             f"resolves routing to provider {route!r} and experts to {experts!r} "
-            f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads}` shows why)"
+            f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads} --tokens {t}` shows why)"
         )
     problem = Problem(
         op="rmsnorm",
@@ -314,5 +314,5 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
     chosen = resolve_problem(problem).chosen
     return (
         f"a typical call ({dev}, bfloat16, {t} x {cfg.hidden_size}, 3 modalities) resolves to provider "
-        f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3` shows why)"
+        f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3 --tokens {t}` shows why)"
     )
