@@ -457,10 +457,25 @@ def test_norm_rejects_a_missing_dispatcher_and_ignores_it_for_one_modality() -> 
     torch.testing.assert_close(single(x, object()).double(), want, rtol=1e-6, atol=1e-6)
 
 
-def test_moe_refuses_routing_it_does_not_compute() -> None:
-    cfg = integ.Magi2MultiHeadMoEConfig(64, 4, 8, 2, 32, torch.float32, score_func="softmax")
-    with pytest.raises(m2.InvalidValueError, match="sigmoid"):
+def test_moe_refuses_a_score_function_it_does_not_know() -> None:
+    cfg = integ.Magi2MultiHeadMoEConfig(64, 4, 8, 2, 32, torch.float32, score_func="relu")
+    with pytest.raises(m2.InvalidValueError, match="softmax"):
         integ.Magi2MultiHeadMoE(cfg, ep_group=integ.EPGroup())
+
+
+@pytest.mark.parametrize(("score_func", "route_norm"), [("softmax", True), ("sigmoid", False), ("softmax", False)])
+@torch.no_grad()
+def test_moe_routing_options_match_the_standin(standin: Callable[..., None], score_func: str, route_norm: bool) -> None:
+    """vllm-omni's MoE config allows softmax scores and unnormalised weights (the release uses neither)."""
+    standin("0.30.0")
+    mh_moe = importlib.import_module(f"{PKG}.mh_moe")
+    cfg = mh_moe.Magi2MultiHeadMoEConfig(64, 4, 8, 2, 32, torch.float32, score_func, route_norm, route_scale=2.5)
+    upstream, ours = mh_moe.Magi2MultiHeadMoE(cfg), integ.Magi2MultiHeadMoE(cfg)
+    state = {n: torch.randn(t.shape, dtype=torch.float64).to(t.dtype) * 0.3 for n, t in upstream.state_dict().items()}
+    upstream.load_state_dict(state)
+    ours.load_state_dict(state)
+    x = torch.randn(33, 64)
+    torch.testing.assert_close(ours(x), upstream(x), rtol=2e-5, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------

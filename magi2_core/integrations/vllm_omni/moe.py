@@ -39,6 +39,7 @@ from torch import nn
 
 from magi2_core import config as m2_config
 from magi2_core import ops
+from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
@@ -147,15 +148,8 @@ class Magi2MultiHeadMoE(nn.Module):
             raise InvalidValueError(
                 _OP, "config.hidden_size", f"a multiple of num_heads = {config.num_heads}", str(config.hidden_size)
             )
-        if config.score_func != "sigmoid" or not config.route_norm:
-            # The released checkpoint routes with L1-normalised sigmoid scores; that is the routing
-            # magi2_core.moe_route computes.
-            raise InvalidValueError(
-                _OP,
-                "config.score_func/route_norm",
-                "'sigmoid' with route_norm=True (the released MAGI-2 routing)",
-                f"{config.score_func!r}, route_norm={config.route_norm}",
-            )
+        if config.score_func not in ("sigmoid", "softmax"):
+            raise InvalidValueError(_OP, "config.score_func", "'sigmoid' or 'softmax'", repr(config.score_func))
         self.config = config
         self.num_heads = config.num_heads
         self.num_experts = config.num_experts
@@ -278,6 +272,8 @@ class Magi2MultiHeadMoE(nn.Module):
             self._rows(self._router_bias()),
             top_k=self.top_k,
             route_scale=self.config.route_scale,
+            route_norm=self.config.route_norm,
+            score_func=cast(ScoreFunc, self.config.score_func),
         )
         return ops.moe_experts(x_heads, probs, idx, self.prepared_weights())
 

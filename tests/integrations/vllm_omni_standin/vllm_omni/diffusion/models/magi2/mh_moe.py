@@ -59,7 +59,8 @@ class Magi2MultiHeadMoE(nn.Module):
         xs = x.view(-1, h, d)
         use_main = (os.environ.get("MAGI2_ROUTER_BIAS_SOURCE") or "ema").strip().lower() == "main"
         bias = (self.router.expert_bias if use_main else self.router.expert_bias_ema).view(h, 1, e)
-        scores = torch.sigmoid(torch.einsum("thd,hed->hte", xs.float(), self.gate.view(h, e, d).float()))
+        logits = torch.einsum("thd,hed->hte", xs.float(), self.gate.view(h, e, d).float())
+        scores = logits.sigmoid() if self.config.score_func == "sigmoid" else logits.softmax(-1)
         chosen = (scores + bias).topk(self.top_k, dim=-1).indices  # [h, t, k]
         weights = scores.gather(-1, chosen)
         if self.config.route_norm:
