@@ -221,6 +221,20 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "MUSA only: the sink correction after MATE attention: the FP32 torch path or the fused Triton kernel.",
         choice("torch", "triton"),
     ),
+    Variable(
+        "MAGI2_VLLM_OMNI",
+        True,
+        "The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
+        "0.30.x is installed; 0 leaves vllm-omni's own operators in place.",
+        boolean,
+    ),
+    Variable(
+        "MAGI2_ROUTER_BIAS_SOURCE",
+        "ema",
+        "The checkpoint bias vllm-omni's MAGI-2 MoE layers select experts with: `ema` "
+        "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`).",
+        choice("ema", "main"),
+    ),
 )
 VARIABLES: dict[str, Variable[Any]] = {v.name: v for v in _DECLARED}
 

@@ -1,0 +1,318 @@
+"""The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
+
+vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
+module attributes, chosen where vllm-omni looks them up when the model is BUILT or CALLED (a name
+that was bound at import time elsewhere would not see a patch):
+
+- ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
+  ``load_weights``' isinstance checks (``modeling_magi2`` imported the class by name, so patching
+  ``mh_moe`` would change nothing);
+- ``modeling_magi2.MultiModalityRMSNorm``: read when every norm of the model is constructed;
+- ``attention.packed_attention_with_sink``: read on every call by the Ulysses attention wrapper,
+  after its own head exchange.
+
+The model module is not imported here: vLLM runs general plugins in every process, most of which
+never build MAGI-2. An import hook applies the patch when ``modeling_magi2`` is first imported (or
+at once if it already is), so it is in place before any model is constructed. Each swap is guarded:
+the installed vllm-omni must be a version this adapter was written against, and each attribute must
+still be vllm-omni's own with the call signature read from 0.30.0; otherwise the operator is left
+alone and a WARNING says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from magi2_core import config as m2_config
+from magi2_core import platform
+from magi2_core.errors import ResolutionError
+from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
+from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
+from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
+from magi2_core.problem import Feature, Problem
+from magi2_core.resolver import resolve_problem
+
+__all__ = ["SUPPORTED_VERSIONS", "register", "unregister"]
+
+logger = logging.getLogger(__name__)
+
+DISTRIBUTION = "vllm-omni"
+SUPPORTED_VERSIONS = SpecifierSet(">=0.30.0,<0.31")
+_PKG = "vllm_omni.diffusion.models.magi2"
+_MODELING = f"{_PKG}.modeling_magi2"
+# A typical per-GPU call, for the log line only (every real call resolves by its own shape).
+_TYPICAL_TOKENS = 14601
+
+
+@dataclass(frozen=True)
+class _Swap:
+    op: str
+    module: str  # where the attribute is looked up at build/call time
+    attr: str
+    origin: str  # the upstream module that defines the original
+    replacement: Callable[..., Any]
+
+
+_SWAPS: tuple[_Swap, ...] = (
+    _Swap(
+        "attention", f"{_PKG}.attention", "packed_attention_with_sink", f"{_PKG}.attention", packed_attention_with_sink
+    ),
+    _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE),
+    _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
+)
+# The originals this process replaced, per (module, attribute), so unregister() can put them back.
+_ORIGINALS: dict[tuple[str, str], object] = {}
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``; safe to call any number of times in one process.
+
+    Silent when vllm-omni is not installed; logs (and does nothing) when ``MAGI2_VLLM_OMNI=0`` or
+    the installed vllm-omni is not a supported version.
+    """
+    if importlib.util.find_spec("vllm_omni") is None:
+        return
+    _share_vllm_log_handlers()
+    if not m2_config.get("MAGI2_VLLM_OMNI"):
+        logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
+        return
+    try:
+        installed = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        logger.warning(
+            "magi2-core: vllm_omni is importable but no %s distribution is installed, so its version cannot "
+            "be checked; MAGI-2 operators are left as they are (install vllm-omni %s with pip)",
+            DISTRIBUTION,
+            SUPPORTED_VERSIONS,
+        )
+        return
+    if not _supported(installed):
+        logger.warning(
+            "magi2-core: vllm-omni %s is installed but this adapter was written against vllm-omni %s; "
+            "MAGI-2 operators are left as they are (install a matching magi2-core, or vllm-omni %s)",
+            installed,
+            SUPPORTED_VERSIONS,
+            SUPPORTED_VERSIONS,
+        )
+        return
+    modeling = sys.modules.get(_MODELING)
+    if modeling is not None:
+        _patch(modeling)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def unregister() -> None:
+    """Remove the import hook and put vllm-omni's originals back in modules already imported.
+
+    Models built while the patch was in place keep magi2-core's layers.
+    """
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
+    for (module_name, attr), original in list(_ORIGINALS.items()):
+        module = sys.modules.get(module_name)
+        if module is not None and any(getattr(module, attr, None) is s.replacement for s in _SWAPS):
+            setattr(module, attr, original)
+        del _ORIGINALS[(module_name, attr)]
+
+
+def _supported(installed: str) -> bool:
+    try:
+        return SUPPORTED_VERSIONS.contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _share_vllm_log_handlers() -> None:
+    """Make this plugin's INFO lines visible in a vLLM log.
+
+    vLLM configures only its own ``vllm`` logger, so without this the ``magi2_core`` lines would
+    reach no handler. Nothing changes when logging is configured anywhere up our chain.
+    """
+    ours, vllm_logger = logging.getLogger("magi2_core"), logging.getLogger("vllm")
+    if ours.hasHandlers() or not vllm_logger.handlers:
+        return
+    for handler in vllm_logger.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.INFO)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then applies the swaps to the freshly executed module."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and inspect
+        return getattr(self._inner, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds ``modeling_magi2`` with the other finders and wraps its loader."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _MODELING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _patch(modeling: ModuleType) -> None:
+    for swap in _SWAPS:
+        module = modeling if swap.module == modeling.__name__ else importlib.import_module(swap.module)
+        current = getattr(module, swap.attr, None)
+        if current is swap.replacement:
+            continue  # already swapped in this process
+        problem = _guard(swap, current)
+        if problem is not None:
+            logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: %s", swap.op, problem)
+            continue
+        try:
+            served_by = _describe_provider(swap.op, modeling)
+        except ResolutionError as exc:
+            logger.warning(
+                "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
+            )
+            continue
+        _ORIGINALS[(swap.module, swap.attr)] = current
+        setattr(module, swap.attr, swap.replacement)
+        logger.info(
+            "magi2-core: vllm-omni MAGI-2 %s (%s.%s) now runs on magi2-core; %s",
+            swap.op,
+            swap.module.rsplit(".", 1)[1],
+            swap.attr,
+            served_by,
+        )
+
+
+def _guard(swap: _Swap, current: object) -> str | None:
+    """Why ``current`` must not be replaced, or None when it is vllm-omni's own, as read in 0.30.0."""
+    origin = sys.modules.get(swap.origin)
+    original = getattr(origin, swap.attr, None) if origin is not None else None
+    if current is None or current is not original:
+        return (
+            f"{swap.module}.{swap.attr} is {current!r}, not vllm-omni's own {swap.origin}.{swap.attr} "
+            f"(another plugin replaced it, or vllm-omni changed)"
+        )
+    pairs: list[tuple[str, Callable[..., Any], Callable[..., Any]]]
+    if inspect.isclass(current):
+        pairs = [
+            (f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in ("__init__", "forward")
+        ]
+    else:
+        pairs = [(swap.attr, current, swap.replacement)]  # type: ignore[list-item]
+    for name, theirs, ours in pairs:
+        mismatch = _signature_mismatch(theirs, ours)
+        if mismatch is not None:
+            return f"{name} has a call signature this adapter does not accept ({mismatch})"
+    return None
+
+
+def _signature_mismatch(theirs: Callable[..., Any], ours: Callable[..., Any]) -> str | None:
+    """Every parameter of upstream's must exist in ours with the same kind; our extras need defaults."""
+    up, mine = inspect.signature(theirs).parameters, inspect.signature(ours).parameters
+    for name, param in up.items():
+        if name not in mine or mine[name].kind != param.kind:
+            return f"upstream parameter {param} has no counterpart"
+    extra = [str(p) for n, p in mine.items() if n not in up and p.default is inspect.Parameter.empty]
+    return f"required parameters {extra} that upstream never passes" if extra else None
+
+
+def _device_type() -> str:
+    if platform.cuda_available():
+        return "cuda"
+    if platform.musa_installed() and platform.musa_available():
+        return "musa"
+    return "cpu"
+
+
+def _describe_provider(op: str, modeling: ModuleType) -> str:
+    """Which provider a typical call of ``op`` resolves to on this machine (no tensor, no kernel)."""
+    cfg = modeling.Magi2PreviewConfig()
+    dev, t = _device_type(), _TYPICAL_TOKENS
+    if op == "attention":
+        problem = Problem(
+            op="attention",
+            device_type=dev,
+            dtype="bfloat16",
+            features=frozenset({Feature.SINKS}),
+            tokens=t,
+            tokens_k=t,
+            max_seqlen_q=t,
+            max_seqlen_k=t,
+            num_segments=1,
+            head_dim=cfg.head_dim,
+            num_heads_q=cfg.num_heads_q,
+            num_heads_kv=cfg.num_heads_kv,
+        )
+        chosen = resolve_problem(problem).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens, {cfg.num_heads_q}x{cfg.head_dim} heads, sinks) "
+            f"resolves to provider {chosen!r} (`magi2 explain attention --device {dev} --sinks "
+            f"--max-seqlen-q {t} --heads-q {cfg.num_heads_q}` shows why)"
+        )
+    if op == "moe":
+        moe = cfg.moe
+        dims = dict(
+            tokens=t,
+            num_heads=moe.num_heads,
+            num_experts=moe.num_experts,
+            top_k=moe.top_k,
+            hidden=cfg.hidden_size // moe.num_heads,
+        )
+        route = resolve_problem(Problem(op="moe_route", device_type=dev, dtype="bfloat16", **dims)).chosen
+        experts = resolve_problem(
+            Problem(
+                op="moe_experts", device_type=dev, dtype="bfloat16", intermediate=moe.expert_intermediate_size, **dims
+            )
+        ).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
+            f"resolves routing to provider {route!r} and experts to {experts!r} "
+            f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads} --tokens {t}` shows why)"
+        )
+    problem = Problem(
+        op="rmsnorm",
+        device_type=dev,
+        dtype="bfloat16",
+        out_dtype="bfloat16",
+        tokens=t,
+        width=cfg.hidden_size,
+        num_modalities=3,
+        num_patterns=1,
+    )
+    chosen = resolve_problem(problem).chosen
+    return (
+        f"a typical call ({dev}, bfloat16, {t} x {cfg.hidden_size}, 3 modalities) resolves to provider "
+        f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3 --tokens {t}` shows why)"
+    )
