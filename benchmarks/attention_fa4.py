@@ -193,8 +193,9 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
 
 
 def _commit() -> str:
-    if "GIT_COMMIT" in os.environ:
-        return os.environ["GIT_COMMIT"]
+    for var in ("MAGI2_GIT_COMMIT", "GIT_COMMIT"):  # scripts/h200_session.sh sets the first
+        if os.environ.get(var, "unknown") != "unknown":
+            return os.environ[var]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -204,7 +205,7 @@ def _commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description="FA4 vs FA3 with and without a sink, and FA4's JIT cost")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (about 2 minutes on an H200)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (meant to finish within 4 minutes on an H200, JIT included)")
     ap.add_argument("--jit-only", action="store_true", help="only the first-call / cached-call JIT costs")
     args = ap.parse_args()
     ensure_backends()

@@ -293,9 +293,9 @@ def test_descriptor_from_packaging_only() -> None:
     assert spec.name == "magi2-backend-cuda-fa4" and spec.providers[0].name == "fa4"
 
 
-def _fires(rules, tokens: int, max_k: int, heads: int = 24, *features: Feature) -> bool:
+def _fires(rules, tokens: int, max_k: int, heads: int = 24, *features: Feature, head_dim: int = 128) -> bool:
     p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features), tokens=tokens,
-                tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads)
+                tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads, head_dim=head_dim)
     return any(r.fires(p) for r in rules)
 
 
@@ -315,6 +315,8 @@ def test_fa3_stands_aside_for_fa4_sinks_on_short_packs_only() -> None:
     for t, mk in shorts.values():
         assert _fires(rules, t, mk, 24, Feature.SINKS) and _fires(rules, t, mk, 24, Feature.SINKS, Feature.SOFTCAP)
         assert not _fires(rules, t, mk, 24) and not _fires(rules, t, mk, 32, Feature.SINKS)
+        assert not _fires(rules, t, mk, 24, Feature.SINKS, head_dim=256)  # beyond fa4's head dims: FA3 keeps it
+    assert max(HEAD_DIMS) == fa3_plugin.FA4_MAX_HEAD_DIM
     for t, mk in longs.values():
         assert not _fires(rules, t, mk, 24, Feature.SINKS)
     for rule in rules:  # the sweep that re-measures them writes the file they name
@@ -375,10 +377,10 @@ def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_ins
     return reg
 
 
-def _resolve(reg: Registry, segments: list[int], *features: Feature, heads: int = 24) -> Any:
+def _resolve(reg: Registry, segments: list[int], *features: Feature, heads: int = 24, head_dim: int = 128) -> Any:
     p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features),
                 tokens=sum(segments), tokens_k=sum(segments), max_seqlen_q=max(segments), max_seqlen_k=max(segments),
-                num_segments=len(segments), head_dim=128, num_heads_q=heads, num_heads_kv=heads)
+                num_segments=len(segments), head_dim=head_dim, num_heads_q=heads, num_heads_kv=heads)
     return resolve_problem(p, registry=reg)
 
 
@@ -396,6 +398,7 @@ def test_hopper_resolution(monkeypatch) -> None:
         assert any(r.field.startswith("fa3-fa4-sink-") for r in fa3.reasons), res.explain()
         assert _resolve(reg, segs, Feature.SINKS, Feature.SOFTCAP, Feature.LSE).chosen == "fa4"
         assert _resolve(reg, segs, Feature.SINKS, heads=32).chosen == "fa3"  # beyond the measured heads
+        assert _resolve(reg, segs, Feature.SINKS, head_dim=256).chosen == "fa3"  # beyond fa4's head dims
     for segs in LONG_PACKS.values():  # long: FA3 + the fused correction; without sinks FA3
         assert _resolve(reg, segs, Feature.SINKS).chosen == "fa3"
         assert _resolve(reg, segs).chosen == "fa3"

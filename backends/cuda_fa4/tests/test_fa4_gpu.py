@@ -158,8 +158,11 @@ def test_torch_compile_matches_eager(registered):
 
     eager = f(q, k, v)
     compiled = torch.compile(f, fullgraph=True)(q, k, v)
-    # compiled calls request the LSE (the custom op returns it): the output must not change with that
-    assert torch.equal(eager, compiled)
+    # compiled calls go through the core's custom op, which always asks for the LSE: FA4 then runs
+    # its LSE-writing kernel variant, so the two outputs are compared at the contract's tolerance
+    assert accept_attention(compiled, eager), accept_attention(compiled, eager)
+    ro, _ = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
+    assert accept_attention(compiled, ro), accept_attention(compiled, ro)
 
 
 def test_warmup_compiles_then_hits_the_cache(registered):

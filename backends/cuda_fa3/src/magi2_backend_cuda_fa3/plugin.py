@@ -63,6 +63,7 @@ SHORT_SEQUENCE_RULES: tuple[Rule, ...] = tuple(_short_work_rule(t, m) for t, m i
 # exist only where the FA4 backend and flash-attn-4 are installed (``descriptor(..., fa4=True)``).
 FA4_SINK_LIMITS: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 1024))
 FA4_SINK_MAX_HEADS = 24
+FA4_MAX_HEAD_DIM = 128  # the fa4 descriptor's largest head dim: above it FA3 keeps the call
 _FA4_PROVENANCE = Provenance(
     kind="benchmark", source="benchmarks/results/attention_fa4_h200.json",
     note="initial corners from the H200 reference figures of FA4 4.0.0b36 (24 x 128 bf16, time / raw FA3: FA4 "
@@ -78,6 +79,7 @@ def _fa4_sink_rule(tokens: int, max_seqlen_k: int) -> Rule:
         when=(Condition(field="tokens", op="le", value=tokens),
               Condition(field="max_seqlen_k", op="le", value=max_seqlen_k),
               Condition(field="num_heads_q", op="le", value=FA4_SINK_MAX_HEADS),
+              Condition(field="head_dim", op="le", value=FA4_MAX_HEAD_DIM),
               Condition(field="feature", op="in", value="sinks")),
         reason=(f"FlashAttention-4's native sink (provider fa4) is faster than FA3 + the sink correction on short "
                 f"packs (<= {tokens} query tokens with key segments <= {max_seqlen_k}): the correction's launch "
