@@ -68,7 +68,8 @@ def descriptor(install: FA4Install | None) -> Capability:
         features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
                             Feature.COMPILING}),
         priority=25, rules=SHORT_WORK_RULES,
-        description="FlashAttention-4 varlen (CuTe DSL, JIT) with native sinks; cc 9.x and 10.x",
+        description="FlashAttention-4 varlen (CuTe DSL, JIT), cc 9.x and 10.x; sinks native for sink_rescale='fp32', "
+                    "through the fused correction for 'activation'",
     )  # fmt: skip
 
 
