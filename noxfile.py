@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "tests-triton", "tests-cuda_fa3", "tests-musa_mate",
-                        "conformance"]
+nox.options.sessions = ["lint", "typecheck", "tests", "tests-triton", "tests-cuda_fa3", "tests-cuda_fa4",
+                        "tests-musa_mate", "conformance"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"  # the CPU build on this project's machines; a bare "torch" pulls a multi-GB CUDA build
@@ -56,6 +56,14 @@ def tests_cuda_fa3(session: nox.Session) -> None:
     """FA3 adapter against fake FA3 modules (every ABI variant); GPU tests skip here."""
     _install(session, *INTERPRETER, "-e", "backends/triton", "-e", "backends/cuda_fa3")
     session.run(*PYTEST, "backends/cuda_fa3/tests", *session.posargs)
+
+
+@nox.session(name="tests-cuda_fa4")
+def tests_cuda_fa4(session: nox.Session) -> None:
+    """FA4 adapter against a fake flash_attn.cute (FA4's signature and sink arithmetic); GPU tests skip here.
+    flash-attn-4 itself is not installed: its CuTe DSL is ~230 MB and needs CUDA."""
+    _install(session, *INTERPRETER, "-e", "backends/triton", "-e", "backends/cuda_fa3", "-e", "backends/cuda_fa4")
+    session.run(*PYTEST, "backends/cuda_fa4/tests", *session.posargs)
 
 
 @nox.session(name="tests-musa_mate")

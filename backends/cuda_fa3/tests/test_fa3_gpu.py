@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from magi2_backend_cuda_fa3.plugin import SHORT_WORK_LIMITS  # noqa: E402
+from magi2_backend_cuda_fa3.plugin import FA4_SINK_LIMITS, SHORT_WORK_LIMITS  # noqa: E402
 from magi2_backend_cuda_fa3.provider import fa3_attention  # noqa: E402
 
 ABI = fa3_attention.loaded.abi
@@ -30,8 +30,9 @@ if ABI is None:
 
 D = 128
 RAGGED = [0, 37, 37, 300]  # an empty segment between a short and a longer one
-# appended so that sink-free packs clear every short-work rule (more tokens and a longer key segment)
-LONG_TAIL = max(m for _, m in SHORT_WORK_LIMITS) + 64
+# appended so that packs clear every short-work rule (more tokens and a longer key segment), and the
+# fa3-fa4-sink rules that send short packs with a sink to FA4 where flash-attn-4 is installed
+LONG_TAIL = max(m for _, m in SHORT_WORK_LIMITS + FA4_SINK_LIMITS) + 64
 
 
 def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, dtype: torch.dtype, seed: int):
@@ -128,9 +129,23 @@ def test_resolution_short_work_rules(registered):
     assert res.chosen == "torch_varlen", res.explain()
     fa3 = next(c for c in res.candidates if c.provider == "fa3")
     assert any(r.field.startswith("fa3-short-work-") for r in fa3.reasons), res.explain()
-    # sinks (torch_varlen's unfused correction is slower) or a softcap (torch_varlen has none): FA3
-    assert m2.resolve("attention", q, k, v, cq, ck, sinks=sinks).chosen == "fa3"
+    # a softcap (torch_varlen has none): FA3; sinks (torch_varlen's unfused correction is slower): FA3,
+    # unless FA4 is installed: then its native sink takes short packs (rules fa3-fa4-sink-*)
     assert m2.resolve("attention", q, k, v, cq, ck, softcap=2.0).chosen == "fa3"
+    res = m2.resolve("attention", q, k, v, cq, ck, sinks=sinks)
+    fa4_rules = any(r.id.startswith("fa3-fa4-sink-") for r in _fa3_rules())
+    assert (res.chosen != "fa3") is fa4_rules, res.explain()
+    if fa4_rules:
+        fa3 = next(c for c in res.candidates if c.provider == "fa3")
+        assert any(r.field.startswith("fa3-fa4-sink-") for r in fa3.reasons), res.explain()
+
+
+def _fa3_rules():
+    from magi2_core.registry import get_registry
+
+    fa3 = get_registry().provider("attention", "fa3")
+    assert fa3 is not None
+    return fa3.capability.rules
 
 
 def test_torch_compile_matches_eager(registered):

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Literal
 
-__all__ = ["BuildKind", "FoundBuild", "dist_version", "find_builds", "installed_build", "read_build_flags"]
+__all__ = ["BuildKind", "FoundBuild", "dist_version", "fa4_installed", "find_builds", "installed_build",
+           "read_build_flags"]
 
 BuildKind = Literal["fa3-fwd", "flash_attn_3", "tokenspeed-fa3", "mate"]
 
@@ -130,3 +131,9 @@ def find_builds() -> tuple[FoundBuild, ...]:
 def installed_build() -> FoundBuild | None:
     """The build the provider will try first (refused ones skipped), or ``None``."""
     return next((b for b in find_builds() if b.refusal is None), None)
+
+
+def fa4_installed() -> bool:
+    """Whether the FA4 provider can be registered here: its backend package and flash-attn-4 are both
+    installed (packaging only; whether FA4 runs on this device is the FA4 provider's own check)."""
+    return _module_exists("magi2_backend_cuda_fa4") and dist_version("flash-attn-4") is not None

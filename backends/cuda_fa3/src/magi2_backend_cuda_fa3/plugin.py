@@ -9,12 +9,13 @@ MATE look-alike) is reported by the kernel object's ``check``.
 from __future__ import annotations
 
 from magi2_backend_cuda_fa3 import __version__
-from magi2_backend_cuda_fa3.discovery import FoundBuild, installed_build
+from magi2_backend_cuda_fa3.discovery import FoundBuild, fa4_installed, installed_build
 from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
 from magi2_core.hookspecs import BackendSpec, hookimpl
 from magi2_core.problem import Feature
 
-__all__ = ["SHORT_SEQUENCE_RULES", "SHORT_WORK_LIMITS", "descriptor", "dtypes", "head_dims", "magi2_backend"]
+__all__ = ["FA4_SINK_LIMITS", "FA4_SINK_RULES", "SHORT_SEQUENCE_RULES", "SHORT_WORK_LIMITS", "descriptor", "dtypes",
+           "head_dims", "magi2_backend"]
 
 # FA3 rounds the head dim up to the next compiled class and needs a multiple of 8 (flash_api.cpp).
 _HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
@@ -55,6 +56,40 @@ def _short_work_rule(tokens: int, max_seqlen_k: int) -> Rule:
 
 SHORT_SEQUENCE_RULES: tuple[Rule, ...] = tuple(_short_work_rule(t, m) for t, m in SHORT_WORK_LIMITS)
 
+# Where FlashAttention-4's native sink (provider fa4, magi2-backend-cuda-fa4) beats FA3 + the fused
+# sink correction on Hopper: on short packs the correction's second launch is a fixed cost that FA4
+# does not pay; on long packs FA4 is 1-3% slower than FA3 + correction. Thresholds are
+# (query tokens, longest key segment) corners, at most 24 heads (work grows with heads). The rules
+# exist only where the FA4 backend and flash-attn-4 are installed (``descriptor(..., fa4=True)``).
+FA4_SINK_LIMITS: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 1024))
+FA4_SINK_MAX_HEADS = 24
+FA4_MAX_HEAD_DIM = 128  # the fa4 descriptor's largest head dim: above it FA3 keeps the call
+_FA4_PROVENANCE = Provenance(
+    kind="benchmark", source="benchmarks/results/attention_fa4_h200.json",
+    note="initial corners from the H200 reference figures of FA4 4.0.0b36 (24 x 128 bf16, time / raw FA3: FA4 "
+         "with a sink 1.36 / 1.14 / 1.02 / 1.09 at 16x256 / 8x1024 / [342] / [4096], FA3 + fused correction "
+         "2.30 / 1.36 / 2.43 / 1.17; FA3 + correction 1-3% ahead at [8192]x4, [14601]x2, [32768]); to be "
+         "re-measured by benchmarks/attention_fa4.py, which writes this file; docs/fa4.md",
+)  # fmt: skip
+
+
+def _fa4_sink_rule(tokens: int, max_seqlen_k: int) -> Rule:
+    return Rule(
+        id=f"fa3-fa4-sink-{tokens}x{max_seqlen_k}",
+        when=(Condition(field="tokens", op="le", value=tokens),
+              Condition(field="max_seqlen_k", op="le", value=max_seqlen_k),
+              Condition(field="num_heads_q", op="le", value=FA4_SINK_MAX_HEADS),
+              Condition(field="head_dim", op="le", value=FA4_MAX_HEAD_DIM),
+              Condition(field="feature", op="in", value="sinks")),
+        reason=(f"FlashAttention-4's native sink (provider fa4) is faster than FA3 + the sink correction on short "
+                f"packs (<= {tokens} query tokens with key segments <= {max_seqlen_k}): the correction's launch "
+                "dominates there"),
+        provenance=_FA4_PROVENANCE,
+    )  # fmt: skip
+
+
+FA4_SINK_RULES: tuple[Rule, ...] = tuple(_fa4_sink_rule(t, m) for t, m in FA4_SINK_LIMITS)
+
 
 def head_dims(build: FoundBuild | None) -> tuple[int, ...]:
     """Head dims the build serves: multiples of 8 up to its largest compiled class."""
@@ -69,7 +104,8 @@ def dtypes(build: FoundBuild | None) -> tuple[str, ...]:
     return ("bfloat16",) if build is not None and build.disabled("FP16") else ("bfloat16", "float16")
 
 
-def descriptor(build: FoundBuild | None) -> Capability:
+def descriptor(build: FoundBuild | None, *, fa4: bool = False) -> Capability:
+    """The fa3 descriptor for ``build``; ``fa4``: the FA4 provider is installed (adds FA4_SINK_RULES)."""
     source = build.label if build is not None else "no FA3 build installed"
     return Capability(
         op="attention", name="fa3", impl="magi2_backend_cuda_fa3.provider:fa3_attention",
@@ -78,7 +114,7 @@ def descriptor(build: FoundBuild | None) -> Capability:
         ranges=(IntRange(field="tokens", min=1), IntRange(field="tokens_k", min=1)),
         features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
                             Feature.COMPILING}),
-        priority=30, rules=SHORT_SEQUENCE_RULES,
+        priority=30, rules=SHORT_SEQUENCE_RULES + (FA4_SINK_RULES if fa4 else ()),
         description="FlashAttention-3 varlen (fa3-fwd, flash_attn_3 or tokenspeed-fa3) + the fused sink correction",
     )  # fmt: skip
 
@@ -87,6 +123,6 @@ def descriptor(build: FoundBuild | None) -> Capability:
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-cuda-fa3", version=__version__, core_api=">=1.0,<2",
-        providers=(descriptor(installed_build()),),
+        providers=(descriptor(installed_build(), fa4=fa4_installed()),),
         description="MAGI-2 attention through FlashAttention-3 on NVIDIA Hopper",
     )  # fmt: skip

@@ -1,0 +1,156 @@
+"""The FA4 attention provider's kernel object: run-time availability (``check``) and the call.
+
+Inputs arrive validated by the core's attention contract (int32 prefix sums on q's device, Python
+int max lengths, ``softcap = max(softcap, 0)``, sinks ``None`` or FP32 ``[S, Hq]``). The call is
+non-causal, block-diagonal over the segments, one pass per row (``num_splits=1``: deterministic),
+with FA4's own GQA (q head h reads kv head ``h // (Hq/Hkv)``, the contract's grouping).
+
+Sinks, by ``sink_rescale``:
+
+* ``"fp32"``: native. The sinks become one FP32 logit per head (:mod:`magi2_backend_cuda_fa4.sinks`)
+  passed as ``learnable_sink``; FA4 folds it into the FP32 softmax denominator and rounds the output
+  once, which is the contract's FP32 rescale without the intermediate rounding. Its LSE includes
+  the sink.
+* ``"activation"``: the contract rounds the sink-free output to q's dtype, then multiplies by the
+  scale rounded to q's dtype (upstream MAGI-2 on CUDA). A native sink cannot reproduce that double
+  rounding, so FA4 runs without it, returns its LSE, and the FA3 backend's sink correction (the
+  fused Triton kernel where available) applies it, exactly as after FA3.
+
+FA4 compiles a kernel per configuration on first use (dtype, head dim, GQA ratio, sink, softcap,
+LSE): see :func:`magi2_backend_cuda_fa4.warmup`. Run-time failures propagate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+from magi2_backend_cuda_fa3.sinks import SinkCorrection, select_sink_correction
+
+from magi2_backend_cuda_fa4.abi import FA4Abi, LoadResult, load_fa4
+from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
+from magi2_core.problem import Problem
+from magi2_core.provider import SinkRescale
+from magi2_core.resolution import Reason, ReasonCode
+
+__all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
+
+# Hopper (FA4's sm90 kernels) and Blackwell B200/GB200 (sm100). FA4 also has sm80/sm120 paths; they
+# are not claimed: MAGI-2's sinks on them were neither read through nor run.
+CC_MAJORS = (9, 10)
+
+
+def device_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, or ``None`` without a usable CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return int(major), int(minor)
+
+
+class FA4Attention:
+    """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run."""
+
+    def __init__(
+        self,
+        loader: Callable[[], LoadResult] = load_fa4,
+        correction: Callable[[], SinkCorrection] = select_sink_correction,
+        capability: Callable[[], tuple[int, int] | None] = device_capability,
+    ) -> None:
+        self._loader = loader
+        self._correction = correction
+        self._capability = capability
+
+    @cached_property
+    def loaded(self) -> LoadResult:
+        """The FA4 build in use (imported on first use, then cached for the process)."""
+        return self._loader()
+
+    @cached_property
+    def sink_correction(self) -> SinkCorrection:
+        """The correction for ``sink_rescale="activation"`` (chosen once)."""
+        return self._correction()
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        abi = self.loaded.abi
+        if abi is None:
+            return [Reason(code=ReasonCode.UNAVAILABLE, field="fa4", expected="flash-attn-4 (flash_attn.cute)",
+                           actual="none usable", detail=self.loaded.why_none())]
+        cc = self._capability()
+        if cc is None:
+            return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
+                           detail=f"torch {torch.__version__}; FA4 build {abi.label}")]
+        if cc[0] not in CC_MAJORS:
+            return [Reason(code=ReasonCode.CHECK, field="compute_capability",
+                           expected=" | ".join(f"{m}.x" for m in CC_MAJORS), actual=f"{cc[0]}.{cc[1]}",
+                           detail=f"{abi.label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
+                                  "(Blackwell B200/GB200) kernels only")]  # fmt: skip
+        return []
+
+    def _abi(self) -> FA4Abi:
+        abi = self.loaded.abi
+        if abi is None:
+            raise RuntimeError(f"FA4 provider called without a usable FA4 build: {self.loaded.why_none()}")
+        return abi
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float,
+        softcap: float,
+        sinks: torch.Tensor | None,
+        sink_rescale: SinkRescale,
+        deterministic: bool,
+        return_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        abi = self._abi()
+        native = native_sink(sinks) if sinks is not None and sink_rescale == "fp32" else None
+        correct = sinks is not None and native is None
+        need_lse = return_lse or correct
+        # FA4 treats exactly 0.0 as "no cap"; the contract already clamped a disabled cap to 0.0.
+        result = abi.varlen(
+            q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False, softcap=max(float(softcap), 0.0),
+            learnable_sink=None if native is None else native.logit, num_splits=1, return_lse=need_lse,
+        )  # fmt: skip
+        o, lse = self._unpack(result, q, need_lse, abi)
+        if correct:
+            assert sinks is not None and lse is not None
+            o, lse = self.sink_correction.apply(o, lse, sinks, sink_rescale, return_lse)
+        elif native is not None and lse is not None:
+            lse = contract_lse(lse, native)
+        return o, lse if return_lse else None
+
+    @staticmethod
+    def _unpack(result: Any, q: torch.Tensor, need_lse: bool, abi: FA4Abi) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise RuntimeError(f"{abi.label}: flash_attn_varlen_func returned {type(result).__name__}, "
+                               "expected the pair (out, lse)")
+        o, lse = result
+        if not isinstance(o, torch.Tensor) or o.shape != q.shape or o.dtype != q.dtype:
+            got = f"{list(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
+            raise RuntimeError(f"{abi.label} returned out {got}, expected {list(q.shape)} {q.dtype}")
+        if not need_lse:
+            return o, None
+        tq, hq = q.shape[0], q.shape[1]
+        if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32:
+            got = f"{lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+            raise RuntimeError(f"{abi.label}: return_lse=True gave LSE {got}, expected torch.float32")
+        if tuple(lse.shape) == (hq, tq):  # FA4's varlen layout (checked first: Tq == Hq is ambiguous)
+            return o, lse
+        if tuple(lse.shape) == (tq, hq):  # FA4's layout when heads are minor (its MLA path)
+            return o, lse.t().contiguous()
+        raise RuntimeError(f"{abi.label} returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[hq, tq]} "
+                           f"or [Tq, Hq] = {[tq, hq]}")
+
+
+fa4_attention = FA4Attention()
