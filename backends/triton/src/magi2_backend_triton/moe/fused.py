@@ -19,6 +19,7 @@ from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
+from .tma import launch_fused_tma
 
 
 def _interpreting() -> bool:
@@ -154,7 +155,8 @@ def run_fused(
     # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
     # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
     w13 = interleaved_bank(w_gate, w_up)
-    if w13 is None and (tiles.packed_w13 or not (w_gate.is_contiguous() and w_up.is_contiguous())):
+    tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
+    if w13 is None and (tiles.packed_w13 or tma or not (w_gate.is_contiguous() and w_up.is_contiguous())):
         w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
@@ -165,7 +167,13 @@ def run_fused(
 
     routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
     inter: Tensor | None = None
-    if single is not None:
+    if tma:
+        assert single is not None and w13 is not None
+        launch_fused_tma(
+            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=tiles.variant,
+            ctas_per_sm=tiles.ctas_per_sm, upcast=upcast, rne=rne,
+        )  # fmt: skip
+    elif single is not None:
         fused_expert_kernel[(num_blocks_m,)](
             x, wg, wu, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
             num_tokens, num_routes, x.stride(0), x.stride(1), *w_strides,
