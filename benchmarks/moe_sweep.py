@@ -15,8 +15,10 @@ For each shape (production-local Hl=3, E=256, top-6, d=256, I=1280 at T=4096, 14
    fraction of the matmul ceiling (679 TFLOP/s, useful FLOPs) and of the weight-read floor.
 
 Prepared-weight layout throughout (gate/up as views of one packed bank, as `prepare_moe_weights`
-gives the kernels), so no variant pays for or caches a pack. Total wall time is bounded by
-``--budget-s``: past it, remaining shapes are checked but not timed.
+gives the kernels), so no variant pays for or caches a pack. Two passes: the variants without warp
+specialisation first, then the warp-specialised ones (the newest compiler path: if it crashes the
+process, the first pass is already written). JSON is rewritten after every shape. Past
+``--budget-s`` seconds the remaining shapes are skipped (recorded as such).
 
     PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe_sweep
     ... python -m benchmarks.moe_sweep --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -76,7 +79,13 @@ def _short_error(e: BaseException) -> str:
 
 
 def sweep_shape(
-    bm: Any, tokens: int, heads: int, variants: list[str], failed: dict[str, str], iters: int, time_it: bool
+    bm: Any,
+    tokens: int,
+    heads: int,
+    variants: list[str],
+    failed: dict[str, str],
+    iters: int,
+    progress: Callable[[str], None],
 ) -> dict[str, Any]:
     from magi2_backend_triton.moe.fused import MoEState, run_fused
     from magi2_backend_triton.moe.native import loop_moe_experts
@@ -104,6 +113,7 @@ def sweep_shape(
             rec["skipped"] = f"failed earlier: {failed[name][:200]}"
             continue
         state = MoEState()
+        progress(name)  # on disk before the compile: a crash that kills the process names its variant
         try:
             t0 = time.perf_counter()
             y = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=tiles).y
@@ -118,11 +128,7 @@ def sweep_shape(
         outs[name] = y
         rec["finite"] = bool(torch.isfinite(y).all())
         rec["rel_l2_vs_ref"] = bm.rel_l2(y, ref)
-
-        def call(t: Any = tiles, s: Any = state) -> Any:
-            return run_fused(x, probs, idx, gate, up, wd, state=s, tiles=t)
-
-        calls[name] = call
+        calls[name] = functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, tiles=tiles)
     base_y = outs.get("base")
     for name, y in outs.items():
         rec = res["variants"][name]
@@ -134,8 +140,6 @@ def sweep_shape(
         if not rec["correct"]:
             failed.setdefault(name, f"incorrect at T={tokens} Hl={heads}: rel-L2 {rec['rel_l2_vs_ref']:.3g}")
     del ref, outs
-    if not time_it:
-        return res
     timed = {n: c for n, c in calls.items() if res["variants"][n]["correct"]}
     fns: dict[str, Callable[[], Any]] = {}
     for name, call in timed.items():
@@ -167,10 +171,12 @@ def print_table(report: dict[str, Any]) -> None:
         f"{'x base':>6} {'matmul%':>7} {'wfloor%':>7}  check"
     )
     for r in report["shapes"]:
-        for name, v in r["variants"].items():
+        for name, v in r.get("variants", {}).items():
             if "error" in v or "skipped" in v:
                 why = v.get("error", v.get("skipped", "")).splitlines()[-1][:60]
-                print(f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {'-':>9} {'':>15} {'-':>9} {'':>6} {'':>7} {'':>7}  {why}")
+                print(
+                    f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {'-':>9} {'':>15} {'-':>9} {'':>6} {'':>7} {'':>7}  {why}"
+                )
                 continue
             g, e = v.get("graph"), v.get("eager")
             chk = ("bit-equal" if v.get("bit_equal_base") else f"relL2 {v['rel_l2_vs_ref']:.2e}") + (
@@ -191,7 +197,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/moe_sweep_h200.json")
     p.add_argument("--variants", nargs="*", help="tiles.KernelVariant values (default: every TMA variant)")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--budget-s", type=float, default=200.0, help="no timing after this many seconds")
+    p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     a = p.parse_args()
     if a.dry_run:
@@ -206,7 +212,7 @@ def main() -> None:
     shapes = SHAPES
     if a.dry_run:
         bm.D, bm.I, bm.E, bm.DEV = 32, 64, 8, "cpu"
-        shapes, a.iters = [(9, 2), (40, 2)], 2
+        shapes, a.iters = [(40, 2)], 2
     started = time.perf_counter()
     report: dict[str, Any] = {
         **_common.env_record(bm.DEV),
@@ -217,16 +223,37 @@ def main() -> None:
         "shapes": [],
     }
     failed: dict[str, str] = {}
-    for tokens, heads in shapes:
-        time_it = time.perf_counter() - started < a.budget_s
-        print(f"T={tokens} Hl={heads} (t={time.perf_counter() - started:.0f}s, timing={time_it})", flush=True)
-        report["shapes"].append(sweep_shape(bm, tokens, heads, variants, failed, a.iters, time_it))
+    # Pass 1: the variants without warp specialisation. Pass 2: the warp-specialised ones, whose
+    # compiler path (Triton's Hopper warp-spec pass) is the newest: should it bring the process
+    # down, pass 1's results are already on disk. Each pass times the base again (same-run ratios).
+    passes = [[v for v in variants if not v.endswith("_ws")], [v for v in variants if v.endswith("_ws")]]
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+
+    def dump() -> None:
         report["wall_s"] = time.perf_counter() - started
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
-        if bm.DEV == "cuda":
-            torch.cuda.empty_cache()
+
+    def progress(tokens: int, heads: int) -> Callable[[str], None]:
+        def mark(variant: str) -> None:
+            report["in_progress"] = {"tokens": tokens, "heads": heads, "first_call_of": variant}
+            dump()
+
+        return mark
+
+    for group in (g for g in passes if g):
+        for tokens, heads in shapes:
+            elapsed = time.perf_counter() - started
+            if elapsed > a.budget_s:
+                print(f"T={tokens} Hl={heads} {group}: skipped (budget {a.budget_s:.0f} s spent)", flush=True)
+                report["shapes"].append({"tokens": tokens, "heads": heads, "skipped_for_budget": group})
+                continue
+            print(f"T={tokens} Hl={heads} {group} (t={elapsed:.0f}s)", flush=True)
+            report["shapes"].append(sweep_shape(bm, tokens, heads, group, failed, a.iters, progress(tokens, heads)))
+            report.pop("in_progress", None)
+            dump()
+            if bm.DEV == "cuda":
+                torch.cuda.empty_cache()
     print_table(report)
     print(f"wrote {a.out} in {report['wall_s']:.0f} s", file=sys.stderr)
 

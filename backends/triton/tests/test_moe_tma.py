@@ -24,13 +24,13 @@ from magi2_backend_reference.moe import reference_moe_experts
 from magi2_backend_triton.moe import MoEState
 from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.pack import pack_w13
-from magi2_backend_triton.moe.tiles import KERNEL_VARIANTS, GemmTile, MoETiles
+from magi2_backend_triton.moe.tiles import KERNEL_VARIANTS, GemmTile, KernelVariant, MoETiles
 from magi2_backend_triton.moe.tma import tma_unsupported_reason
-from magi2_core.errors import InvalidValueError
-
 from test_moe_fused import INTERPRET, assert_within_one_ulp, make_moe, rel_l2
 
-TMA_VARIANTS = [v for v in KERNEL_VARIANTS if v != "pointer"]
+from magi2_core.errors import InvalidValueError
+
+TMA_VARIANTS: list[KernelVariant] = [v for v in KERNEL_VARIANTS if v != "pointer"]
 _T16 = GemmTile(16, 16, 16, 4, 1)
 POINTER = MoETiles(_T16, _T16, single=_T16, interleaved_dot=True)
 
@@ -44,7 +44,7 @@ CASES = {
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (the GPU test below covers CUDA)")
 @pytest.mark.parametrize("variant", TMA_VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_tma_variant_equals_pointer_kernel(case: str, variant: str) -> None:
+def test_tma_variant_equals_pointer_kernel(case: str, variant: KernelVariant) -> None:
     x, probs, idx, wg, wu, wd = make_moe(*CASES[case])
     base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=POINTER).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=dataclasses.replace(POINTER, variant=variant)).y
@@ -72,7 +72,7 @@ def test_tma_variant_rejected_off_hopper(monkeypatch: pytest.MonkeyPatch) -> Non
     assert reason is not None and "CUDA" in reason
     if INTERPRET:
         x, probs, idx, wg, wu, wd = make_moe(3, 1, 2, 32, 32, 2)
-        with pytest.raises(InvalidValueError, match="tiles.variant"):
+        with pytest.raises(InvalidValueError, match=r"tiles\.variant"):
             run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=dataclasses.replace(POINTER, variant="tma"))
 
 
@@ -92,7 +92,7 @@ def _hopper() -> bool:
 @pytest.mark.skipif(not _hopper(), reason="needs a CUDA GPU of capability >= 9.0")
 @pytest.mark.parametrize("shape", [(1, 3, 256), (513, 3, 256), (4097, 3, 256)])
 @pytest.mark.parametrize("variant", TMA_VARIANTS)
-def test_gpu_tma_variant_matches_pointer_kernel(shape: tuple[int, int, int], variant: str) -> None:
+def test_gpu_tma_variant_matches_pointer_kernel(shape: tuple[int, int, int], variant: KernelVariant) -> None:
     tokens, heads, experts = shape
     x, probs, idx, wg, wu, wd = make_moe(tokens, heads, experts, 256, 1280, 6, device="cuda")
     bm = 16 if tokens * 6 / experts <= 16 else 128

@@ -26,8 +26,10 @@ from .tiles import GemmTile, KernelVariant
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # Triton before 3.4: no host-side descriptors
-    TensorDescriptor = None  # type: ignore[assignment,misc]
+
+    _HAS_DESCRIPTORS = True
+except ImportError:  # Triton before 3.4 (or a fork without them): no host-side descriptors
+    _HAS_DESCRIPTORS = False
 
 # Under the interpreter the persistent walk runs on a pretend machine of this many programs, so
 # the tests see programs that own several row blocks.
@@ -49,7 +51,7 @@ def _sm_count(device: torch.device) -> int:
 
 def tma_unsupported_reason(device: torch.device, variant: KernelVariant) -> str | None:
     """Why ``variant`` cannot run on ``device`` with this Triton, or None when it can."""
-    if TensorDescriptor is None:
+    if not _HAS_DESCRIPTORS:
         return f"Triton {triton.__version__} has no triton.tools.tensor_descriptor (needs >= 3.4)"
     if variant.endswith("_ws") and not _has_warp_specialize():
         return f"Triton {triton.__version__} has no tl.range(warp_specialize=...)"
