@@ -46,17 +46,22 @@ REL_L2_LIMIT = 3e-4
 
 
 def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
-    """The table's tiles and, for each variant, the same one-kernel tile with that kernel; plus one
-    shallower-pipeline persistent tile with two programs per SM where the base holds few rows."""
+    """The table's tiles and, for each variant, the same one-kernel tile with that kernel; where the
+    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent."""
     out = {"base": base}
     if base.single is None:
         return out
     for v in variants:
         out[v] = dataclasses.replace(base, variant=v)
-    if "tma_persistent" in variants and base.single.block_m <= 32:
+    if base.single.block_m <= 32:
         # 2 stages halve the shared memory of the 16-row tile (~104 KB): two programs fit per SM.
         shallow = dataclasses.replace(base.single, num_stages=2)
-        out["tma_persistent_s2x2"] = dataclasses.replace(base, single=shallow, variant="tma_persistent", ctas_per_sm=2)
+        if "tma" in variants:
+            out["tma_s2"] = dataclasses.replace(base, single=shallow, variant="tma")
+        if "tma_persistent" in variants:
+            out["tma_persistent_s2x2"] = dataclasses.replace(
+                base, single=shallow, variant="tma_persistent", ctas_per_sm=2
+            )
     return out
 
 
@@ -212,7 +217,7 @@ def main() -> None:
     shapes = SHAPES
     if a.dry_run:
         bm.D, bm.I, bm.E, bm.DEV = 32, 64, 8, "cpu"
-        shapes, a.iters = [(40, 2)], 2
+        shapes, a.iters = [(9, 2)], 1
     started = time.perf_counter()
     report: dict[str, Any] = {
         **_common.env_record(bm.DEV),

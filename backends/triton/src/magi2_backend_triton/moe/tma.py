@@ -40,8 +40,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Per-call host work stays at dictionary lookups: device queries cost tens of microseconds each.
+@functools.lru_cache(maxsize=1)
 def _has_warp_specialize() -> bool:
     return "warp_specialize" in inspect.signature(tl.range).parameters
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
 
 
 @functools.lru_cache(maxsize=16)
@@ -59,7 +67,7 @@ def tma_unsupported_reason(device: torch.device, variant: KernelVariant) -> str 
         return None
     if device.type != "cuda":
         return f"tensor descriptors need a CUDA device; got {device.type}"
-    cap = torch.cuda.get_device_capability(device)
+    cap = _capability(device)
     if cap < (9, 0):
         return f"tensor descriptors need CUDA compute capability >= 9.0; got {cap[0]}.{cap[1]}"
     return None
