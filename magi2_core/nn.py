@@ -67,8 +67,8 @@ class HeadRoutedMoE(nn.Module):
         self._prepared: PreparedMoEWeights | None = None
         self._prepared_for: tuple[nn.Parameter, ...] = ()
         self.reset_parameters()
-        self.register_load_state_dict_post_hook(_prepare_after_load)
-        self._register_state_dict_hook(_checkpoint_layout)
+        self.register_load_state_dict_post_hook(_prepare_after_load)  # type: ignore[no-untyped-call]
+        self.register_state_dict_post_hook(_checkpoint_layout)  # type: ignore[no-untyped-call]
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.router, std=self.head_dim ** -0.5)
@@ -92,7 +92,7 @@ class HeadRoutedMoE(nn.Module):
         return prepared
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> HeadRoutedMoE:
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self.prepare_weights()  # a move copies the views to plain tensors: lay them out again
         return self
 

@@ -16,18 +16,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import magi2_core as m2
 from magi2_backend_reference.moe import reference_moe_experts
 from magi2_backend_triton.moe import fused
 from magi2_backend_triton.moe.align import (
     RouteBuffers,
     align_routes,
     align_routes_stable,
-    flat_route_experts,
     route_capacity,
 )
 from magi2_backend_triton.moe.pack import PackedW13Cache, interleaved_bank, pack_count, pack_w13
 from magi2_backend_triton.providers import TritonMoEExperts
+
+import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_experts
 from magi2_core.nn import HeadRoutedMoE
 
@@ -343,7 +343,32 @@ def test_gpu_cuda_graph_two_layer_stack_replays_bit_equal() -> None:
         static_in.copy_(torch.randn_like(x))
         graph.replay()
         assert torch.equal(static_out, stack(static_in))
+        stack(torch.randn(700, 768, device="cuda").bfloat16())  # eager call with other buffer sizes
+        graph.replay()  # the graph owns its buffers: an eager reallocation cannot free them
+        assert torch.equal(static_out, stack(static_in))
     assert pack_count() == packs
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cuda_graph_with_raw_weights_reads_them_in_place() -> None:
+    e, d, i, k = PROD
+    x, probs, idx, wg, wu, wd = make_moe(4096, 3, e, d, i, k, device="cuda")
+    eager = m2.moe_experts(x, probs, idx, wg, wu, wd)  # warm-up (packs a cached bank for eager calls)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = m2.moe_experts(x, probs, idx, wg, wu, wd)
+    fused._DEFAULT_STATE.w13.clear()  # the graph must not depend on the cache
+    torch.cuda.empty_cache()
+    graph.replay()
+    torch.cuda.synchronize()
+    result = accept_moe_experts(out, eager, i)
+    assert result, str(result)
+    wg.mul_(0.5)  # an in-place update is seen by the next replay (read in place)
+    graph.replay()
+    assert out.isfinite().all()
+    result = accept_moe_experts(out, m2.moe_experts(x, probs, idx, wg, wu, wd), i)
+    assert result, str(result)
 
 
 @pytest.mark.gpu

@@ -1,8 +1,8 @@
 """Launcher of the fused head-routed MoE (spec §3.4-3.5): BF16 as upstream, FP16 and FP32 too.
 
-Host-side work per call is shape arithmetic and cache lookups: no host sync, and after the first
-call with given shapes no allocation that depends on data, so a warmed-up forward can be captured
-in a CUDA graph.
+Host-side work per call is shape arithmetic and cache lookups: no host sync and no allocation
+whose size depends on data, so a warmed-up forward can be captured in a CUDA graph. Under capture
+the call owns its route buffers and reads raw gate/up in place (see `run_fused`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,14 @@ def run_fused(
         single = None
     # The alignment's row block must be the block of the kernels that read it.
     block_m = single.block_m if single is not None else tiles.gemm1.block_m
-    bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
+    # Inside a CUDA-graph capture nothing the graph reads may be owned by a cache that could free it
+    # later (a reallocated route buffer, an evicted bank): buffers come from the graph's own pool and
+    # raw gate/up are read in place. Prepared weights are views the caller keeps alive.
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if capturing:
+        bufs = RouteBuffers.allocate(route_capacity(num_routes, num_experts, block_m), block_m, num_experts, x.device)
+    else:
+        bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
     if deterministic:
         # Every route's output is computed by the same fixed-order program wherever it sits, but a
         # stable sort also fixes which slot it sits in, so two runs execute identically.
@@ -155,9 +162,13 @@ def run_fused(
     # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
     # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
     w13 = interleaved_bank(w_gate, w_up)
-    tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
-    if w13 is None and (tiles.packed_w13 or tma or not (w_gate.is_contiguous() and w_up.is_contiguous())):
+    contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
+    want_tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
+    if w13 is None and not capturing and (tiles.packed_w13 or want_tma or not contiguous):
         w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
+    # Raw gate/up captured in a graph have no bank (read in place, above): the pointer kernel serves
+    # that call, with the same results (the variants are bit-identical by test).
+    tma = want_tma and w13 is not None
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
