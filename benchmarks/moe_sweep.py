@@ -104,8 +104,6 @@ def sweep_shape(
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)  # prepared views
     cap = torch.cuda.get_device_capability() if cuda else None
     base = select_tiles(bm.DEV, cap, tokens * bm.K / bm.E)
-    if not cuda:  # the interpreter's tiles, with the one-kernel path on
-        base = dataclasses.replace(base, single=base.gemm1, interleaved_dot=True)
     cands = candidates(base, variants)
     res: dict[str, Any] = {"tokens": tokens, "heads": heads, **bm.floors(tokens, heads), "variants": {}}
     ref = loop_moe_experts(x, probs, idx, gate, up, wd)

@@ -103,3 +103,31 @@ def test_gpu_tma_variant_matches_pointer_kernel(shape: tuple[int, int, int], var
     assert torch.isfinite(y).all()
     if not torch.equal(y, base):
         assert rel_l2(y, reference_moe_experts(x, probs, idx, wg, wu, wd)) <= 3e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a CUDA GPU of capability >= 9.0")
+@pytest.mark.parametrize("layout", ["prepared", "raw"])
+def test_gpu_tma_variant_in_cuda_graph(layout: str) -> None:
+    # Prepared views: the TMA kernel is captured (descriptors by value). Raw gate/up inside a capture
+    # have no packed bank (read in place): the pointer kernel is captured. Each replays bit-equal to
+    # its kernel run eagerly.
+    x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")
+    single = GemmTile(16, 32, 64, 4, 3)
+    pointer = MoETiles(single, single, single=single, interleaved_dot=True)
+    tiles = dataclasses.replace(pointer, variant="tma_persistent")
+    bank = pack_w13(wg, wu)
+    gate, up = (
+        (bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)) if layout == "prepared" else (wg, wu)
+    )
+    # The kernel the capture will run, eager (this also compiles it outside the capture): raw
+    # weights read in place are the pointer kernel's two-dot form.
+    eager_tiles = tiles if layout == "prepared" else dataclasses.replace(pointer, packed_w13=False)
+    expected = run_fused(x, probs, idx, gate, up, wd, state=MoEState(), tiles=eager_tiles).y
+    state = MoEState()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=tiles).y
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
