@@ -19,6 +19,7 @@ from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
+from .tma import launch_fused_tma
 
 
 def _interpreting() -> bool:
@@ -162,8 +163,12 @@ def run_fused(
     # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
     w13 = interleaved_bank(w_gate, w_up)
     contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
-    if w13 is None and not capturing and (tiles.packed_w13 or not contiguous):
+    want_tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
+    if w13 is None and not capturing and (tiles.packed_w13 or want_tma or not contiguous):
         w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
+    # Raw gate/up captured in a graph have no bank (read in place, above): the pointer kernel serves
+    # that call, with the same results (the variants are bit-identical by test).
+    tma = want_tma and w13 is not None
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
@@ -173,7 +178,13 @@ def run_fused(
 
     routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
     inter: Tensor | None = None
-    if single is not None:
+    if tma:
+        assert single is not None and w13 is not None
+        launch_fused_tma(
+            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=tiles.variant,
+            ctas_per_sm=tiles.ctas_per_sm, upcast=upcast, rne=rne,
+        )  # fmt: skip
+    elif single is not None:
         fused_expert_kernel[(num_blocks_m,)](
             x, wg, wu, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
             num_tokens, num_routes, x.stride(0), x.stride(1), *w_strides,

@@ -9,6 +9,15 @@ at 14,601 tokens (~340 routes per expert) big blocks keep the tensor cores fed.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
+
+# Kernel of the one-kernel path. "pointer": `kernels.fused_expert_kernel`, every platform. The
+# others are the Hopper variants of `kernels_tma.py` (weight slices through tensor descriptors),
+# for CUDA capability >= 9.0 only: "tma" one program per row block, "tma_ws" the same with a
+# warp-specialised slice loop, "tma_persistent" / "tma_persistent_ws" a machine-sized grid walking
+# the row blocks. The launcher rejects a TMA variant where the device or Triton lacks the feature.
+KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws"]
+KERNEL_VARIANTS: tuple[KernelVariant, ...] = ("pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws")
 
 
 @dataclass(frozen=True)
@@ -37,10 +46,19 @@ class MoETiles:
     # One-kernel path with the packed bank: one dot over the interleaved (gate, up) columns
     # instead of two half-width dots.
     interleaved_dot: bool = False
+    # Kernel of the one-kernel path (see KernelVariant); TMA variants always read the packed bank.
+    variant: KernelVariant = "pointer"
+    # Persistent variants: programs per SM (the grid is this times the SM count, at most one
+    # program per row block); sized so that the programs of one wave are resident together.
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         if self.gemm1.block_m != self.gemm2.block_m:
             raise ValueError("gemm1 and gemm2 share the route alignment, so they need one block_m")
+        if self.variant not in KERNEL_VARIANTS:
+            raise ValueError(f"unknown MoE kernel variant {self.variant!r}; expected one of {KERNEL_VARIANTS}")
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"ctas_per_sm must be >= 1; got {self.ctas_per_sm}")
 
     @property
     def block_m(self) -> int:

@@ -1,0 +1,265 @@
+"""One-shot sweep of the fused-MoE kernel variants (tiles.KernelVariant) against the current kernel.
+
+For each shape (production-local Hl=3, E=256, top-6, d=256, I=1280 at T=4096, 14601, 512, then
+12 heads at 4096), on one set of fresh random inputs:
+
+1. check: the table's kernel ("base") and every variant run once; a compile or launch error is
+   recorded for that variant (and it is skipped at later shapes), never raised. Each output is
+   compared with the base (bit equality, max |diff|, rel-L2) and with the FP32-reduced schedule
+   (`loop_moe_experts`); a variant is correct when finite and bit-equal to the base or within
+   rel-L2 3e-4 of the reference.
+2. time: every correct variant and the base, each captured in its own CUDA graph, replayed in
+   rotating order with a 512 MiB buffer zeroed before each call (L2 flush), device events per call:
+   p50 and p10-p90; eager p50 through `run_fused` too.
+3. report: JSON (device, versions, commit, per-shape checks and timings) and a table with the
+   fraction of the matmul ceiling (679 TFLOP/s, useful FLOPs) and of the weight-read floor.
+
+Prepared-weight layout throughout (gate/up as views of one packed bank, as `prepare_moe_weights`
+gives the kernels), so no variant pays for or caches a pack. Two passes: the variants without warp
+specialisation first, then the warp-specialised ones (the newest compiler path: if it crashes the
+process, the first pass is already written). JSON is rewritten after every shape. Past
+``--budget-s`` seconds the remaining shapes are skipped (recorded as such).
+
+    PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe_sweep
+    ... python -m benchmarks.moe_sweep --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+MATMUL_TFLOPS = 679.0  # measured H200 BF16 matmul ceiling
+SHAPES = [(4096, 3), (14601, 3), (512, 3), (4096, 12)]
+REL_L2_LIMIT = 3e-4
+
+
+def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
+    """The table's tiles and, for each variant, the same one-kernel tile with that kernel; where the
+    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent."""
+    out = {"base": base}
+    if base.single is None:
+        return out
+    for v in variants:
+        out[v] = dataclasses.replace(base, variant=v)
+    if base.single.block_m <= 32:
+        # 2 stages halve the shared memory of the 16-row tile (~104 KB): two programs fit per SM.
+        shallow = dataclasses.replace(base.single, num_stages=2)
+        if "tma" in variants:
+            out["tma_s2"] = dataclasses.replace(base, single=shallow, variant="tma")
+        if "tma_persistent" in variants:
+            out["tma_persistent_s2x2"] = dataclasses.replace(
+                base, single=shallow, variant="tma_persistent", ctas_per_sm=2
+            )
+    return out
+
+
+def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _short_error(e: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    return text[-1500:]
+
+
+def sweep_shape(
+    bm: Any,
+    tokens: int,
+    heads: int,
+    variants: list[str],
+    failed: dict[str, str],
+    iters: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    from magi2_backend_triton.moe.fused import MoEState, run_fused
+    from magi2_backend_triton.moe.native import loop_moe_experts
+    from magi2_backend_triton.moe.pack import pack_w13
+    from magi2_backend_triton.moe.tiles import select_tiles
+
+    cuda = bm.DEV == "cuda"
+    x, probs, idx, wg, wu, wd = bm.make_inputs(tokens, heads, seed=7000 + tokens + heads)
+    bank = pack_w13(wg, wu)
+    del wg, wu
+    gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)  # prepared views
+    cap = torch.cuda.get_device_capability() if cuda else None
+    base = select_tiles(bm.DEV, cap, tokens * bm.K / bm.E)
+    cands = candidates(base, variants)
+    res: dict[str, Any] = {"tokens": tokens, "heads": heads, **bm.floors(tokens, heads), "variants": {}}
+    ref = loop_moe_experts(x, probs, idx, gate, up, wd)
+    outs: dict[str, Tensor] = {}
+    calls: dict[str, Callable[[], Any]] = {}
+    for name, tiles in cands.items():
+        rec: dict[str, Any] = {"tiles": dataclasses.asdict(tiles)}
+        res["variants"][name] = rec
+        if name in failed:
+            rec["skipped"] = f"failed earlier: {failed[name][:200]}"
+            continue
+        state = MoEState()
+        progress(name)  # on disk before the compile: a crash that kills the process names its variant
+        try:
+            t0 = time.perf_counter()
+            y = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=tiles).y
+            if cuda:
+                torch.cuda.synchronize()
+            rec["first_call_s"] = time.perf_counter() - t0  # includes the compile
+        except Exception as e:  # a variant that does not compile is a result, not a crash
+            rec["error"] = _short_error(e)
+            failed[name] = rec["error"]
+            print(f"  T={tokens} Hl={heads} {name}: ERROR {rec['error'].splitlines()[-1][:200]}", flush=True)
+            continue
+        outs[name] = y
+        rec["finite"] = bool(torch.isfinite(y).all())
+        rec["rel_l2_vs_ref"] = bm.rel_l2(y, ref)
+        calls[name] = functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, tiles=tiles)
+    base_y = outs.get("base")
+    for name, y in outs.items():
+        rec = res["variants"][name]
+        if base_y is not None:
+            rec["bit_equal_base"] = bool(torch.equal(y, base_y))
+            rec["max_abs_vs_base"] = float((y.float() - base_y.float()).abs().max())
+            rec["rel_l2_vs_base"] = bm.rel_l2(y, base_y)
+        rec["correct"] = rec["finite"] and (rec.get("bit_equal_base", False) or rec["rel_l2_vs_ref"] <= REL_L2_LIMIT)
+        if not rec["correct"]:
+            failed.setdefault(name, f"incorrect at T={tokens} Hl={heads}: rel-L2 {rec['rel_l2_vs_ref']:.3g}")
+    del ref, outs
+    timed = {n: c for n, c in calls.items() if res["variants"][n]["correct"]}
+    fns: dict[str, Callable[[], Any]] = {}
+    for name, call in timed.items():
+        try:
+            fns[name + "/graph"] = _graphed(call) if cuda else call
+        except Exception as e:  # capture can fail where eager works: record, keep sweeping
+            res["variants"][name]["graph_error"] = _short_error(e)
+        fns[name + "/eager"] = call
+    samples = bm.time_alternating(fns, iters)
+    for key, s in samples.items():
+        name, mode = key.split("/")
+        st = bm.stats(s)
+        st["matmul_ceiling_fraction"] = res["matmul_floor_ms"] / st["p50"]
+        st["weight_floor_fraction"] = res["weight_floor_ms"] / st["p50"]
+        st["useful_tflops"] = res["flops"] / (st["p50"] * 1e-3) / 1e12
+        res["variants"][name][mode] = st
+    graphs = {n: r["graph"]["p50"] for n, r in res["variants"].items() if "graph" in r}
+    if graphs:
+        res["fastest_graph"] = min(graphs, key=lambda n: graphs[n])
+        if "base" in graphs:
+            for n, p in graphs.items():
+                res["variants"][n]["graph_speedup_vs_base"] = graphs["base"] / p
+    return res
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(
+        f"\n{'T':>6} {'Hl':>3} {'variant':<20} {'graph p50':>9} {'p10-p90':>15} {'eager p50':>9} "
+        f"{'x base':>6} {'matmul%':>7} {'wfloor%':>7}  check"
+    )
+    for r in report["shapes"]:
+        for name, v in r.get("variants", {}).items():
+            if "error" in v or "skipped" in v:
+                why = v.get("error", v.get("skipped", "")).splitlines()[-1][:60]
+                print(
+                    f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {'-':>9} {'':>15} {'-':>9} {'':>6} {'':>7} {'':>7}  {why}"
+                )
+                continue
+            g, e = v.get("graph"), v.get("eager")
+            chk = ("bit-equal" if v.get("bit_equal_base") else f"relL2 {v['rel_l2_vs_ref']:.2e}") + (
+                "" if v["correct"] else " WRONG"
+            )
+            gp = f"{g['p50']:9.3f}" if g else f"{'-':>9}"
+            spread = f"{g['p10']:.3f}-{g['p90']:.3f}" if g else ""
+            ep = f"{e['p50']:9.3f}" if e else f"{'-':>9}"
+            sp = f"{v['graph_speedup_vs_base']:6.2f}" if "graph_speedup_vs_base" in v else f"{'':>6}"
+            mm = f"{100 * g['matmul_ceiling_fraction']:6.1f}%" if g else f"{'':>7}"
+            wf = f"{100 * g['weight_floor_fraction']:6.1f}%" if g else f"{'':>7}"
+            print(f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {gp} {spread:>15} {ep} {sp} {mm} {wf}  {chk}")
+    print("matmul% = useful-FLOP time at 679 TFLOP/s / p50; wfloor% = weight-read time at 4.27 TB/s / p50")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/results/moe_sweep_h200.json")
+    p.add_argument("--variants", nargs="*", help="tiles.KernelVariant values (default: every TMA variant)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
+    a = p.parse_args()
+    if a.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first Triton import
+    from magi2_backend_triton.moe.tiles import KERNEL_VARIANTS
+
+    from benchmarks import _common
+    from benchmarks import moe as bm
+
+    variants = a.variants if a.variants is not None else [v for v in KERNEL_VARIANTS if v != "pointer"]
+
+    shapes = SHAPES
+    if a.dry_run:
+        bm.D, bm.I, bm.E, bm.DEV = 32, 64, 8, "cpu"
+        shapes, a.iters = [(9, 2)], 1
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        **_common.env_record(bm.DEV),
+        "shape": {"d": bm.D, "I": bm.I, "E": bm.E, "K": bm.K},
+        "method": "one CUDA graph per call replayed, calls rotating, 512 MiB zeroed before each (L2 flush), "
+        "device events; prepared-weight layout; correctness on the same fresh inputs",
+        "rel_l2_limit": REL_L2_LIMIT,
+        "shapes": [],
+    }
+    failed: dict[str, str] = {}
+    # Pass 1: the variants without warp specialisation. Pass 2: the warp-specialised ones, whose
+    # compiler path (Triton's Hopper warp-spec pass) is the newest: should it bring the process
+    # down, pass 1's results are already on disk. Each pass times the base again (same-run ratios).
+    passes = [[v for v in variants if not v.endswith("_ws")], [v for v in variants if v.endswith("_ws")]]
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+
+    def dump() -> None:
+        report["wall_s"] = time.perf_counter() - started
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    def progress(tokens: int, heads: int) -> Callable[[str], None]:
+        def mark(variant: str) -> None:
+            report["in_progress"] = {"tokens": tokens, "heads": heads, "first_call_of": variant}
+            dump()
+
+        return mark
+
+    for group in (g for g in passes if g):
+        for tokens, heads in shapes:
+            elapsed = time.perf_counter() - started
+            if elapsed > a.budget_s:
+                print(f"T={tokens} Hl={heads} {group}: skipped (budget {a.budget_s:.0f} s spent)", flush=True)
+                report["shapes"].append({"tokens": tokens, "heads": heads, "skipped_for_budget": group})
+                continue
+            print(f"T={tokens} Hl={heads} {group} (t={elapsed:.0f}s)", flush=True)
+            report["shapes"].append(sweep_shape(bm, tokens, heads, group, failed, a.iters, progress(tokens, heads)))
+            report.pop("in_progress", None)
+            dump()
+            if bm.DEV == "cuda":
+                torch.cuda.empty_cache()
+    print_table(report)
+    print(f"wrote {a.out} in {report['wall_s']:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
