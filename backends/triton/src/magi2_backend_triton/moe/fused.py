@@ -1,4 +1,4 @@
-"""Launcher of the fused head-routed BF16 MoE (spec §3.4-3.5)."""
+"""Launcher of the fused head-routed BF16 MoE (operators.md §3.4-3.5)."""
 
 from __future__ import annotations
 
