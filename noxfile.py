@@ -1,4 +1,4 @@
-"""One session per backend, plus lint, typecheck, conformance, bench and gpu.
+"""One session per backend, plus lint, typecheck, conformance, bench, gpu, report and dist.
 
 ``nox`` runs the CPU sessions (what CI runs); ``nox -s gpu`` and ``nox -s bench`` are for a machine
 with an NVIDIA GPU. Every session installs from scratch; torch is pinned to the CPU build here.
@@ -96,6 +96,13 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.rmsnorm", "--json", f"{results}/rmsnorm_h200.json")
     session.run("python", "-m", "benchmarks.sink_correction", "--json", f"{results}/sink_correction_h200.json")
     session.run("python", "-m", "benchmarks.attention", "--out", f"{results}/attention_h200.json")
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """README's results table, docs/benchmarks.md and its plots from benchmarks/results/*.json."""
+    session.install("matplotlib>=3.8")
+    session.run("python", "-m", "benchmarks.report")
 
 
 DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/musa_mate")
