@@ -134,6 +134,8 @@ def dist(session: nox.Session) -> None:
     requirements = [TORCH, "magi2-core[cuda]", "magi2-core[musa]"]
     session.run("python", "-m", "pip", "download", "-q", "--dest", str(wheelhouse), "--find-links", str(out),
                 *requirements)
+    for ours in wheelhouse.glob("magi2_*"):  # pip download copies the project's wheels too: keep only dist/'s
+        ours.unlink()
     for extra in ("cuda", "musa"):
         venv = Path(session.create_tmp()) / f"wheels-{extra}"
         session.run("python", "-m", "venv", "--clear", str(venv))
