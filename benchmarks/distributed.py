@@ -39,7 +39,7 @@ from benchmarks._common import git_commit, stats
 
 # NVLink multicast must stay off on the shared H200 hosts (device KINDS.md): forced, not defaulted.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-COPY_TBPS = 4.27  # measured H200 copy ceiling (DESIGN.md)
+COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on the lent H200 on 2026-11-30
 MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
 
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.rmsnorm [--sweep] [--iters N] [--json PATH]
 
-Composite = what the reference backend does (spec §4.3): ``F.rms_norm`` on the FP32 input without
+Composite = what the reference backend does (operators.md §4.3): ``F.rms_norm`` on the FP32 input without
 affine weight, ``(w[m] + 1)`` per modality group, one cast. All variants run in the same process,
 alternating call by call, each call after an L2 flush (a 256 MiB buffer zeroed), timed with CUDA
 events after warm-up. Bandwidth = (bytes of x read + bytes of y written + weight) / time, reported
@@ -27,7 +27,7 @@ from magi2_backend_triton.rmsnorm import triton_rmsnorm
 
 from benchmarks._common import env_record, stats, time_alternating
 
-COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (DESIGN.md, 2026-11-30)
+COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (measured on the lent H200, 2026-11-30)
 EPS = 1e-6
 
 def summarize(ms: Sequence[float], nbytes: int) -> dict[str, float]:

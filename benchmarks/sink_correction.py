@@ -33,7 +33,7 @@ SWEEP = [(8, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]  # (BLOCK_T, num_w
 def torch_correction(
     o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rescale: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain torch correction (spec §2.3, as upstream A1/A2): one kernel per step."""
+    """The plain torch correction (operators.md §2.3, as upstream): one kernel per step."""
     sink_lse = torch.logsumexp(sinks, dim=0, keepdim=True)
     lse_th = lse.transpose(0, 1)
     new_lse = torch.logaddexp(lse_th, sink_lse)

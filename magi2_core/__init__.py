@@ -5,32 +5,13 @@
 <function resolve at ...>
 """
 
+# ruff: noqa: F405 (the public names come from _api: star-imported for type checkers, lazily at run time)
+from typing import TYPE_CHECKING, Any
+
 from magi2_core._version import CORE_API_VERSION, __version__
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
-from magi2_core.config import reload_config
-from magi2_core.contracts._checks import set_device_value_checks
-from magi2_core.errors import (
-    ConfigError,
-    InvalidDeviceError,
-    InvalidDTypeError,
-    InvalidInputError,
-    InvalidShapeError,
-    InvalidValueError,
-    Magi2Error,
-    NoEligibleProviderError,
-    ProviderNotEligibleError,
-    ResolutionError,
-    StrictModeError,
-    UnknownProviderError,
-)
-from magi2_core.hookspecs import BackendSpec, hookimpl
-from magi2_core.moe_weights import PreparedMoEWeights
-from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
-from magi2_core.overrides import use
-from magi2_core.problem import Feature, Problem
-from magi2_core.registry import get_registry
-from magi2_core.resolution import Candidate, Reason, ReasonCode, Resolution, Verdict
-from magi2_core.strict import set_strict
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from magi2_core._api import *  # noqa: F403
 
 __all__ = [
     "CORE_API_VERSION",
@@ -74,3 +55,24 @@ __all__ = [
     "reload_config",
     "set_strict",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public API on first use of any of its names (PEP 562).
+
+    ``import magi2_core`` alone imports neither torch nor pydantic, so ``magi2 --help`` and the
+    auto-loaded pytest plugin stay cheap; the first ``m2.<name>`` loads every public name at once.
+    """
+    if name not in __all__:
+        raise AttributeError(f"module 'magi2_core' has no attribute {name!r}")
+    from magi2_core import _api
+
+    namespace = globals()
+    for public in __all__:
+        if public not in namespace:
+            namespace[public] = getattr(_api, public)
+    return namespace[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

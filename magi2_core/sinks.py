@@ -1,4 +1,4 @@
-"""The learned-sink correction from a kernel's LSE (spec §2.3): the reference every backend matches.
+"""The learned-sink correction from a kernel's LSE (operators.md §2.3): the reference every backend matches.
 
 Sinks are extra logits in the softmax denominator only ("keys with zero value vectors"). Given the
 output ``o`` and log-sum-exp ``L [H, T]`` of attention *without* sinks::

@@ -1,6 +1,6 @@
-"""Independent float64 oracles for the four MAGI-2 operators (spec §2.2-2.3, §3.2-3.4, §4.1).
+"""Independent float64 oracles for the four MAGI-2 operators (operators.md §2.2-2.3, §3.2-3.4, §4.1).
 
-These restate the math of the spec directly, in float64, with explicit per-segment / per-head /
+These restate the math of docs/operators.md directly, in float64, with explicit per-segment / per-head /
 per-route loops and nothing imported from the backends or from ``magi2_core``: a bug shared by the
 reference backend and these oracles would have to be written twice, in two different shapes.
 Where a contract fixes a low-precision rounding (the MoE schedule, a low-precision RMSNorm weight),
@@ -40,7 +40,7 @@ def bf16_round(t: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Te
 
 
 # ---------------------------------------------------------------------------------------------
-# attention (spec §2.2): sinks as extra denominator logits, softcap on the scaled scores only
+# attention (operators.md §2.2): sinks as extra denominator logits, softcap on the scaled scores only
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionResult:
@@ -112,7 +112,7 @@ def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# MoE routing (spec §3.2)
+# MoE routing (operators.md §3.2)
 # ---------------------------------------------------------------------------------------------
 def moe_route(
     x: torch.Tensor,
@@ -152,7 +152,7 @@ def moe_route(
 
 
 # ---------------------------------------------------------------------------------------------
-# MoE experts (spec §3.3-3.4)
+# MoE experts (operators.md §3.3-3.4)
 # ---------------------------------------------------------------------------------------------
 def swiglu7(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``min(g,7)·sigmoid(1.702·min(g,7))·(clamp(u,-7,7)+1)`` in float64."""
@@ -177,7 +177,7 @@ def moe_experts(
     """``y [T, Hl, d]`` float64.
 
     ``rounding``: ``"none"`` is the float64 math of the schedule with no rounding at all;
-    ``"schedule"`` rounds to x's dtype exactly where spec §3.4 does (the SwiGLU7 intermediate, each
+    ``"schedule"`` rounds to x's dtype exactly where operators.md §3.4 does (the SwiGLU7 intermediate, each
     route's weighted output, the final sum); ``"early"`` additionally rounds the gate/up projections
     before the activation (the mistake the reference must not make).
     """
@@ -209,7 +209,7 @@ def moe_experts(
 
 
 # ---------------------------------------------------------------------------------------------
-# RMSNorm (spec §4.1-4.2)
+# RMSNorm (operators.md §4.1-4.2)
 # ---------------------------------------------------------------------------------------------
 def rmsnorm(
     x: torch.Tensor,
@@ -221,7 +221,7 @@ def rmsnorm(
     """``x·rsqrt(mean(x²)+eps)·(w[m]+1)`` in float64, same shape as x.
 
     ``weight`` is ``[M, P, D]`` or flat ``[M·P·D]``. A low-precision weight forms ``w + 1`` in its
-    own dtype first (the rounding order the spec pins); an FP32 weight's ``w + 1`` is exact here.
+    own dtype first (the rounding order operators.md §4.1 pins); an FP32 weight's ``w + 1`` is exact here.
     """
     sizes = [x.shape[0]] if modality_sizes is None else [int(s) for s in modality_sizes]
     d = x.shape[-1]

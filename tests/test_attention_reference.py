@@ -1,4 +1,4 @@
-"""``magi2_core.attention`` on CPU (the reference provider) against the float64 oracle (spec §2.2-2.5).
+"""``magi2_core.attention`` on CPU (the reference provider) against the float64 oracle (operators.md §2.2-2.5).
 
 Contract tolerances come from ``acceptance.py``; the reference also promises more, which is pinned
 here: its output is the FP32 result rounded once, so it sits within one ULP of the oracle's value

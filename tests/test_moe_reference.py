@@ -1,7 +1,7 @@
 """``magi2_core.moe_route`` / ``moe_experts`` on CPU (reference provider) against the float64 oracles.
 
 Routing: ids equal, probabilities within 1e-6 of the float64 value. Experts: the contract rule of
-``accept_moe_experts`` against the oracle's emulation of the spec §3.4 rounding schedule, and much
+``accept_moe_experts`` against the oracle's emulation of the operators.md §3.4 rounding schedule, and much
 tighter than it (the only differences left are FP32-vs-float64 sums that land across a BF16
 rounding midpoint); and against the unrounded float64 math at the accuracy BF16 storage allows.
 """
@@ -150,7 +150,7 @@ def test_experts_in_fp32_follow_float64_math(make: oracles.MakeTensor) -> None:
 
 
 def test_reference_keeps_fp32_gate_up_until_activation(make: oracles.MakeTensor) -> None:
-    """Spec §3.4 / K4: rounding the projections to BF16 before SwiGLU7 would change the result."""
+    """operators.md §3.4 (upstream #7206 test): rounding the projections to BF16 before SwiGLU7 would change the result."""
     t, hl, d, inter, k, e = 24, 2, 64, 96, 2, 4
     x = make((t, hl, d), torch.bfloat16, scale=2.0)
     probs, idx = _routes(x, e, k)

@@ -1,4 +1,4 @@
-"""``magi2_core.rmsnorm`` on CPU (reference provider) against the float64 oracle (spec §4).
+"""``magi2_core.rmsnorm`` on CPU (reference provider) against the float64 oracle (operators.md §4).
 
 Contract (§4.4): FP32 output within rtol = atol = 1e-6, BF16/FP16 within one local ULP of the
 oracle's value rounded to the output dtype; output dtype ``out_dtype or x.dtype``; inputs untouched.
@@ -29,7 +29,7 @@ def _check(y: torch.Tensor, expected64: torch.Tensor, out_dtype: torch.dtype) ->
         assert off is None, off
 
 
-# (M, P, T, heads, modality sizes): the R1 parity grid plus odd sizes and empty groups
+# (M, P, T, heads, modality sizes): upstream #7286's parity grid plus odd sizes and empty groups
 CASES = {
     "M1-P1-2d": (1, 1, 7, None, None),
     "M3-P1-heads6": (3, 1, 9, 6, [4, 0, 5]),
@@ -58,7 +58,7 @@ def test_matches_oracle(
     m, p, t, heads, sizes = CASES[case]
     d = 128 if seed != 17 else 37
     shape = (t, d) if heads is None else (t, heads, d)
-    x = make(shape, dtype, scale=3.0, contiguous=seed == 3)  # R1 feeds [..., ::2] views
+    x = make(shape, dtype, scale=3.0, contiguous=seed == 3)  # upstream #7286 feeds [..., ::2] views
     weight = torch.randn(m, p, d) * 0.1
     x0, w0 = x.clone(), weight.clone()
     y = m2.rmsnorm(x, weight, modality_sizes=sizes, out_dtype=out_dtype)
@@ -104,7 +104,7 @@ def test_fp32_output_from_bf16_input_is_not_rounded_to_bf16(make: oracles.MakeTe
 
 @pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16], ids=str)
 def test_low_precision_weight_rounds_w_plus_one_first(make: oracles.MakeTensor, wdtype: torch.dtype) -> None:
-    """R1 `test_low_precision_weights_keep_offset_rounding_order`: ``w + 1`` in the weight's dtype."""
+    """Upstream #7286 `test_low_precision_weights_keep_offset_rounding_order`: ``w + 1`` in the weight's dtype."""
     x = make((6, 32))
     weight = (torch.randn(1, 1, 32) * 0.01).to(wdtype)  # 1 + 0.01·n is not representable in 8/11 bits
     y = m2.rmsnorm(x, weight)

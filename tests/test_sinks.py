@@ -1,4 +1,4 @@
-"""Learned sinks: the LSE correction of spec §2.3, its non-finite rules and both rescale precisions."""
+"""Learned sinks: the LSE correction of operators.md §2.3, its non-finite rules and both rescale precisions."""
 
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ NAN = math.nan
 
 
 def _delta_form(o32: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """Spec §2.3 literally: ``exp(L - logaddexp(L, logsumexp(sinks)))`` as ``[T, H, 1]`` FP32."""
+    """operators.md §2.3 literally: ``exp(L - logaddexp(L, logsumexp(sinks)))`` as ``[T, H, 1]`` FP32."""
     new = torch.logaddexp(lse, torch.logsumexp(sinks, dim=0)[:, None])
     return torch.exp(lse - new).t().unsqueeze(-1)
 
 
 def _sigmoid_form(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """The tests' oracle form of the same scale (A3/A4): ``sigmoid(L - Ls)`` as ``[T, H, 1]``."""
+    """The upstream tests' oracle form of the same scale (#7307): ``sigmoid(L - Ls)`` as ``[T, H, 1]``."""
     return torch.sigmoid(lse - torch.logsumexp(sinks, dim=0)[:, None]).t().unsqueeze(-1)
 
 
 def _packed(make: oracles.MakeTensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """The A4 'across tiles' layout: q 300x6, k 330x2 (GQA), two uneven segments."""
+    """The upstream #7307 'across tiles' layout: q 300x6, k 330x2 (GQA), two uneven segments."""
     q = make((300, 6, 64), dtype)
     k = make((330, 2, 64), dtype)
     v = make((330, 2, 64), dtype)
@@ -66,7 +66,7 @@ def test_activation_rescale_rounds_first_and_differs_from_fp32(
     o_fp32 = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale="fp32")
     # the CUDA path: the kernel output is rounded, the scale is rounded, the product is rounded
     assert torch.equal(o_act, o32.to(dtype) * _delta_form(o32, lse, sinks).to(dtype))
-    assert not torch.equal(o_act, o_fp32)  # spec §2.3: the two precisions are distinguishable
+    assert not torch.equal(o_act, o_fp32)  # operators.md §2.3: the two precisions are distinguishable
     expected = oracles.attention(q, k, v, cu_q, cu_k, sinks=sinks).o.to(dtype)
     assert accept_attention(o_act, expected)  # still within the contract
 
@@ -88,7 +88,7 @@ def test_corrected_lse_includes_the_sinks(make: oracles.MakeTensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# sink_correction itself: the non-finite rules (spec §2.3, A5 checks them bitwise)
+# sink_correction itself: the non-finite rules (operators.md §2.3; upstream checks them bitwise)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("rescale", ["fp32", "activation"])
 @pytest.mark.parametrize(

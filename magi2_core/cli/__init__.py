@@ -1,32 +1,53 @@
-"""The ``magi2`` command line: ``backends``, ``explain``, ``demo``, ``check``, ``bench``.
+"""The ``magi2`` command line: ``backends``, ``env``, ``explain``, ``demo``, ``check``, ``bench``.
 
-Readable tables by default, ``--json`` everywhere. One module per subcommand.
+Readable tables by default, ``--json`` everywhere. One module per subcommand. Importing this package
+imports typer and rich only: each command imports torch and the registry when it runs, so
+``magi2 -h`` and ``magi2 --version`` answer without loading torch (``tests/test_cli_startup.py``).
 """
 
 from __future__ import annotations
 
-import importlib
+from typing import Annotated
 
 import typer
 
-from magi2_core.cli import backends, bench, demo, explain
+from magi2_core._version import CORE_API_VERSION, __version__
+from magi2_core.cli import backends, bench, check, demo, env, explain
 
 app = typer.Typer(
     name="magi2",
-    help="MAGI-2 kernel-backend registry: list backends, explain resolutions, run the demo, check providers.",
+    help="MAGI-2 kernel-backend registry: list backends, report the environment, explain resolutions, "
+    "run the demo, check providers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: typer's rich help renderer imports markdown-it and doubles the start-up time.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"magi2-core {__version__} (core contract {CORE_API_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """MAGI-2 kernel-backend registry."""
+
+
 app.command("backends")(backends.backends)
+app.command("env")(env.env)
 app.command("explain")(explain.explain)
 app.command("demo")(demo.demo)
+app.command("check")(check.check)
 app.command("bench")(bench.bench)
-try:  # the conformance kit's command is optional at import time
-    _check = importlib.import_module("magi2_core.cli.check")
-    app.command("check")(_check.check)
-except ImportError:  # pragma: no cover - only while the kit is absent
-    pass
 
 
 def main() -> None:

@@ -2,32 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from magi2_core import config
 from magi2_core.cli._output import console, print_json
-from magi2_core.registry import get_registry
+
+if TYPE_CHECKING:
+    from magi2_core.environment import ProviderStatus
+    from magi2_core.registry import LoadedBackend
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
+def _backend_json(b: LoadedBackend, status: dict[tuple[str, str], ProviderStatus]) -> dict[str, Any]:
+    """The spec as before, each provider with ``usable_here``, ``usable_on`` and ``why_not`` added."""
+    data: dict[str, Any] = {
+        "entry_point": b.entry_point,
+        "load_seconds": round(b.load_seconds, 4),
+        **b.spec.model_dump(mode="json"),
+    }
+    for entry, cap in zip(data["providers"], b.spec.providers, strict=True):
+        s = status[(cap.op, cap.name)]
+        entry.update(usable_here=s.usable, usable_on=list(s.usable_on), why_not=s.why_not)
+    return data
+
+
 def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
-    """List installed backends and their providers; quarantined plugins are listed with the reason."""
+    """List installed backends, their providers and whether each can run here; quarantined plugins with the reason."""
+    from rich.table import Table
+
+    from magi2_core.environment import present_device_types, provider_status
+    from magi2_core.registry import get_registry
+
     reg = get_registry()
     loaded = reg.backends()
     quarantined = reg.quarantined()
+    present = present_device_types()
+    status: dict[tuple[str, str], ProviderStatus] = {(c.op, c.name): provider_status(c.model_copy(update={"backend": b.spec.name}), present, reg)
+              for b in loaded for c in b.spec.providers}
     if json_out:
         print_json(
             {
-                "backends": [
-                    {"entry_point": b.entry_point, "load_seconds": round(b.load_seconds, 4),
-                     **b.spec.model_dump(mode="json")}
-                    for b in loaded
-                ],
+                "backends": [_backend_json(b, status) for b in loaded],
                 "quarantined": [q.model_dump(mode="json") for q in quarantined],
+                "device_types_present": list(present),
                 "config": {k: sorted(v) if isinstance(v, frozenset) else v for k, v in config.effective().items()},
             }
         )
@@ -38,7 +58,7 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
             f"loaded in {b.load_seconds:.2f} s)",
             title_justify="left",
         )
-        for col in ("op", "provider", "prio", "devices", "dtypes", "features", "rules"):
+        for col in ("op", "provider", "prio", "devices", "dtypes", "features", "rules", "usable here"):
             table.add_column(col, overflow="fold")
         for c in sorted(b.spec.providers, key=lambda c: (c.op, -c.priority, c.name)):
             table.add_row(
@@ -49,6 +69,7 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
                 ",".join(_SHORT.get(d, d) for d in c.dtypes),
                 ",".join(sorted(f.value for f in c.features)) or "-",
                 "\n".join(f"{r.id}: {r.describe()}" for r in c.rules) or "-",
+                status[(c.op, c.name)].summary(),
             )
         console.print(table)
     if quarantined:

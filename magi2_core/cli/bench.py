@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from magi2_core.bench import dispatch_overhead
-from magi2_core.cli._output import console, print_json
+from magi2_core.cli._output import console, print_json, usage_error
 
 
 def bench(
@@ -16,6 +14,12 @@ def bench(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Measure cached resolution and dispatch overhead on CPU (kernel benchmarks: benchmarks/*.py)."""
+    if iters < 1:
+        usage_error("bench", f"--iters must be at least 1; got {iters}", json_out=json_out)
+    from rich.table import Table
+
+    from magi2_core.bench import dispatch_overhead
+
     rows = dispatch_overhead(iters=iters)
     if json_out:
         print_json(rows)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from magi2_core.cli._output import console, err_console, print_json
-from magi2_core.testing.cases import DEFAULT_MAX_TOKENS
-from magi2_core.testing.runner import CaseResult, KitReport, plan, run_kit
+from magi2_core.cli._output import console, print_json, usage_error
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from magi2_core.testing.runner import CaseResult, KitReport
 
 
 def _table(report: KitReport) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"magi2 conformance (seed {report.seed})", title_justify="left")
     for col in ("op", "provider", "device", "passed", "failed", "ineligible", "time", "note"):
         table.add_column(col, overflow="fold")
@@ -31,15 +34,36 @@ def check(
     op: Annotated[list[str] | None, typer.Option("--op", help="only these operators (repeatable)")] = None,
     device: Annotated[list[str] | None, typer.Option("--device", help="only these device types (repeatable)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated inputs")] = 0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="longest boundary layout generated")] = DEFAULT_MAX_TOKENS,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens",
+                                                   help="longest boundary layout generated [default: 256]")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run the conformance kit: generated cases per provider, compared with the reference provider."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from magi2_core.environment import present_device_types
+    from magi2_core.problem import OPS
+    from magi2_core.testing.cases import DEFAULT_MAX_TOKENS
+    from magi2_core.testing.runner import plan, run_kit
+
+    unknown_ops = [o for o in op or () if o not in OPS]
+    if unknown_ops:
+        usage_error("check", f"unknown --op {', '.join(unknown_ops)}; choose from {', '.join(OPS)}", json_out=json_out)
+    present = present_device_types()
+    absent = [d for d in device or () if d not in present]
+    if absent:
+        usage_error("check", f"--device {', '.join(absent)}: no usable device of that type here (present: "
+                    f"{', '.join(present)}); see 'magi2 env'", json_out=json_out)
+    if max_tokens is not None and max_tokens < 1:
+        usage_error("check", f"--max-tokens must be at least 1; got {max_tokens}", json_out=json_out)
     try:
-        kit = plan(provider, ops=op, devices=device, seed=seed, max_tokens=max_tokens)  # type: ignore[arg-type]
+        kit = plan(provider, ops=op, devices=device, seed=seed,  # type: ignore[arg-type]
+                   max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
     except ValueError as exc:
-        err_console.print(f"[red]magi2 check:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        usage_error("check", str(exc), json_out=json_out)
+    if not kit.cases:
+        why = "; ".join(f"{s.op}[{s.provider}]: {s.reason}" for s in kit.skipped) or "no provider selected"
+        usage_error("check", f"nothing to check here: {why}", json_out=json_out)
     if json_out:
         report = run_kit(kit_plan=kit)
         print_json(report.as_dict())

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Annotated
 
-import torch
 import typer
-from rich.table import Table
 
-from magi2_core.cli._output import console, err_console, print_json
-from magi2_core.demo import best_device, run_demo
+from magi2_core.cli._output import console, err_console, print_json, usage_error
 
 
 def demo(
@@ -18,8 +16,29 @@ def demo(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run rmsnorm -> attention (one sink) -> routed MoE and report each op against a float64 oracle."""
-    dev = torch.device(device) if device else best_device()
-    with console.status(f"running the MAGI-2 demo block on {dev}...") if not json_out else _null():
+    import torch
+    from rich.table import Table
+
+    from magi2_core.demo import best_device, run_demo
+    from magi2_core.environment import present_device_types
+
+    if device is None:
+        dev = best_device()
+    else:
+        present = present_device_types()
+        kind = device.split(":", 1)[0]
+        if kind not in present:
+            usage_error(
+                "demo",
+                f"--device {device}: no usable {kind} device here (present: {', '.join(present)}); see 'magi2 env'",
+                json_out=json_out,
+            )
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            usage_error("demo", f"--device {device!r} is not a torch device, such as cpu or cuda:0", json_out=json_out)
+    status = console.status(f"running the MAGI-2 demo block on {dev}...") if not json_out else nullcontext()
+    with status:
         reports = run_demo(dev, seed=seed, progress=None if json_out else lambda s: err_console.print(f"  done {s}"))
     if json_out:
         print_json([r.as_dict() for r in reports])
@@ -30,11 +49,3 @@ def demo(
     for r in reports:
         table.add_row(r.op, r.provider, r.dtype, f"{r.max_abs_err:.3g}", f"{r.rel_l2_err:.3g}", f"{r.median_ms:.2f}")
     console.print(table)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

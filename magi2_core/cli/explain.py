@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from magi2_core.cli._output import console
-from magi2_core.errors import ResolutionError
-from magi2_core.problem import OPS, Feature, Problem
-from magi2_core.resolver import resolve_problem
+from magi2_core.cli._output import console, print_json, usage_error
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 
@@ -43,15 +40,37 @@ def explain(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
+    from magi2_core.errors import ResolutionError
+    from magi2_core.problem import OPS, Feature, Problem
+    from magi2_core.resolver import resolve_problem
+
+    def reject(message: str) -> NoReturn:
+        usage_error("explain", message, json_out=json_out)
+
     if op not in OPS:
-        raise typer.BadParameter(f"unknown op {op!r}; choose one of {', '.join(OPS)}", param_hint="OP")
+        reject(f"unknown op {op!r}; choose one of {', '.join(OPS)}")
+    known = _known_device_types()
+    if device not in known:
+        reject(f"unknown device type {device!r}; known here: {', '.join(sorted(known))}")
     dt = _DTYPES.get(dtype, dtype)
+    sizes = dict(tokens=tokens, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, segments=segments,
+                 head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv, moe_heads=moe_heads, experts=experts,
+                 top_k=top_k, hidden=hidden, intermediate=intermediate, width=width, modalities=modalities,
+                 patterns=patterns)
+    for name, value in sizes.items():
+        least = 0 if name == "tokens" else 1  # zero tokens is a legal (empty) call
+        if value is not None and value < least:
+            reject(f"--{name.replace('_', '-')} must be at least {least}; got {value}")
     feats = {Feature.COMPILING} if compiling else set()
     fields: dict[str, object]
     if op == "attention":
         mq = max_seqlen_q if max_seqlen_q is not None else (tokens or 4096)
         mk = max_seqlen_k if max_seqlen_k is not None else mq
         hkv = heads_kv or heads_q
+        if heads_q % hkv:
+            reject(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} (grouped-query attention needs it)")
+        if mq > (tokens or mq * segments):
+            reject(f"--max-seqlen-q {mq} exceeds --tokens {tokens}")
         feats |= {
             f
             for f, on in (
@@ -76,6 +95,8 @@ def explain(
     elif op in ("moe_route", "moe_experts"):
         if deterministic:
             feats.add(Feature.DETERMINISTIC)
+        if top_k > experts:
+            reject(f"--top-k {top_k} exceeds --experts {experts} (routes pick distinct experts)")
         fields = dict(
             tokens=tokens if tokens is not None else 4096,
             num_heads=moe_heads,
@@ -97,13 +118,29 @@ def explain(
     try:
         res = resolve_problem(problem, provider)
     except ResolutionError as exc:
-        if exc.resolution is None:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from exc
+        if exc.resolution is None:  # an unknown provider name: nothing was resolved
+            reject(str(exc))
         res = exc.resolution
     if json_out:
-        print(res.model_dump_json(indent=2))
+        print_json(res.model_dump(mode="json"))
     else:
         console.print(res.explain(), highlight=False, markup=False)
     if not res.ok:
         raise typer.Exit(1)
+
+
+def _known_device_types() -> set[str]:
+    """Device types torch knows, plus any that an installed provider declares (a plugin's own device)."""
+    import torch
+
+    from magi2_core.registry import iter_capabilities
+
+    declared = {d for cap in iter_capabilities() for d in cap.device_types if d != "*"}
+    torch_types = set()
+    for name in ("cpu", "cuda", "musa", "xpu", "mps", "hip", "npu", "meta", "privateuseone"):
+        try:
+            torch_types.add(torch.device(name).type)
+        except RuntimeError:  # not a device type of this torch build
+            continue
+    return declared | torch_types
+

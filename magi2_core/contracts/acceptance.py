@@ -1,4 +1,4 @@
-"""Numerical acceptance rules per operator and dtype (spec §2.9, §3.8, §4.4).
+"""Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.8, §4.4).
 
 Each rule compares a provider's output with the reference provider's output on the same inputs and
 returns an :class:`Acceptance` (ok, the metric that decided, a readable detail). Tests, the

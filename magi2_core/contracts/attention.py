@@ -1,4 +1,4 @@
-"""Attention contract: packed variable-length attention with learned sinks (spec §2).
+"""Attention contract: packed variable-length attention with learned sinks (operators.md §2).
 
 ``validate`` checks every argument before any kernel runs and returns an :class:`AttentionCall`
 with normalised inputs: int32 prefix sums on q's device, integer max lengths, the softmax scale,

@@ -1,4 +1,4 @@
-"""MoE contracts: head-routed top-k routing and the BF16 expert schedule (spec §3).
+"""MoE contracts: head-routed top-k routing and the BF16 expert schedule (operators.md §3).
 
 ``x [T, Hl, d]``: Hl heads are hidden-state slices, each with its own bank of E experts.
 Routing: ``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only);

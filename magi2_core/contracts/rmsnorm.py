@@ -1,4 +1,4 @@
-"""RMSNorm contract: FP32 normalisation with modality-major ``(w + 1)`` scales (spec §4).
+"""RMSNorm contract: FP32 normalisation with modality-major ``(w + 1)`` scales (operators.md §4).
 
 ``x [T, D]`` or ``[T, ..., P', D]`` with tokens on dim 0; ``weight [M, P, D]`` (a flat ``[M·P·D]``
 parameter is viewed so, given ``modality_sizes``). Token group m (contiguous, host-side sizes summing

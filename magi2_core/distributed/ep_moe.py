@@ -1,4 +1,4 @@
-"""Expert-parallel head-routed MoE (spec §3.1): heads sharded over ranks, tokens all-to-all'd.
+"""Expert-parallel head-routed MoE (operators.md §3.1): heads sharded over ranks, tokens all-to-all'd.
 
 MoE "heads" are hidden-state slices, each with its own bank of E experts, routed independently;
 so sharding by heads needs no cross-rank reduction. Heads are padded to a multiple of the EP size

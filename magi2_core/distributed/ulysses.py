@@ -1,4 +1,4 @@
-"""Ulysses sequence-parallel attention (spec §2.6): scatter heads, gather sequence, attend, invert.
+"""Ulysses sequence-parallel attention (operators.md §2.6): scatter heads, gather sequence, attend, invert.
 
 Every rank holds its own contiguous run of the packed sequence, ``q [T_local, Hq, D]`` and
 ``k``/``v`` ``[T_local_k, Hkv, D]``; concatenated in rank order they form the global packed sequence

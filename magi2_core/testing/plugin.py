@@ -8,8 +8,9 @@ Inert unless asked: ``--magi2-provider NAME`` (repeatable; ``all`` = every insta
 ``--magi2-only`` drops the project's own tests from the run; ``--magi2-seed N`` (default 0, or
 ``random``) changes the inputs; ``--magi2-device TYPE`` and ``--magi2-op OP`` narrow the plan. Each
 failure prints its case id and seed; ``-k "<case id>"`` with the same seed reruns it alone.
-pytest loads it in every session of an environment that has magi2-core; loading it imports the
-``magi2_core`` package (and so torch), nothing of the kit runs until one of the options is given.
+pytest loads it in every session of an environment that has magi2-core, so loading it imports only
+pytest and the lazy ``magi2_core`` packages (no torch, no kit): the kit is imported when one of the
+options is given (``tests/test_cli_startup.py`` pins this and records the measured cost).
 """
 
 from __future__ import annotations

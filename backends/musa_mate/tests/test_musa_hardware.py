@@ -1,7 +1,7 @@
 """On an MTT S5000: MATE against the exact reference, and the short-sequence policy in a tiny model.
 
 Shapes and tolerances are upstream's hardware tests (vllm-omni #7307 ``test_musa_attention.py``,
-spec magi2-operators §2.9); the tolerances are the core's acceptance table, which holds the same
+operators.md §2.9); the tolerances are the core's acceptance table, which holds the same
 numbers (BF16 rtol 0.01/atol 0.015 — MATE's mubin kernel truncates probabilities — FP16
 rtol 0.02/atol 0.003). Run on the MUSA machine with ``pytest -m musa backends/musa_mate/tests``.
 Everywhere else these tests skip, saying what is missing.
@@ -105,7 +105,7 @@ def test_real_musa_mate_matches_sink_oracle_across_tiles(musa: str, dtype: torch
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_musa_gqa_lse_parity(musa: str, dtype: torch.dtype) -> None:
-    """q[5,2,64] / k[7,1,64] (GQA 2:1), output and LSE against the reference (spec §2.9, F4)."""
+    """q[5,2,64] / k[7,1,64] (GQA 2:1), output and LSE against the reference (operators.md §2.9; upstream #7249's GPU parity case)."""
     g = torch.Generator().manual_seed(29)
     q = torch.randn(5, 2, 64, generator=g).to(dtype)
     k = torch.randn(7, 1, 64, generator=g).to(dtype)

@@ -1,4 +1,4 @@
-"""Fused head-routed BF16 MoE (spec §3.4-3.5) against the reference rounding schedule.
+"""Fused head-routed BF16 MoE (operators.md §3.4-3.5) against the reference rounding schedule.
 
 CPU: the kernels run under TRITON_INTERPRET=1 on small shapes. There the kernels round FP32 ->
 BF16 to nearest-even by hand (the interpreter's cast truncates) and upcast dot operands to FP32

@@ -1,4 +1,4 @@
-"""Fused multi-modality RMSNorm kernel against the FP32 reference (spec §4.4 contract).
+"""Fused multi-modality RMSNorm kernel against the FP32 reference (operators.md §4.4 contract).
 
 The oracle is the reference backend's ``reference_rmsnorm_fp32`` (modality groups split dim 0).
 
@@ -117,7 +117,7 @@ def test_strided_inputs_read_in_place(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     weight = (torch.randn(3, 4, 128, generator=g) * 0.2).to(DEVICE)
     wide = torch.randn(7, 4, 256, generator=g).to(torch.bfloat16).to(DEVICE)
-    check_contract(wide[..., ::2], weight, [3, 0, 4], None)  # strided last dim (spec §4.4)
+    check_contract(wide[..., ::2], weight, [3, 0, 4], None)  # strided last dim (operators.md §4.4)
     check_contract(wide[..., 64:192], weight, [3, 0, 4], torch.float32)  # column slice of wider rows
     rows = torch.randn(10, 3 * 768, generator=g).to(torch.float16).to(DEVICE)
     w1 = (torch.randn(1, 1, 768, generator=g) * 0.2).to(DEVICE)

@@ -1,4 +1,4 @@
-"""Fused sink-correction kernel against the torch reference correction (spec §2.3).
+"""Fused sink-correction kernel against the torch reference correction (operators.md §2.3).
 
 On CUDA: bit-exact with the torch reference in FP32-scale mode, within one ULP (and counted) in
 activation mode. Under ``TRITON_INTERPRET=1`` the kernel's exp/log are numpy's, which may differ
@@ -36,7 +36,7 @@ except ImportError:  # the core's torch correction may not exist yet in this che
 def reference(
     o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rescale: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch correction per spec §2.3 (A1/A2 ``correct_out_lse_with_sink``): returns (o', lse')."""
+    """Torch correction per operators.md §2.3 (upstream ``correct_out_lse_with_sink``): returns (o', lse')."""
     if _core_correction is not None:
         out, new_lse = _core_correction(o, lse, sinks, rescale=rescale)
         return out, new_lse
@@ -136,7 +136,7 @@ def test_denormal_scales_are_not_flushed(rescale: str) -> None:
 @pytest.mark.parametrize("rescale", ["fp32", "activation"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_non_finite_rules(rescale: str, dtype: torch.dtype) -> None:
-    """A5 edge cases, bit for bit: every one of them forces the scale to exactly 0 or 1."""
+    """The non-finite edge cases of operators.md §2.3, bit for bit: every one of them forces the scale to exactly 0 or 1."""
     h = 6
     o, lse, _ = make_inputs(5, 4, h, 128, 1, dtype)
     # Head 0..5 sinks: finite, finite, +inf, -inf, finite, -inf.
@@ -164,7 +164,7 @@ def test_two_sinks_equal_one_merged_sink() -> None:
 
 
 def test_scale_is_sigmoid_of_gap() -> None:
-    # The algebraic oracle of the upstream tests (A3/A4): scale = sigmoid(L − Ls), FP64.
+    # The algebraic oracle of the upstream tests (#7307): scale = sigmoid(L − Ls), FP64.
     _, lse, sinks = make_inputs(7, 80, 4, 128, 1, torch.float32)
     scale = kernel_scale(lse, sinks).double()
     expect = torch.sigmoid(lse.double().T - sinks.double())

@@ -1,7 +1,7 @@
 """Importing an FA3 build and learning its calling convention, once.
 
-The varlen entry point is always called with keywords (positional orders differ between forks,
-spec §0.2). Its signature is read once and tells: which keyword requests the LSE
+The varlen entry point is always called with keywords (positional orders differ between forks;
+see docs/fa3-notes.md). Its signature is read once and tells: which keyword requests the LSE
 (``return_attn_probs`` in FA3 and its PyPI forks, ``return_softmax_lse`` in later forks), whether a
 ``softcap`` and ``num_splits`` keyword exist, and whether native ``sinks`` exist (tokenspeed-fa3).
 A build is accepted only if its C++ ops are registered in ``torch.ops.<namespace>.fwd``: MATE's

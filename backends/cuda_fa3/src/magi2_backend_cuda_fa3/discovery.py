@@ -1,6 +1,6 @@
 """Which FlashAttention-3 builds are installed, found without importing any kernel.
 
-Three distributions ship FA3 for CUDA (spec provider-abis §1.5, §0.1), tried in this order:
+Three distributions ship FA3 for CUDA tried in this order:
 
 * PyPI ``fa3-fwd``: module ``fa3_fwd_interface``, ops ``torch.ops.fa3_fwd``, flags ``fa3_fwd_config``;
 * upstream ``flash_attn_3`` (3.x): module ``flash_attn_interface`` (or ``flash_attn_3.flash_attn_interface``),
@@ -102,7 +102,7 @@ def _upstream_named_build() -> FoundBuild | None:
     tokenspeed = dist_version("tokenspeed-fa3")
     if tokenspeed is not None:
         flags = read_build_flags("flash_attn_config")
-        # The tokenspeed wheel compiles softcap out (spec §1.5); keep that if its flag file is missing.
+        # The tokenspeed wheel compiles softcap out; keep that if its flag file is missing.
         flags.setdefault("FLASHATTENTION_DISABLE_SOFTCAP", True)
         return FoundBuild("tokenspeed-fa3", modules, "flash_attn_3", "tokenspeed-fa3", tokenspeed, flags)
     fa3 = dist_version("flash_attn_3")

@@ -1,7 +1,7 @@
 """How learned sinks are applied after an FA3 call without them: which correction, as a value.
 
 FA3 computes attention without sinks and returns the LSE; the sinks are then folded in by the
-correction of spec §2.3. Two implementations exist: the fused Triton kernel of
+correction of operators.md §2.3. Two implementations exist: the fused Triton kernel of
 ``magi2-backend-triton`` (one pass over ``o`` and the LSE, in place on FA3's fresh output) and the
 torch reference ``magi2_core.sinks.sink_correction`` (several launches: slower on short sequences).
 :func:`select_sink_correction` picks one once and returns a :class:`SinkCorrection` that names it

@@ -1,6 +1,6 @@
 """The MATE ABI adapter: find MATE's varlen entry point, learn what it accepts, call it by keyword.
 
-MATE's ``flash_attn_varlen_func`` changed between releases (spec provider-abis §3.2–3.3):
+MATE's ``flash_attn_varlen_func`` changed between releases (docs/musa.md):
 
 * v0.1.0 asks for the LSE with ``return_attn_probs`` only;
 * v0.1.3 accepts ``return_attn_probs`` and ``return_softmax_lse``;

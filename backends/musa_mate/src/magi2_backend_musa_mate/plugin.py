@@ -26,7 +26,7 @@ SHORT_SEQUENCE_RULE = Rule(
         kind="upstream",
         source="vllm-project/vllm-omni#7307",
         note="_MUSA_FA3_MIN_TOKENS = 32; a later revision compares the longest query segment (max_seqlen_q), "
-             "not the packed total; spec magi2-operators §2.8",
+             "not the packed total; operators.md §2.8",
     ),
 )
 

@@ -1,7 +1,7 @@
 """The ``mate`` attention provider: MATE's varlen kernel, then the learned sinks in FP32.
 
 MATE runs without sinks and returns the LSE; the sinks are applied afterwards by the LSE
-correction of spec §2.3 with the FP32 rescale (promote ``o``, multiply by the FP32 scale, cast
+correction of operators.md §2.3 with the FP32 rescale (promote ``o``, multiply by the FP32 scale, cast
 once), as vllm-omni #7307 does on MUSA. Native MATE sinks are never used: the sink logits stay FP32
 and the result is the one every other provider is checked against.
 

@@ -1,4 +1,4 @@
-"""Exact packed varlen attention with learned sinks, on any device (spec §2.2-2.3).
+"""Exact packed varlen attention with learned sinks, on any device (operators.md §2.2-2.3).
 
 Scores, softmax and the P·V product are FP32 (FP64 for FP64 inputs: the demo's oracle uses that);
 the output is rounded once to q's dtype. Scores that overflow FP32 (|q·k·scale| beyond 3.4e38) give

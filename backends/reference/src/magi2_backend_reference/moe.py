@@ -1,4 +1,4 @@
-"""Exact MoE references: top-k routing and the BF16 expert rounding schedule (spec §3.2-3.4).
+"""Exact MoE references: top-k routing and the BF16 expert rounding schedule (operators.md §3.2-3.4).
 
 Expert schedule per route (h, t, k) with flat expert f = h·E + idx[h,t,k]:
 FP32 gate/up projections -> SwiGLU7 in FP32 -> BF16 intermediate -> FP32 down projection times the

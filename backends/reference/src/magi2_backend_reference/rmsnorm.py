@@ -1,4 +1,4 @@
-"""Exact multi-modality RMSNorm: FP32 normalisation, modality-major ``(w + 1)`` scales (spec §4)."""
+"""Exact multi-modality RMSNorm: FP32 normalisation, modality-major ``(w + 1)`` scales (operators.md §4)."""
 
 from __future__ import annotations
 

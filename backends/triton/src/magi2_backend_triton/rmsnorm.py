@@ -1,4 +1,4 @@
-"""Fused multi-modality RMSNorm (spec §4): FP32 normalise, modality-major ``(w + 1)`` scale, one cast.
+"""Fused multi-modality RMSNorm (operators.md §4): FP32 normalise, modality-major ``(w + 1)`` scale, one cast.
 
 One pass over the data: each program loads a tile of rows once, reduces the FP32 sum of squares in
 registers, scales by the row's ``w[m, p] + 1`` and stores the result once (in the output dtype, and
@@ -176,7 +176,7 @@ def launch_rmsnorm(
     if weight.dtype == torch.float32:
         scale, add_one = weight.contiguous(), True
     else:
-        # Low-precision weights round w + 1 in their own dtype before the FP32 multiply (spec §4.1).
+        # Low-precision weights round w + 1 in their own dtype before the FP32 multiply (operators.md §4.1).
         scale, add_one = (weight + 1).float(), False
 
     xv = _as_token_view(x)

@@ -1,4 +1,4 @@
-"""Fused learned-sink correction of an attention output (spec §2.3), one pass over ``o`` and the LSE.
+"""Fused learned-sink correction of an attention output (operators.md §2.3), one pass over ``o`` and the LSE.
 
 A kernel without sinks returns ``o`` and ``L = log Σ_j exp(s_j)``; the sinks add ``exp(sink[n, h])``
 to every row's denominator. Per (head h, token t) this kernel computes, in FP32::

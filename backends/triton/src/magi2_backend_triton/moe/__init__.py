@@ -1,4 +1,4 @@
-"""Fused head-routed BF16 MoE (spec §3) and the torch-native baseline."""
+"""Fused head-routed BF16 MoE (operators.md §3) and the torch-native baseline."""
 
 from .fused import MoEState, fused_moe_experts
 from .native import grouped_mm_moe_experts

@@ -141,8 +141,8 @@ def _blocks_kernel(
     n = tl.load(counts_ptr + e)
     start = tl.load(cursor_ptr + e)
     offs = tl.arange(0, BM)
-    tail = n % BM
-    tl.store(sorted_ids_ptr + start + n - tail + offs, R, mask=(offs >= tail) & (tail > 0))
+    pad = (n + BM - 1) // BM * BM - n  # a block mask, not block & scalar: Triton 3.9's interpreter rejects that
+    tl.store(sorted_ids_ptr + start + n + offs, R, mask=offs < pad)
     b = tl.arange(0, MAX_BLOCKS)
     tl.store(expert_ids_ptr + start // BM + b, e, mask=b < (n + BM - 1) // BM)
 

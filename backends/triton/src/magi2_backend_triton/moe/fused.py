@@ -1,4 +1,4 @@
-"""Launcher of the fused head-routed MoE (spec §3.4-3.5): BF16 as upstream, FP16 and FP32 too.
+"""Launcher of the fused head-routed MoE (operators.md §3.4-3.5): BF16 as upstream, FP16 and FP32 too.
 
 Host-side work per call is shape arithmetic and cache lookups: no host sync and no allocation
 whose size depends on data, so a warmed-up forward can be captured in a CUDA graph. Under capture

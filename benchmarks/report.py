@@ -1,0 +1,346 @@
+"""Summarise benchmarks/results/*.json: README's results table, docs/benchmarks.md and its plots.
+
+    python -m benchmarks.report            # rewrite the README table, docs/benchmarks.md, docs/img/*.svg
+    python -m benchmarks.report --check    # exit 1 if README's table differs from the JSON (CI test)
+
+The table needs only the standard library; the plots need matplotlib (``nox -s report`` installs it).
+Each known results file has a summariser below. A file that was superseded by a later run is listed
+with the run that replaced it; a file nobody taught this script about is skipped with a note, never
+an error, so new results can land before their summariser does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+DOC = ROOT / "docs" / "benchmarks.md"
+IMG = ROOT / "docs" / "img"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+Row = tuple[str, str, str, str, str]
+Data = dict[str, Any]
+
+# Earlier runs kept for the record; the file named replaces each in the table.
+SUPERSEDED = {
+    "attention_h200.json": "attention_h200_final.json",
+    "attention_h200_run1.json": "attention_h200_final.json",
+    "attention_h200_rule2048x2048.json": "attention_h200_final.json",
+    "moe_h200_run1.json": "moe_h200.json",
+    "moe_h200_run2.json": "moe_h200.json",
+    "moe_h200_run3.json": "moe_h200.json",
+    "distributed_tiny_h200x2.json": "distributed_h200x2.json",
+}
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def moe_rows(d: Data) -> list[Row]:
+    s = d["shape"]
+    three = [b for b in d["bench"] if b["heads"] == 3]
+    twelve = [b for b in d["bench"] if b["heads"] == 12]
+    rel = [c["fused_rel_l2"] for c in d["checks"]]
+    rows: list[Row] = [
+        (
+            "MoE experts, fused Triton",
+            f"3 heads x {s['E']} experts, top-{s['K']}, d {s['d']}, I {s['I']}; T = "
+            + " / ".join(str(b["tokens"]) for b in three),
+            " / ".join(_ms(b["fused"]["p50"]) for b in three) + " ms",
+            "torch `_grouped_mm` pipeline " + " / ".join(_ms(b["native"]["p50"]) for b in three) + " ms; eager "
+            f"reference {min(b['eager']['p50'] for b in three):.0f}-{max(b['eager']['p50'] for b in three):.0f} ms",
+            "weight-read floor " + _ms(three[0]["weight_floor_ms"]) + " ms; fraction of it "
+            + " / ".join(f"{b['fused']['weight_floor_fraction']:.2f}" for b in three)
+            + "; matmul floor at the largest T " + _ms(three[-1]["matmul_floor_ms"]) + " ms",
+        )
+    ]
+    for b in twelve:
+        rows.append(
+            (
+                f"MoE experts, {b['heads']} heads",
+                f"T = {b['tokens']}",
+                _ms(b["fused"]["p50"]) + " ms",
+                "`_grouped_mm` " + _ms(b["native"]["p50"]) + " ms",
+                f"rel-L2 vs the FP32-reduced reference {min(rel):.1e}..{max(rel):.1e} over {len(rel)} checks",
+            )
+        )
+    return rows
+
+
+def rmsnorm_rows(d: Data) -> list[Row]:
+    copy = d["env"]["copy_ceiling_tb_s_reference"]
+    rows: list[Row] = []
+    for r in d["rows"]:
+        res = r["results"]
+        fused = res["fused_triton"]["tb_s"]
+        out = r["out_dtype"].replace("torch.", "")
+        groups = f"{len(r['modality_sizes'])} modalities" if r["modality_sizes"] else "1 modality"
+        rows.append(
+            (
+                "RMSNorm, fused Triton",
+                f"{list(r['shape'])} {r['dtype'].replace('torch.', '')} -> {out}, {groups}",
+                f"{fused:.2f} TB/s ({fused / copy:.2f} of copy)",
+                f"eager composite {res['composite_eager']['tb_s']:.2f}, torch.compile "
+                f"{res['composite_compiled']['tb_s']:.2f} TB/s",
+                "output equals its FP32 result cast" if r["output_equals_fp32_cast"] else "CAST MISMATCH",
+            )
+        )
+    return rows
+
+
+def sink_rows(d: Data) -> list[Row]:
+    r = max(d["rows"], key=lambda r: r["T"])
+    res = r["results"]
+    exact = all(v == 0 for v in r["differing_bf16_values_vs_torch"].values())
+    return [
+        (
+            "sink correction, fused Triton",
+            f"[{r['T']}, {r['H']}, {r['D']}] bf16",
+            f"{res['fused_fp32']['p50_ms'] * 1e3:.0f} us ({res['fused_fp32']['frac_of_copy_time']:.2f} of copy)",
+            f"torch fp32 path {res['torch_fp32']['p50_ms'] * 1e3:.0f} us",
+            "bit-exact to the torch reference in both modes" if exact else "DIFFERS from the torch reference",
+        )
+    ]
+
+
+def attention_rows(d: Data) -> list[Row]:
+    long = d["long"]
+    ratios = [v["tflops_event_p50"]["resolved_sink"] / v["tflops_event_p50"]["raw_fa3"] for v in long.values()]
+    short = [v["resolved_over_best_sink_event_ms"]["ratio"] for v in d["short"].values()]
+    chosen = {v["resolution_sink"]["chosen"] for v in d["short"].values()}
+    return [
+        (
+            "attention with one sink",
+            ", ".join(long) + f"; {d['heads']} x {d['head_dim']} {d['dtype']}",
+            " / ".join(f"{v['tflops_event_p50']['resolved_sink']:.0f}" for v in long.values()) + " TFLOP/s",
+            "raw FA3 " + " / ".join(f"{v['tflops_event_p50']['raw_fa3']:.0f}" for v in long.values()),
+            "resolved/raw " + " / ".join(f"{x:.3f}" for x in ratios),
+        ),
+        (
+            "attention, short sweep",
+            f"{len(short)} shapes, {min(v['tokens'] for v in d['short'].values())} to "
+            f"{max(v['tokens'] for v in d['short'].values())} tokens",
+            "with a sink resolves to " + ", ".join(sorted(chosen)),
+            "every sink-capable provider, same run",
+            f"resolved time / fastest provider: median {statistics.median(short):.2f}, "
+            f"range {min(short):.2f}-{max(short):.2f}",
+        ),
+    ]
+
+
+def distributed_rows(d: Data) -> list[Row]:
+    s = d["shapes"]
+    moe, uly = d["layers"]["ep_moe"], d["layers"]["ulysses_attention"]
+    bit_equal = all(r["check_vs_one_gpu"]["bit_equal"] for layer in (moe, uly) for r in layer["per_rank"])
+    equal = "bit-equal to one GPU" if bit_equal else "NOT bit-equal to one GPU"
+
+    def total(layer: Data) -> str:
+        m = layer["rank_max_p50_ms"]
+        return f"{m['total']:.2f} ms (a2a {m['a2a_in']:.2f} + {m['a2a_out']:.2f} ms)"
+
+    return [
+        (
+            f"EP{d['world']} MoE on {d['world']} GPUs",
+            f"{s['moe_heads']} heads, {s['tokens_local']} tokens per rank",
+            total(moe),
+            f"one GPU {moe['one_gpu_p50_ms']:.1f} ms",
+            equal,
+        ),
+        (
+            f"Ulysses{d['world']} attention",
+            f"{s['attn_heads']} x {s['head_dim']}, T = {s['tokens_local'] * d['world']}",
+            total(uly),
+            f"one GPU {uly['one_gpu_p50_ms']:.2f} ms",
+            equal,
+        ),
+    ]
+
+
+def dispatch_rows(d: Data) -> list[Row]:
+    by_op = {r["op"]: r for r in d["rows"]}
+    return [
+        (
+            "dispatch overhead (CPU)",
+            "cached resolve / added per call",
+            ", ".join(f"{r['resolve_us']:.1f} / {r['added_us']:.1f} us ({op})" for op, r in by_op.items()),
+            "a no-op provider called directly",
+            d["device"],
+        )
+    ]
+
+
+SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
+    "moe_h200.json": moe_rows,
+    "rmsnorm_h200.json": rmsnorm_rows,
+    "sink_correction_h200.json": sink_rows,
+    "attention_h200_final.json": attention_rows,
+    "distributed_h200x2.json": distributed_rows,
+    "dispatch_cpu.json": dispatch_rows,
+}
+
+
+def load(results: Path = RESULTS) -> tuple[dict[str, Data], list[str]]:
+    """The summarised files' data, and one note per file that is not summarised (and why)."""
+    data: dict[str, Data] = {}
+    notes: list[str] = []
+    for path in sorted(results.glob("*.json")):
+        if path.name in SUPERSEDED:
+            notes.append(f"`{path.name}`: an earlier run, superseded by `{SUPERSEDED[path.name]}`")
+        elif path.name not in SUMMARISERS:
+            notes.append(f"`{path.name}`: skipped, no summariser in benchmarks/report.py yet")
+        else:
+            try:
+                data[path.name] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                notes.append(f"`{path.name}`: skipped, unreadable ({exc})")
+    return data, notes
+
+
+def results_table(data: dict[str, Data]) -> str:
+    lines = ["| op | shape | magi2 (resolved) | baseline, same run | notes |", "| --- | --- | --- | --- | --- |"]
+    for name, summarise in SUMMARISERS.items():
+        if name not in data:
+            continue
+        try:
+            rows = summarise(data[name])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # a changed schema: say so
+            rows = [(name, "-", "-", "-", f"not summarised: {type(exc).__name__}: {exc}")]
+        for op, shape, ours, base, notes in rows:
+            lines.append(f"| {op} | {shape} | {ours} | {base} | {notes} (`{name}`) |")
+    return "\n".join(lines)
+
+
+def readme_table(readme: Path = README) -> str:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} section")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def write_readme(table: str, readme: Path = README) -> None:
+    text = readme.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+# -- plots (matplotlib, imported only here) -------------------------------------------------------
+def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.hashsalt": "magi2", "figure.dpi": 100, "font.size": 9})
+    IMG.mkdir(parents=True, exist_ok=True)
+    made: list[tuple[str, str]] = []
+
+    def save(fig: Any, name: str, caption: str) -> None:
+        fig.tight_layout()
+        fig.savefig(IMG / name, format="svg", metadata={"Date": None})
+        plt.close(fig)
+        made.append((name, caption))
+
+    if "moe_h200.json" in data:
+        d = data["moe_h200.json"]
+        bench = [b for b in d["bench"] if b["heads"] == 3]
+        points = {b["tokens"]: (b["fused"]["p50"], b["native"]["p50"]) for b in bench}
+        points.update({c["tokens"]: (c["fused_p50"], c["native_p50"]) for c in d.get("crossover", [])})
+        t = sorted(points)
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        ax.plot(t, [points[x][0] for x in t], "o-", label="triton (fused, resolved)")
+        ax.plot(t, [points[x][1] for x in t], "s-", label="torch _grouped_mm pipeline")
+        ax.plot([b["tokens"] for b in bench], [b["eager"]["p50"] for b in bench], "^-", label="reference (eager)")
+        floor_t = [b["tokens"] for b in bench]
+        ax.plot(floor_t, [b["weight_floor_ms"] for b in bench], "k--", label="weight-read floor")
+        ax.plot(floor_t, [b["matmul_floor_ms"] for b in bench], "k:", label="matmul floor")
+        ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="ms per call (p50)",
+               title=f"MoE experts, 3 heads x {d['shape']['E']} experts, {d['device']}")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        save(fig, "moe_time_vs_tokens.svg", "MoE experts: time per call against tokens, per provider, with the floors")
+
+    if "attention_h200_final.json" in data:
+        d = data["attention_h200_final.json"]
+        shapes = {**d["long"], **d["short"]}
+        names = list(shapes)
+        sink = [v["event_ms"]["resolved_sink"]["p50"] / v["event_ms"]["raw_fa3"]["p50"] for v in shapes.values()]
+        nosink = [
+            v["event_ms"]["resolved_nosink"]["p50"]
+            / min(v["event_ms"]["raw_fa3"]["p50"], v["event_ms"]["raw_varlen"]["p50"])
+            if "resolved_nosink" in v["event_ms"] else float("nan")
+            for v in shapes.values()
+        ]
+        fig, ax = plt.subplots(figsize=(9, 3.8))
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], sink, 0.4, label="with a sink: resolved / raw FA3 (no sink)")
+        ax.bar([x + 0.2 for x in xs], nosink, 0.4, label="no sink: resolved / fastest raw kernel")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs), names, rotation=60, fontsize=7)
+        ax.set(ylabel="time ratio (p50, 1 = raw kernel)", title=f"attention, resolved call / raw kernel, {d['device']}")
+        ax.legend(fontsize=8)
+        save(fig, "attention_resolved_over_raw.svg", "Attention: the resolved call's time over the raw kernel's")
+
+    if "rmsnorm_h200.json" in data:
+        d = data["rmsnorm_h200.json"]
+        rows = d["rows"]
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        kinds = [("fused_triton", "triton (fused)"), ("composite_compiled", "torch.compile composite"),
+                 ("composite_eager", "eager composite")]
+        for i, (key, label) in enumerate(kinds):
+            ax.bar([x + (i - 1) * 0.27 for x in range(len(rows))], [r["results"][key]["tb_s"] for r in rows], 0.27,
+                   label=label)
+        ax.axhline(d["env"]["copy_ceiling_tb_s_reference"], color="k", ls="--", label="device copy")
+        ax.set_xticks(range(len(rows)), [r["name"] for r in rows], fontsize=7, rotation=15)
+        ax.set(ylabel="TB/s (read + write)", title=f"RMSNorm bandwidth against copy, {d['env']['device']}")
+        ax.set_ylim(0, 1.35 * d["env"]["copy_ceiling_tb_s_reference"])  # room for the legend above the bars
+        ax.legend(fontsize=8, ncol=2, loc="upper center")
+        save(fig, "rmsnorm_bandwidth.svg", "RMSNorm: achieved bandwidth against the device copy")
+    return made
+
+
+def write_doc(table: str, notes: list[str], plots: list[tuple[str, str]]) -> None:
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m benchmarks.report` from `benchmarks/results/*.json`; do not edit by hand.",
+        "Each file records its device, versions and commit; the method is in each benchmark's docstring and",
+        "in the notes (`docs/moe-notes.md`, `docs/fa3-notes.md`, `docs/rmsnorm-notes.md`).",
+        "",
+    ]
+    for name, caption in plots:
+        parts += [f"## {caption}", "", f"![{caption}](img/{name})", ""]
+    parts += ["## Summary (the same table as the README)", "", table, "", "## Files not in the table", ""]
+    parts += [f"- {n}" for n in notes] or ["- none"]
+    DOC.write_text("\n".join(parts) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only compare README's table with the JSON")
+    args = ap.parse_args(argv)
+    data, notes = load()
+    table = results_table(data)
+    if args.check:
+        if readme_table() != table:
+            print("README's results table differs from benchmarks/results/*.json; run python -m benchmarks.report")
+            return 1
+        return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    write_readme(table)
+    write_doc(table, notes, _plots(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

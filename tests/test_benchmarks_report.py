@@ -1,0 +1,46 @@
+"""README's results table is generated from benchmarks/results/*.json and must not drift from them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from benchmarks import report
+
+
+def test_readme_table_equals_the_table_generated_from_the_json() -> None:
+    data, _ = report.load()
+    assert report.readme_table() == report.results_table(data), "run: python -m benchmarks.report"
+    assert report.main(["--check"]) == 0
+
+
+def test_every_committed_results_file_is_summarised_or_explained() -> None:
+    data, notes = report.load()
+    names = {p.name for p in report.RESULTS.glob("*.json")}
+    explained = {n.split("`")[1] for n in notes}
+    assert names == set(data) | explained
+    assert not [n for n in notes if "no summariser" in n], notes
+
+
+def test_unknown_and_broken_files_are_skipped_with_a_note(tmp_path: Path) -> None:
+    shutil.copy(report.RESULTS / "dispatch_cpu.json", tmp_path)
+    (tmp_path / "fa4_h200.json").write_text(json.dumps({"benchmark": "new"}))
+    data, notes = report.load(tmp_path)
+    assert set(data) == {"dispatch_cpu.json"}
+    assert notes == ["`fa4_h200.json`: skipped, no summariser in benchmarks/report.py yet"]
+
+
+def test_a_changed_schema_gives_a_row_that_says_so_not_a_crash() -> None:
+    table = report.results_table({"moe_h200.json": {"shape": {}}})
+    assert "not summarised: KeyError" in table and "moe_h200.json" in table
+
+
+def test_check_fails_when_the_readme_table_is_stale(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.BEGIN}\n| stale |\n{report.END}\nrest\n")
+    data, _ = report.load()
+    assert report.readme_table(readme) != report.results_table(data)
+    report.write_readme(report.results_table(data), readme)
+    assert report.readme_table(readme) == report.results_table(data)
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("\nrest\n")

@@ -1,0 +1,98 @@
+"""Impossible requests end in one line on stderr and exit code 2 (no traceback, no fake success)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from magi2_core.cli import app
+
+runner = CliRunner()
+
+
+def _rejected(args: list[str], needle: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"magi2 {args[0]}: error: "), result.stderr
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["explain", "attention", "--device", "nope"], "unknown device type 'nope'"),
+        (["explain", "attention", "--heads-q", "24", "--heads-kv", "7"], "not a multiple of --heads-kv 7"),
+        (["explain", "moe_route", "--experts", "8", "--top-k", "9"], "--top-k 9 exceeds --experts 8"),
+        (["explain", "moe_experts", "--experts", "4", "--top-k", "6"], "--top-k 6 exceeds --experts 4"),
+        (["explain", "attention", "--tokens", "10", "--max-seqlen-q", "20"], "exceeds --tokens 10"),
+        (["explain", "rmsnorm", "--width", "0"], "--width must be at least 1"),
+        (["explain", "attention", "--head-dim", "-8"], "--head-dim must be at least 1"),
+        (["explain", "convolution"], "unknown op 'convolution'"),
+        (["explain", "attention", "--provider", "nope"], "no provider named 'nope'"),
+        (["bench", "--iters", "0"], "--iters must be at least 1; got 0"),
+        (["bench", "--iters", "-5"], "--iters must be at least 1; got -5"),
+        (["check", "--op", "nope"], "unknown --op nope"),
+        (["check", "--device", "nope"], "--device nope: no usable device"),
+        (["check", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["check", "--provider", "nope"], "no installed provider named ['nope']"),
+        (["demo", "--device", "nope"], "no usable nope device here"),
+        (["demo", "--device", "cpu:x"], "is not a torch device"),
+    ],
+)
+def test_impossible_requests_are_one_line_errors(args: list[str], needle: str) -> None:
+    _rejected(args, needle)
+
+
+@pytest.mark.parametrize("device", ["cuda", "musa"], ids=["nvidia", "moore-threads"])
+def test_demo_on_a_missing_runtime_is_a_one_line_error(device: str) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    if device == "musa" and getattr(torch, "musa", None) is not None and torch.musa.is_available():
+        pytest.skip("a MUSA device is present")
+    _rejected(["demo", "--device", device], f"no usable {device} device here")
+
+
+def test_check_on_an_absent_device_type_is_rejected_not_ok_with_zero_cases() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    result = runner.invoke(app, ["check", "--device", "cuda", "--json"])
+    assert result.exit_code == 2
+    assert "no usable device" in json.loads(result.stdout)["error"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["explain", "attention", "--provider", "nope", "--json"],
+        ["check", "--device", "nope", "--json"],
+        ["bench", "--iters", "-5", "--json"],
+        ["explain", "attention", "--device", "nope", "--json"],
+    ],
+)
+def test_json_mode_errors_are_json(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert data["command"] == args[0] and data["error"]
+
+
+def test_check_with_nothing_runnable_here_is_rejected() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    # torch_varlen ships with the reference backend (always installed) and runs on CUDA only
+    _rejected(["check", "--provider", "torch_varlen"], "nothing to check here: attention[torch_varlen]")
+
+
+def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
+    from magi2_core.registry import iter_capabilities
+
+    if not any("fpga" in c.device_types for c in iter_capabilities()):
+        pytest.skip("the example plugin (tests/plugins/example, device 'fpga') is not installed")
+    result = runner.invoke(app, ["explain", "rmsnorm", "--device", "fpga", "--dtype", "float32"])
+    assert result.exit_code == 0, result.output  # the example plugin's made-up device is known to the registry

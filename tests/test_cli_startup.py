@@ -1,0 +1,85 @@
+"""Start-up cost: ``magi2 -h``/``--version`` and the auto-loaded pytest plugin import no torch.
+
+Measured on the project's two-core CI machine (load average about 8, so wall times are inflated):
+``magi2 --help`` went from 5-14 s (every command imported torch) to 0.28 s of CPU (about 0.3 s of
+``python -X importtime``, typer and click being most of it; rich's help renderer is off because it
+imports markdown-it). The plugin: ``import magi2_core.testing.plugin`` went from 8.8 s of import time
+(3.7 s CPU: torch, pydantic and the kit) to 0.03 s beyond pytest itself; a one-test unrelated run
+(``pytest -p no:hypothesispytest``) took 1.71-1.76 s with the plugin and 1.49-1.80 s with
+``-p no:magi2_core.testing.plugin``, the same within the machine's noise.
+
+These tests assert what makes that true (torch is not imported), not a time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import magi2_core
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from magi2_core.cli import main
+        sys.argv = ["magi2", *{list(args)!r}]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code or 0
+        else:
+            code = 0
+        heavy = sorted(m for m in ("torch", "magi2_core.ops", "magi2_core.registry") if m in sys.modules)
+        print("HEAVY:" + ",".join(heavy))
+        sys.exit(code)
+        """
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("demo", "-h"), ("env", "--help"),
+                                  ("check", "-h"), ("explain", "-h"), ("backends", "-h"), ("bench", "-h")])
+def test_help_and_version_import_no_torch(args: tuple[str, ...]) -> None:
+    result = _run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("HEAVY:"), result.stdout[-300:]
+
+
+def test_version_names_core_and_contract() -> None:
+    result = _run_cli("--version")
+    assert result.stdout.startswith(f"magi2-core {magi2_core.__version__} (core contract {magi2_core.CORE_API_VERSION})")
+
+
+def test_importing_the_package_is_cheap_and_the_api_loads_on_first_use() -> None:
+    code = (
+        "import sys, magi2_core as m2; assert 'torch' not in sys.modules, 'import magi2_core pulled torch'; "
+        "f = m2.rmsnorm; assert 'torch' in sys.modules; from magi2_core import attention; "
+        "assert sorted(n for n in m2.__all__ if n not in vars(m2)) == []; print('ok')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        magi2_core.nope  # noqa: B018
+
+
+def test_plugin_loaded_but_unused_imports_no_torch(tmp_path: Path) -> None:
+    (tmp_path / "test_unrelated.py").write_text(
+        "import sys\n\n\ndef test_unrelated():\n"
+        "    assert 'torch' not in sys.modules, 'the magi2 plugin imported torch in an unrelated run'\n"
+        "    assert 'magi2_core.testing.plugin' in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "-p", "magi2_core.testing.plugin", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
