@@ -22,8 +22,10 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -175,7 +177,8 @@ class Registry:
         """Register a backend object or module directly (tests, or a plugin outside entry points)."""
         with self._lock:
             self._ensure_loaded()
-            self._add(plugin, name, repr(plugin), "(registered in process)", time.perf_counter())
+            dist = REFERENCE_DIST if name == REFERENCE and _is_reference_module(plugin) else "(registered in process)"
+            self._add(plugin, name, repr(plugin), dist, time.perf_counter())
             self._changed()
 
     def unregister(self, name: str) -> None:
@@ -297,6 +300,15 @@ class Registry:
 def _is_reference(ep: Any) -> bool:
     """The genuine reference: entry point ``reference`` of the distribution ``magi2-backend-reference``."""
     return bool(ep.name == REFERENCE and ep.dist is not None and _normalise(ep.dist.name) == REFERENCE_DIST)
+
+
+def _is_reference_module(plugin: object) -> bool:
+    """``plugin`` is the very module that the genuine reference entry point names (a registry built by
+    hand, as tests do, may register it directly)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if _is_reference(ep):
+            return isinstance(plugin, types.ModuleType) and sys.modules.get(ep.value) is plugin
+    return False
 
 
 def _check_core_api(spec: BackendSpec) -> None:

@@ -202,3 +202,17 @@ def test_reentrant_plugin_does_not_poison_the_registry(monkeypatch: pytest.Monke
     assert {"reference", "reentrant"} <= {b.entry_point for b in fresh.backends()}
     assert seen == [0]  # the plugin saw the registry as it was while loading, and loading ran once
     assert not [q for q in fresh.quarantined() if "already registered" in q.reason]
+
+
+def test_hand_built_registry_accepts_only_the_genuine_reference_module() -> None:
+    import magi2_backend_reference.plugin as genuine
+
+    reg = Registry(discover=False)
+    fake = types.ModuleType("magi2_backend_reference_plugin_copy")
+    fake.magi2_backend = genuine.magi2_backend  # type: ignore[attr-defined]
+    reg.register(fake, "reference")  # the same descriptors, but not the distribution's entry point
+    assert reg.provider("rmsnorm", "reference") is None and "reserved" in reg.quarantined()[0].reason
+    reg = Registry(discover=False)
+    reg.register(genuine, "reference")
+    ref = reg.provider("rmsnorm", "reference")
+    assert ref is not None and ref.capability.backend == REFERENCE_DIST and reg.quarantined() == ()
