@@ -318,9 +318,10 @@ def test_gpu_compile_fullgraph_serves_triton(monkeypatch: pytest.MonkeyPatch) ->
 @needs_cuda
 def test_gpu_cuda_graph_two_layer_stack_replays_bit_equal() -> None:
     torch.manual_seed(9)
-    stack = torch.nn.Sequential(
-        *[HeadRoutedMoE(num_heads=3, head_dim=256, num_experts=256, intermediate=1280, top_k=6) for _ in range(2)]
-    ).cuda()
+    with torch.device("cuda"):  # built on the GPU: prepared there at construction
+        stack = torch.nn.Sequential(
+            *[HeadRoutedMoE(num_heads=3, head_dim=256, num_experts=256, intermediate=1280, top_k=6) for _ in range(2)]
+        )
     for layer in stack:
         assert isinstance(layer, HeadRoutedMoE) and interleaved_bank(layer.w_gate, layer.w_up) is not None
     x = torch.randn(4096, 768, device="cuda").bfloat16()
