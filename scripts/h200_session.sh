@@ -1,35 +1,45 @@
 #!/usr/bin/env bash
-# One device call on the lent H200 (image: python 3.12, torch 2.11+cu130, triton 3.6, no pydantic, no
-# network): install the carried wheels (.whl: pydantic, fa3-fwd), install the local distributions
-# editable, then run the whole GPU test suite (no -x; counts printed, log in $OUT/gpu_tests.log, JUnit
-# in $OUT/gpu.xml), the conformance kit on CUDA, the demo and the quick benchmarks.
-# Everything lands under $OUT. Usage there: MAGI2_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/h200_session.sh
+# The device calls on the lent H200 (image: python 3.12, torch 2.11+cu130, triton 3.6, no pydantic, no
+# network). Installs the carried payload (scripts/h200_env.sh: carry .whl/p1, and .whl/p2 in a call that
+# follows for FlashAttention-4), installs the local distributions editable, then runs the steps named in
+# MAGI2_STEPS (all when unset): the whole GPU test suite (no -x; counts printed, log in $OUT/gpu_tests.log,
+# JUnit in $OUT/gpu.xml), the conformance kit on CUDA, the demo and the benchmarks.
+# Everything lands under $OUT. Usage there: MAGI2_GIT_COMMIT=<sha> MAGI2_STEPS=tests,block bash scripts/h200_session.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
+source scripts/h200_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation -e backends/reference -e backends/triton \
-  -e backends/cuda_fa3 -e backends/musa_mate -e tests/plugins/example -e . > "$OUT/install.log" 2>&1 \
+  -e backends/cuda_fa3 -e backends/cuda_fa4 -e backends/musa_mate -e tests/plugins/example -e . > "$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; exit 1; }
 export MAGI2_GIT_COMMIT=${MAGI2_GIT_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those
-if want tests; then
-step "gpu tests (the whole GPU suite: never stops at the first failure; skips listed with their reasons)"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests backends -rfEs --junitxml="$OUT/gpu.xml" > "$OUT/gpu_tests.log" 2>&1
-echo "commit $MAGI2_GIT_COMMIT" >> "$OUT/gpu_tests.log"
-grep -E "^(FAILED|ERROR) " "$OUT/gpu_tests.log" | head -40
-python3 - "$OUT/gpu.xml" <<'PY'
+counts() {  # $1: JUnit XML -> "N passed, N failed, N errors, N skipped"
+python3 - "$1" <<'PY'
 import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root)
 n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
 passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
-print(f"gpu tests: {passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
+print(f"{passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
 PY
-tail -1 "$OUT/gpu_tests.log"
+}
+gpu_tests() {  # $1: name; rest: pytest paths. Never stops at the first failure.
+  local name=$1; shift
+  python3 -m pytest -q -p no:cacheprovider -m gpu "$@" -rfEs --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
+  echo "commit $MAGI2_GIT_COMMIT; fa4 payload: $([ -f /tmp/site/.p2 ] && echo installed || echo absent)" >> "$OUT/$name.log"
+  grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | head -40
+  echo "$name: $(counts "$OUT/$name.xml")"
+}
+if want tests; then
+step "gpu tests (the whole GPU suite; skips listed with their reasons)"
+gpu_tests gpu_tests tests backends
+fi
+if want fa_tests; then
+step "gpu tests of the attention backends (after the FA4 payload)"
+gpu_tests gpu_tests_attention backends/cuda_fa4/tests backends/cuda_fa3/tests tests/test_torch_native_gpu.py
 fi
 if want conformance; then
 step "conformance on cuda"
@@ -53,5 +63,17 @@ fi
 if want block; then
 step "block benchmark (4-layer MAGI-2 stack, strict)"
 python3 -m benchmarks.block --out "$OUT/block_h200.json" > "$OUT/block.log" 2>&1; tail -70 "$OUT/block.log"
+fi
+if want fa4; then
+step "FA4 benchmark (resolved vs raw FA3, FA3 + correction, FA4 native sink; JIT latency)"
+python3 -m benchmarks.attention_fa4 --quick --out "$OUT/attention_fa4_h200.json" > "$OUT/attention_fa4.log" 2>&1; tail -40 "$OUT/attention_fa4.log"
+fi
+if want vllm_omni; then
+step "vllm-omni integration MoE stack"
+python3 -m benchmarks.vllm_omni_moe --out "$OUT/vllm_omni_moe_h200.json" > "$OUT/vllm_omni_moe.log" 2>&1; tail -30 "$OUT/vllm_omni_moe.log"
+fi
+if want sweep; then
+step "MoE kernel variants sweep"
+python3 -m benchmarks.moe_sweep --out "$OUT/moe_sweep_h200.json" > "$OUT/moe_sweep.log" 2>&1; tail -40 "$OUT/moe_sweep.log"
 fi
 step "done"
