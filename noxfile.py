@@ -16,7 +16,7 @@ TORCH = "torch==2.13.0"  # the CPU build on this project's machines; a bare "tor
 TRITON = "triton==3.6.0"  # the H200 image's Triton; its interpreter runs the kernels on the CPU in CI
 INTERPRETER = (TRITON, "numpy")  # TRITON_INTERPRET=1 needs numpy, which triton does not declare
 CORE = ("-e", "backends/reference", "-e", ".")
-PLUGINS = ("-e", "tests/plugins/example", "-e", "tests/plugins/broken")
+PLUGINS = ("-e", "tests/plugins/example", "-e", "tests/plugins/broken", "-e", "tests/plugins/impostor")
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider")
 
 
@@ -40,7 +40,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Core + reference backend, the example/broken third-party plugins, distributed (gloo)."""
-    _install(session, *PLUGINS)
+    _install(session, "hypothesis>=6", *PLUGINS)
     session.run(*PYTEST, "tests", *session.posargs)
 
 

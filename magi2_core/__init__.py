@@ -7,8 +7,10 @@
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.config import reload_config
 from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import (
+    ConfigError,
     InvalidDeviceError,
     InvalidDTypeError,
     InvalidInputError,
@@ -34,6 +36,7 @@ __all__ = [
     "Candidate",
     "Capability",
     "Condition",
+    "ConfigError",
     "Feature",
     "IntRange",
     "InvalidDTypeError",
@@ -65,4 +68,5 @@ __all__ = [
     "rmsnorm",
     "use",
     "set_device_value_checks",
+    "reload_config",
 ]

@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from magi2_core.problem import INT_FIELDS, Feature, OpName, Problem
 
@@ -64,6 +64,16 @@ class Condition(BaseModel):
             raise ValueError(f"unknown problem field {name!r}; known: {sorted(Problem.model_fields)}")
         return name
 
+    @model_validator(mode="after")
+    def _int_threshold(self) -> Condition:
+        # An integer field compared with 20.0 or "20" would never split the resolution cache the way
+        # the comparison does (the cache buckets integer fields by integer boundaries): reject it.
+        values = self.value if isinstance(self.value, tuple) else (self.value,)
+        if self.field in INT_FIELDS and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{self.field!r} is an integer problem field; compare it with an int (or a tuple of "
+                             f"ints), not {self.value!r}")
+        return self
+
     def holds(self, problem: Problem) -> bool:
         if self.field == "feature":
             return _COMPARE[self.op](self.value, {f.value for f in problem.features})
@@ -79,8 +89,8 @@ class Condition(BaseModel):
         values = self.value if isinstance(self.value, tuple) else (self.value,)
         out: list[int] = []
         for v in values:
-            if isinstance(v, int) and not isinstance(v, bool):
-                out += [v, v + 1]
+            assert isinstance(v, int)  # enforced by _int_threshold
+            out += [v, v + 1]
         return tuple(out)
 
     def __str__(self) -> str:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from magi2_core.resolution import Resolution
 
 __all__ = [
+    "ConfigError",
     "InvalidDTypeError",
     "InvalidDeviceError",
     "InvalidInputError",
@@ -76,3 +77,12 @@ class UnknownProviderError(ResolutionError, ValueError):
 
 class ProviderNotEligibleError(ResolutionError):
     """An override forced a provider that cannot serve this call."""
+
+
+class ConfigError(Magi2Error, ValueError):
+    """A ``MAGI2_*`` environment variable has a value its parser rejects; ``variable``, ``value``, ``accepted``."""
+
+    def __init__(self, variable: str, value: str, accepted: str, why: str = "") -> None:
+        self.variable, self.value, self.accepted = variable, value, accepted
+        detail = f" ({why})" if why else ""
+        super().__init__(f"{variable}={value!r} is not valid{detail}; accepted: {accepted}")

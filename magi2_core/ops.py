@@ -8,12 +8,12 @@ traced graph, with the ``compiling`` feature set (providers that are not safe th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import torch
 
+from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts import moe as moe_c
@@ -41,6 +41,21 @@ def dispatcher() -> Dispatcher:
 
 def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
+
+
+def _forward_only(op: str, **tensors: torch.Tensor | None) -> None:
+    """No provider implements backward: refuse a tensor that asks for gradients instead of dropping them."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise InvalidValueError(
+                op, arg, "a tensor that does not require grad (magi2 ops are forward-only: call them under "
+                "torch.no_grad() or torch.inference_mode(), or pass .detach())", "requires_grad=True")
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """What the fake implementations promise under torch.compile: a contiguous result (a provider may
+    return x's strides for a non-contiguous x; the copy happens only then, and only in compiled graphs)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +123,8 @@ def attention(
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
     prefix sums live on the GPU.
     """
+    if torch.is_grad_enabled():
+        _forward_only("attention", q=q, k=k, v=v, sinks=sinks)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(
             q,
@@ -233,7 +250,7 @@ def _attention_op(
         provider,
         compiling=True,
     )
-    return o, lse
+    return _dense(o), _dense(lse)
 
 
 @_attention_op.register_fake
@@ -252,7 +269,7 @@ def _(
     sink_rescale: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,6 +290,8 @@ def moe_route(
     shifts the selection only. Weights are the unbiased sigmoid scores of the selected experts,
     L1-normalised (eps 1e-12) and multiplied by ``route_scale``; ties resolve as ``torch.topk``.
     """
+    if torch.is_grad_enabled():
+        _forward_only("moe_route", x=x, router_weight=router_weight, bias=bias)
     if torch.compiler.is_compiling():
         probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), provider)
         return probs, idx
@@ -314,7 +333,8 @@ def _moe_route_op(
     route_scale: float,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
+    probs, idx = _moe_route(x, router_weight, bias, top_k, route_scale, provider, compiling=True)
+    return _dense(probs), _dense(idx)
 
 
 @_moe_route_op.register_fake
@@ -348,8 +368,11 @@ def moe_experts(
     ``probs``/``idx`` as returned by :func:`moe_route`. ``deterministic=None`` reads
     ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
-    det = os.environ.get("MAGI2_DETERMINISTIC") == "1" if deterministic is None else bool(deterministic)
+    det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
     layout, weights = _weights_arg(w_gate, w_up, w_down)
+    if torch.is_grad_enabled():
+        names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
+        _forward_only("moe_experts", x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y
@@ -400,7 +423,7 @@ def _moe_experts_op(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return _moe_experts(x, probs, idx, layout, weights, deterministic, provider, compiling=True)
+    return _dense(_moe_experts(x, probs, idx, layout, weights, deterministic, provider, compiling=True))
 
 
 @_moe_experts_op.register_fake
@@ -413,7 +436,7 @@ def _(
     deterministic: bool,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +456,8 @@ def rmsnorm(
     ``x [T, D]`` or ``[T, ..., P, D]``; ``weight [M, P, D]`` (or flat ``[M·P·D]``) delta-scale;
     ``modality_sizes``: host-side sizes of the M contiguous token groups (None: one modality).
     """
+    if torch.is_grad_enabled():
+        _forward_only("rmsnorm", x=x, weight=weight)
     if torch.compiler.is_compiling():
         sizes = None if modality_sizes is None else list(modality_sizes)
         y: torch.Tensor = torch.ops.magi2.rmsnorm(x, weight, float(eps), sizes, out_dtype, provider)
@@ -469,7 +494,7 @@ def _rmsnorm_op(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return _rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True)
+    return _dense(_rmsnorm(x, weight, eps, modality_sizes, out_dtype, provider, compiling=True))
 
 
 @_rmsnorm_op.register_fake
@@ -481,7 +506,7 @@ def _(
     out_dtype: torch.dtype | None,
     provider: str | None,
 ) -> torch.Tensor:
-    return torch.empty_like(x, dtype=out_dtype or x.dtype)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,7 +537,7 @@ def _problem(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Problem:
         return moe_c.problem_from_raw("moe_route", r.raw)
     if op == "moe_experts":
         det = kw.pop("deterministic", None)
-        det = os.environ.get("MAGI2_DETERMINISTIC") == "1" if det is None else bool(det)
+        det = config.get("MAGI2_DETERMINISTIC") if det is None else bool(det)
         x, probs, idx, *w = args
         w.extend(kw.pop(n, None) for n in ("w_gate", "w_up", "w_down")[len(w) :])
         wg, wu, wd = checkpoint_views(*_weights_arg(*w))

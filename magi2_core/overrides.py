@@ -5,17 +5,18 @@ thread- and task-safe). Keys are op families (``attention``, ``moe``, ``rmsnorm`
 (``moe_route``, ``moe_experts``). A family-level name applies to the ops of the family that have a
 provider of that name; the others fall through to the next layer. The environment works the same:
 ``MAGI2_ATTENTION_PROVIDER``, ``MAGI2_MOE_PROVIDER``, ``MAGI2_RMSNORM_PROVIDER`` and per op
-``MAGI2_MOE_ROUTE_PROVIDER``, ``MAGI2_MOE_EXPERTS_PROVIDER``.
+``MAGI2_MOE_ROUTE_PROVIDER``, ``MAGI2_MOE_EXPERTS_PROVIDER``, read through :mod:`magi2_core.config`
+(once; ``magi2_core.reload_config()`` re-reads them).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
 
+from magi2_core import config
 from magi2_core.errors import InvalidValueError
 from magi2_core.problem import OpName
 
@@ -23,7 +24,6 @@ __all__ = [
     "FAMILY",
     "context_token",
     "current_overrides",
-    "env_reader",
     "env_var",
     "env_vars",
     "layered_overrides",
@@ -51,20 +51,6 @@ def env_vars(op: OpName) -> tuple[str, ...]:
     return (env_var(family),) if family == op else (env_var(op), env_var(family))
 
 
-def env_reader(names: tuple[str, ...]) -> Callable[[], tuple[object, ...]]:
-    """A fast reader of the current values of ``names`` (part of the hot-path cache key).
-
-    ``os.environ.get`` costs over a microsecond for a missing key; on POSIX the mapping's backing dict
-    (``os.environ._data``, bytes keys, kept in sync by ``os.environ[...] = ...``) answers in tens of ns.
-    """
-    data = getattr(os.environ, "_data", None)
-    if os.name == "posix" and isinstance(data, dict):
-        keys = tuple(os.fsencode(n) for n in names)
-        get = data.get
-        return lambda: tuple([get(k) for k in keys])
-    return lambda: tuple([os.environ.get(n) for n in names])
-
-
 @contextmanager
 def use(**providers: str | None) -> Iterator[None]:
     """Force providers inside a ``with`` block; ``None`` lifts an outer override for that key.
@@ -76,6 +62,10 @@ def use(**providers: str | None) -> Iterator[None]:
     unknown = sorted(set(providers) - _KEYS)
     if unknown:
         raise InvalidValueError("use", ", ".join(unknown), f"one of {sorted(_KEYS)}", "unknown key(s)")
+    bad = {k: v for k, v in providers.items() if v is not None and not isinstance(v, str)}
+    if bad:
+        key, name = next(iter(bad.items()))
+        raise InvalidValueError("use", key, "a provider name (str) or None", repr(name))
     merged = dict(_OVERRIDES.get())
     for key, name in providers.items():
         if name is None:
@@ -113,12 +103,11 @@ def layered_overrides(op: OpName) -> tuple[tuple[str, str, bool], ...]:
             out.append(("context", ctx[op], False))
         if family != op and family in ctx:
             out.append(("context", ctx[family], True))
-    env = os.environ
     if op != family:
-        name = env.get(env_var(op))
+        name = config.get(env_var(op))
         if name:
             out.append(("env", name, False))
-    name = env.get(env_var(family))
+    name = config.get(env_var(family))
     if name:
         out.append(("env", name, family != op))
     return tuple(out)

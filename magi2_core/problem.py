@@ -39,6 +39,7 @@ class Problem(BaseModel):
 
     op: OpName
     device_type: str
+    device_index: int | None = None  # the tensors' device index (a multi-GPU host may mix models)
     dtype: str
     features: frozenset[Feature] = frozenset()
     tokens: int | None = None

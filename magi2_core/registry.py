@@ -4,17 +4,29 @@ Backends are found under the entry-point group ``magi2_core.backends``. Each one
 isolation: an entry point that fails to import, fails pluggy's hook validation, returns an invalid
 spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
 with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others.
+The exact reference is bound by distribution and entry point, not by name: the ``reference`` entry
+point of ``magi2-backend-reference`` (the core's own dependency) loads first, and any other backend
+that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
+(a name collision always quarantines the newcomer). Readers see the registry through one immutable
+:class:`RegistryState` that every change rebuilds aside and swaps in as one reference, with a new
+``generation``. A backend that takes over :data:`SLOW_LOAD_S` seconds to load is logged as a warning.
+
 ``MAGI2_PLUGINS`` (comma-separated entry-point names) is an allow-list, ``MAGI2_DISABLE_PLUGINS`` a
-deny-list. Loading is lazy (first use) and thread-safe.
+deny-list (both read through :mod:`magi2_core.config`); neither can remove the ``reference`` backend, and
+an allow-list naming an entry point that is not installed is a :class:`ConfigError`. Loading is lazy
+(first use) and thread-safe.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
+import re
+import sys
 import threading
-from collections.abc import Callable, Iterable
+import time
+import types
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -23,15 +35,22 @@ import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from magi2_core import config
 from magi2_core._version import CORE_API_VERSION
 from magi2_core.capability import Capability
 from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
 from magi2_core.resolution import QuarantinedPlugin
 
-__all__ = ["ENTRY_POINT_GROUP", "LoadedBackend", "LoadedProvider", "Registry", "get_registry"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "REFERENCE", "REFERENCE_DIST", "LoadedBackend", "LoadedProvider", "Registry",
+    "RegistryState", "get_registry",
+]
 
 ENTRY_POINT_GROUP = "magi2_core.backends"
+REFERENCE = "reference"  # entry point and provider name of the exact reference
+REFERENCE_DIST = "magi2-backend-reference"  # the core's own dependency: always loaded, loaded first
+SLOW_LOAD_S = 1.0  # a backend slower than this to import and describe itself is logged as a WARNING
 log = logging.getLogger("magi2_core")
 
 
@@ -69,6 +88,28 @@ class LoadedBackend:
     entry_point: str
     spec: BackendSpec
     plugin: object
+    distribution: str = "(registered in process)"
+    load_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RegistryState:
+    """One consistent, immutable view of the registry; replaced as a whole on every change."""
+
+    generation: int
+    providers: Mapping[OpName, tuple[LoadedProvider, ...]]
+    bounds: Mapping[OpName, Mapping[str, tuple[int, ...]]]
+    quarantined: tuple[QuarantinedPlugin, ...]
+
+    def provider(self, op: OpName, name: str) -> LoadedProvider | None:
+        return next((p for p in self.providers[op] if p.name == name), None)
+
+
+_EMPTY = RegistryState(0, {op: () for op in OPS}, {op: {} for op in OPS}, ())
+
+
+def _normalise(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
 
 
 class Registry:
@@ -82,44 +123,62 @@ class Registry:
         self._pm.add_hookspecs(BackendHooks)
         self._backends: dict[str, LoadedBackend] = {}
         self._quarantined: list[QuarantinedPlugin] = []
+        # Working lists, touched only under the lock; readers use the swapped-in ``_state``.
         self._providers: dict[OpName, list[LoadedProvider]] = {op: [] for op in OPS}
-        self._bounds: dict[OpName, dict[str, tuple[int, ...]]] = {op: {} for op in OPS}
-        self.generation = 0
-        self._listeners: list[Callable[[], None]] = []
+        self._state = _EMPTY
+        self._loading = False
+        self._plugin_lists: tuple[frozenset[str] | None, frozenset[str]] | None = None
 
     # -- loading -------------------------------------------------------------------------------
     def _ensure_loaded(self) -> None:
         if self._loaded:
             return
         with self._lock:
-            if self._loaded:  # another thread loaded meanwhile
-                return  # type: ignore[unreachable]
-            if self._discover:
-                self._load_entry_points()
-            self._loaded = True
-            self._changed()
+            # Another thread loaded meanwhile, or a plugin being imported asked for the registry (the
+            # lock is re-entrant): it sees the state so far instead of starting a second discovery.
+            if self._loaded or self._loading:
+                return
+            self._loading = True
+            try:
+                if self._discover:
+                    self._load_entry_points()
+                self._loaded = True
+                self._changed()
+            finally:
+                self._loading = False
 
     def _load_entry_points(self) -> None:
-        allow = _name_list("MAGI2_PLUGINS")
-        deny = _name_list("MAGI2_DISABLE_PLUGINS")
-        eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+        allow: frozenset[str] | None = config.get("MAGI2_PLUGINS")
+        deny: frozenset[str] = config.get("MAGI2_DISABLE_PLUGINS") or frozenset()
+        self._plugin_lists = (allow, deny)
+        # The genuine reference first, so that no other backend can take its names; then by name.
+        eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: (not _is_reference(ep), ep.name))
+        installed = {ep.name for ep in eps}
+        for name in sorted(deny - installed):
+            log.warning("magi2_core: MAGI2_DISABLE_PLUGINS names %r, which is not an installed backend", name)
         for ep in eps:
-            if (allow is not None and ep.name not in allow) or (deny is not None and ep.name in deny):
+            if ep.name != REFERENCE and ((allow is not None and ep.name not in allow) or ep.name in deny):
                 log.info("magi2_core: backend entry point %r skipped by MAGI2_PLUGINS/MAGI2_DISABLE_PLUGINS", ep.name)
                 continue
             dist = ep.dist.name if ep.dist is not None else "?"
+            if ep.name == REFERENCE and not _is_reference(ep):
+                self._quarantine(ep.name, ep.value, dist, f"the entry point name {REFERENCE!r} belongs to "
+                                 f"{REFERENCE_DIST}; rename this backend's entry point")
+                continue
+            start = time.perf_counter()
             try:
                 plugin = ep.load()
             except Exception as exc:
                 self._quarantine(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}")
                 continue
-            self._add(plugin, ep.name, ep.value, dist)
+            self._add(plugin, ep.name, ep.value, dist, start)
 
     def register(self, plugin: object, name: str) -> None:
         """Register a backend object or module directly (tests, or a plugin outside entry points)."""
         with self._lock:
             self._ensure_loaded()
-            self._add(plugin, name, repr(plugin), "(registered in process)")
+            dist = REFERENCE_DIST if name == REFERENCE and _is_reference_module(plugin) else "(registered in process)"
+            self._add(plugin, name, repr(plugin), dist, time.perf_counter())
             self._changed()
 
     def unregister(self, name: str) -> None:
@@ -132,7 +191,7 @@ class Registry:
                     self._providers[op] = [p for p in self._providers[op] if p.capability.backend != backend.spec.name]
             self._changed()
 
-    def _add(self, plugin: object, name: str, value: str, dist: str) -> None:
+    def _add(self, plugin: object, name: str, value: str, dist: str, start: float) -> None:
         try:
             self._pm.register(plugin, name=name)
         except Exception as exc:  # pluggy.PluginValidationError, duplicate names
@@ -146,6 +205,10 @@ class Registry:
             if not isinstance(spec, BackendSpec):
                 spec = BackendSpec.model_validate(spec)
             _check_core_api(spec)
+            reference = name == REFERENCE and _normalise(dist) == REFERENCE_DIST
+            if not reference and any(c.name == REFERENCE for c in spec.providers):
+                raise ValueError(f"the provider name {REFERENCE!r} is reserved for {REFERENCE_DIST}'s exact "
+                                 f"reference; rename this backend's provider")
             clashes = [
                 f"{c.op}:{c.name}" for c in spec.providers if any(p.name == c.name for p in self._providers[c.op])
             ]
@@ -155,7 +218,11 @@ class Registry:
             self._pm.unregister(plugin)
             self._quarantine(name, value, dist, f"{type(exc).__name__}: {exc}")
             return
-        self._backends[name] = LoadedBackend(name, spec, plugin)
+        seconds = time.perf_counter() - start
+        if seconds > SLOW_LOAD_S:
+            log.warning("magi2_core: backend %r (%s) took %.1f s to import and describe itself; every process "
+                        "pays this on its first op call", name, dist, seconds)
+        self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds)
         for cap in spec.providers:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
             self._providers[cap.op].append(LoadedProvider(cap))
@@ -165,19 +232,26 @@ class Registry:
         self._quarantined.append(QuarantinedPlugin(entry_point=name, value=value, distribution=dist, reason=reason))
 
     def _changed(self) -> None:
+        """Build the new state aside and swap it in as one reference (readers never see it half-built)."""
+        providers: dict[OpName, tuple[LoadedProvider, ...]] = {}
+        all_bounds: dict[OpName, Mapping[str, tuple[int, ...]]] = {}
         for op in OPS:
-            self._providers[op].sort(key=lambda p: (-p.capability.priority, p.name))
+            providers[op] = tuple(sorted(self._providers[op], key=lambda p: (-p.capability.priority, p.name)))
             bounds: dict[str, set[int]] = {}
-            for p in self._providers[op]:
+            for p in providers[op]:
                 for fld, values in p.capability.boundaries().items():
                     bounds.setdefault(fld, set()).update(values)
-            self._bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
-        self.generation += 1
-        for listener in self._listeners:
-            listener()
+            all_bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
+        self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined))
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
+    @property
+    def generation(self) -> int:
+        return self._state.generation
+
+    def state(self) -> RegistryState:
+        """The current consistent view (loading the backends on first use)."""
+        self._ensure_loaded()
+        return self._state
 
     def reload(self) -> None:
         """Forget everything and rediscover (after installing a backend, or changing MAGI2_PLUGINS)."""
@@ -190,26 +264,29 @@ class Registry:
             self._loaded = False
             self._ensure_loaded()
 
+    def _config_reloaded(self) -> None:
+        """After ``reload_config()``: rediscover if the allow/deny lists this registry loaded with changed."""
+        lists = (config.get("MAGI2_PLUGINS"), config.get("MAGI2_DISABLE_PLUGINS") or frozenset())
+        if self._loaded and self._discover and lists != self._plugin_lists:
+            self.reload()
+
     # -- queries -------------------------------------------------------------------------------
     def providers(self, op: OpName) -> list[LoadedProvider]:
         """The providers of ``op`` in resolution order (priority descending, then name)."""
-        self._ensure_loaded()
-        return self._providers[op]
+        return list(self.state().providers[op])
 
     def provider(self, op: OpName, name: str) -> LoadedProvider | None:
-        return next((p for p in self.providers(op) if p.name == name), None)
+        return self.state().provider(op, name)
 
-    def boundaries(self, op: OpName) -> dict[str, tuple[int, ...]]:
-        self._ensure_loaded()
-        return self._bounds[op]
+    def boundaries(self, op: OpName) -> Mapping[str, tuple[int, ...]]:
+        return self.state().bounds[op]
 
     def backends(self) -> list[LoadedBackend]:
         self._ensure_loaded()
         return sorted(self._backends.values(), key=lambda b: b.entry_point)
 
     def quarantined(self) -> tuple[QuarantinedPlugin, ...]:
-        self._ensure_loaded()
-        return tuple(self._quarantined)
+        return self.state().quarantined
 
     def self_test(self, entry_point: str, device: str) -> list[str]:
         backend = self._backends[entry_point]
@@ -220,14 +297,24 @@ class Registry:
         return [str(f) for f in result]
 
 
-def _name_list(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
-    if raw is None:
-        return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
+def _is_reference(ep: Any) -> bool:
+    """The genuine reference: entry point ``reference`` of the distribution ``magi2-backend-reference``."""
+    return bool(ep.name == REFERENCE and ep.dist is not None and _normalise(ep.dist.name) == REFERENCE_DIST)
+
+
+def _is_reference_module(plugin: object) -> bool:
+    """``plugin`` is the very module that the genuine reference entry point names (a registry built by
+    hand, as tests do, may register it directly)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if _is_reference(ep):
+            return isinstance(plugin, types.ModuleType) and sys.modules.get(ep.value) is plugin
+    return False
 
 
 def _check_core_api(spec: BackendSpec) -> None:
+    if not spec.core_api.strip():
+        raise ValueError("core_api is empty, which would claim compatibility with every core contract; "
+                         f"declare the range this backend implements, e.g. '>={CORE_API_VERSION},<2'")
     try:
         ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
     except InvalidSpecifier as exc:
@@ -250,6 +337,7 @@ def get_registry() -> Registry:
         with _REGISTRY_LOCK:
             if _REGISTRY is None:
                 _REGISTRY = Registry()
+                config.on_reload(_REGISTRY._config_reloaded)
     return _REGISTRY
 
 

@@ -107,6 +107,9 @@ class Resolution(BaseModel):
         }[self.decided_by]
         lines.append(f"decided by: {how}")
         lines.append(f"chosen: {self.chosen or 'NONE'}")
+        if p.op == "attention":
+            lines.append("rules see max_seqlen_q/k as the longest segment of host prefix sums; with prefix sums "
+                         "on the device, as the max_seqlen_* passed (the declared bound)")
         for i, c in enumerate(self.candidates, 1):
             lines.append(f"  {i}. {c.provider} ({c.backend} {c.version}, priority {c.priority}): {c.verdict.value}")
             for r in c.reasons:

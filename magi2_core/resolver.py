@@ -5,9 +5,12 @@ providers of the op in a total order (priority descending, then name), the first
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
 
-The :class:`Dispatcher` caches the chosen kernel by the call's key: device type, dtype, feature mask
+The :class:`Dispatcher` caches the chosen kernel by the call's key: device, dtype, feature mask
 and each integer field *bucketed* by the boundaries that the installed descriptors use, plus the
 active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
+The cache belongs to one registry generation: a call that sees a newer generation starts a fresh
+cache, and each resolution reads one consistent :class:`RegistryState`, so a backend registered or
+unregistered while other threads run ops never leaves a half-built list or a stale kernel behind.
 """
 
 from __future__ import annotations
@@ -16,16 +19,17 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from magi2_core import config
 from magi2_core.capability import Capability
 from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.overrides import FAMILY, context_token, env_reader, env_vars, layered_overrides
+from magi2_core.overrides import FAMILY, context_token, layered_overrides
 from magi2_core.problem import OpName, Problem
 from magi2_core.provider import Checkable
-from magi2_core.registry import LoadedProvider, Registry, get_registry
+from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
 
 __all__ = ["Dispatcher", "RawKey", "resolve_problem", "static_reasons"]
@@ -112,7 +116,7 @@ def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = 
     )
 
 
-def _forced(op: OpName, provider: str | None, reg: Registry) -> tuple[str, DecidedBy] | None:
+def _forced(op: OpName, provider: str | None, reg: RegistryState) -> tuple[str, DecidedBy] | None:
     if provider is not None:
         return provider, "argument"
     for source, name, family_level in layered_overrides(op):
@@ -131,8 +135,11 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
     :class:`ProviderNotEligibleError` for a forced provider that cannot serve the problem, and
     :class:`NoEligibleProviderError` when no provider can.
     """
-    reg = registry or get_registry()
-    providers = reg.providers(problem.op)
+    return _resolve(problem, provider, (registry or get_registry()).state())
+
+
+def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
+    providers = reg.providers[problem.op]
     forced = _forced(problem.op, provider, reg)
     candidates: list[Candidate] = []
     chosen: str | None = None
@@ -172,7 +179,7 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
             decided_by=source,
             override=name,
             chosen=chosen,
-            quarantined=reg.quarantined(),
+            quarantined=reg.quarantined,
         )
         if chosen is None:
             raise ProviderNotEligibleError(
@@ -211,11 +218,14 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
         candidates=tuple(candidates),
         decided_by="priority",
         chosen=chosen,
-        quarantined=reg.quarantined(),
+        quarantined=reg.quarantined,
     )
     if chosen is None:
         raise NoEligibleProviderError(f"{problem.op}: no installed provider can serve this call", res)
     return res
+
+
+_Plan = tuple[tuple[int, tuple[int, ...]], ...]  # (index in the raw key, boundaries) per bucketed field
 
 
 class Dispatcher:
@@ -223,22 +233,13 @@ class Dispatcher:
 
     def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry or get_registry()
-        self._cache: dict[tuple[Any, ...], Any] = {}
-        self._plans: dict[OpName, tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]] = {}
-        self._registry.on_change(self.clear)
+        # (generation, cache, bucket plans), replaced as one tuple and never mutated across
+        # generations: a cache only ever holds decisions made from the registry state of its tag.
+        self._slot: tuple[int, dict[tuple[Any, ...], Any], dict[OpName, _Plan]] = (-1, {}, {})
+        config.on_reload(self.clear)  # the environment's provider overrides are part of every decision
 
     def clear(self) -> None:
-        self._cache.clear()
-        self._plans.clear()
-
-    def _plan(
-        self, op: OpName, key_fields: Sequence[str]
-    ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], Callable[[], tuple[object, ...]]]:
-        bounds = self._registry.boundaries(op)
-        buckets = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
-        plan = (buckets, env_reader(env_vars(op)))
-        self._plans[op] = plan
-        return plan
+        self._slot = (-1, {}, {})
 
     def kernel(
         self,
@@ -249,23 +250,28 @@ class Dispatcher:
         provider: str | None,
     ) -> Any:
         """The kernel object to run for this call (resolving and caching on a miss)."""
-        plan = self._plans.get(op)
-        if plan is None:
-            plan = self._plan(op, key_fields)
-        buckets, env = plan
+        state = self._registry.state()
+        generation, cache, plans = self._slot
+        if generation != state.generation:
+            cache, plans = {}, {}
+            self._slot = (state.generation, cache, plans)
+        buckets = plans.get(op)
+        if buckets is None:
+            bounds = state.bounds[op]
+            buckets = plans[op] = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
         key = (
             op,
             provider,
             context_token(),
-            env(),
             raw[:4],
             tuple([None if raw[i] is None else bisect_right(b, raw[i]) for i, b in buckets]) if buckets else (),
         )
-        kernel = self._cache.get(key)
+        kernel = cache.get(key)
         if kernel is None:
-            res = resolve_problem(build(raw), provider, self._registry)
-            chosen = self._registry.provider(op, res.chosen or "")
-            assert chosen is not None
+            res = _resolve(build(raw), provider, state)
+            chosen = state.provider(op, res.chosen or "")
+            if chosen is None:  # resolved from this very state, so the name is in it
+                raise RuntimeError(f"{op}: resolved provider {res.chosen!r} is missing from its registry state")
             kernel, _ = chosen.load()
-            self._cache[key] = kernel
+            cache[key] = kernel
         return kernel

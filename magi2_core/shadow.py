@@ -2,7 +2,8 @@
 
 Off by default. When off, the only cost in an op call is reading the module-global ``ACTIVE``.
 Turn it on for a process with ``MAGI2_SHADOW=0.01`` (the sampled fraction; read when magi2_core is
-imported; ``MAGI2_SHADOW_RAISE=1`` raises on a mismatch) or for a block::
+imported and by ``magi2_core.reload_config()``; ``MAGI2_SHADOW_RAISE=1`` raises on a mismatch) or for a
+block::
 
     with magi2_core.shadow.shadow(rate=0.05, raise_on_mismatch=False):
         model(x)
@@ -19,7 +20,6 @@ ops), so they are observed too.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import warnings
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from magi2_core import config
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import Magi2Error
 from magi2_core.problem import OpName
@@ -224,17 +225,9 @@ def observe(op: OpName, kernel: Any, call: Any, out: Any) -> None:
                   ShadowMismatchWarning, stacklevel=3)
 
 
-def _from_env() -> None:
-    raw = os.environ.get("MAGI2_SHADOW", "").strip()
-    if not raw:
-        return
-    try:
-        rate = float(raw)
-    except ValueError:
-        warnings.warn(f"MAGI2_SHADOW={raw!r} is not a number in [0, 1]; shadow verification stays off",
-                      stacklevel=2)
-        return
-    configure(min(max(rate, 0.0), 1.0), raise_on_mismatch=os.environ.get("MAGI2_SHADOW_RAISE") == "1")
+def _from_config() -> None:
+    configure(config.get("MAGI2_SHADOW"), raise_on_mismatch=config.get("MAGI2_SHADOW_RAISE"))
 
 
-_from_env()
+config.on_reload(_from_config)
+_from_config()

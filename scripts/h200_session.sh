@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on the lent H200 (image: python 3.12, torch 2.11+cu130, triton 3.6, no pydantic, no
 # network): install the carried wheels (.whl: pydantic, fa3-fwd), install the local distributions
-# editable, then run the GPU tests, the conformance kit on CUDA, the demo and the quick benchmarks.
-# Everything lands under $OUT. Usage there: bash scripts/h200_session.sh
+# editable, then run the whole GPU test suite (no -x; counts printed, log in $OUT/gpu_tests.log, JUnit
+# in $OUT/gpu.xml), the conformance kit on CUDA, the demo and the quick benchmarks.
+# Everything lands under $OUT. Usage there: MAGI2_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/h200_session.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -16,9 +17,19 @@ python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those
 if want tests; then
-step "gpu tests"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests backends -x --junitxml="$OUT/gpu.xml" > "$OUT/gpu_tests.log" 2>&1
-tail -3 "$OUT/gpu_tests.log"
+step "gpu tests (the whole GPU suite: never stops at the first failure; skips listed with their reasons)"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests backends -rfEs --junitxml="$OUT/gpu.xml" > "$OUT/gpu_tests.log" 2>&1
+echo "commit $MAGI2_GIT_COMMIT" >> "$OUT/gpu_tests.log"
+grep -E "^(FAILED|ERROR) " "$OUT/gpu_tests.log" | head -40
+python3 - "$OUT/gpu.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+print(f"gpu tests: {passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
+PY
+tail -1 "$OUT/gpu_tests.log"
 fi
 if want conformance; then
 step "conformance on cuda"

@@ -82,6 +82,7 @@ def _tag(**kw: object) -> float:
 def test_precedence_argument_context_env_priority(toy_global: None, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _tag() == 2.0  # priority
     monkeypatch.setenv("MAGI2_RMSNORM_PROVIDER", "toy_low")
+    m2.reload_config()
     assert _tag() == 1.0  # env beats priority
     with m2.use(rmsnorm="toy_high"):
         assert _tag() == 2.0  # context beats env
@@ -91,6 +92,7 @@ def test_precedence_argument_context_env_priority(toy_global: None, monkeypatch:
         with m2.use(rmsnorm=None):
             assert _tag() == 1.0  # lifting the context override falls back to env
     monkeypatch.delenv("MAGI2_RMSNORM_PROVIDER")
+    m2.reload_config()
     assert _tag() == 2.0
 
 
@@ -98,6 +100,7 @@ def test_resolution_records_who_decided(toy_global: None, monkeypatch: pytest.Mo
     x, w = torch.randn(2, 4), torch.zeros(1, 1, 4)
     assert m2.resolve("rmsnorm", x, w).decided_by == "priority"
     monkeypatch.setenv("MAGI2_RMSNORM_PROVIDER", "toy_low")
+    m2.reload_config()
     res = m2.resolve("rmsnorm", x, w)
     assert (res.decided_by, res.override, res.chosen) == ("env", "toy_low", "toy_low")
     with m2.use(rmsnorm="reference"):

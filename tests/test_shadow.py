@@ -113,7 +113,7 @@ def test_sampling_fraction() -> None:
 def test_env_variable_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAGI2_SHADOW", "0.5")
     monkeypatch.setenv("MAGI2_SHADOW_RAISE", "1")
-    shadow._from_env()
+    m2.reload_config()
     assert shadow.ACTIVE is True
     x, w, sizes = _norm_inputs()
     with pytest.raises(shadow.ShadowMismatchError):

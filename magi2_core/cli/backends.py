@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from magi2_core import config
 from magi2_core.cli._output import console, print_json
 from magi2_core.registry import get_registry
 
@@ -21,14 +22,20 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
     if json_out:
         print_json(
             {
-                "backends": [{"entry_point": b.entry_point, **b.spec.model_dump(mode="json")} for b in loaded],
+                "backends": [
+                    {"entry_point": b.entry_point, "load_seconds": round(b.load_seconds, 4),
+                     **b.spec.model_dump(mode="json")}
+                    for b in loaded
+                ],
                 "quarantined": [q.model_dump(mode="json") for q in quarantined],
+                "config": {k: sorted(v) if isinstance(v, frozenset) else v for k, v in config.effective().items()},
             }
         )
         return
     for b in loaded:
         table = Table(
-            title=f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api})",
+            title=f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api}, "
+            f"loaded in {b.load_seconds:.2f} s)",
             title_justify="left",
         )
         for col in ("op", "provider", "prio", "devices", "dtypes", "features", "rules"):

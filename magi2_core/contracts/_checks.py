@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 import torch
 
-from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError
+from magi2_core import config
+from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_value_checks", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
+    "describe", "device_fields", "device_value_checks", "finite_parameter", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
     "tensor",
 ]
 
 # Checks of values that live on an accelerator (expert ids in range, device prefix sums) need a host
 # sync, which a serving loop (and CUDA-graph capture) cannot afford, so they are opt-in there:
 # MAGI2_CHECK_DEVICE_VALUES=1 or set_device_value_checks(True). Host values are always checked.
-_DEVICE_VALUES = os.environ.get("MAGI2_CHECK_DEVICE_VALUES") == "1"
+# None: follow the configuration; a bool: set at run time (wins until set back to None).
+_DEVICE_VALUES: bool | None = None
 
 
 def device_value_checks() -> bool:
-    return _DEVICE_VALUES
+    return bool(config.get("MAGI2_CHECK_DEVICE_VALUES")) if _DEVICE_VALUES is None else _DEVICE_VALUES
 
 
-def set_device_value_checks(enabled: bool) -> bool:
-    """Turn host-syncing checks of device-resident values on or off; returns the previous setting."""
+def set_device_value_checks(enabled: bool | None) -> bool | None:
+    """Turn host-syncing checks of device-resident values on or off (``None``: follow
+    ``MAGI2_CHECK_DEVICE_VALUES``); returns the previous setting, which restores it when passed back."""
     global _DEVICE_VALUES
-    previous, _DEVICE_VALUES = _DEVICE_VALUES, bool(enabled)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidValueError("set_device_value_checks", "enabled", "True, False or None", repr(enabled))
+    previous, _DEVICE_VALUES = _DEVICE_VALUES, enabled
     return previous
+
+
+def device_fields(device: torch.device | str) -> tuple[str, int | None]:
+    """``(device_type, device_index)`` of a raw key's device (a ``torch.device``, or a type name)."""
+    if isinstance(device, str):
+        return device, None
+    return device.type, device.index
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -50,6 +61,34 @@ def tensor(op: str, arg: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise InvalidDTypeError(op, arg, "a torch.Tensor", type(value).__name__)
     return value
+
+
+def with_data(op: str, arg: str, t: torch.Tensor) -> None:
+    """The op's leading tensor must hold data (the others must share its device)."""
+    if t.is_meta:
+        raise InvalidDeviceError(op, arg, "a tensor with data (a meta tensor has none; no kernel can run on it)",
+                                 describe(t))
+
+
+def finite_parameter(op: str, arg: str, t: torch.Tensor) -> None:
+    """Reject NaN/inf in a parameter tensor (sinks, router bias) where that costs no device sync: on the
+    host always, on an accelerator only with device value checks on (a non-finite sink would silently
+    zero a head's output, a NaN bias would pick arbitrary experts)."""
+    if t.numel() and (t.device.type == "cpu" or device_value_checks()) and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise InvalidValueError(op, arg, "finite values (it is a learned parameter)", f"{bad} NaN/inf of {t.numel()}")
+
+
+def real(op: str, arg: str, value: object, expected: str) -> float:
+    """``value`` as a Python float: ints, floats, numpy scalars and 0-d tensors; never text, bool or None."""
+    if type(value) is float:  # the common case, first
+        return value
+    if value is None or isinstance(value, (str, bytes, bool)):
+        raise InvalidValueError(op, arg, expected, repr(value))
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor with more than one element
+        raise InvalidValueError(op, arg, expected, repr(value)) from None
 
 
 def rank(op: str, arg: str, t: torch.Tensor, ranks: Iterable[int], layout: str) -> None:

@@ -111,6 +111,7 @@ def validate(
     compiling: bool,
 ) -> AttentionCall:
     q = ck.tensor(OP, "q", q)
+    ck.with_data(OP, "q", q)
     k = ck.tensor(OP, "k", k)
     v = ck.tensor(OP, "v", v)
     dtype, device = q.dtype, q.device
@@ -150,10 +151,10 @@ def validate(
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     else:
-        scale = float(softmax_scale)
+        scale = ck.real(OP, "softmax_scale", softmax_scale, "a finite positive float or None")
         if not math.isfinite(scale) or scale <= 0:
             raise InvalidValueError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
-    cap = float(softcap)
+    cap = ck.real(OP, "softcap", softcap, "a finite float (<= 0 disables it)")
     if math.isnan(cap) or math.isinf(cap):
         raise InvalidValueError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
     cap = max(cap, 0.0)
@@ -166,6 +167,7 @@ def validate(
         if sink_t.dim() != 2 or sink_t.shape[1] != hq:
             raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
         ck.same_device(OP, "q", q, sinks=sink_t)
+        ck.finite_parameter(OP, "sinks", sink_t)
         if sink_t.shape[0] == 0:
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
@@ -178,7 +180,11 @@ def validate(
         | (FEATURE_BIT[Feature.DETERMINISTIC] if deterministic else 0)
         | (FEATURE_BIT[Feature.COMPILING] if compiling else 0)
     )
-    raw = (device.type, ck.dtype_name(dtype), None, mask, tq, tk, mq, mk, cu_q.numel() - 1, d, hq, hkv)
+    # Rules judge the true longest segments where the prefix sums are on the host; with device prefix
+    # sums and max_seqlen_* given, they judge the declared bound (Resolution.explain says so).
+    rq = mq if long_q is None else long_q
+    rk = mk if long_k is None else long_k
+    raw = (device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
     return AttentionCall(
         q,
         k,
@@ -198,10 +204,12 @@ def validate(
 
 
 def problem_from_raw(raw: tuple[Any, ...]) -> Problem:
-    device_type, dtype, _, mask, *ints = raw
+    device, dtype, _, mask, *ints = raw
+    device_type, device_index = ck.device_fields(device)
     return Problem(
         op=OP,
-        device_type=str(device_type),
+        device_type=device_type,
+        device_index=device_index,
         dtype=str(dtype),
         features=features_from_mask(int(mask)),
         **dict(zip(KEY_FIELDS, ints, strict=True)),

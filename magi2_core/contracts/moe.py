@@ -63,6 +63,7 @@ def validate_route(
 ) -> RouteCall:
     op = "moe_route"
     x = ck.tensor(op, "x", x)
+    ck.with_data(op, "x", x)
     ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
     ck.dtype_in(op, "x", x, _FLOATS)
     t, hl, d = x.shape
@@ -80,12 +81,14 @@ def validate_route(
         if tuple(b.shape) != (hl * e,):
             raise InvalidShapeError(op, "bias", f"FP32 [{hl * e}] (one per head·expert)", ck.describe(b))
     ck.same_device(op, "x", x, router_weight=w, bias=b)
+    if b is not None:
+        ck.finite_parameter(op, "bias", b)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise InvalidShapeError(op, "top_k", f"an int in [1, {e}] (experts per head)", repr(top_k))
-    scale = float(route_scale)
+    scale = ck.real(op, "route_scale", route_scale, "a finite float")
     if not math.isfinite(scale):
         raise InvalidValueError(op, "route_scale", "a finite float", repr(route_scale))
-    raw = (x.device.type, ck.dtype_name(x.dtype), None, _compiling_bit(compiling), t, hl, e, top_k, d)
+    raw = (x.device, ck.dtype_name(x.dtype), None, _compiling_bit(compiling), t, hl, e, top_k, d)
     return RouteCall(x, w, b, top_k, scale, raw)
 
 
@@ -112,6 +115,7 @@ def validate_experts(
 ) -> ExpertsCall:
     op = "moe_experts"
     x = ck.tensor(op, "x", x)
+    ck.with_data(op, "x", x)
     ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
     ck.dtype_in(op, "x", x, _FLOATS)
     t, hl, d = x.shape
@@ -149,16 +153,18 @@ def validate_experts(
             op, "idx", f"per-head expert ids in [0, {e})", f"values in [{int(i.min())}, {int(i.max())}]"
         )
     mask = _compiling_bit(compiling) | (FEATURE_BIT[Feature.DETERMINISTIC] if deterministic else 0)
-    raw = (x.device.type, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
+    raw = (x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
     return ExpertsCall(x, p, i, wg, wu, wd, raw)
 
 
 def problem_from_raw(op: OpName, raw: tuple[Any, ...]) -> Problem:
     fields = ROUTE_KEY_FIELDS if op == "moe_route" else EXPERTS_KEY_FIELDS
-    device_type, dtype, _, mask, *ints = raw
+    device, dtype, _, mask, *ints = raw
+    device_type, device_index = ck.device_fields(device)
     return Problem(
         op=op,
-        device_type=str(device_type),
+        device_type=device_type,
+        device_index=device_index,
         dtype=str(dtype),
         features=features_from_mask(int(mask)),
         **dict(zip(fields, ints, strict=True)),

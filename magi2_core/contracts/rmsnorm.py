@@ -45,6 +45,7 @@ def validate(
     compiling: bool,
 ) -> RMSNormCall:
     x = ck.tensor(OP, "x", x)
+    ck.with_data(OP, "x", x)
     ck.dtype_in(OP, "x", x, _FLOATS)
     if x.dim() < 2:
         raise InvalidShapeError(OP, "x", "[tokens, D] or [tokens, ..., patterns, D] (at least 2-D)", ck.describe(x))
@@ -83,8 +84,8 @@ def validate(
     p = w.shape[1]
     if p != 1 and (x.dim() < 3 or x.shape[-2] != p):
         raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", ck.describe(x))
-    e = float(eps)
-    if not math.isfinite(e) or e < 0:
+    e = ck.real(OP, "eps", eps, "a finite float >= 0")
+    if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in _FLOATS:
@@ -92,15 +93,17 @@ def validate(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
     mask = FEATURE_BIT[Feature.COMPILING] if compiling else 0
-    raw = (x.device.type, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)
+    raw = (x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)
     return RMSNormCall(x, w, e, sizes, od, raw)
 
 
 def problem_from_raw(raw: tuple[Any, ...]) -> Problem:
-    device_type, dtype, out_dtype, mask, *ints = raw
+    device, dtype, out_dtype, mask, *ints = raw
+    device_type, device_index = ck.device_fields(device)
     return Problem(
         op=OP,
-        device_type=str(device_type),
+        device_type=device_type,
+        device_index=device_index,
         dtype=str(dtype),
         out_dtype=str(out_dtype),
         features=features_from_mask(int(mask)),

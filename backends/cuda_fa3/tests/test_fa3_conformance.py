@@ -33,7 +33,7 @@ def test_kit_passes_with_a_fake_fa3_fwd(monkeypatch: pytest.MonkeyPatch, fp16: b
     install(monkeypatch, build.modules[0], FakeVarlen())
     monkeypatch.setattr(abi_mod, "torch_op_exists", lambda ns, name: ns == "fa3_fwd" and name == "fwd")
     provider = FA3Attention(loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"),
-                            capability=lambda: (9, 0))
+                            capability=lambda index: (9, 0))
     host = types.ModuleType(HOST)
     host.fa3 = provider  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)

@@ -49,7 +49,7 @@ def _provider(monkeypatch: pytest.MonkeyPatch, ops: set[str], fake: FakeVarlen, 
     install(monkeypatch, build.modules[0], fake)
     ops.add(build.op_namespace)
     return FA3Attention(loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"),
-                        capability=lambda: cc)
+                        capability=lambda index: cc)
 
 
 def _inputs(seed: int, cu: list[int], hq: int = 4, hkv: int = 2, n_sinks: int = 1, dtype: torch.dtype = torch.bfloat16):
@@ -271,7 +271,7 @@ def _problem(dtype: str = "bfloat16", *features: Feature) -> Problem:
 
 
 def test_check_reasons(monkeypatch, ops_registered) -> None:
-    none = FA3Attention(loader=lambda: load_fa3(()), capability=lambda: (9, 0))
+    none = FA3Attention(loader=lambda: load_fa3(()), capability=lambda index: (9, 0))
     (r,) = none.check(_problem())
     assert r.code == ReasonCode.UNAVAILABLE and "no FA3 build installed" in r.detail
     fake = FakeVarlen()

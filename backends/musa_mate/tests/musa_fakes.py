@@ -25,6 +25,8 @@ import torch
 from magi2_backend_musa_mate import mate_abi
 from magi2_backend_reference.attention import reference_attention
 
+from magi2_core import config
+
 _COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
                 "seqused_k")
 _FA3_TAIL = ("q_descale", "k_descale", "v_descale", "window_size")
@@ -196,6 +198,7 @@ def fake_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[MusaWorld]:
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     for var in ("MAGI2_MATE_BACKEND", "MAGI2_MATE_SINK_CORRECTION", "MAGI2_ATTENTION_PROVIDER"):
         monkeypatch.delenv(var, raising=False)
+    config.reload_config()
     mate_abi.load_mate_varlen.cache_clear()
     yield MusaWorld(finder, monkeypatch)
     mate_abi.load_mate_varlen.cache_clear()

@@ -29,11 +29,12 @@ from magi2_core.resolution import Reason, ReasonCode
 __all__ = ["FA3Attention", "device_capability", "fa3_attention"]
 
 
-def device_capability() -> tuple[int, int] | None:
-    """The current CUDA device's compute capability, or ``None`` without a usable CUDA device."""
+def device_capability(index: int | None = None) -> tuple[int, int] | None:
+    """The compute capability of CUDA device ``index`` (``None``: the current one), or ``None`` without
+    a usable CUDA device. A multi-GPU host may mix models, so the problem's device index is asked."""
     if not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = torch.cuda.get_device_capability(index)
     return int(major), int(minor)
 
 
@@ -44,7 +45,7 @@ class FA3Attention:
         self,
         loader: Callable[[], LoadResult] = load_fa3,
         correction: Callable[[], SinkCorrection] = select_sink_correction,
-        capability: Callable[[], tuple[int, int] | None] = device_capability,
+        capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
     ) -> None:
         self._loader = loader
         self._correction = correction
@@ -66,7 +67,7 @@ class FA3Attention:
         if abi is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="fa3", actual="none usable", detail=loaded.why_none(),
                            expected="an FA3 build: fa3-fwd, flash_attn_3 (3.x) or tokenspeed-fa3")]
-        cc = self._capability()
+        cc = self._capability(problem.device_index)
         if cc is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
                            detail=f"torch {torch.__version__}; FA3 build {abi.label}")]

@@ -29,7 +29,6 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import torch
 from packaging.version import InvalidVersion, Version
 
 from magi2_backend_musa_mate.platform import import_musa_runtime, musa_available
+from magi2_core import config
 
 __all__ = [
     "BACKENDS",
@@ -68,9 +68,9 @@ _AUTO_HONOURS_SOFTCAP = Version("0.2.1")
 
 
 def requested_backend() -> str | None:
-    """The user's ``MAGI2_MATE_BACKEND`` (None when unset or empty); not validated here."""
-    value = os.environ.get(BACKEND_ENV, "").strip()
-    return value or None
+    """The user's ``MAGI2_MATE_BACKEND`` (None when unset or empty), validated by magi2_core.config."""
+    value: str | None = config.get(BACKEND_ENV)
+    return value
 
 
 def normalise_lse(lse: object, heads: int, tokens: int) -> torch.Tensor:

@@ -17,12 +17,12 @@ resolver for MUSA problems only) and the first call do, through :mod:`.mate_abi`
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 
 import torch
 
 from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, requested_backend
+from magi2_core import config
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
@@ -35,7 +35,7 @@ _SINK_IMPLS = ("torch", "triton")
 
 
 def _sink_impl() -> str:
-    return os.environ.get(SINK_CORRECTION_ENV, "").strip() or "torch"
+    return str(config.get(SINK_CORRECTION_ENV))  # validated by magi2_core.config: torch | triton
 
 
 def _triton_sink_correction(

@@ -1,7 +1,8 @@
 """Exact packed varlen attention with learned sinks, on any device (spec §2.2-2.3).
 
 Scores, softmax and the P·V product are FP32 (FP64 for FP64 inputs: the demo's oracle uses that);
-the output is rounded once to q's dtype. Memory stays
+the output is rounded once to q's dtype. Scores that overflow FP32 (|q·k·scale| beyond 3.4e38) give
+NaN rows, never a finite wrong answer. Memory stays
 bounded for long sequences: queries are processed in chunks so that one chunk's score matrix holds
 at most ``MAX_SCORE_ELEMENTS`` values (a 32k-token segment fits in a few hundred MB).
 """
@@ -42,8 +43,10 @@ def _segment(
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         m = torch.logsumexp(s, dim=-1, keepdim=True)  # finite: Lk > 0
-        p = torch.exp(s - m)
-        oc = torch.bmm(p, vh)  # [Hkv, g·c, D]
+        # Softmax as max-shifted exponentials divided by their row sum (not exp(s - LSE)): a row of
+        # equal scores then weighs every key by exactly 1/Lk, and a single key by exactly 1.0.
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        oc = torch.bmm(p, vh) / p.sum(dim=-1, keepdim=True)  # [Hkv, g·c, D]
         o[start : start + c] = oc.reshape(hq, c, d).permute(1, 0, 2)
         lse[:, start : start + c] = m.reshape(hq, c)
     return o, lse

@@ -33,7 +33,15 @@ def reference_rmsnorm_fp32(
 ) -> torch.Tensor:
     """The pre-cast FP32 result: ``x·rsqrt(mean(x²) + eps)·(w[m] + 1)``. ``weight`` is ``[M, P, D]``."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))  # FP32 (FP64 inputs: the demo's oracle)
-    n = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    ms = xf.square().mean(dim=-1, keepdim=True)
+    n = xf * torch.rsqrt(ms + eps)
+    # A finite row whose squares overflow FP32 (|x| above ~1e19) would come out as zeros: normalise it
+    # by its largest magnitude first (the same value in exact arithmetic). Other rows keep their bits;
+    # both branches are computed so that no host sync is needed.
+    peak = xf.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(xf.dtype).tiny)
+    xs = xf / peak
+    rescaled = xs * torch.rsqrt(xs.square().mean(dim=-1, keepdim=True) + eps / peak.square())
+    n = torch.where(torch.isinf(ms) & torch.isfinite(peak), rescaled, n)  # rows with inf/NaN inputs: as before
     return n * broadcast_scale(x, weight, modality_sizes).to(xf.dtype)
 
 

@@ -1,0 +1,279 @@
+"""Every ``MAGI2_*`` environment variable, declared once: type, default, documentation, parser.
+
+A variable is read from the environment the first time :func:`get` asks for it, parsed and cached;
+later calls return the cached value without touching the environment. :func:`reload_config`
+(re-exported as ``magi2_core.reload_config``) re-reads and re-validates every variable at once and
+tells the parts that cache decisions (the resolution cache, shadow verification) to refresh. A value
+that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the variable, the value
+and what is accepted. An empty value counts as unset unless the variable says otherwise.
+
+Another module that needs a variable adds one :class:`Variable` to :data:`VARIABLES` below;
+``docs/configuration.md`` is generated from these declarations by ``scripts/gen_config_doc.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from magi2_core.errors import ConfigError
+
+__all__ = [
+    "VARIABLES",
+    "Variable",
+    "boolean",
+    "choice",
+    "effective",
+    "fraction",
+    "get",
+    "name_list",
+    "on_reload",
+    "provider_name",
+    "reload_config",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Variable(Generic[T]):
+    """One environment variable: ``parse`` turns the raw text into the value or raises ``ValueError``.
+
+    ``parse.accepted`` (when present) says in words what the parser accepts; it is quoted in errors
+    and in the generated documentation.
+    """
+
+    name: str
+    default: T
+    doc: str
+    parse: Callable[[str], T]
+    empty_is_unset: bool = True
+
+    @property
+    def accepted(self) -> str:
+        return str(getattr(self.parse, "accepted", "see the description"))
+
+
+class _Parser(Generic[T]):
+    """A callable parser that carries the words describing what it accepts."""
+
+    def __init__(self, accepted: str, fn: Callable[[str], T]) -> None:
+        self.accepted = accepted
+        self._fn = fn
+
+    def __call__(self, raw: str) -> T:
+        return self._fn(raw)
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("not a boolean")
+
+
+boolean: _Parser[bool] = _Parser("1, true, yes, on / 0, false, no, off (any case)", _bool)
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)  # ValueError for text
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError("outside [0, 1]")
+    return value
+
+
+fraction: _Parser[float] = _Parser("a number in [0, 1]", _fraction)
+
+
+def _names(raw: str) -> frozenset[str]:
+    names = [n.strip() for n in raw.split(",")]
+    if any(not n for n in names):
+        raise ValueError("an empty name")
+    return frozenset(names)
+
+
+name_list: _Parser[frozenset[str]] = _Parser("comma-separated entry-point names, none empty", _names)
+
+
+def _allow_list(raw: str) -> frozenset[str]:
+    from importlib.metadata import entry_points
+
+    names = _names(raw)
+    installed = {ep.name for ep in entry_points(group="magi2_core.backends")}
+    if not names <= installed:
+        raise ValueError(f"not installed: {sorted(names - installed)}; installed: {sorted(installed)}")
+    return names
+
+
+def _deny_list(raw: str) -> frozenset[str]:
+    names = _names(raw)
+    if "reference" in names:
+        raise ValueError("the reference backend cannot be disabled")
+    return names
+
+
+def choice(*values: str) -> _Parser[str]:
+    def parse(raw: str) -> str:
+        low = raw.strip().lower()
+        if low not in values:
+            raise ValueError("not one of the choices")
+        return low
+
+    return _Parser(" | ".join(values), parse)
+
+
+def _provider(raw: str) -> str:
+    name = raw.strip()
+    if not name or any(c.isspace() or c == "," for c in name):
+        raise ValueError("not a single provider name")
+    return name
+
+
+provider_name: _Parser[str] = _Parser("one provider name (`magi2 backends` lists them)", _provider)
+
+_PROVIDER_DOC = (
+    "Force the {what} provider for every call, unless a `provider=` argument or `magi2_core.use(...)` "
+    "names one. An unknown name raises listing the installed ones; a forced provider that cannot serve a "
+    "call raises with its reasons."
+)
+_PROVIDER_KEYS = (
+    ("attention", "attention"),
+    ("moe", "MoE (`moe_route` and `moe_experts`, where a provider of that name exists)"),
+    ("moe_route", "`moe_route` (beats `MAGI2_MOE_PROVIDER`)"),
+    ("moe_experts", "`moe_experts` (beats `MAGI2_MOE_PROVIDER`)"),
+    ("rmsnorm", "RMSNorm"),
+)
+
+_DECLARED: tuple[Variable[Any], ...] = (
+    Variable(
+        "MAGI2_PLUGINS",
+        None,
+        "Allow-list of backend entry points to load (the `reference` backend is always loaded). "
+        "A name that is not installed is an error; an empty value is an error (unset it to load "
+        "every backend).",
+        _Parser("comma-separated names of installed backend entry points", _allow_list),
+        empty_is_unset=False,
+    ),
+    Variable(
+        "MAGI2_DISABLE_PLUGINS",
+        None,
+        "Deny-list of backend entry points not to load. Naming `reference` is an error: the exact "
+        "reference is the yardstick of `magi2 check` and shadow verification and cannot be disabled.",
+        _Parser("comma-separated entry-point names, none empty, not `reference`", _deny_list),
+    ),
+    *(
+        Variable(f"MAGI2_{key.upper()}_PROVIDER", None, _PROVIDER_DOC.format(what=what), provider_name)
+        for key, what in _PROVIDER_KEYS
+    ),
+    Variable(
+        "MAGI2_SHADOW",
+        0.0,
+        "Fraction of op calls re-run on the reference and judged by the op's contract (0 = off).",
+        fraction,
+    ),
+    Variable(
+        "MAGI2_SHADOW_RAISE",
+        False,
+        "Raise `ShadowMismatchError` on a shadowed result outside the contract (default: warn).",
+        boolean,
+    ),
+    Variable(
+        "MAGI2_CHECK_DEVICE_VALUES",
+        False,
+        "Also range-check values that live on an accelerator (expert ids, prefix sums); costs a host "
+        "sync per call. `magi2_core.set_device_value_checks()` overrides it at run time.",
+        boolean,
+    ),
+    Variable(
+        "MAGI2_DETERMINISTIC",
+        False,
+        "Default of the ops' `deterministic=None`: ask providers for run-to-run identical results.",
+        boolean,
+    ),
+    Variable(
+        "MAGI2_STRICT",
+        False,
+        "Strict mode: a call on an accelerator that resolves to the `reference` provider raises "
+        "instead of running the slow reference.",
+        boolean,
+    ),
+    Variable(
+        "MAGI2_MATE_BACKEND",
+        None,
+        "MUSA only: the MATE kernel family the `mate` attention provider asks for (unset: MATE's own default).",
+        choice("auto", "mutlass", "mubin"),
+    ),
+    Variable(
+        "MAGI2_MATE_SINK_CORRECTION",
+        "torch",
+        "MUSA only: the sink correction after MATE attention: the FP32 torch path or the fused Triton kernel.",
+        choice("torch", "triton"),
+    ),
+)
+VARIABLES: dict[str, Variable[Any]] = {v.name: v for v in _DECLARED}
+
+_lock = threading.Lock()
+_values: dict[str, Any] = {}
+generation = 0  # bumped by every successful reload_config()
+_listeners: list[Callable[[], None]] = []
+
+
+def _parse(var: Variable[Any]) -> Any:
+    raw = os.environ.get(var.name)
+    if raw is None or (var.empty_is_unset and not raw.strip()):
+        return var.default
+    try:
+        return var.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(var.name, raw, var.accepted, str(exc)) from None
+
+
+def get(name: str) -> Any:
+    """The parsed value of ``name`` (read from the environment once, then cached)."""
+    try:
+        return _values[name]
+    except KeyError:
+        pass
+    var = VARIABLES.get(name)
+    if var is None:
+        raise KeyError(f"{name} is not a declared magi2 configuration variable; declared: {sorted(VARIABLES)}")
+    value = _parse(var)
+    with _lock:
+        _values[name] = value
+    return value
+
+
+def effective() -> dict[str, object]:
+    """Every declared variable with its effective value (parsing any not read yet)."""
+    return {name: get(name) for name in VARIABLES}
+
+
+def on_reload(listener: Callable[[], None]) -> None:
+    """Call ``listener`` after every :func:`reload_config` (cached decisions that depend on the config)."""
+    _listeners.append(listener)
+
+
+def reload_config() -> dict[str, object]:
+    """Re-read every ``MAGI2_*`` variable now; raise ``ConfigError`` if any is invalid.
+
+    On an error nothing changes: the previous values stay in force. Returns :func:`effective`.
+    """
+    global generation
+    fresh = {name: _parse(var) for name, var in VARIABLES.items()}
+    with _lock:
+        _values.clear()
+        _values.update(fresh)
+        generation += 1
+    for listener in list(_listeners):
+        listener()
+    return dict(fresh)

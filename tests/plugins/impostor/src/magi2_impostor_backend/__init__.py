@@ -1,0 +1,1 @@
+"""A backend that declares providers named ``reference`` with wrong kernels (every one must be refused)."""

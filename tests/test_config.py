@@ -1,0 +1,139 @@
+"""The configuration module: one parser per MAGI2_* variable, clear errors, reload, the generated page."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import magi2_core as m2
+from magi2_core import config, shadow
+from magi2_core.contracts._checks import device_value_checks
+from magi2_core.registry import Registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "accepted"),
+    [
+        ("MAGI2_SHADOW", "nan", "a number in [0, 1]"),
+        ("MAGI2_SHADOW", "2", "a number in [0, 1]"),
+        ("MAGI2_SHADOW", "abc", "a number in [0, 1]"),
+        ("MAGI2_SHADOW_RAISE", "maybe", "1, true"),
+        ("MAGI2_CHECK_DEVICE_VALUES", "2", "1, true"),
+        ("MAGI2_DETERMINISTIC", "y", "1, true"),
+        ("MAGI2_STRICT", "enabled", "1, true"),
+        ("MAGI2_PLUGINS", "", "backend entry points"),
+        ("MAGI2_PLUGINS", "reference,,triton", "backend entry points"),
+        ("MAGI2_PLUGINS", "reference,tirton", "installed"),
+        ("MAGI2_DISABLE_PLUGINS", "reference", "not `reference`"),
+        ("MAGI2_ATTENTION_PROVIDER", "fa3, triton", "one provider name"),
+        ("MAGI2_MATE_BACKEND", "fast", "auto | mutlass | mubin"),
+    ],
+)
+def test_bad_value_names_the_variable_and_what_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str, accepted: str
+) -> None:
+    before = config.effective()
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(m2.ConfigError) as info:
+        m2.reload_config()
+    assert isinstance(info.value, ValueError) and info.value.variable == var
+    assert var in str(info.value) and repr(raw) in str(info.value) and accepted in str(info.value)
+    assert config.effective() == before  # a failed reload changes nothing
+
+
+@pytest.mark.parametrize(("raw", "value"), [("true", True), ("1", True), ("ON", True), ("no", False), ("0", False)])
+def test_booleans_accept_the_documented_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, value: bool) -> None:
+    monkeypatch.setenv("MAGI2_SHADOW_RAISE", raw)
+    monkeypatch.setenv("MAGI2_CHECK_DEVICE_VALUES", raw)
+    m2.reload_config()
+    assert config.get("MAGI2_SHADOW_RAISE") is value and device_value_checks() is value
+
+
+def test_shadow_raise_true_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAGI2_SHADOW", "0.25")
+    monkeypatch.setenv("MAGI2_SHADOW_RAISE", "true")
+    m2.reload_config()
+    assert shadow.ACTIVE and shadow._raise and shadow._rate == 0.25
+    monkeypatch.delenv("MAGI2_SHADOW")
+    monkeypatch.delenv("MAGI2_SHADOW_RAISE")
+    m2.reload_config()
+    assert not shadow.ACTIVE
+
+
+def test_values_are_read_once_until_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config.get("MAGI2_DETERMINISTIC") is False
+    monkeypatch.setenv("MAGI2_DETERMINISTIC", "1")
+    assert config.get("MAGI2_DETERMINISTIC") is False  # cached
+    m2.reload_config()
+    assert config.get("MAGI2_DETERMINISTIC") is True
+
+
+def test_empty_value_is_unset_except_for_the_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAGI2_SHADOW", "  ")
+    monkeypatch.setenv("MAGI2_ATTENTION_PROVIDER", "")
+    assert m2.reload_config()["MAGI2_SHADOW"] == 0.0
+    assert config.get("MAGI2_ATTENTION_PROVIDER") is None
+
+
+def test_unknown_variable_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match="MAGI2_NOPE"):
+        config.get("MAGI2_NOPE")
+
+
+def test_set_device_value_checks_takes_booleans_only() -> None:
+    with pytest.raises(m2.InvalidValueError, match="True, False or None"):
+        m2.set_device_value_checks("no")  # type: ignore[arg-type]
+    previous = m2.set_device_value_checks(True)
+    try:
+        assert device_value_checks() is True
+    finally:
+        assert m2.set_device_value_checks(previous) is True
+    assert device_value_checks() is (config.get("MAGI2_CHECK_DEVICE_VALUES") if previous is None else previous)
+
+
+def test_disabling_everything_still_leaves_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAGI2_PLUGINS", "example")
+    m2.reload_config()
+    names = [b.entry_point for b in Registry().backends()]
+    assert "reference" in names
+    assert m2.rmsnorm(torch.randn(3, 8), torch.randn(1, 1, 8), provider="reference").shape == (3, 8)
+
+
+def test_allow_list_typo_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAGI2_PLUGINS", "refrence")
+    with pytest.raises(m2.ConfigError, match=r"MAGI2_PLUGINS='refrence'.*not installed: \['refrence'\]"):
+        m2.reload_config()
+
+
+def test_reload_applies_env_provider_overrides_to_cached_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = torch.randn(2, 8), torch.randn(1, 1, 8)
+    m2.rmsnorm(x, w)  # fills the resolution cache
+    monkeypatch.setenv("MAGI2_RMSNORM_PROVIDER", "no_such_provider")
+    m2.reload_config()
+    with pytest.raises(m2.UnknownProviderError, match="no_such_provider"):
+        m2.rmsnorm(x, w)
+
+
+def test_every_magi2_variable_in_the_sources_is_declared() -> None:
+    import re
+
+    pattern = re.compile(r"MAGI2_[A-Z0-9_]+")
+    seen: set[str] = set()
+    for path in [*ROOT.joinpath("magi2_core").rglob("*.py"), *ROOT.joinpath("backends").rglob("src/**/*.py")]:
+        seen |= set(pattern.findall(path.read_text(encoding="utf-8")))
+    family = {f"MAGI2_{k}_PROVIDER" for k in ("OP",)}  # placeholders in docstrings
+    assert seen - family <= set(config.VARIABLES), sorted(seen - family - set(config.VARIABLES))
+
+
+def test_committed_configuration_page_matches_the_declarations() -> None:
+    spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "scripts" / "gen_config_doc.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == module.render(), "docs/configuration.md is stale: run python scripts/gen_config_doc.py"

@@ -1,0 +1,225 @@
+"""Decisions on bad values, pinned (README "Numerics and non-finite values"): typed errors for
+non-numeric scalars, meta tensors and gradients; NaN parameters rejected on the host; overflow
+defined; rules see the true longest segment; compiled fakes match what the kernels return; the
+device index is part of the problem."""
+
+from __future__ import annotations
+
+import types
+
+import oracles
+import pytest
+import torch
+
+import magi2_core as m2
+from magi2_core import Capability, Condition, Problem, Provenance, Rule
+from magi2_core.contracts import attention as attn_c
+from magi2_core.registry import Registry
+from magi2_core.resolver import Dispatcher
+
+
+def _attn_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(10, 2, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    return q, k, v, cu, cu
+
+
+def _route_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(5, 2, 8, generator=g), torch.randn(8, 8, generator=g), torch.randn(8, generator=g) * 0.1
+
+
+# -- defect 10: non-numeric scalars and meta tensors raise typed errors naming the argument ------------------
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        (lambda: m2.attention(*_attn_inputs(), softcap="abc"), "softcap"),  # type: ignore[arg-type]
+        (lambda: m2.attention(*_attn_inputs(), softmax_scale="x"), "softmax_scale"),  # type: ignore[arg-type]
+        (lambda: m2.attention(*_attn_inputs(), softcap=None), "softcap"),  # type: ignore[arg-type]
+        (lambda: m2.rmsnorm(torch.randn(2, 4), torch.randn(1, 1, 4), eps=None), "eps"),  # type: ignore[arg-type]
+        (lambda: m2.rmsnorm(torch.randn(2, 4), torch.randn(1, 1, 4), eps=True), "eps"),  # type: ignore[arg-type]
+        (lambda: m2.moe_route(*_route_inputs(), top_k=2, route_scale="a"), "route_scale"),  # type: ignore[arg-type]
+    ],
+)
+def test_non_numeric_scalars_raise_typed_errors(call: object, arg: str) -> None:
+    with pytest.raises(m2.InvalidValueError) as info:
+        call()  # type: ignore[operator]
+    assert info.value.arg == arg
+
+
+def test_use_with_a_non_string_name_is_a_typed_error() -> None:
+    with pytest.raises(m2.InvalidValueError, match="'attention' must be a provider name"), \
+            m2.use(attention=["reference"]):  # type: ignore[arg-type]
+        pass
+
+
+def test_meta_tensors_are_rejected_before_any_kernel() -> None:
+    q = torch.empty(10, 2, 8, device="meta")
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(m2.InvalidDeviceError, match="meta"):
+        m2.attention(q, q, q, cu, cu, max_seqlen_q=10, max_seqlen_k=10)
+    with pytest.raises(m2.InvalidDeviceError, match="meta"):
+        m2.rmsnorm(torch.empty(3, 4, device="meta"), torch.empty(1, 1, 4, device="meta"))
+    with pytest.raises(m2.InvalidDeviceError, match="meta"):
+        m2.moe_route(torch.empty(5, 2, 8, device="meta"), torch.empty(8, 8, device="meta"), None, top_k=2)
+
+
+# -- defect 5: NaN parameters, overflow, eps = 0 ---------------------------------------------------------------
+def test_nan_sinks_on_the_host_are_rejected() -> None:
+    sinks = torch.tensor([[0.5, float("nan")]])
+    with pytest.raises(m2.InvalidValueError, match=r"'sinks' must be finite values.*1 NaN/inf of 2"):
+        m2.attention(*_attn_inputs(), sinks=sinks)
+    with pytest.raises(m2.InvalidValueError, match="'sinks'"):
+        m2.attention(*_attn_inputs(), sinks=torch.tensor([[float("inf"), 0.0]]))
+
+
+def test_nan_router_bias_on_the_host_is_rejected() -> None:
+    x, w, b = _route_inputs()
+    b[3] = float("nan")
+    with pytest.raises(m2.InvalidValueError, match="'bias' must be finite"):
+        m2.moe_route(x, w, b, top_k=2)
+
+
+def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
+    x = torch.randn(3, 8)
+    x[1] = 0.0
+    w = torch.randn(1, 1, 8)
+    out = m2.rmsnorm(x, w, eps=0.0)  # 0/0: NaN, by definition (never a finite zero row)
+    assert bool(out[1].isnan().all()) and bool(torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all())
+    with pytest.raises(m2.InvalidValueError, match="'eps' must be a finite float >= 0"):
+        m2.rmsnorm(x, w, eps=-1e-6)
+
+
+def test_reference_rmsnorm_does_not_overflow_to_zeros() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, generator=g) * 1e30
+    x[1] = torch.randn(64, generator=g)  # an ordinary row beside the huge ones keeps its bits
+    w = torch.randn(1, 1, 64, generator=g)
+    out = m2.rmsnorm(x, w, provider="reference")
+    expected = oracles.rmsnorm(x, w)
+    assert oracles.ulps_off(out, expected, ulps=4) is None
+    assert torch.equal(out[1], m2.rmsnorm(x[1:2], w, provider="reference")[0])
+
+
+def test_attention_scores_overflowing_fp32_give_nan_not_a_finite_answer() -> None:
+    q, k, v, cu, _ = _attn_inputs(2)
+    out = m2.attention(q * 1e20, k * 1e20, v, cu, cu, provider="reference")
+    assert bool(out.isnan().all())
+
+
+# -- reference attention: softmax divides by the row sum ------------------------------------------------------
+def test_equal_scores_weigh_every_key_exactly() -> None:
+    for keys in (1, 3, 5, 7, 96):
+        q = torch.zeros(4, 2, 8)
+        k = torch.randn(keys, 2, 8)
+        v = torch.ones(keys, 2, 8)
+        cu_q, cu_k = torch.tensor([0, 4]), torch.tensor([0, keys])
+        out = m2.attention(q, k, v, cu_q, cu_k, provider="reference")
+        assert bool((out == 1.0).all()), keys
+
+
+# -- defect 6: gradients are refused, never dropped -----------------------------------------------------------
+def test_inputs_that_require_grad_raise() -> None:
+    x, w = torch.randn(3, 8, requires_grad=True), torch.randn(1, 1, 8)
+    with pytest.raises(m2.InvalidValueError, match="'x' must be a tensor that does not require grad"):
+        m2.rmsnorm(x, w)
+    q, k, v, cu, _ = _attn_inputs()
+    with pytest.raises(m2.InvalidValueError, match=r"'k'.*forward-only"):
+        m2.attention(q, k.requires_grad_(), v, cu, cu)
+    xr, wr, b = _route_inputs()
+    with pytest.raises(m2.InvalidValueError, match="'router_weight'"):
+        m2.moe_route(xr, wr.requires_grad_(), b, top_k=2)
+    with torch.no_grad():
+        assert m2.rmsnorm(x, w).shape == (3, 8)  # under no_grad (or inference_mode) the same call runs
+    assert m2.rmsnorm(x.detach(), w).requires_grad is False
+
+
+# -- defect 7: compiled fakes describe what the kernels return, for non-contiguous inputs ---------------------
+def _noncontiguous_block(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         router: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor,
+                         wd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    h = m2.rmsnorm(x, w)
+    o = m2.attention(q, k, v, cu, cu, max_seqlen_q=5, max_seqlen_k=5)
+    p, i = m2.moe_route(x, router, None, top_k=2)
+    y = m2.moe_experts(x, p, i, wg, wu, wd)
+    return h * 2, o * 2, y * 2  # consumers, so that inductor relies on the declared strides
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_with_non_contiguous_inputs(backend: str) -> None:
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(11)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = r(2, 9, 16).transpose(0, 1)  # [9, 2, 16], non-contiguous
+    q, k, v = (r(4, 9, 16).transpose(0, 1) for _ in range(3))
+    args = (x, r(1, 1, 16) * 0.1, q, k[:, :2], v[:, :2], r(8, 16), r(8, 16, 32) / 4, r(8, 16, 32) / 4,
+            r(8, 32, 16) / 4)
+    assert not x.is_contiguous() and not q.is_contiguous()
+    eager = _noncontiguous_block(*args)
+    compiled = torch.compile(_noncontiguous_block, fullgraph=True, backend=backend)(*args)
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# -- defect 4: rules judge the true longest segment of host prefix sums ---------------------------------------
+class _Tag:
+    def __init__(self, tag: float) -> None:
+        self.tag = tag
+
+    def __call__(self, q: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, None]:
+        return torch.full_like(q, self.tag), None
+
+
+def test_rule_sees_the_true_longest_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = types.ModuleType("magi2_short_rule_kernels")
+    mod.tag = _Tag(5.0)  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, mod.__name__, mod)
+    rule = Rule(id="short", when=(Condition(field="max_seqlen_q", op="lt", value=32),), reason="too short",
+                provenance=Provenance(kind="policy", source="test"))
+    cap = Capability(op="attention", name="long_only", impl="magi2_short_rule_kernels:tag", device_types=("cpu",),
+                     dtypes=("float32",), features=frozenset({m2.Feature.GQA}), priority=10_000, rules=(rule,))
+    from magi2_core.testing import registered_backend
+
+    q = torch.randn(32, 2, 8)
+    cu = torch.tensor([0, 16, 32], dtype=torch.int32)  # 16-token segments
+    with registered_backend(cap, name="short-rule"):
+        out = m2.attention(q, q, q, cu, cu, max_seqlen_q=64, max_seqlen_k=64)  # a generous declared bound
+        assert not bool((out == 5.0).all())  # the rule fired on 16, not on the declared 64
+        res = m2.resolve("attention", q, q, q, cu, cu, max_seqlen_q=64, max_seqlen_k=64)
+        assert res.problem.max_seqlen_q == 16 and res.chosen != "long_only"
+        assert "declared bound" in res.explain()
+        long_cu = torch.tensor([0, 32], dtype=torch.int32)
+        assert bool((m2.attention(q, q, q, long_cu, long_cu) == 5.0).all())  # and it does run at 32
+
+
+# -- defect 13: the device index is part of the problem and of the cache key ----------------------------------
+def test_device_index_is_in_the_problem_and_the_key() -> None:
+    raw = attn_c.validate(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, softcap=0.0,
+                          sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
+                          compiling=False).raw
+    problem = attn_c.problem_from_raw(raw)
+    assert (problem.device_type, problem.device_index) == ("cpu", None)
+    on = [(torch.device("cuda", i), *raw[1:]) for i in (0, 1)]
+    problems = [attn_c.problem_from_raw(r) for r in on]
+    assert [p.device_index for p in problems] == [0, 1]
+    assert on[0][:4] != on[1][:4]  # the dispatcher keys on raw[:4]: a different device is another entry
+
+
+
+def test_dispatcher_caches_per_device() -> None:
+    disp = Dispatcher(Registry())
+    base = attn_c.validate(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, softcap=0.0,
+                           sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
+                           compiling=False).raw
+    built: list[Problem] = []
+
+    def build(raw: tuple[object, ...]) -> Problem:
+        problem = attn_c.problem_from_raw(raw)
+        built.append(problem)
+        return problem.model_copy(update={"device_type": "cpu"})
+
+    for device in (torch.device("cpu"), torch.device("cpu", 0), torch.device("cpu")):
+        disp.kernel("attention", (device, *base[1:]), attn_c.KEY_FIELDS, build, None)
+    assert [p.device_index for p in built] == [None, 0]  # the third call hit the first one's entry
