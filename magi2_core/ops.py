@@ -401,8 +401,9 @@ def moe_experts(
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
     layout, weights = _weights_arg(w_gate, w_up, w_down)
-    if torch.is_grad_enabled():  # a prepared object's tensors are checked as w_gate/w_up/w_down
-        _forward_only("moe_experts", x=x, probs=probs, **dict(zip(("w_gate", "w_up", "w_down"), weights, strict=False)))
+    if torch.is_grad_enabled():
+        names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
+        _forward_only("moe_experts", x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y

@@ -30,6 +30,7 @@ from magi2_backend_triton.providers import TritonMoEExperts
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_experts
 from magi2_core.nn import HeadRoutedMoE
+from magi2_core.ops import dispatcher
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -219,7 +220,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(TritonMoEExperts, "__call__", counted)
-    m2.ops.dispatcher().clear()
+    dispatcher().clear()
     return calls
 
 
