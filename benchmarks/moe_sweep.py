@@ -200,6 +200,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/moe_sweep_h200.json")
     p.add_argument("--variants", nargs="*", help="tiles.KernelVariant values (default: every TMA variant)")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--shapes", nargs="*", help="TOKENSxHEADS each (default: 4096x3 14601x3 512x3 4096x12)")
     p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     a = p.parse_args()
@@ -212,10 +213,10 @@ def main() -> None:
 
     variants = a.variants if a.variants is not None else [v for v in KERNEL_VARIANTS if v != "pointer"]
 
-    shapes = SHAPES
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in a.shapes] if a.shapes else SHAPES
     if a.dry_run:
         bm.D, bm.I, bm.E, bm.DEV = 32, 64, 8, "cpu"
-        shapes, a.iters = [(9, 2)], 1
+        shapes, a.iters = (shapes if a.shapes else [(9, 2)]), 1
     started = time.perf_counter()
     report: dict[str, Any] = {
         **_common.env_record(bm.DEV),
