@@ -365,7 +365,8 @@ def _moe_weight_paths(case: Case, cap: Capability, call: Call, y: torch.Tensor) 
         # The dynamo frontend is what the `compiling` feature is about (the op stays opaque to any
         # backend, so one dtype is enough); the eager backend keeps the check cheap.
         def fn(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            return m2.moe_experts(x, probs, idx, prepared, **call.kwargs, provider=case.provider)
+            out: torch.Tensor = m2.moe_experts(x, probs, idx, prepared, **call.kwargs, provider=case.provider)
+            return out
 
         compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)(x, probs, idx)
         if not torch.equal(compiled, y):

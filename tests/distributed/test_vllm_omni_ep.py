@@ -29,6 +29,7 @@ def _checkpoint(dtype: torch.dtype, g: torch.Generator) -> dict[str, torch.Tenso
     return {n: (torch.randn(t.shape, generator=g, dtype=torch.float64) * 0.3).to(t.dtype) for n, t in full.items()}
 
 
+@torch.no_grad()  # magi2 ops are forward-only: parameters that require grad are refused outside no_grad
 def _worker(rank: int, world: int, tokens: tuple[int, ...], replicated: bool) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         g = torch.Generator().manual_seed(11)  # the same checkpoint and tokens on every rank

@@ -447,6 +447,7 @@ def test_varlen_attention_with_sink_matches_the_float64_oracle() -> None:
         torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=8e-3)
 
 
+@torch.no_grad()  # magi2 ops are forward-only
 def test_norm_rejects_a_missing_dispatcher_and_ignores_it_for_one_modality() -> None:
     norm = integ.MultiModalityRMSNorm(8, num_modality=3)
     with pytest.raises(m2.InvalidValueError, match="modality_dispatcher"):

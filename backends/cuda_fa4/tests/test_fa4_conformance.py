@@ -30,7 +30,7 @@ def test_kit_passes_with_a_fake_fa4(monkeypatch: pytest.MonkeyPatch) -> None:
     install_ = FA4Install("4.0.0b36", "4.8.1")
     module = install(monkeypatch, FakeFA4())
     provider = FA4Attention(loader=lambda: load_fa4(module, install_), correction=lambda: torch_correction("test"),
-                            capability=lambda: (9, 0))
+                            capability=lambda *_: (9, 0))
     host = types.ModuleType(HOST)
     host.fa4 = provider  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)

@@ -48,7 +48,7 @@ INF = math.inf
 def _provider(monkeypatch: pytest.MonkeyPatch, fake: FakeFA4 | None, cc: tuple[int, int] | None = (9, 0)) -> FA4Attention:
     module = install(monkeypatch, fake)
     return FA4Attention(loader=lambda: load_fa4(module, INSTALL), correction=lambda: torch_correction("test"),
-                        capability=lambda: cc)
+                        capability=lambda *_: cc)
 
 
 def _inputs(seed: int, cu_q: list[int], cu_k: list[int] | None = None, hq: int = 4, hkv: int = 2, n_sinks: int = 1,
@@ -240,7 +240,7 @@ def test_wrong_results_are_errors_and_failures_propagate(monkeypatch) -> None:
         (lambda **kw: (real(**kw)[0].float(), real(**kw)[1]), "returned out"),
     ]
     for fn, match in cases:
-        p = FA4Attention(loader=lambda fn=fn: LoadResult(FA4Abi(INSTALL, "fake", fn)), capability=lambda: (9, 0))
+        p = FA4Attention(loader=lambda fn=fn: LoadResult(FA4Abi(INSTALL, "fake", fn)), capability=lambda *_: (9, 0))
         with pytest.raises(RuntimeError, match=match):
             _call(p, q, k, v, cq, ck, sinks)
     p = _provider(monkeypatch, fake)
@@ -257,7 +257,7 @@ def _problem(dtype: str = "bfloat16", *features: Feature) -> Problem:
 
 
 def test_check_reasons(monkeypatch) -> None:
-    none = FA4Attention(loader=lambda: LoadResult(None, "flash-attn-4 is not installed"), capability=lambda: (9, 0))
+    none = FA4Attention(loader=lambda: LoadResult(None, "flash-attn-4 is not installed"), capability=lambda *_: (9, 0))
     (r,) = none.check(_problem())
     assert (r.code, r.field) == (ReasonCode.UNAVAILABLE, "fa4") and "not installed" in r.detail
     (r,) = _provider(monkeypatch, FakeFA4(), cc=None).check(_problem())
@@ -286,7 +286,8 @@ def test_descriptor_from_packaging_only() -> None:
     cap = descriptor(None)
     assert (cap.op, cap.name, cap.priority, cap.device_types) == ("attention", "fa4", 25, ("cuda",))
     assert set(cap.dtypes) == {"bfloat16", "float16"} and "flash-attn-4 not installed" in cap.version
-    assert cap.features == frozenset(Feature) and cap.ranges == ()
+    attention_features = frozenset(Feature) - {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
+    assert cap.features == attention_features and cap.ranges == ()
     assert cap.head_dims == HEAD_DIMS == tuple(range(8, 129, 8))
     assert "flash-attn-4 4.0.0b36 (nvidia-cutlass-dsl 4.8.1)" in descriptor(INSTALL).version
     spec = magi2_backend()
@@ -360,14 +361,14 @@ def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_ins
                      lse_flag="return_attn_probs", softcap=True, sinks=False, fp16=True, sm8x=False)
     fa4 = FA4Attention(loader=lambda: load_fa4(install(monkeypatch, FakeFA4()), INSTALL) if fa4_usable
                        else LoadResult(None, "import flash_attn.cute: ImportError: libcuda.so.1"),
-                       capability=lambda: cc)  # fmt: skip
+                       capability=lambda *_: cc)  # fmt: skip
     host = types.ModuleType(HOST)
-    host.fa3 = FA3Attention(loader=lambda: FA3LoadResult(fa3_abi, ()), capability=lambda: cc)  # type: ignore[attr-defined]
+    host.fa3 = FA3Attention(loader=lambda: FA3LoadResult(fa3_abi, ()), capability=lambda *_: cc)  # type: ignore[attr-defined]
     host.fa4 = fa4  # type: ignore[attr-defined]
     host.runs = _Runs()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)
     caps = [c.model_copy(update={"impl": f"{HOST}:runs"}) if c.name == "torch_varlen" else c
-            for c in REFERENCE_PROVIDERS if c.op == "attention"]
+            for c in REFERENCE_PROVIDERS if c.op == "attention" and c.name != "reference"]  # the name is reserved
     caps.append(fa3_plugin.descriptor(fa3_build, fa4=fa4_installed).model_copy(update={"impl": f"{HOST}:fa3"}))
     if fa4_installed:
         caps.append(descriptor(INSTALL).model_copy(update={"impl": f"{HOST}:fa4"}))

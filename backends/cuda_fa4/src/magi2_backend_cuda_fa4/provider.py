@@ -42,11 +42,12 @@ __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 CC_MAJORS = (9, 10)
 
 
-def device_capability() -> tuple[int, int] | None:
-    """The current CUDA device's compute capability, or ``None`` without a usable CUDA device."""
+def device_capability(index: int | None = None) -> tuple[int, int] | None:
+    """The compute capability of CUDA device ``index`` (the current one for ``None``), or ``None``
+    without a usable CUDA device. The index matters on a host that mixes GPU models."""
     if not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = torch.cuda.get_device_capability(index)
     return int(major), int(minor)
 
 
@@ -57,7 +58,7 @@ class FA4Attention:
         self,
         loader: Callable[[], LoadResult] = load_fa4,
         correction: Callable[[], SinkCorrection] = select_sink_correction,
-        capability: Callable[[], tuple[int, int] | None] = device_capability,
+        capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
     ) -> None:
         self._loader = loader
         self._correction = correction
@@ -78,7 +79,7 @@ class FA4Attention:
         if abi is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="fa4", expected="flash-attn-4 (flash_attn.cute)",
                            actual="none usable", detail=self.loaded.why_none())]
-        cc = self._capability()
+        cc = self._capability(problem.device_index)
         if cc is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
                            detail=f"torch {torch.__version__}; FA4 build {abi.label}")]
