@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 import magi2_core as m2
-from benchmarks.attention import rel_l2, stats, time_event, time_loop
+from benchmarks._common import stats, time_alternating, time_loop
+from benchmarks.attention import LOOP, rel_l2
 from magi2_core.registry import get_registry
 from magi2_core.sinks import sink_correction
 
@@ -174,8 +175,8 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
         "fa4_lse_vs_logaddexp_max_abs": float((lse_fa4 - lse_ref).abs().max()),
         "resolved_sink_vs_fa3_plus_fp32_correction_rel_l2": rel_l2(fns["resolved_sink"](), o_ref),
     }
-    ev = time_event(fns, reps)
-    lp = time_loop(fns, loop_reps)
+    ev = time_alternating(fns, reps, warmup=1)
+    lp = time_loop(fns, loop_reps, LOOP)
     out: dict[str, Any] = {
         "segments": lengths if len(lengths) <= 8 else f"{len(lengths)}x{lengths[0]}", "tokens": sum(lengths),
         "resolution_sink": resolution(sink), "resolution_nosink": resolution(None), "correctness": correctness,
