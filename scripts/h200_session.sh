@@ -76,4 +76,14 @@ if want sweep; then
 step "MoE kernel variants sweep"
 python3 -m benchmarks.moe_sweep --out "$OUT/moe_sweep_h200.json" > "$OUT/moe_sweep.log" 2>&1; tail -40 "$OUT/moe_sweep.log"
 fi
+if want cli; then
+step "CLI on the GPU machine"
+( time python3 -m magi2_core.cli --help > /dev/null ) 2>&1 | grep real
+python3 -m magi2_core.cli env > "$OUT/env.txt" 2>&1; head -40 "$OUT/env.txt"
+python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -12
+fi
+if want moe_layers; then
+step "MoE: N distinct layers in turn through the public op"
+python3 -m benchmarks.moe --out "$OUT/moe_layers_h200.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"
+fi
 step "done"
