@@ -216,9 +216,12 @@ def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str
 
     def one_pass(weights: list[Any], det: bool = False) -> Callable[[], Any]:
         def run() -> Any:
+            # Each layer consumes the previous one's output, as in a model: a compiler may drop calls
+            # whose results nobody reads (inductor did, when every layer read the same x).
+            h = x
             for w in weights:
-                y = m2.moe_experts(x, probs, idx, *(w if isinstance(w, tuple) else (w,)), deterministic=det)
-            return y
+                h = m2.moe_experts(h, probs, idx, *(w if isinstance(w, tuple) else (w,)), deterministic=det)
+            return h
 
         return run
 

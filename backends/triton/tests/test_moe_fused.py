@@ -259,6 +259,15 @@ def test_tile_table_per_platform() -> None:
     assert (upstream.gemm1.num_warps, upstream.gemm1.num_stages) == (4, 3)
     small, large = select_tiles("cuda", (9, 0), 12.0), select_tiles("cuda", (9, 0), 342.0)
     assert small.block_m < large.block_m  # fewer routes per expert -> smaller row blocks
+    assert (small.variant, large.variant) == ("pointer", "tma")  # the measured H200 table
+
+
+def test_tile_table_keeps_the_pointer_kernel_without_tensor_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from magi2_backend_triton.moe import tiles as tiles_mod
+
+    monkeypatch.setattr(tiles_mod, "_has_descriptors", lambda: False)  # a Triton before 3.4
+    large = select_tiles("cuda", (9, 0), 342.0)
+    assert large.variant == "pointer" and large.single is not None
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

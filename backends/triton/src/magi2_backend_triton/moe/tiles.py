@@ -8,6 +8,8 @@ at 14,601 tokens (~340 routes per expert) big blocks keep the tensor cores fed.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -82,7 +84,9 @@ _TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3)
 _H200: tuple[tuple[float, MoETiles], ...] = (
     (16.0, replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4))),  # T=512: 0.395 ms
     (64.0, replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True)),  # T=2048
-    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True)),  # T=4096, 14601
+    # T=4096, 14601 and 12 heads at 4096: weight slices through tensor descriptors ("tma") were
+    # bit-equal and 3-5% faster than the pointer kernel (benchmarks/results/moe_sweep_h200.json).
+    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant="tma")),
 )
 
 # FP32 activations: IEEE FP32 dots (no tensor cores) with twice the bytes per element, so small
@@ -95,6 +99,12 @@ _FP32 = MoETiles(GemmTile(32, 64, 32, 4, 2), GemmTile(32, 64, 32, 4, 2))
 _INTERPRETER = MoETiles(
     GemmTile(16, 16, 16, 4, 1), GemmTile(16, 16, 16, 4, 1), single=GemmTile(16, 32, 16, 4, 1), interleaved_dot=True
 )
+
+
+@functools.lru_cache(maxsize=1)
+def _has_descriptors() -> bool:
+    """Triton >= 3.4 ships host-side tensor descriptors; older ones keep the pointer kernel."""
+    return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
 
 
 def select_tiles(
@@ -113,5 +123,5 @@ def select_tiles(
     if device_type == "cuda" and capability is not None and capability[0] == 9:
         for bound, tiles in _H200:
             if routes_per_expert <= bound:
-                return tiles
+                return tiles if tiles.variant == "pointer" or _has_descriptors() else replace(tiles, variant="pointer")
     return _UPSTREAM_CUDA
