@@ -138,6 +138,23 @@ def time_loop(
     return out
 
 
+def graphed(fn: Callable[[], object], device: str = "cuda") -> Callable[[], object]:
+    """``fn`` captured in one CUDA graph after two warm-up calls on a side stream; its replay is the
+    returned callable (CPU: ``fn`` itself)."""
+    if device == "cpu":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def git_commit() -> str:
     """``MAGI2_GIT_COMMIT`` or ``GIT_COMMIT`` when set (a copied tree without .git), else ``git rev-parse``."""
     for var in ("MAGI2_GIT_COMMIT", "GIT_COMMIT"):

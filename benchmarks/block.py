@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import magi2_core as m2
-from benchmarks._common import env_record, stats, time_alternating
+from benchmarks._common import env_record, graphed, stats, time_alternating
 
 Fn = Callable[[], Any]
 
@@ -198,22 +198,6 @@ def baseline_layer(
 # ---------------------------------------------------------------------------------------------
 # modes
 # ---------------------------------------------------------------------------------------------
-def graphed(fn: Fn, dev: str) -> Fn:
-    """``fn`` captured in one CUDA graph after two warm-up calls on a side stream (CPU: ``fn`` itself)."""
-    if dev == "cpu":
-        return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
 

@@ -19,8 +19,6 @@ import argparse
 import functools
 import json
 import math
-import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -191,20 +189,6 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles
     return res
 
 
-def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """Warm ``fn`` up on a side stream, capture one call in a CUDA graph, return its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str, Any]:
     """ms per MoE call when ``layers`` distinct layers run in turn through ``m2.moe_experts``."""
     import magi2_core as m2
@@ -233,7 +217,7 @@ def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str
     }
     if DEV == "cuda":
         for name in ("prepared_in_turn", "raw_in_turn"):
-            fns[name + "_graph"] = _graphed(fns[name])
+            fns[name + "_graph"] = _common.graphed(fns[name])
         compiled = torch.compile(fns["prepared_in_turn"], fullgraph=True)
         fns["prepared_in_turn_compiled"] = compiled
     for fn in fns.values():
@@ -306,7 +290,7 @@ def main() -> None:
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else 0,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "commit": os.environ.get("GIT_COMMIT") or _git_commit(),
+        "commit": _common.git_commit(),
         "shape": {"d": D, "I": I, "E": E, "K": K},
         "method": "device events per call; calls alternate; 512 MiB zeroed before each call",
     }
@@ -372,13 +356,6 @@ def main() -> None:
 def _tiles_from(d: dict[str, Any]) -> MoETiles:
     single = GemmTile(**d["single"]) if d.get("single") else None
     return MoETiles(GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]), d["packed_w13"], single, d["interleaved_dot"])
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -65,19 +65,6 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
     return out
 
 
-def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def _short_error(e: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
     return text[-1500:]
@@ -143,11 +130,13 @@ def sweep_shape(
         if not rec["correct"]:
             failed.setdefault(name, f"incorrect at T={tokens} Hl={heads}: rel-L2 {rec['rel_l2_vs_ref']:.3g}")
     del ref, outs
+    from benchmarks._common import graphed  # imported late, like the rest of the benchmark's torch-side modules
+
     timed = {n: c for n, c in calls.items() if res["variants"][n]["correct"]}
     fns: dict[str, Callable[[], Any]] = {}
     for name, call in timed.items():
         try:
-            fns[name + "/graph"] = _graphed(call) if cuda else call
+            fns[name + "/graph"] = graphed(call) if cuda else call
         except Exception as e:  # capture can fail where eager works: record, keep sweeping
             res["variants"][name]["graph_error"] = _short_error(e)
         fns[name + "/eager"] = call

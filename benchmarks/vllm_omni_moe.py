@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 import magi2_core as m2
-from benchmarks._common import env_record, stats, time_alternating
+from benchmarks._common import env_record, graphed, stats, time_alternating
 from magi2_core.integrations.vllm_omni import EPGroup, Magi2MultiHeadMoE, Magi2MultiHeadMoEConfig
 
 Fn = Callable[[], Any]
@@ -63,22 +63,6 @@ def ops_call(layer: Magi2MultiHeadMoE, x: torch.Tensor) -> torch.Tensor:
     heads = x.view(-1, HL, D)
     probs, idx = route(layer, heads)
     return m2.moe_experts(heads, probs, idx, layer.prepared_weights()).view(-1, HL * D)
-
-
-def graphed(fn: Fn, dev: str) -> Fn:
-    """``fn`` captured in one CUDA graph after warm-up on a side stream (CPU: ``fn`` itself)."""
-    if dev == "cpu":
-        return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def bench(stack: list[Magi2MultiHeadMoE], tokens: int, iters: int, dev: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
+from magi2_backend_cuda_fa3.provider import device_capability
 from magi2_backend_cuda_fa3.sinks import SinkCorrection, select_sink_correction
 
 from magi2_backend_cuda_fa4.abi import FA4Abi, LoadResult, load_fa4
@@ -40,15 +41,6 @@ __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 # Hopper (FA4's sm90 kernels) and Blackwell B200/GB200 (sm100). FA4 also has sm80/sm120 paths; they
 # are not claimed: MAGI-2's sinks on them were neither read through nor run.
 CC_MAJORS = (9, 10)
-
-
-def device_capability(index: int | None = None) -> tuple[int, int] | None:
-    """The compute capability of CUDA device ``index`` (the current one for ``None``), or ``None``
-    without a usable CUDA device. The index matters on a host that mixes GPU models."""
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability(index)
-    return int(major), int(minor)
 
 
 class FA4Attention:
