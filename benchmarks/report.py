@@ -178,6 +178,217 @@ def dispatch_rows(d: Data) -> list[Row]:
     ]
 
 
+def _short(commit: str) -> str:
+    return commit[:7]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def block_rows(d: Data) -> list[Row]:
+    env, c = d["env"], d["config"]
+    at = f"{env['device']}, {env['git_commit']}"
+    rows: list[Row] = []
+    for p in d["packs"].values():
+        ms, ops = p["block_ms"], p["ops"]
+        rows.append(
+            (
+                f"MAGI-2 block, {c['layers']} layers",
+                f"[{'/'.join(str(s) for s in p['segments'])}] ({p['tokens']} tokens): RMSNorm, attention "
+                f"{c['attn_heads']} x {c['head_dim']} with a sink, RMSNorm, route + MoE {c['moe_heads']} heads x "
+                f"{c['experts']} experts top-{c['top_k']}",
+                "eager / compile / graph " + " / ".join(_ms(ms[m]["p50"]) for m in ("eager", "compile", "graph"))
+                + " ms",
+                f"ops alone summed {_ms(ops['magi2_stack_sum_ms'])} ms; user stack (F.rms_norm, "
+                f"{p['baseline_attention']}, torch routing, `_grouped_mm`) eager {_ms(ms['baseline_eager']['p50'])}"
+                f" / graph {_ms(ms['baseline_graph']['p50'])} ms",
+                f"graph / ops alone {ms['graph']['p50'] / ops['magi2_stack_sum_ms']:.3f}; user stack / magi2 eager "
+                f"{ms['baseline_eager']['p50'] / ms['eager']['p50']:.1f}x; {at}",
+            )
+        )
+    route = d["route_vs_experts"]
+    limit = d["targets_def"]["route_vs_experts"]
+    missed_t = [r["tokens"] for r in route if r["route_over_experts_graph"] > limit]
+    rows.append(
+        (
+            "MoE route share of experts (block)",
+            "T = " + " / ".join(str(r["tokens"]) for r in route),
+            "route / experts (graph) " + " / ".join(f"{r['route_over_experts_graph']:.2f}" for r in route),
+            "experts (graph) " + " / ".join(_ms(r["graph_ms"]["experts"]["p50"]) for r in route) + " ms",
+            f"target <= {limit:.2f}: "
+            + (f"MISSED at T = {', '.join(str(t) for t in missed_t)}" if missed_t else "met")
+            + ("; ids equal the reference" if all(r["ids_equal_reference"] for r in route) else "; IDS DIFFER")
+            + f"; {at}",
+        )
+    )
+    det, targets = d["deterministic"], d["targets"]
+    missed = [k for k, ok in targets.items() if not ok]
+    rows.append(
+        (
+            "MoE deterministic mode (block)",
+            f"T = {det['tokens']}",
+            f"{_ms(det['ms']['deterministic']['p50'])} ms ({det['ratio']:.2f}x default)",
+            f"default {_ms(det['ms']['default']['p50'])} ms",
+            ("runs bitwise equal" if det["deterministic_runs_bitwise_equal"] else "runs DIFFER")
+            + f"; block targets met {len(targets) - len(missed)} of {len(targets)}"
+            + (f", missed: {'; '.join(missed)}" if missed else "")
+            + f"; {at}",
+        )
+    )
+    return rows
+
+
+def moe_layers_rows(d: Data) -> list[Row]:
+    s, runs = d["shape"], d["layers_in_turn"]
+    at = f"{d['device']}, {_short(d['commit'])}"
+    ts = " / ".join(str(r["tokens"]) for r in runs)
+
+    def col(key: str) -> str:
+        return " / ".join(_ms(r[key]["p50"]) for r in runs)
+
+    b = runs[0]["bytes_per_layer"]
+    repacks = sorted({r["repacks_after_first_pass"] for r in runs})
+    return [
+        (
+            f"MoE experts, {runs[0]['layers']} layers in turn",
+            f"{runs[0]['heads']} heads x {s['E']} experts, top-{s['K']}; T = {ts}; `m2.moe_experts`",
+            f"prepared eager {col('prepared_in_turn')} ms per call",
+            f"one layer repeated {col('one_layer_repeated')}; raw weights in turn {col('raw_in_turn')} ms",
+            "in turn / repeated " + " / ".join(f"{r['in_turn_over_repeated']:.3f}" for r in runs)
+            + f"; re-packs after the first pass {'/'.join(str(x) for x in repacks)}; {at}",
+        ),
+        (
+            f"MoE experts, {runs[0]['layers']} layers in turn, graph / compile",
+            f"T = {ts}",
+            f"prepared graph {col('prepared_in_turn_graph')}, compiled {col('prepared_in_turn_compiled')} ms",
+            f"raw weights graph {col('raw_in_turn_graph')} ms",
+            f"bytes per layer: raw {_gb(b['raw_tensors'])} (a raw call {_gb(b['raw_plus_cached_bank'])} with the "
+            f"cached bank), prepared {_gb(b['prepared'])}; deterministic / default "
+            + " / ".join(f"{r['deterministic_over_default']:.2f}" for r in runs)
+            + f"; {at}",
+        ),
+    ]
+
+
+# Issue 15's targets for the fused MoE kernel (graph p50, ms): (tokens, heads) -> target.
+MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (4096, 12): 1.6}
+
+
+def _sweep_shapes(d: Data) -> dict[tuple[int, int], Data]:
+    """The sweep's passes merged per (tokens, heads): floors and every variant (base from the first pass)."""
+    merged: dict[tuple[int, int], Data] = {}
+    for s in d["shapes"]:
+        m = merged.setdefault((s["tokens"], s["heads"]), {**s, "variants": {}})
+        for name, v in s["variants"].items():
+            m["variants"].setdefault(name, v)
+    return merged
+
+
+def moe_sweep_rows(d: Data) -> list[Row]:
+    at = f"{d['device']}, {d['git_commit']}"
+    per_expert = d["shape"]["K"] / d["shape"]["E"]
+    rows: list[Row] = []
+    best_of: dict[tuple[int, int], float] = {}
+    for (t, h), s in sorted(_sweep_shapes(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        vs = s["variants"]
+        best = min(vs, key=lambda n: vs[n]["graph"]["p50"])
+        p50 = vs[best]["graph"]["p50"]
+        best_of[(t, h)] = p50
+        bit_equal = all(v["bit_equal_base"] for v in vs.values())
+        others = ", ".join(
+            f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" for n, v in vs.items() if n != "base"
+        )
+        note = (
+            f"best at {s['matmul_floor_ms'] / p50:.2f} of the matmul ceiling, {s['weight_floor_ms'] / p50:.2f} of "
+            f"the weight floor; {len(vs)} variants "
+            + ("bit-equal to the pointer kernel" if bit_equal else "NOT all bit-equal to the pointer kernel")
+        )
+        if t * per_expert > 64:  # mean routes per expert above 64: the H200 tile table's 'tma' row
+            note += "; `tma` is the H200 default here"
+        rows.append(
+            (
+                "MoE kernel variants (graph p50)",
+                f"T = {t}, {h} heads",
+                f"best {'pointer' if best == 'base' else best} {_ms(p50)} ms ({vs[best]['graph_speedup_vs_base']:.3f}x pointer)",
+                f"pointer {_ms(vs['base']['graph']['p50'])} ms; {others}",
+                note + f"; {at}",
+            )
+        )
+    met = [best_of[k] <= v for k, v in MOE_TARGETS.items() if k in best_of]
+    rows.append(
+        (
+            "MoE issue-15 targets",
+            ", ".join(f"T = {t} x {h} heads <= {v} ms" for (t, h), v in MOE_TARGETS.items()),
+            "best " + " / ".join(_ms(best_of[k]) for k in MOE_TARGETS if k in best_of) + " ms",
+            "-",
+            ("all met" if all(met) else f"NOT met ({met.count(True)} of {len(met)})") + f"; {at}",
+        )
+    )
+    return rows
+
+
+def attention_fa4_rows(d: Data) -> list[Row]:
+    at = f"{d['device']}, {d['git_commit']}, FA4 {d['flash_attn_4']}"
+    rows: list[Row] = []
+    for group, label in (("long", "long packs"), ("short", "short packs"), ("single", "single segments")):
+        shapes = d[group]
+
+        def col(key: str, shapes: Data = shapes) -> str:
+            return " / ".join(_ms(v["event_ms"][key]["p50"]) for v in shapes.values())
+
+        chosen = [v["resolution_sink"]["chosen"] for v in shapes.values()]
+        fastest = sum(v["sink_winner_event_ms"]["best"] == v["sink_winner_event_ms"]["resolved"]
+                      for v in shapes.values())
+        rows.append(
+            (
+                f"attention with a sink, FA4 vs FA3, {label}",
+                ", ".join(shapes) + f"; {d['heads']} x {d['head_dim']} {d['dtype']}",
+                f"resolved {col('resolved_sink')} ms (chose {', '.join(chosen)})",
+                f"FA4 native sink {col('fa4_sink')}; FA3 + fused correction {col('fa3_fused_sink')}; raw FA3 "
+                f"(no sink) {col('raw_fa3')} ms",
+                "FA4 / FA3+correction "
+                + " / ".join(f"{v['sink_winner_event_ms']['fa4_over_fa3_fused']:.2f}" for v in shapes.values())
+                + f"; resolved = the faster sink provider in {fastest} of {len(shapes)}; {at}",
+            )
+        )
+    jit = d["jit"]
+    kinds = [k for k in ("sink", "nosink", "sink_lse", "nosink_lse") if k in jit]
+    rows.append(
+        (
+            "FA4 first call (CuTe DSL JIT)",
+            f"{jit['shape']}, " + " / ".join(kinds),
+            "first call " + " / ".join(f"{jit[k]['first_call_s']:.2f}" for k in kinds) + " s",
+            "cached call " + " / ".join(f"{jit[k]['cached_call_ms']:.3f}" for k in kinds) + " ms",
+            f"import {jit['import_s']:.1f} s; {at}",
+        )
+    )
+    return rows
+
+
+def vllm_omni_moe_rows(d: Data) -> list[Row]:
+    s, prep = d["shape"], d["prepared"]
+    at = f"{d['device']}, {d['git_commit']}"
+    rows: list[Row] = []
+    for r in d["results"]:
+        st, alone = r["stack_ms_per_layer"], r["layer0_alone_ms"]
+        rows.append(
+            (
+                "vllm-omni MoE layer stack",
+                f"{r['layers']} layers, {s['local_heads']} heads x {s['experts']} experts top-{s['top_k']}, "
+                f"T = {r['tokens']}; weights prepared at load ({prep['layout']})",
+                f"eager {_ms(st['layer_eager']['p50'])} / graph {_ms(st['layer_graph']['p50'])} ms per layer",
+                f"route + experts alone {_ms(r['moe_share_ms'])} ms (route {_ms(alone['moe_route']['p50'])} + "
+                f"experts {_ms(alone['moe_experts']['p50'])})",
+                f"layer / ops eager {r['ratios']['layer_over_ops_eager']:.3f}, graph "
+                f"{r['ratios']['layer_over_ops_graph']:.3f}; "
+                + ("within 5%" if r["within_target"] else "NOT within 5%")
+                + f"; {at}",
+            )
+        )
+    return rows
+
+
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_h200.json": moe_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
@@ -185,6 +396,11 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "attention_h200_final.json": attention_rows,
     "distributed_h200x2.json": distributed_rows,
     "dispatch_cpu.json": dispatch_rows,
+    "attention_fa4_h200.json": attention_fa4_rows,
+    "block_h200.json": block_rows,
+    "moe_layers_h200.json": moe_layers_rows,
+    "moe_sweep_h200.json": moe_sweep_rows,
+    "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
 }
 
 
@@ -305,6 +521,43 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         ax.set_ylim(0, 1.35 * d["env"]["copy_ceiling_tb_s_reference"])  # room for the legend above the bars
         ax.legend(fontsize=8, ncol=2, loc="upper center")
         save(fig, "rmsnorm_bandwidth.svg", "RMSNorm: achieved bandwidth against the device copy")
+
+    if "moe_sweep_h200.json" in data:
+        d = data["moe_sweep_h200.json"]
+        shapes = sorted(_sweep_shapes(d).items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        names = list(dict.fromkeys(n for _, s in shapes for n in s["variants"]))
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        w = 0.8 / len(names)
+        for i, n in enumerate(names):
+            xs = [j for j, (_, s) in enumerate(shapes) if n in s["variants"]]
+            ax.bar([x + (i - (len(names) - 1) / 2) * w for x in xs],
+                   [shapes[j][1]["variants"][n]["graph_speedup_vs_base"] for j in xs], w,
+                   label="pointer (base)" if n == "base" else n)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(shapes)), [f"T={t}, {h} heads" for (t, h), _ in shapes])
+        ax.set(ylabel="speed-up over the pointer kernel (graph p50)", ylim=(0.5, 1.25),
+               title=f"MoE one-kernel variants, {d['device']}")
+        ax.legend(fontsize=7, ncol=4, loc="upper center")
+        save(fig, "moe_variant_sweep.svg", "MoE kernel variants: graph-p50 speed-up over the pointer kernel")
+
+    if "block_h200.json" in data:
+        d = data["block_h200.json"]
+        packs = d["packs"]
+        kinds = [("eager", "magi2 eager"), ("compile", "magi2 compile"), ("graph", "magi2 CUDA graph"),
+                 ("baseline_eager", "user stack eager"), ("baseline_graph", "user stack graph")]
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        w = 0.8 / (len(kinds) + 1)
+        for i, (key, label) in enumerate(kinds):
+            ax.bar([x + (i - len(kinds) / 2) * w for x in range(len(packs))],
+                   [p["block_ms"][key]["p50"] for p in packs.values()], w, label=label)
+        ax.bar([x + (len(kinds) / 2) * w for x in range(len(packs))],
+               [p["ops"]["magi2_stack_sum_ms"] for p in packs.values()], w, label="magi2 ops alone, summed",
+               color="grey")
+        ax.set_xticks(range(len(packs)), [f"[{'/'.join(map(str, p['segments']))}]" for p in packs.values()])
+        ax.set(ylabel="ms per 4-layer stack (p50)", title=f"MAGI-2 block stack, {d['env']['device']}")
+        ax.set_ylim(0, 1.4 * max(p["block_ms"]["baseline_eager"]["p50"] for p in packs.values()))
+        ax.legend(fontsize=7, ncol=3, loc="upper center")
+        save(fig, "block_stack.svg", "MAGI-2 block stack: magi2 modes against the user's baseline stack")
     return made
 
 
