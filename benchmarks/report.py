@@ -318,7 +318,7 @@ def moe_sweep_rows(d: Data) -> list[Row]:
     met = [best_of[k] <= v for k, v in MOE_TARGETS.items() if k in best_of]
     rows.append(
         (
-            "MoE issue-15 targets",
+            "MoE speed targets",
             ", ".join(f"T = {t} x {h} heads <= {v} ms" for (t, h), v in MOE_TARGETS.items()),
             "best " + " / ".join(_ms(best_of[k]) for k in MOE_TARGETS if k in best_of) + " ms",
             "-",
