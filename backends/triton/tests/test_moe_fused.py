@@ -259,7 +259,10 @@ def test_tile_table_per_platform() -> None:
     assert (upstream.gemm1.num_warps, upstream.gemm1.num_stages) == (4, 3)
     small, large = select_tiles("cuda", (9, 0), 12.0), select_tiles("cuda", (9, 0), 342.0)
     assert small.block_m < large.block_m  # fewer routes per expert -> smaller row blocks
-    assert (small.variant, large.variant) == ("pointer", "tma")  # the measured H200 table
+    from magi2_backend_triton.moe import tiles as tiles_mod
+
+    # the measured H200 table; a Triton without tensor descriptors (3.3) keeps the pointer kernel
+    assert (small.variant, large.variant) == ("pointer", "tma" if tiles_mod._has_descriptors() else "pointer")
 
 
 def test_tile_table_keeps_the_pointer_kernel_without_tensor_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
