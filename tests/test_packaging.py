@@ -19,6 +19,7 @@ BACKENDS = {
     "reference": "magi2_backend_reference",
     "triton": "magi2_backend_triton",
     "cuda_fa3": "magi2_backend_cuda_fa3",
+    "cuda_fa4": "magi2_backend_cuda_fa4",
     "musa_mate": "magi2_backend_musa_mate",
 }
 
