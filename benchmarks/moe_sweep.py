@@ -47,7 +47,8 @@ REL_L2_LIMIT = 3e-4
 
 def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
     """The table's tiles and, for each variant, the same one-kernel tile with that kernel; where the
-    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent."""
+    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent; where
+    it holds 128 rows, TMA tiles with 2 and 4 stages and with 64-wide intermediate slices."""
     out = {"base": base}
     if base.single is None:
         return out
@@ -62,6 +63,12 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
             out["tma_persistent_s2x2"] = dataclasses.replace(
                 base, single=shallow, variant="tma_persistent", ctas_per_sm=2
             )
+    elif "tma" in variants:
+        # 128-row tiles: the pipeline depth and the slice width of the TMA kernel (stages x slice
+        # bytes share the ~228 KB of shared memory with the 64 KB activation tile).
+        for name, over in (("tma_s2", {"num_stages": 2}), ("tma_s4", {"num_stages": 4}),
+                           ("tma_i64_s2", {"block_n": 64, "num_stages": 2})):  # fmt: skip
+            out[name] = dataclasses.replace(base, single=dataclasses.replace(base.single, **over), variant="tma")
     return out
 
 

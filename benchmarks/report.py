@@ -389,6 +389,52 @@ def vllm_omni_moe_rows(d: Data) -> list[Row]:
     return rows
 
 
+def moe_tile_rows(d: Data) -> list[Row]:
+    at = f"{d['device']}, {d['git_commit']}"
+    rows: list[Row] = []
+    for (t, h), s in sorted(_sweep_shapes(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        vs = s["variants"]
+        tried = ", ".join(
+            f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" if "graph" in v
+            else f"{n} did not compile" + (" (out of shared memory)" if "OutOfResources" in str(v) else "")
+            for n, v in vs.items() if n != "base"
+        )  # fmt: skip
+        faster = [n for n, v in vs.items() if n != "base" and v.get("graph_speedup_vs_base", 0.0) > 1.01]
+        verdict = f"faster than the table's: {', '.join(faster)}" if faster else "none > 1% faster than the table's"
+        rows.append(
+            (
+                "MoE tile experiments (graph p50)",
+                f"T = {t}, {h} heads",
+                f"table tiles {_ms(vs['base']['graph']['p50'])} ms",
+                tried,
+                f"{verdict}; {at}",
+            )
+        )
+    return rows
+
+
+def route_profile_rows(d: Data) -> list[Row]:
+    at = f"{d['device']}, {d['git_commit']}"
+    rows: list[Row] = []
+    for r in d["rows"]:
+        ms = {k: v["p50"] for k, v in r["ms"].items()}
+        sel = r["selection"]
+        exact = all(v["ids_equal_reference"] for v in sel.values())
+        rows.append(
+            (
+                "moe_route pieces (graph p50)",
+                f"T = {r['tokens']}, 3 heads x 256 experts, top-6",
+                f"triton route {_ms(ms['route_triton'])} ms (reference {_ms(ms['route_reference'])} ms)",
+                f"FP32 upcast {_ms(ms['upcast'])} + FP32 router GEMM {_ms(ms['logits_fp32'])} + sigmoid "
+                f"{_ms(ms['sigmoid'])} + selection {_ms(ms['select'])} ms; TF32 GEMM {_ms(ms['logits_tf32'])} ms "
+                f"changes {r['accuracy']['logits_tf32']['rows_ids_differ_vs_fp32_gemm']} rows' ids",
+                ("ids equal the reference in every configuration" if exact else "ids NOT equal to the reference")
+                + f"; {at}",
+            )
+        )
+    return rows
+
+
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_h200.json": moe_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
@@ -400,6 +446,8 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "block_h200.json": block_rows,
     "moe_layers_h200.json": moe_layers_rows,
     "moe_sweep_h200.json": moe_sweep_rows,
+    "moe_sweep_tiles_h200.json": moe_tile_rows,
+    "route_profile_h200.json": route_profile_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
 }
 

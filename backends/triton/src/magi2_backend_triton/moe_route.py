@@ -33,9 +33,13 @@ __all__ = ["TritonMoERoute", "select_routes", "triton_moe_route"]
 
 # Below every real key: a real key's high half is at least the order-mapped -inf (> -2**31).
 _REMOVED = tl.constexpr(-(2**63))
-# ~2K scores per program (8 tokens x 256 experts) keeps the int64 keys in registers with 4 warps.
-_TILE_ELEMS = 2048
-_MAX_BLOCK_T = 16
+# One (head, token) row per one-warp program: every row reduction stays inside a warp (shuffles, no
+# shared-memory round trips). Measured on the H200 at 3 heads x 256 experts (route_profile_h200.json):
+# 0.052 ms at T = 14601 against 0.072 ms for 8 rows x 4 warps and 0.112 ms for 32 rows x 8 warps.
+_BLOCK_T = 1
+_NUM_WARPS = 1
+# The CPU interpreter pays per program, not per warp: 16 rows per program there (5x faster tests).
+_INTERPRETER_BLOCK_T = 16
 
 
 @triton.jit(do_not_specialize=["n_tok"])
@@ -72,37 +76,46 @@ def _select_kernel(
     key = tl.where(col_ok[None, :], key, _REMOVED)
 
     kcols = tl.arange(0, BLOCK_K)
-    probs = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
+    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     for k in range(K):
         best = tl.max(key, axis=1)
-        expert = BLOCK_E - (best & 0xFFFFFFFF)
-        hit = cols[None, :] == expert[:, None]
-        score = tl.sum(tl.where(hit, s, 0.0), axis=1)  # the unbiased score: exactly one term is non-zero
-        key = tl.where(hit, _REMOVED, key)
-        slot = kcols[None, :] == k
-        probs = tl.where(slot, score[:, None], probs)
-        ids = tl.where(slot, expert[:, None], ids)
+        expert = BLOCK_E - (best & 0xFFFFFFFF).to(tl.int32)
+        key = tl.where(cols[None, :] == expert[:, None], _REMOVED, key)
+        ids = tl.where(kcols[None, :] == k, expert[:, None], ids)
+    mask = tok_ok[:, None] & (kcols < K)[None, :]
+    # The unbiased scores of the winners, gathered from memory (the row was just read: a cache hit)
+    # rather than by one more row reduction per step.
+    probs = tl.load(scores_ptr + rows[:, None] * E + ids, mask=mask, other=0.0)
     if NORM:
         probs = probs / tl.maximum(tl.sum(tl.abs(probs), axis=1), 1e-12)[:, None]
     probs = probs * route_scale
     out = rows[:, None] * K + kcols[None, :]
-    mask = tok_ok[:, None] & (kcols < K)[None, :]
     tl.store(probs_ptr + out, probs, mask=mask)
-    tl.store(idx_ptr + out, ids, mask=mask)
+    tl.store(idx_ptr + out, ids.to(tl.int64), mask=mask)
 
 
 def select_routes(
-    scores: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, route_scale: float, route_norm: bool
+    scores: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool,
+    block_t: int | None = None,
+    num_warps: int = _NUM_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` from FP32 scores ``[Hl, T, E]`` (launch only)."""
+    """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` from FP32 scores ``[Hl, T, E]`` (launch only).
+
+    ``block_t`` / ``num_warps``: (token rows per program, warps); the defaults are the measured ones.
+    """
     hl, t, e = scores.shape
     probs = torch.empty((hl, t, top_k), dtype=torch.float32, device=scores.device)
     idx = torch.empty((hl, t, top_k), dtype=torch.int64, device=scores.device)
     if t == 0 or hl == 0:
         return probs, idx
     block_e = triton.next_power_of_2(e)
-    block_t = max(1, min(_MAX_BLOCK_T, _TILE_ELEMS // block_e))
+    if block_t is None:
+        block_t = _INTERPRETER_BLOCK_T if scores.device.type == "cpu" else _BLOCK_T
     scores = scores.contiguous()
     _select_kernel[(triton.cdiv(t, block_t), hl)](
         scores,
@@ -118,7 +131,7 @@ def select_routes(
         BLOCK_T=block_t,
         BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=4,
+        num_warps=num_warps,
     )
     return probs, idx
 
