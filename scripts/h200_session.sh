@@ -47,6 +47,16 @@ python3 -m pytest -q -p no:cacheprovider -p magi2_core.testing.plugin --magi2-co
   --magi2-device cuda -rs > "$OUT/conformance_cuda.log" 2>&1
 tail -3 "$OUT/conformance_cuda.log"
 fi
+if want fingerprint; then
+step "fingerprints of every op x provider (MAGI2_FP_COMPARE=<earlier file>: compare, exit status in the log)"
+python3 scripts/fingerprint.py --out "$OUT/fingerprint_$MAGI2_GIT_COMMIT.json" ${MAGI2_FP_COMPARE:+--compare "$MAGI2_FP_COMPARE"} \
+  > "$OUT/fingerprint.log" 2>&1; echo "fingerprint exit $?" >> "$OUT/fingerprint.log"
+grep -vE "quarantined|took [0-9.]+ s|^  |^provid|For further" "$OUT/fingerprint.log" | tail -12
+fi
+if want route; then
+step "routing pieces"
+python3 -m benchmarks.route_profile --out "$OUT/route_profile_h200.json" > "$OUT/route.log" 2>&1; tail -3 "$OUT/route.log"
+fi
 if want demo; then
 step "demo"
 python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -9
