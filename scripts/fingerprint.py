@@ -44,21 +44,29 @@ def _rand(g: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scal
 
 
 def attention_cases(device: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, (hq, hkv, d, sinks, softcap) in {
-        "mha_sink": (4, 4, 64, True, 0.0),
-        "gqa_nosink": (4, 2, 64, False, 0.0),
-        "softcap_sink": (2, 2, 128, True, 30.0),
-    }.items():
+    # (query heads, kv heads, head dim, sinks, softcap, segment bounds). The long cases (GPU only) are
+    # outside the FA3 descriptor's short-work and FA4-sink rules, so that FA3 serves them too.
+    shapes = {
+        "mha_sink": (4, 4, 64, True, 0.0, (0, 37, 100)),
+        "gqa_nosink": (4, 2, 64, False, 0.0, (0, 37, 100)),
+        "softcap_sink": (2, 2, 128, True, 30.0, (0, 37, 100)),
+    }
+    if device != "cpu":
+        shapes["long_sink"] = (8, 8, 128, True, 0.0, (0, 4000, 9000))
+        shapes["long_gqa_softcap_sink"] = (8, 2, 128, True, 30.0, (0, 4000, 9000))
+    for name, (hq, hkv, d, sinks, softcap, bounds) in shapes.items():
         g = _gen(device, zlib.crc32(name.encode()))
-        cu = torch.tensor([0, 37, 100], dtype=torch.int32, device=device)
+        t = bounds[-1]
+        cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+        longest = max(b - a for a, b in zip(bounds, bounds[1:]))
         kw: dict[str, Any] = {
-            "q": _rand(g, 100, hq, d, dtype=torch.bfloat16, device=device),
-            "k": _rand(g, 100, hkv, d, dtype=torch.bfloat16, device=device),
-            "v": _rand(g, 100, hkv, d, dtype=torch.bfloat16, device=device),
+            "q": _rand(g, t, hq, d, dtype=torch.bfloat16, device=device),
+            "k": _rand(g, t, hkv, d, dtype=torch.bfloat16, device=device),
+            "v": _rand(g, t, hkv, d, dtype=torch.bfloat16, device=device),
             "cu_seqlens_q": cu,
             "cu_seqlens_k": cu,
-            "max_seqlen_q": 63,
-            "max_seqlen_k": 63,
+            "max_seqlen_q": longest,
+            "max_seqlen_k": longest,
             "softcap": softcap,
             "sinks": _rand(g, 1, hq, dtype=torch.float32, device=device) if sinks else None,
             "return_lse": True,
