@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import sys
 import zlib
@@ -58,7 +59,7 @@ def attention_cases(device: str) -> Iterator[tuple[str, dict[str, Any]]]:
         g = _gen(device, zlib.crc32(name.encode()))
         t = bounds[-1]
         cu = torch.tensor(bounds, dtype=torch.int32, device=device)
-        longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+        longest = max(b - a for a, b in itertools.pairwise(bounds))
         kw: dict[str, Any] = {
             "q": _rand(g, t, hq, d, dtype=torch.bfloat16, device=device),
             "k": _rand(g, t, hkv, d, dtype=torch.bfloat16, device=device),
