@@ -47,8 +47,9 @@ REL_L2_LIMIT = 3e-4
 
 def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
     """The table's tiles and, for each variant, the same one-kernel tile with that kernel; where the
-    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent; where
-    it holds 128 rows, TMA tiles with 2 and 4 stages and with 64-wide intermediate slices."""
+    base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent, and a
+    64-wide-slice TMA tile; where it holds 128 rows, TMA tiles with 2 and 4 stages, with 64-wide
+    intermediate slices and with 64-row blocks."""
     out = {"base": base}
     if base.single is None:
         return out
@@ -59,15 +60,22 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
         shallow = dataclasses.replace(base.single, num_stages=2)
         if "tma" in variants:
             out["tma_s2"] = dataclasses.replace(base, single=shallow, variant="tma")
+            # weight-stream bound: 64-wide slices move twice the bytes per pipeline step (2 x 96 KB)
+            wide = dataclasses.replace(base.single, block_n=64, num_stages=2)
+            out["tma_i64_s2"] = dataclasses.replace(base, single=wide, variant="tma")
         if "tma_persistent" in variants:
             out["tma_persistent_s2x2"] = dataclasses.replace(
                 base, single=shallow, variant="tma_persistent", ctas_per_sm=2
             )
     elif "tma" in variants:
         # 128-row tiles: the pipeline depth and the slice width of the TMA kernel (stages x slice
-        # bytes share the ~228 KB of shared memory with the 64 KB activation tile).
+        # bytes share the ~228 KB of shared memory with the 64 KB activation tile), and 64-row
+        # blocks (half the padding and the matrix work per block; an expert's weights then stream
+        # through twice the programs, mostly from L2 since its blocks run side by side).
         for name, over in (("tma_s2", {"num_stages": 2}), ("tma_s4", {"num_stages": 4}),
-                           ("tma_i64_s2", {"block_n": 64, "num_stages": 2})):  # fmt: skip
+                           ("tma_i64_s2", {"block_n": 64, "num_stages": 2}),
+                           ("tma_m64_w4", {"block_m": 64, "num_warps": 4}),
+                           ("tma_m64_w8", {"block_m": 64, "num_warps": 8})):  # fmt: skip
             out[name] = dataclasses.replace(base, single=dataclasses.replace(base.single, **over), variant="tma")
     return out
 
