@@ -396,6 +396,7 @@ def moe_tile_rows(d: Data) -> list[Row]:
         vs = s["variants"]
         tried = ", ".join(
             f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" if "graph" in v
+            else f"{n} not run here (it failed at an earlier shape)" if "failed earlier" in str(v)
             else f"{n} did not compile" + (" (out of shared memory)" if "OutOfResources" in str(v) else "")
             for n, v in vs.items() if n != "base"
         )  # fmt: skip
