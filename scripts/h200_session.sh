@@ -92,6 +92,10 @@ step "CLI on the GPU machine"
 python3 -m magi2_core.cli env > "$OUT/env.txt" 2>&1; head -40 "$OUT/env.txt"
 python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -12
 fi
+if want dispatch; then
+step "dispatch overhead against a no-op provider, on this host's CPU (quiet, unlike the CI/dev machine)"
+python3 -m benchmarks.dispatch --out "$OUT/dispatch_cpu_h200host.json" 2>&1 | tail -6
+fi
 if want moe_layers; then
 step "MoE: N distinct layers in turn through the public op"
 python3 -m benchmarks.moe --out "$OUT/moe_layers_h200.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"
