@@ -75,7 +75,8 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool) -> dict[str, Any]:
     from magi2_backend_cuda_fa3.provider import FA3Attention, fa3_attention
-    from magi2_backend_cuda_fa3.sinks import torch_correction
+
+    from magi2_core.sink_corrections import torch_correction
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     t = sum(lengths)

@@ -218,7 +218,9 @@ _DECLARED: tuple[Variable[Any], ...] = (
     Variable(
         "MAGI2_MATE_SINK_CORRECTION",
         "torch",
-        "MUSA only: the sink correction after MATE attention: the FP32 torch path or the fused Triton kernel.",
+        "MUSA only: the learned-sink correction after attention without sinks (MATE): the core's torch "
+        "correction or the fused Triton kernel that magi2-backend-triton contributes (validated on CUDA only, "
+        "hence opt-in on MUSA). `magi2 backends` shows the correction each device type gets.",
         choice("torch", "triton"),
     ),
     Variable(

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -38,7 +38,7 @@ from packaging.version import Version
 from magi2_core import config
 from magi2_core._version import CORE_API_VERSION
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec
+from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
 from magi2_core.resolution import QuarantinedPlugin
 
@@ -90,6 +90,7 @@ class LoadedBackend:
     plugin: object
     distribution: str = "(registered in process)"
     load_seconds: float = 0.0
+    sink_corrections: tuple[SinkCorrectionSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class RegistryState:
     providers: Mapping[OpName, tuple[LoadedProvider, ...]]
     bounds: Mapping[OpName, Mapping[str, tuple[int, ...]]]
     quarantined: tuple[QuarantinedPlugin, ...]
+    sink_corrections: tuple[SinkCorrectionSpec, ...] = ()  # contributed ones, priority descending
 
     def provider(self, op: OpName, name: str) -> LoadedProvider | None:
         return next((p for p in self.providers[op] if p.name == name), None)
@@ -198,10 +200,9 @@ class Registry:
             self._quarantine(name, value, dist, f"invalid plugin: {type(exc).__name__}: {exc}")
             return
         try:
-            impls = [i for i in self._pm.hook.magi2_backend.get_hookimpls() if i.plugin is plugin]
-            if not impls:
+            spec = self._call(plugin, "magi2_backend")
+            if spec is None:
                 raise TypeError("the plugin does not implement the required hook 'magi2_backend'")
-            spec = impls[0].function()
             if not isinstance(spec, BackendSpec):
                 spec = BackendSpec.model_validate(spec)
             _check_core_api(spec)
@@ -214,6 +215,7 @@ class Registry:
             ]
             if clashes:
                 raise ValueError(f"provider names already registered by another backend: {clashes}")
+            corrections = self._sink_corrections(plugin, spec.name)
         except Exception as exc:
             self._pm.unregister(plugin)
             self._quarantine(name, value, dist, f"{type(exc).__name__}: {exc}")
@@ -222,10 +224,30 @@ class Registry:
         if seconds > SLOW_LOAD_S:
             log.warning("magi2_core: backend %r (%s) took %.1f s to import and describe itself; every process "
                         "pays this on its first op call", name, dist, seconds)
-        self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds)
+        self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds, corrections)
         for cap in spec.providers:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
             self._providers[cap.op].append(LoadedProvider(cap))
+
+    def _call(self, plugin: object, hook: str) -> Any:
+        """Call ``hook`` through pluggy on ``plugin`` alone, so that one backend's failure is its own."""
+        others = [p for p in self._pm.get_plugins() if p is not plugin]
+        return self._pm.subset_hook_caller(hook, remove_plugins=others)()
+
+    def _sink_corrections(self, plugin: object, backend: str) -> tuple[SinkCorrectionSpec, ...]:
+        """The plugin's ``magi2_sink_corrections``, validated; a name already contributed is an error."""
+        from magi2_core.sink_corrections import TORCH
+
+        out: list[SinkCorrectionSpec] = []
+        for contributed in self._call(plugin, "magi2_sink_corrections"):  # one list per implementation
+            for item in contributed:
+                spec = item if isinstance(item, SinkCorrectionSpec) else SinkCorrectionSpec.model_validate(item)
+                out.append(spec.model_copy(update={"backend": backend}))
+        taken = {TORCH} | {c.name for b in self._backends.values() for c in b.sink_corrections}
+        clashes = sorted({c.name for c in out} & taken)
+        if clashes:
+            raise ValueError(f"sink correction names already taken (by the core or another backend): {clashes}")
+        return tuple(out)
 
     def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
         log.warning("magi2_core: backend %r (%s) quarantined: %s", name, dist, reason)
@@ -242,7 +264,10 @@ class Registry:
                 for fld, values in p.capability.boundaries().items():
                     bounds.setdefault(fld, set()).update(values)
             all_bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
-        self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined))
+        corrections = sorted((c for b in self._backends.values() for c in b.sink_corrections),
+                             key=lambda c: (-c.priority, c.name))
+        self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined),
+                                    tuple(corrections))
 
     @property
     def generation(self) -> int:
@@ -288,14 +313,6 @@ class Registry:
     def quarantined(self) -> tuple[QuarantinedPlugin, ...]:
         return self.state().quarantined
 
-    def self_test(self, entry_point: str, device: str) -> list[str]:
-        backend = self._backends[entry_point]
-        impls = [i for i in self._pm.hook.magi2_self_test.get_hookimpls() if i.plugin is backend.plugin]
-        if not impls:
-            return []
-        result: Any = impls[0].function(device=device)
-        return [str(f) for f in result]
-
 
 def _is_reference(ep: Any) -> bool:
     """The genuine reference: entry point ``reference`` of the distribution ``magi2-backend-reference``."""
@@ -340,9 +357,3 @@ def get_registry() -> Registry:
                 config.on_reload(_REGISTRY._config_reloaded)
     return _REGISTRY
 
-
-def iter_capabilities(op: OpName | None = None) -> Iterable[Capability]:
-    reg = get_registry()
-    for o in OPS if op is None else (op,):
-        for p in reg.providers(o):
-            yield p.capability

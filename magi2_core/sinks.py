@@ -22,7 +22,7 @@ import torch
 
 from magi2_core.provider import SinkRescale
 
-__all__ = ["sink_correction", "sink_scale"]
+__all__ = ["apply_sink_correction", "sink_correction", "sink_scale"]
 
 
 def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +63,12 @@ def sink_correction(
             f"sink_correction: head/token counts disagree: o {list(o.shape)}, lse {list(lse.shape)}, "
             f"sinks {list(sinks.shape)}"
         )
+    return _corrected(o, lse, sinks, rescale, dtype)
+
+
+def _corrected(
+    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rescale: SinkRescale, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     scale, new_lse = sink_scale(lse, sinks)
     scale_th = scale.t().unsqueeze(-1)
     if rescale == "fp32":
@@ -71,3 +77,12 @@ def sink_correction(
         od = o.to(dtype)
         out = od * scale_th.to(dtype)
     return out, new_lse
+
+
+def apply_sink_correction(
+    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *, rescale: SinkRescale, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The core's torch correction with the :class:`~magi2_core.sink_corrections.SinkCorrectionFn`
+    signature: launch-only (the attention contract validated the inputs), never in place."""
+    out, new_lse = _corrected(o, lse, sinks, rescale, o.dtype)
+    return out, new_lse if return_lse else None

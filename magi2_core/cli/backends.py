@@ -29,6 +29,23 @@ def _backend_json(b: LoadedBackend, status: dict[tuple[str, str], ProviderStatus
     return data
 
 
+def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
+    """The learned-sink correction each device type gets: present ones and those a correction declares."""
+    from magi2_core.errors import ConfigError
+    from magi2_core.registry import get_registry
+    from magi2_core.sink_corrections import sink_correction_for
+
+    declared = {d for c in get_registry().state().sink_corrections for d in c.device_types}
+    out: dict[str, dict[str, str]] = {}
+    for device_type in sorted(set(device_types) | declared):
+        try:
+            chosen = sink_correction_for(device_type)
+            out[device_type] = {"name": chosen.name, "detail": chosen.detail}
+        except ConfigError as exc:
+            out[device_type] = {"name": "(none)", "detail": str(exc)}
+    return out
+
+
 def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """List installed backends, their providers and whether each can run here; quarantined plugins with the reason."""
     from rich.table import Table
@@ -48,6 +65,7 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
                 "backends": [_backend_json(b, status) for b in loaded],
                 "quarantined": [q.model_dump(mode="json") for q in quarantined],
                 "device_types_present": list(present),
+                "sink_corrections": _sink_corrections(list(present)),
                 "config": {k: sorted(v) if isinstance(v, frozenset) else v for k, v in config.effective().items()},
             }
         )
@@ -72,6 +90,8 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
                 status[(c.op, c.name)].summary(),
             )
         console.print(table)
+    for device_type, chosen in _sink_corrections(list(present)).items():
+        console.print(f"sink correction on {device_type}: {chosen['name']}: {chosen['detail']}", markup=False)
     if quarantined:
         q = Table(title="quarantined plugins (not loaded; everything else works)")
         for col in ("entry point", "distribution", "reason"):

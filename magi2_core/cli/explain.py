@@ -133,9 +133,10 @@ def _known_device_types() -> set[str]:
     """Device types torch knows, plus any that an installed provider declares (a plugin's own device)."""
     import torch
 
-    from magi2_core.registry import iter_capabilities
+    from magi2_core.registry import get_registry
 
-    declared = {d for cap in iter_capabilities() for d in cap.device_types if d != "*"}
+    providers = get_registry().state().providers.values()
+    declared = {d for op in providers for p in op for d in p.capability.device_types if d != "*"}
     torch_types = set()
     for name in ("cpu", "cuda", "musa", "xpu", "mps", "hip", "npu", "meta", "privateuseone"):
         try:

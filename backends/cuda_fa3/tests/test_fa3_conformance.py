@@ -18,8 +18,8 @@ from magi2_backend_cuda_fa3.abi import load_fa3
 from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_cuda_fa3.plugin import descriptor
 from magi2_backend_cuda_fa3.provider import FA3Attention
-from magi2_backend_cuda_fa3.sinks import torch_correction
 
+from magi2_core.sink_corrections import torch_correction
 from magi2_core.testing import registered_backend
 from magi2_core.testing.runner import run_kit
 

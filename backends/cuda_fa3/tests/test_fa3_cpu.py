@@ -16,13 +16,13 @@ from magi2_backend_cuda_fa3.abi import load_fa3
 from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_cuda_fa3.plugin import SHORT_SEQUENCE_RULES, descriptor, head_dims, magi2_backend
 from magi2_backend_cuda_fa3.provider import FA3Attention
-from magi2_backend_cuda_fa3.sinks import TRITON_MODULE, select_sink_correction, torch_correction
 from magi2_backend_reference.attention import reference_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
+from magi2_core.sink_corrections import sink_correction_for, torch_correction
 from magi2_core.sinks import sink_correction
 
 REPO = Path(__file__).resolve().parents[3]
@@ -300,16 +300,21 @@ def test_without_cuda_the_real_provider_reports_cleanly() -> None:
 # ---------------------------------------------------------------------------------------------
 # the sink correction choice is a value
 # ---------------------------------------------------------------------------------------------
+TRITON_MODULE = "magi2_backend_triton.sink_correction"
+
+
 def test_sink_correction_choice(monkeypatch) -> None:
+    # FA3 asks the core for CUDA's correction: the Triton backend contributes the fused kernel there.
     pytest.importorskip("triton")
-    chosen = select_sink_correction()
-    assert chosen.name == "triton" and "triton_sink_correction" in chosen.detail
+    chosen = sink_correction_for("cuda")
+    assert chosen.name == "triton" and TRITON_MODULE in chosen.detail
+    assert FA3Attention().sink_correction is chosen
     monkeypatch.setitem(sys.modules, TRITON_MODULE, None)
-    fallback = select_sink_correction()
+    m2.reload_config()  # a new configuration generation: the choice is made again
+    fallback = sink_correction_for("cuda")
     assert fallback.name == "torch" and TRITON_MODULE in fallback.detail
-    install(monkeypatch, "fake_old_triton_sinks", None, triton_sink_correction=lambda o, lse, sinks, *, rescale: o)
-    old = select_sink_correction("fake_old_triton_sinks")
-    assert old.name == "torch" and "out, lse_out" in old.detail
+    monkeypatch.delitem(sys.modules, TRITON_MODULE)
+    m2.reload_config()
 
 
 def test_torch_correction_is_the_core_reference() -> None:
@@ -318,10 +323,10 @@ def test_torch_correction_is_the_core_reference() -> None:
     lse = torch.randn(3, 9, generator=g) * 3
     lse[0, 0] = -math.inf
     sinks = torch.randn(2, 3, generator=g)
-    got_o, got_lse = torch_correction("t").apply(o, lse, sinks, "activation", True)
+    got_o, got_lse = torch_correction("t").apply(o, lse, sinks, rescale="activation", return_lse=True)
     want_o, want_lse = sink_correction(o, lse, sinks, rescale="activation")
     assert torch.equal(got_o, want_o) and torch.equal(got_lse, want_lse) and got_o[0, 0].abs().sum() == 0
-    assert torch_correction("t").apply(o, lse, sinks, "fp32", False)[1] is None
+    assert torch_correction("t").apply(o, lse, sinks, rescale="fp32", return_lse=False)[1] is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ import types
 
 import pytest
 from fa4_fakes import FakeFA4, install
-from magi2_backend_cuda_fa3.sinks import torch_correction
 from magi2_backend_cuda_fa4.abi import load_fa4
 from magi2_backend_cuda_fa4.discovery import FA4Install
 from magi2_backend_cuda_fa4.plugin import descriptor
 from magi2_backend_cuda_fa4.provider import FA4Attention
 
+from magi2_core.sink_corrections import torch_correction
 from magi2_core.testing import registered_backend
 from magi2_core.testing.runner import run_kit
 

@@ -18,7 +18,6 @@ from magi2_backend_cuda_fa3.abi import FA3Abi
 from magi2_backend_cuda_fa3.abi import LoadResult as FA3LoadResult
 from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_cuda_fa3.provider import FA3Attention
-from magi2_backend_cuda_fa3.sinks import torch_correction
 from magi2_backend_cuda_fa4 import abi as abi_mod
 from magi2_backend_cuda_fa4 import discovery
 from magi2_backend_cuda_fa4.abi import REQUIRED_KEYWORDS, FA4Abi, LoadResult, load_fa4
@@ -35,6 +34,7 @@ from magi2_core.problem import Feature, Problem
 from magi2_core.registry import Registry
 from magi2_core.resolution import ReasonCode
 from magi2_core.resolver import resolve_problem
+from magi2_core.sink_corrections import torch_correction
 from magi2_core.sinks import sink_correction
 from magi2_core.testing import InProcessBackend
 

@@ -26,6 +26,7 @@ from magi2_backend_musa_mate import mate_abi
 from magi2_backend_reference.attention import reference_attention
 
 from magi2_core import config
+from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
 
 _COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
                 "seqused_k")
@@ -227,3 +228,21 @@ def varlen_case(dtype: torch.dtype, *, seed: int, cu_q: Sequence[int] = (0, 3, 9
     lk = [b - a for a, b in itertools.pairwise(cu_k)]
     return VarlenCase(q, k, v, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32),
                       max(lq), max(lk))
+
+
+def triton_correction(*args: Any, **kwargs: Any) -> Any:
+    """Replaced by the test that asks for it (the impl that :class:`FakeTritonSinks` names)."""
+    raise AssertionError("musa_fakes.triton_correction was not replaced by the test")
+
+
+class FakeTritonSinks:
+    """A backend contributing a sink correction named ``triton`` whose kernel is :func:`triton_correction`."""
+
+    @hookimpl
+    def magi2_backend(self) -> BackendSpec:
+        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=1.0,<2", providers=())
+
+    @hookimpl
+    def magi2_sink_corrections(self) -> tuple[SinkCorrectionSpec, ...]:
+        return (SinkCorrectionSpec(name="triton", impl="musa_fakes:triton_correction", device_types=("cuda",),
+                                   priority=10),)

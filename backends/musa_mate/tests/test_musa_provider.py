@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import musa_fakes
 import pytest
 import torch
-from magi2_backend_musa_mate import provider as provider_mod
 from magi2_backend_musa_mate.provider import SINK_CORRECTION_ENV, mate_attention
 from magi2_backend_reference.attention import reference_attention
-from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeVarlen, MusaWorld, varlen_case
+from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeTritonSinks, FakeVarlen, MusaWorld, varlen_case
 
 import magi2_core as m2
+from magi2_core import registry
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, within_ulps
 from magi2_core.problem import Feature, Problem
 from magi2_core.sinks import sink_correction, sink_scale
@@ -195,12 +196,16 @@ def test_sink_correction_switch(world: MusaWorld, monkeypatch: pytest.MonkeyPatc
     world.musa_with("v0.2.2", result=_preset(out, lse))
     seen: list[str] = []
 
-    def fake_triton(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
-                    rescale: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def fake_triton(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *,
+                    rescale: str, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
         seen.append(rescale)
         return sink_correction(o, lse, sinks, rescale=rescale)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(provider_mod, "_triton_sink_correction", fake_triton)
+    # The process registry holds one backend that contributes a correction named "triton" (the fake).
+    reg = registry.Registry(discover=False)
+    reg.register(FakeTritonSinks(), "fake_triton_sinks")
+    monkeypatch.setattr(registry, "_REGISTRY", reg)
+    monkeypatch.setattr(musa_fakes, "triton_correction", fake_triton)
     monkeypatch.setenv(SINK_CORRECTION_ENV, "triton")
     m2.reload_config()
     _run(torch.bfloat16, seed=0, sinks=sinks)

@@ -17,7 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_triton.sink_correction import triton_sink_correction
+from magi2_backend_triton.sink_correction import apply_sink_correction, triton_sink_correction
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
@@ -186,6 +186,20 @@ def test_in_place_and_strided() -> None:
         assert_identical(target, expect)
     else:
         assert_identical(target, (o.float() * kernel_scale(lse, sinks).unsqueeze(-1)).to(o.dtype))
+
+
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+def test_contributed_apply_is_the_validating_entry_in_place(rescale: str) -> None:
+    # The SinkCorrectionFn that the plugin contributes: launch-only, in place on o, same bits.
+    o, lse, sinks = make_inputs(21, 37, 3, 64, 2, torch.bfloat16)
+    want_lse = torch.empty_like(lse)
+    want = triton_sink_correction(o, lse, sinks, rescale=rescale, lse_out=want_lse)  # type: ignore[arg-type]
+    target = o.clone()
+    got, got_lse = apply_sink_correction(target, lse, sinks, rescale=rescale, return_lse=True)  # type: ignore[arg-type]
+    assert got.data_ptr() == target.data_ptr() and got_lse is not None
+    assert_identical(got, want)
+    assert_identical(got_lse, want_lse)
+    assert apply_sink_correction(o.clone(), lse, sinks, rescale=rescale, return_lse=False)[1] is None  # type: ignore[arg-type]
 
 
 def test_no_sinks_is_identity() -> None:

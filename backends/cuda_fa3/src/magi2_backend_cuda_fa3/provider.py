@@ -9,7 +9,7 @@ Sinks: a build with native ``sinks`` (tokenspeed-fa3: one natural-log logit per 
 directly only when that meets the contract exactly as stated: one sink row (``S == 1``), FP32
 rescale, and no LSE requested (whether the native LSE includes the sink is not documented).
 Otherwise FA3 runs without sinks and returns its LSE, and the selected correction
-(:mod:`magi2_backend_cuda_fa3.sinks`) folds the sinks in. Run-time failures propagate.
+(:func:`magi2_core.sink_corrections.sink_correction_for`) folds the sinks in. Run-time failures propagate.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from magi2_backend_cuda_fa3.abi import FA3Abi, LoadResult, load_fa3
-from magi2_backend_cuda_fa3.sinks import SinkCorrection, select_sink_correction
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
 
 __all__ = ["FA3Attention", "device_capability", "fa3_attention"]
 
@@ -44,7 +44,7 @@ class FA3Attention:
     def __init__(
         self,
         loader: Callable[[], LoadResult] = load_fa3,
-        correction: Callable[[], SinkCorrection] = select_sink_correction,
+        correction: Callable[[], SinkCorrection] = lambda: sink_correction_for("cuda"),
         capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
     ) -> None:
         self._loader = loader
@@ -56,9 +56,9 @@ class FA3Attention:
         """The FA3 build in use (imported on first use, then cached for the process)."""
         return self._loader()
 
-    @cached_property
+    @property
     def sink_correction(self) -> SinkCorrection:
-        """Which correction applies sinks after a call without them (chosen once)."""
+        """Which correction applies sinks after a call without them (the core's choice for CUDA)."""
         return self._correction()
 
     def check(self, problem: Problem) -> Sequence[Reason]:
@@ -135,7 +135,7 @@ class FA3Attention:
         o, lse = self._unpack(result, q, need_lse, abi)
         if sinks is not None and not native:
             assert lse is not None
-            o, lse = self.sink_correction.apply(o, lse, sinks, sink_rescale, return_lse)
+            o, lse = self.sink_correction.apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
         return o, lse if return_lse else None
 
     @staticmethod

@@ -13,8 +13,8 @@ Sinks, by ``sink_rescale``:
   the sink.
 * ``"activation"``: the contract rounds the sink-free output to q's dtype, then multiplies by the
   scale rounded to q's dtype (upstream MAGI-2 on CUDA). A native sink cannot reproduce that double
-  rounding, so FA4 runs without it, returns its LSE, and the FA3 backend's sink correction (the
-  fused Triton kernel where available) applies it, exactly as after FA3.
+  rounding, so FA4 runs without it, returns its LSE, and the core's sink correction for CUDA (the
+  fused Triton kernel where magi2-backend-triton contributes it) applies it, exactly as after FA3.
 
 FA4 compiles a kernel per configuration on first use (dtype, head dim, GQA ratio, sink, softcap,
 LSE): see :func:`magi2_backend_cuda_fa4.warmup`. Run-time failures propagate.
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 from magi2_backend_cuda_fa3.provider import device_capability
-from magi2_backend_cuda_fa3.sinks import SinkCorrection, select_sink_correction
 
 from magi2_backend_cuda_fa4.abi import FA4Abi, LoadResult, load_fa4
 from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
 from magi2_core.problem import Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
 
 __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 
@@ -49,7 +49,7 @@ class FA4Attention:
     def __init__(
         self,
         loader: Callable[[], LoadResult] = load_fa4,
-        correction: Callable[[], SinkCorrection] = select_sink_correction,
+        correction: Callable[[], SinkCorrection] = lambda: sink_correction_for("cuda"),
         capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
     ) -> None:
         self._loader = loader
@@ -61,9 +61,9 @@ class FA4Attention:
         """The FA4 build in use (imported on first use, then cached for the process)."""
         return self._loader()
 
-    @cached_property
+    @property
     def sink_correction(self) -> SinkCorrection:
-        """The correction for ``sink_rescale="activation"`` (chosen once)."""
+        """The correction for ``sink_rescale="activation"`` (the core's choice for CUDA)."""
         return self._correction()
 
     def check(self, problem: Problem) -> Sequence[Reason]:
@@ -118,7 +118,7 @@ class FA4Attention:
         o, lse = self._unpack(result, q, need_lse, abi)
         if correct:
             assert sinks is not None and lse is not None
-            o, lse = self.sink_correction.apply(o, lse, sinks, sink_rescale, return_lse)
+            o, lse = self.sink_correction.apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
         elif native is not None and lse is not None:
             lse = contract_lse(lse, native)
         return o, lse if return_lse else None

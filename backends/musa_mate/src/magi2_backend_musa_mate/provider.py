@@ -5,10 +5,10 @@ correction of operators.md §2.3 with the FP32 rescale (promote ``o``, multiply 
 once), as vllm-omni #7307 does on MUSA. Native MATE sinks are never used: the sink logits stay FP32
 and the result is the one every other provider is checked against.
 
-The correction is :func:`magi2_core.sinks.sink_correction` (torch ops, runs wherever torch_musa
-does). ``MAGI2_MATE_SINK_CORRECTION=triton`` switches to the fused Triton kernel of
-magi2-backend-triton, which has been validated on CUDA only; it is opt-in until it has run on an
-MTT S5000 (Triton-MUSA provides its own libdevice).
+The correction is the core's choice for MUSA (:func:`magi2_core.sink_corrections.sink_correction_for`):
+the torch one (runs wherever torch_musa does) unless ``MAGI2_MATE_SINK_CORRECTION=triton`` picks the
+fused Triton kernel that magi2-backend-triton contributes, which has been validated on CUDA only; it
+is opt-in until it has run on an MTT S5000 (Triton-MUSA provides its own libdevice).
 
 Nothing here imports MATE, torch_musa or torchada at module import: ``check`` (called by the
 resolver for MUSA problems only) and the first call do, through :mod:`.mate_abi`.
@@ -16,46 +16,21 @@ resolver for MUSA problems only) and the first call do, through :mod:`.mate_abi`
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
 import torch
 
 from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, requested_backend
-from magi2_core import config
+from magi2_backend_musa_mate.platform import DEVICE_TYPE
+from magi2_core.errors import ConfigError
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sinks import sink_correction
+from magi2_core.sink_corrections import FORCED_BY, sink_correction_for
 
 __all__ = ["SINK_CORRECTION_ENV", "MateAttention", "mate_attention"]
 
-SINK_CORRECTION_ENV = "MAGI2_MATE_SINK_CORRECTION"
-_SINK_IMPLS = ("torch", "triton")
-
-
-def _sink_impl() -> str:
-    return str(config.get(SINK_CORRECTION_ENV))  # validated by magi2_core.config: torch | triton
-
-
-def _triton_sink_correction(
-    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rescale: SinkRescale
-) -> tuple[torch.Tensor, torch.Tensor]:
-    module = importlib.import_module("magi2_backend_triton.sink_correction")
-    new_lse = torch.empty((lse.shape[0], lse.shape[1]), dtype=torch.float32, device=lse.device)
-    out = module.triton_sink_correction(o, lse.contiguous(), sinks, rescale=rescale, lse_out=new_lse)
-    return out, new_lse
-
-
-def _correct(
-    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rescale: SinkRescale
-) -> tuple[torch.Tensor, torch.Tensor]:
-    impl = _sink_impl()
-    if impl == "torch":
-        return sink_correction(o, lse, sinks, rescale=rescale)
-    if impl == "triton":
-        return _triton_sink_correction(o, lse, sinks, rescale)
-    raise ValueError(f"{SINK_CORRECTION_ENV}={impl!r} is not one of {', '.join(_SINK_IMPLS)}")
+SINK_CORRECTION_ENV = FORCED_BY[DEVICE_TYPE]  # MAGI2_MATE_SINK_CORRECTION: torch (default) | triton
 
 
 class MateAttention:
@@ -76,15 +51,11 @@ class MateAttention:
             deterministic=Feature.DETERMINISTIC in feats,
             override=requested_backend(),
         )
-        impl = _sink_impl()
-        if impl not in _SINK_IMPLS:
-            why.append(f"{SINK_CORRECTION_ENV}={impl!r} is not one of {', '.join(_SINK_IMPLS)}")
-        elif impl == "triton" and Feature.SINKS in feats:
+        if Feature.SINKS in feats:
             try:
-                importlib.import_module("magi2_backend_triton.sink_correction")
-            except ImportError as exc:
-                why.append(f"{SINK_CORRECTION_ENV}=triton but magi2_backend_triton.sink_correction does not "
-                           f"import ({type(exc).__name__}: {exc})")
+                sink_correction_for(DEVICE_TYPE)
+            except ConfigError as exc:  # the correction that MAGI2_MATE_SINK_CORRECTION names is not there
+                why.append(str(exc))
         return [Reason(code=ReasonCode.CHECK, field="mate", expected="a call this MATE build serves",
                        actual="unsupported", detail=w) for w in why]
 
@@ -116,7 +87,7 @@ class MateAttention:
         )
         if has_sinks:
             assert sinks is not None and lse is not None
-            o, lse = _correct(o, lse, sinks, sink_rescale)
+            return sink_correction_for(DEVICE_TYPE).apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
         return o, lse if return_lse else None
 
 

@@ -1,7 +1,8 @@
 """Attention through torch's own varlen kernel (``torch.nn.attention.varlen.varlen_attn``, CUDA).
 
 torch >= 2.10 returns the LSE through ``return_aux=AuxRequest(lse=True)`` as ``[Hq, Tq]`` FP32; the
-sinks are applied afterwards through the LSE correction. No softcap. On torch 2.10 there is no
+sinks are applied afterwards through the LSE correction that the core chooses for the device
+(:func:`magi2_core.sink_corrections.sink_correction_for`). No softcap. On torch 2.10 there is no
 ``scale``/``enable_gqa`` keyword, which the signature check below turns into typed reasons.
 """
 
@@ -17,7 +18,7 @@ import torch
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sinks import sink_correction
+from magi2_core.sink_corrections import sink_correction_for
 
 __all__ = ["TorchVarlenAttention", "torch_varlen_attention"]
 
@@ -99,8 +100,9 @@ class TorchVarlenAttention:
         # FA2 inside torch marks a row with no keys by LSE = +inf; the contract (and FA3, MATE) use -inf,
         # which the sink correction needs (L' = Ls). A finite score row can never give +inf.
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
-        if sinks is not None:
-            o, lse = sink_correction(o, lse, sinks, rescale=sink_rescale)
+        if sinks is not None:  # o is varlen_attn's fresh output: the correction may overwrite it
+            return sink_correction_for(o.device.type).apply(o, lse, sinks, rescale=sink_rescale,
+                                                            return_lse=return_lse)
         return o, lse if return_lse else None
 
 

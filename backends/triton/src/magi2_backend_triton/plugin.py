@@ -6,7 +6,7 @@ import os
 
 from magi2_backend_triton import __version__
 from magi2_core.capability import Capability, IntRange
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
 from magi2_core.problem import Feature
 
 _PKG = "magi2_backend_triton.providers"
@@ -79,4 +79,20 @@ def magi2_backend() -> BackendSpec:
         core_api=">=1.0,<2",
         providers=providers(),
         description="portable Triton kernels (CUDA, MUSA through Triton-MUSA; CPU through the interpreter)",
+    )
+
+
+@hookimpl
+def magi2_sink_corrections() -> tuple[SinkCorrectionSpec, ...]:
+    # CUDA only: there the fused kernel is bit-exact with the core's torch correction (libdevice, as
+    # torch's kernels). On MUSA (Triton-MUSA's own libdevice) it has not run on hardware yet, so it is
+    # opt-in there (MAGI2_MATE_SINK_CORRECTION=triton); on CPU the interpreter is far slower than torch.
+    return (
+        SinkCorrectionSpec(
+            name="triton",
+            impl="magi2_backend_triton.sink_correction:apply_sink_correction",
+            device_types=("cuda",),
+            priority=10,
+            description="fused learned-sink correction: one pass over o and the LSE, in place",
+        ),
     )

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["triton_sink_correction"]
+__all__ = ["apply_sink_correction", "launch_sink_correction", "triton_sink_correction"]
 
 # The interpreter cannot call libdevice, and its FP32 -> BF16 cast truncates instead of rounding to
 # nearest even: under it the kernel uses numpy-backed exp/log and rounds to BF16 by bit arithmetic.
@@ -230,9 +230,35 @@ def triton_sink_correction(
         if lse_out is not None:
             lse_out.copy_(lse)
         return out
-    if o.numel() == 0:
-        return out
+    launch_sink_correction(o, lse, sinks, rescale=rescale, out=out, lse_out=lse_out)
+    return out
 
+
+def apply_sink_correction(
+    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *, rescale: Literal["fp32", "activation"],
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused correction as magi2-core's ``SinkCorrectionFn`` (contributed by this backend's plugin):
+    launch-only, in place on ``o`` (the caller's fresh kernel output: one read, one write, no allocation)."""
+    lse_out = torch.empty_like(lse, memory_format=torch.contiguous_format) if return_lse else None
+    launch_sink_correction(o, lse, sinks, rescale=rescale, out=o, lse_out=lse_out)
+    return o, lse_out
+
+
+def launch_sink_correction(
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    rescale: Literal["fp32", "activation"],
+    out: torch.Tensor,
+    lse_out: torch.Tensor | None,
+) -> None:
+    """Launch the kernel on inputs that :func:`triton_sink_correction`'s checks hold for, with ``S >= 1``
+    sinks and a contiguous FP32 ``lse_out`` (or ``None``). No checks: the caller validated."""
+    n_tok, n_head, d = o.shape
+    if o.numel() == 0:
+        return
     block_t, block_d, num_warps = _tile(d)
     grid = (triton.cdiv(n_tok, block_t) * n_head,)
     _sink_correction_kernel[grid](
@@ -247,4 +273,3 @@ def triton_sink_correction(
         # libdevice without flush-to-zero, as torch's CUDA kernels: a denormal exp(δ) stays denormal.
         enable_reflect_ftz=False,
     )  # fmt: skip
-    return out
