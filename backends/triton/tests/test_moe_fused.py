@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from magi2_backend_reference.moe import reference_moe_experts
-from magi2_backend_triton.moe import MoEState, fused_moe_experts, grouped_mm_moe_experts
+from magi2_backend_triton.moe import MoEState, fused_moe_experts, grouped_mm_moe_experts, triton_fused_moe
 from magi2_backend_triton.moe.align import (
     RouteBuffers,
     align_routes,
@@ -31,6 +31,8 @@ from magi2_backend_triton.moe.align import (
 from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
+
+from magi2_core.errors import InvalidShapeError
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Small-shape tests run under the interpreter on CPU, and natively when a GPU is present.
@@ -192,6 +194,14 @@ def test_default_entry_point_several_seeds_int32_ids(seed: int) -> None:
     x, probs, idx, wg, wu, wd = make_moe(9, 3, 4, 32, 32, 2)
     y = fused_moe_experts(x, probs, idx.int(), wg, wu, wd)
     assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+
+
+def test_validating_entry_checks_then_launches_the_same_kernels() -> None:
+    torch.manual_seed(17)
+    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 32, 32, 2)
+    assert torch.equal(triton_fused_moe(x, probs, idx, wg, wu, wd), fused_moe_experts(x, probs, idx, wg, wu, wd))
+    with pytest.raises(InvalidShapeError, match="idx"):
+        triton_fused_moe(x, probs, idx + 3, wg, wu, wd)  # ids past the 3 experts per head
 
 
 def test_empty_expert_and_silent_head() -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from magi2_backend_triton import __version__
+from magi2_backend_triton.interpret import interpreting
 from magi2_core.capability import Capability, IntRange
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
 from magi2_core.problem import Feature
@@ -14,7 +13,7 @@ _PKG = "magi2_backend_triton.providers"
 
 def _device_types() -> tuple[str, ...]:
     # The CPU runs Triton kernels only through the interpreter (CI, small shapes).
-    return ("cuda", "musa", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda", "musa")
+    return ("cuda", "musa", "cpu") if interpreting() else ("cuda", "musa")
 
 
 # Dispatch policy of vllm-omni #7206, widened where our kernel allows it: upstream serves BF16 only and

@@ -6,12 +6,12 @@ unavailable with that import error (a reason, not a crash).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import triton
 
+from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.moe.fused import fused_moe_experts
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
@@ -24,13 +24,13 @@ __all__ = ["TritonMoEExperts", "TritonRMSNorm", "device_reasons", "triton_moe_ex
 def device_reasons(device_type: str) -> list[Reason]:
     """Can Triton launch on this device type here? (CPU only through ``TRITON_INTERPRET=1``.)"""
     if device_type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not interpreting():
             return [
                 Reason(
                     code=ReasonCode.UNAVAILABLE,
                     field="TRITON_INTERPRET",
                     expected="1 (interpreter on CPU)",
-                    actual=str(os.environ.get("TRITON_INTERPRET")),
+                    actual="unset or not 1",
                 )
             ]
         return []

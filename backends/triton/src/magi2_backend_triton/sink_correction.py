@@ -29,7 +29,6 @@ neighbouring programs read neighbouring memory of a token-major ``o``.
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
@@ -37,27 +36,19 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from magi2_backend_triton.bf16 import rne_bf16
+from magi2_backend_triton.interpret import interpreting
+
 __all__ = ["apply_sink_correction", "launch_sink_correction", "triton_sink_correction"]
 
-# The interpreter cannot call libdevice, and its FP32 -> BF16 cast truncates instead of rounding to
-# nearest even: under it the kernel uses numpy-backed exp/log and rounds to BF16 by bit arithmetic.
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _round_f32_to_bf16(x):
-    """FP32 -> BF16 round-to-nearest-even by bit arithmetic (interpreter only; CUDA's cvt is RNE)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    rounded = tl.where(x != x, bits | 0x400000, rounded)  # keep NaN a (quiet) NaN
-    # BF16 is the high half of FP32; a bitcast also sidesteps the interpreter's subnormal handling.
-    return (rounded >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+# INTERPRET (a constexpr, true only under TRITON_INTERPRET=1) selects the interpreter's stand-ins below.
 
 
 @triton.jit
 def _to_dtype(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     if INTERPRET and dtype == tl.bfloat16:
-        return _round_f32_to_bf16(x)
+        # The interpreter's FP32 -> BF16 cast truncates; CUDA's cvt rounds to nearest even.
+        return rne_bf16(x)
     else:
         return x.to(dtype)
 
@@ -73,7 +64,7 @@ def _to_f32(x, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _exp(x, INTERPRET: tl.constexpr):
-    if INTERPRET:
+    if INTERPRET:  # the interpreter cannot call libdevice; numpy's exp stands in
         return tl.exp(x)
     else:
         return libdevice.exp(x)
@@ -81,7 +72,7 @@ def _exp(x, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _log(x, INTERPRET: tl.constexpr):
-    if INTERPRET:
+    if INTERPRET:  # the interpreter cannot call libdevice; numpy's log stands in
         return tl.log(x)
     else:
         return libdevice.log(x)
@@ -90,7 +81,7 @@ def _log(x, INTERPRET: tl.constexpr):
 @triton.jit
 def _log1p(x, INTERPRET: tl.constexpr):
     if INTERPRET:
-        # log1p(u) = log(1+u)·u/((1+u)−1) (exact where 1+u rounds to 1); interpreter-only stand-in.
+        # No libdevice in the interpreter: log1p(u) = log(1+u)·u/((1+u)−1) (exact where 1+u rounds to 1).
         w = 1.0 + x
         return tl.where(w == 1.0, x, tl.log(w) * (x / (w - 1.0)))
     else:
@@ -268,7 +259,7 @@ def launch_sink_correction(
         lse.stride(0), lse.stride(1),
         sinks.stride(0), sinks.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        S=sinks.shape[0], FP32_RESCALE=rescale == "fp32", WRITE_LSE=lse_out is not None, INTERPRET=_INTERPRET,
+        S=sinks.shape[0], FP32_RESCALE=rescale == "fp32", WRITE_LSE=lse_out is not None, INTERPRET=interpreting(),
         BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps,
         # libdevice without flush-to-zero, as torch's CUDA kernels: a denormal exp(δ) stays denormal.
         enable_reflect_ftz=False,

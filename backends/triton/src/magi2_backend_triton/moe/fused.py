@@ -8,22 +8,20 @@ the call owns its route buffers and reads raw gate/up in place (see `run_fused`)
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 from torch import Tensor
 
+from magi2_core.contracts.moe import validate_experts
+
+from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_route_experts, route_capacity
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
 from .tma import launch_fused_tma
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class MoEState:
@@ -85,6 +83,24 @@ class FusedRun:
     buffers: RouteBuffers | None
 
 
+def triton_fused_moe(
+    x: Tensor,
+    probs: Tensor,
+    idx: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    *,
+    state: MoEState | None = None,
+    deterministic: bool = False,
+) -> Tensor:
+    """`fused_moe_experts` with the op contract's checks (the validating entry; the provider's path
+    is `fused_moe_experts`, on inputs the op has validated)."""
+    call = validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
+    return fused_moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, state=state,
+                             deterministic=deterministic)
+
+
 def fused_moe_experts(
     x: Tensor,
     probs: Tensor,
@@ -131,7 +147,9 @@ def run_fused(
         return FusedRun(y.zero_(), None, None, None)
     tiles = tiles or _tiles_for(x, num_routes, num_experts)
     interp = _interpreting()
-    upcast = interp or dtype == torch.float32  # FP32: IEEE dots (the default would be TF32)
+    # The interpreter multiplies raw BF16 bits in tl.dot (hence FP32 operands there), and its FP32 -> BF16
+    # cast truncates (hence rounding by hand). FP32 activations: IEEE dots (the default would be TF32).
+    upcast = interp or dtype == torch.float32
     rne = interp and dtype == torch.bfloat16
     x = x.contiguous() if x.stride(2) != 1 else x
     w_down = w_down.contiguous()

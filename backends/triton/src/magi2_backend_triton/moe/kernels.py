@@ -19,16 +19,30 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from magi2_core.contracts import moe as moe_contract
+
+from ..bf16 import rne_bf16_bits
+
+# SwiGLU7's constants from the operator contract, as compile-time constants of the kernels.
+SWIGLU_ALPHA: tl.constexpr = tl.constexpr(moe_contract.SWIGLU_ALPHA)
+SWIGLU_LIMIT: tl.constexpr = tl.constexpr(moe_contract.SWIGLU_LIMIT)
+
 
 @triton.jit
 def _rne(x, EXPLICIT_RNE: tl.constexpr):
     # FP32 rounded to the nearest BF16 value (ties to even), still as FP32; the caller's cast to the
     # storage dtype is then exact. Only set for BF16 outputs under the interpreter.
     if EXPLICIT_RNE:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
+        x = rne_bf16_bits(x).to(tl.float32, bitcast=True)
     return x
+
+
+@triton.jit
+def _swiglu7(g, u):
+    # SwiGLU7 in FP32: gate clamped above at 7, up clamped to [-7, 7], g*sigmoid(1.702 g)*(u+1).
+    g = tl.minimum(g, SWIGLU_LIMIT)
+    u = tl.minimum(tl.maximum(u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+    return g * tl.sigmoid(SWIGLU_ALPHA * g) * (u + 1.0)
 
 
 @triton.jit
@@ -109,10 +123,7 @@ def gemm1_swiglu7_kernel(
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
 
-    # SwiGLU7 in FP32: gate clamped above at 7, up clamped to [-7, 7], g*sigmoid(1.702 g)*(u+1).
-    g = tl.minimum(acc_g, 7.0)
-    u = tl.minimum(tl.maximum(acc_u, -7.0), 7.0)
-    m = g * tl.sigmoid(1.702 * g) * (u + 1.0)
+    m = _swiglu7(acc_g, acc_u)
     out_ptrs = inter_ptr + slots.to(tl.int64)[:, None] * INTER + offs_n[None, :]
     tl.store(out_ptrs, _rne(m, EXPLICIT_RNE).to(inter_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
@@ -275,9 +286,7 @@ def fused_expert_kernel(
             else:
                 g = tl.dot(a, bg)
                 u = tl.dot(a, bu)
-        g = tl.minimum(g, 7.0)
-        u = tl.minimum(tl.maximum(u, -7.0), 7.0)
-        m = _rne(g * tl.sigmoid(1.702 * g) * (u + 1.0), EXPLICIT_RNE).to(wd_ptr.dtype.element_ty)
+        m = _rne(_swiglu7(g, u), EXPLICIT_RNE).to(wd_ptr.dtype.element_ty)
         bd = tl.load(d_ptrs)
         if UPCAST_DOT:
             acc = tl.dot(m.to(tl.float32), bd.to(tl.float32), acc, input_precision="ieee")

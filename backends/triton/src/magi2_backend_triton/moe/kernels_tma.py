@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _rne
+from .kernels import _rne, _swiglu7
 
 
 @triton.jit
@@ -76,9 +76,7 @@ def _expert_block(
         else:
             gu = tl.dot(a, bgu.T)
         g, u = tl.split(tl.reshape(gu, (BLOCK_M, BLOCK_I, 2)))
-        g = tl.minimum(g, 7.0)
-        u = tl.minimum(tl.maximum(u, -7.0), 7.0)
-        m = _rne(g * tl.sigmoid(1.702 * g) * (u + 1.0), EXPLICIT_RNE).to(out_ptr.dtype.element_ty)
+        m = _rne(_swiglu7(g, u), EXPLICIT_RNE).to(out_ptr.dtype.element_ty)
         bd = wd_desc.load([wd_row + i0, 0])  # [BLOCK_I, d]
         if UPCAST_DOT:
             acc = tl.dot(m.to(tl.float32), bd.to(tl.float32), acc, input_precision="ieee")

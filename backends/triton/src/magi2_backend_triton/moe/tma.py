@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 
 import torch
 import triton
@@ -20,6 +19,7 @@ from torch import Tensor
 
 from magi2_core.errors import InvalidValueError
 
+from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers
 from .kernels_tma import fused_expert_tma_kernel
 from .tiles import GemmTile, KernelVariant
@@ -34,10 +34,6 @@ except ImportError:  # Triton before 3.4 (or a fork without them): no host-side 
 # Under the interpreter the persistent walk runs on a pretend machine of this many programs, so
 # the tests see programs that own several row blocks.
 _INTERPRETER_PROGRAMS = 3
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # Per-call host work stays at dictionary lookups: device queries cost tens of microseconds each.
@@ -63,7 +59,7 @@ def tma_unsupported_reason(device: torch.device, variant: KernelVariant) -> str 
         return f"Triton {triton.__version__} has no triton.tools.tensor_descriptor (needs >= 3.4)"
     if variant.endswith("_ws") and not _has_warp_specialize():
         return f"Triton {triton.__version__} has no tl.range(warp_specialize=...)"
-    if _interpreting():
+    if _interpreting():  # the interpreter runs host-side descriptors on the CPU (the tests' path)
         return None
     if device.type != "cuda":
         return f"tensor descriptors need a CUDA device; got {device.type}"
@@ -101,7 +97,7 @@ def launch_fused_tma(
     num_blocks_m = bufs.capacity // tile.block_m
     persistent = variant.startswith("tma_persistent")
     if persistent:
-        machine = _INTERPRETER_PROGRAMS if _interpreting() else _sm_count(x.device) * ctas_per_sm
+        machine = _INTERPRETER_PROGRAMS if _interpreting() else _sm_count(x.device) * ctas_per_sm  # no SMs there
         grid = (max(1, min(num_blocks_m, machine)),)
     else:
         grid = (num_blocks_m,)
