@@ -13,15 +13,27 @@ from magi2_core._version import CORE_API_VERSION, __version__
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from magi2_core._api import *  # noqa: F403
 
+# The public surface (docs/api.md): what users and backend authors call. Everything else is imported
+# from its submodule (e.g. ``magi2_core.resolution.ReasonCode``, ``magi2_core.capability.Provenance``).
 __all__ = [
     "CORE_API_VERSION",
-    "BackendSpec",
-    "Candidate",
-    "Capability",
-    "Condition",
+    "__version__",
+    # the operators
+    "attention",
+    "moe_experts",
+    "moe_route",
+    "prepare_moe_weights",
+    "PreparedMoEWeights",
+    "rmsnorm",
+    # resolution and run-time control
+    "Resolution",
+    "reload_config",
+    "resolve",
+    "set_device_value_checks",
+    "set_strict",
+    "use",
+    # errors
     "ConfigError",
-    "Feature",
-    "IntRange",
     "InvalidDTypeError",
     "InvalidDeviceError",
     "InvalidInputError",
@@ -29,31 +41,20 @@ __all__ = [
     "InvalidValueError",
     "Magi2Error",
     "NoEligibleProviderError",
-    "PreparedMoEWeights",
-    "Problem",
-    "Provenance",
     "ProviderNotEligibleError",
-    "Reason",
-    "ReasonCode",
-    "Resolution",
     "ResolutionError",
-    "Rule",
     "StrictModeError",
     "UnknownProviderError",
-    "Verdict",
-    "__version__",
-    "attention",
+    # for backend authors
+    "BackendSpec",
+    "Capability",
+    "Condition",
+    "Feature",
+    "IntRange",
+    "Problem",
+    "Rule",
     "get_registry",
     "hookimpl",
-    "moe_experts",
-    "moe_route",
-    "prepare_moe_weights",
-    "resolve",
-    "rmsnorm",
-    "use",
-    "set_device_value_checks",
-    "reload_config",
-    "set_strict",
 ]
 
 

@@ -4,7 +4,7 @@ New public names are imported here and listed in ``__all__`` of ``magi2_core/__i
 """
 
 # ruff: noqa: F401
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.capability import Capability, Condition, IntRange, Rule
 from magi2_core.config import reload_config
 from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import (
@@ -27,5 +27,5 @@ from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weight
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
-from magi2_core.resolution import Candidate, Reason, ReasonCode, Resolution, Verdict
+from magi2_core.resolution import Resolution
 from magi2_core.strict import set_strict

@@ -19,8 +19,13 @@ __all__ = ["musa_installed", "musa_available", "cuda_available"]
 
 
 def musa_installed() -> bool:
-    """torch_musa is importable (no import happens here)."""
-    return getattr(torch.version, "musa", None) is not None or importlib.util.find_spec("torch_musa") is not None
+    """A MUSA build of torch, or torch_musa installed: imports nothing (see :func:`musa_available`)."""
+    if getattr(torch.version, "musa", None) is not None:
+        return True
+    try:
+        return importlib.util.find_spec("torch_musa") is not None
+    except (ImportError, ValueError):  # a broken parent package or a half-initialised module
+        return False
 
 
 @cache

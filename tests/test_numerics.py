@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import Capability, Condition, Problem, Provenance, Rule
+from magi2_core import Capability, Condition, Problem, Rule
+from magi2_core.capability import Provenance
 from magi2_core.contracts import attention as attn_c
 from magi2_core.registry import Registry
 from magi2_core.resolver import Dispatcher

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Provenance, Rule, hookimpl
+from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, hookimpl
+from magi2_core.capability import Provenance
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
 from magi2_core.registry import Registry
 from magi2_core.resolution import Reason, ReasonCode, Verdict

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import ProviderNotEligibleError, Reason, ReasonCode
+from magi2_core import ProviderNotEligibleError
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, accept_rmsnorm
+from magi2_core.resolution import Reason, ReasonCode
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,7 +16,8 @@ import torch
 from magi2_backend_reference.rmsnorm import reference_rmsnorm
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Provenance, Rule, hookimpl, registry
+from magi2_core import BackendSpec, Capability, Condition, Rule, hookimpl, registry
+from magi2_core.capability import Provenance
 from magi2_core.registry import REFERENCE_DIST, Registry
 from magi2_core.shadow import _reference_kernel
 from magi2_core.testing import registered_backend

@@ -15,6 +15,7 @@ from magi2_backend_reference.attention import reference_attention
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.errors import ProviderNotEligibleError
+from magi2_core.resolution import ReasonCode
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +73,7 @@ def test_public_attention_matches_reference(registered, dtype, hq, hkv, softcap,
         if "float16" in m2.get_registry().provider("attention", "fa3").capability.dtypes:
             assert "FLASHATTENTION_DISABLE_FP16" in err.value.resolution.explain()
         else:
-            assert [r.code for r in fa3.reasons] == [m2.ReasonCode.DTYPE] and fa3.reasons[0].actual == "float16"
+            assert [r.code for r in fa3.reasons] == [ReasonCode.DTYPE] and fa3.reasons[0].actual == "float16"
         return
     for seed in (1, 2):
         q, k, v, cq, ck, sinks = _inputs(cu_q, cu_k, hq, hkv, n_sinks, dtype, seed)

@@ -11,10 +11,10 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from magi2_backend_musa_mate.platform import import_musa_runtime, musa_available
+from magi2_backend_musa_mate.platform import import_musa_runtime, musa_installed
 from musa_fakes import MusaWorld, fake_world
 
-if musa_available():
+if musa_installed():
     # A missing torchada/torch_musa is reported by the hardware tests' own skip reason.
     with contextlib.suppress(ImportError):
         import_musa_runtime()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from magi2_backend_musa_mate.mate_abi import load_mate_varlen
-from magi2_backend_musa_mate.platform import musa_available
+from magi2_backend_musa_mate.platform import musa_installed
 from magi2_backend_musa_mate.provider import MateAttention, mate_attention
 
 import magi2_core as m2
@@ -28,7 +28,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _why_not_musa() -> str | None:
-    if not musa_available():
+    if not musa_installed():
         return ("needs a Moore Threads GPU: torch.version.musa is unset and torch_musa is not installed "
                 "(run on an MTT S5000 with torch_musa, torchada and MATE)")
     mate = load_mate_varlen()  # imports torchada first, then torch_musa, then MATE

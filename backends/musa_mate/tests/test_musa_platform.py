@@ -17,6 +17,7 @@ from musa_fakes import MusaWorld
 
 import magi2_core as m2
 from magi2_core.problem import Problem
+from magi2_core.resolution import ReasonCode
 
 _TORCHADA_ENV = ("SGLANG_MOE_CONFIG_DIR", "VLLM_TUNED_CONFIG_FOLDER")
 
@@ -28,19 +29,19 @@ def _musa_problem() -> Problem:
 
 def test_cpu_machine_is_not_musa(world: MusaWorld) -> None:
     world.platform(False)
-    assert not platform.musa_available()
+    assert not platform.musa_installed()
 
 
 def test_torch_version_musa_means_musa(world: MusaWorld) -> None:
     world.platform(True)
-    assert platform.musa_available()
+    assert platform.musa_installed()
     assert world.finder.imported == []
 
 
 def test_installed_torch_musa_means_musa_without_importing_it(world: MusaWorld) -> None:
     world.monkeypatch.setattr(torch.version, "musa", None, raising=False)
     world.finder.modules["torch_musa"] = ModuleType("torch_musa")
-    assert platform.musa_available()
+    assert platform.musa_installed()
     assert "torch_musa" not in world.finder.imported and "torch_musa" not in sys.modules
 
 
@@ -58,7 +59,7 @@ def test_check_off_musa_imports_nothing_and_rejects(world: MusaWorld) -> None:
     world.mate(None)
     env_before = {v: os.environ.get(v) for v in _TORCHADA_ENV}
     reasons = mate_attention.check(_musa_problem())
-    assert [r.code for r in reasons] == [m2.ReasonCode.UNAVAILABLE]
+    assert [r.code for r in reasons] == [ReasonCode.UNAVAILABLE]
     assert "not a MUSA platform" in reasons[0].detail
     assert world.finder.imported == []
     assert {v: os.environ.get(v) for v in _TORCHADA_ENV} == env_before

@@ -15,6 +15,7 @@ import magi2_core as m2
 from magi2_core import registry
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, within_ulps
 from magi2_core.problem import Feature, Problem
+from magi2_core.resolution import ReasonCode
 from magi2_core.sinks import sink_correction, sink_scale
 
 SEEDS = (3, 17, 2024)
@@ -165,7 +166,7 @@ def test_import_error_makes_the_provider_ineligible(world: MusaWorld, missing: s
     world.mate(None if missing == "mate" else FakeVarlen("v0.2.2"))
     world.wrapper(None)
     reasons = mate_attention.check(_problem())
-    assert [r.code for r in reasons] == [m2.ReasonCode.UNAVAILABLE]
+    assert [r.code for r in reasons] == [ReasonCode.UNAVAILABLE]
     assert missing in reasons[0].detail
     with pytest.raises(RuntimeError, match="unavailable"):
         _run(torch.bfloat16, seed=0, sinks=None)
@@ -183,7 +184,7 @@ def test_check_reports_unservable_features(world: MusaWorld) -> None:
     m2.reload_config()
     assert mate_attention.check(_problem()) == []
     reasons = mate_attention.check(_problem(Feature.SOFTCAP))
-    assert [r.code for r in reasons] == [m2.ReasonCode.CHECK] and "no softcap" in reasons[0].detail
+    assert [r.code for r in reasons] == [ReasonCode.CHECK] and "no softcap" in reasons[0].detail
     world.monkeypatch.setenv("MAGI2_MATE_BACKEND", "fast")
     with pytest.raises(m2.ConfigError, match=r"MAGI2_MATE_BACKEND='fast'.*auto \| mutlass \| mubin"):
         m2.reload_config()

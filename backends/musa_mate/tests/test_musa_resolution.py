@@ -19,7 +19,7 @@ from magi2_core.errors import ProviderNotEligibleError
 from magi2_core.hookspecs import BackendSpec, hookimpl
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.registry import Registry, get_registry
-from magi2_core.resolution import ReasonCode, Resolution, Verdict
+from magi2_core.resolution import Candidate, ReasonCode, Resolution, Verdict
 from magi2_core.resolver import Dispatcher, resolve_problem
 
 
@@ -55,7 +55,7 @@ def musa_problem(cu_q: list[int], *, dtype: str = "bfloat16", head_dim: int = 12
                    num_segments=len(cu_q) - 1, head_dim=head_dim, num_heads_q=4, num_heads_kv=2)
 
 
-def _candidate(res: Resolution, name: str) -> m2.Candidate:
+def _candidate(res: Resolution, name: str) -> Candidate:
     return next(c for c in res.candidates if c.provider == name)
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from packaging.version import InvalidVersion, Version
 
-from magi2_backend_musa_mate.platform import import_musa_runtime, musa_available
+from magi2_backend_musa_mate.platform import import_musa_runtime, musa_installed
 from magi2_core import config
 
 __all__ = [
@@ -251,7 +251,7 @@ def load_mate_varlen() -> MateVarlen | str:
     ImportError of torchada, torch_musa or MATE). Any other exception while importing propagates:
     a broken installation is an error, not an absence.
     """
-    if not musa_available():
+    if not musa_installed():
         return "not a MUSA platform: torch.version.musa is unset and torch_musa is not installed"
     try:
         import_musa_runtime()

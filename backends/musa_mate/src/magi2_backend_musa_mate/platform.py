@@ -15,24 +15,13 @@ Two traps shape this module:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from types import ModuleType
 
-import torch
+from magi2_core.platform import musa_installed
 
-__all__ = ["DEVICE_TYPE", "import_musa_runtime", "musa_available"]
+__all__ = ["DEVICE_TYPE", "import_musa_runtime", "musa_installed"]
 
 DEVICE_TYPE = "musa"
-
-
-def musa_available() -> bool:
-    """True on a MUSA build of torch or where torch_musa is installed; imports nothing."""
-    if getattr(torch.version, "musa", None) is not None:
-        return True
-    try:
-        return importlib.util.find_spec("torch_musa") is not None
-    except (ImportError, ValueError):  # a broken parent package or a half-initialised module
-        return False
 
 
 def import_musa_runtime() -> ModuleType:
@@ -45,7 +34,7 @@ def import_musa_runtime() -> ModuleType:
     rather than later as a confusing MATE failure. Raises :class:`RuntimeError` off MUSA, where
     importing torchada would only change the environment.
     """
-    if not musa_available():
+    if not musa_installed():
         raise RuntimeError("not a MUSA platform (no torch.version.musa, no torch_musa): torchada is not imported")
     torchada = importlib.import_module("torchada")
     importlib.import_module("torch_musa")

@@ -1,6 +1,7 @@
 """Descriptors of the example backend (cheap: no kernel imports)."""
 
-from magi2_core import BackendSpec, Capability, Condition, Provenance, Rule, hookimpl
+from magi2_core import BackendSpec, Capability, Condition, Rule, hookimpl
+from magi2_core.capability import Provenance
 
 
 @hookimpl
