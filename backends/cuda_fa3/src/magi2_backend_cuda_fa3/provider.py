@@ -14,52 +14,25 @@ Otherwise FA3 runs without sinks and returns its LSE, and the selected correctio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from magi2_backend_cuda_fa3.abi import FA3Abi, LoadResult, load_fa3
+from magi2_backend_cuda_fa3.abi import FA3Abi, load_fa3
+from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
 
 __all__ = ["FA3Attention", "device_capability", "fa3_attention"]
 
 
-def device_capability(index: int | None = None) -> tuple[int, int] | None:
-    """The compute capability of CUDA device ``index`` (``None``: the current one), or ``None`` without
-    a usable CUDA device. A multi-GPU host may mix models, so the problem's device index is asked."""
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability(index)
-    return int(major), int(minor)
-
-
-class FA3Attention:
+class FA3Attention(FlashAttentionProvider[FA3Abi]):
     """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run."""
 
-    def __init__(
-        self,
-        loader: Callable[[], LoadResult] = load_fa3,
-        correction: Callable[[], SinkCorrection] = lambda: sink_correction_for("cuda"),
-        capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
-    ) -> None:
-        self._loader = loader
-        self._correction = correction
-        self._capability = capability
-
-    @cached_property
-    def loaded(self) -> LoadResult:
-        """The FA3 build in use (imported on first use, then cached for the process)."""
-        return self._loader()
-
-    @property
-    def sink_correction(self) -> SinkCorrection:
-        """Which correction applies sinks after a call without them (the core's choice for CUDA)."""
-        return self._correction()
+    label = "FA3"
+    default_loader = staticmethod(load_fa3)
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         loaded = self.loaded
@@ -85,12 +58,6 @@ class FA3Attention:
             out.append(Reason(code=ReasonCode.FEATURE, field="softcap", expected="an FA3 build with softcap",
                               actual="softcap > 0 requested", detail=f"{abi.label} {why}"))
         return out
-
-    def _abi(self) -> FA3Abi:
-        abi = self.loaded.abi
-        if abi is None:
-            raise RuntimeError(f"FA3 provider called without a usable FA3 build: {self.loaded.why_none()}")
-        return abi
 
     def __call__(
         self,

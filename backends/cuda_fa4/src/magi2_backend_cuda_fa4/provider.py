@@ -22,19 +22,17 @@ LSE): see :func:`magi2_backend_cuda_fa4.warmup`. Run-time failures propagate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from magi2_backend_cuda_fa3.provider import device_capability
+from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
 
-from magi2_backend_cuda_fa4.abi import FA4Abi, LoadResult, load_fa4
+from magi2_backend_cuda_fa4.abi import FA4Abi, load_fa4
 from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
 from magi2_core.problem import Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
 
 __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 
@@ -43,28 +41,13 @@ __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 CC_MAJORS = (9, 10)
 
 
-class FA4Attention:
-    """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run."""
+class FA4Attention(FlashAttentionProvider[FA4Abi]):
+    """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run.
 
-    def __init__(
-        self,
-        loader: Callable[[], LoadResult] = load_fa4,
-        correction: Callable[[], SinkCorrection] = lambda: sink_correction_for("cuda"),
-        capability: Callable[[int | None], tuple[int, int] | None] = device_capability,
-    ) -> None:
-        self._loader = loader
-        self._correction = correction
-        self._capability = capability
+    Its :attr:`sink_correction` serves ``sink_rescale="activation"`` (see the module doc)."""
 
-    @cached_property
-    def loaded(self) -> LoadResult:
-        """The FA4 build in use (imported on first use, then cached for the process)."""
-        return self._loader()
-
-    @property
-    def sink_correction(self) -> SinkCorrection:
-        """The correction for ``sink_rescale="activation"`` (the core's choice for CUDA)."""
-        return self._correction()
+    label = "FA4"
+    default_loader = staticmethod(load_fa4)
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         abi = self.loaded.abi
@@ -81,12 +64,6 @@ class FA4Attention:
                            detail=f"{abi.label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
                                   "(Blackwell B200/GB200) kernels only")]  # fmt: skip
         return []
-
-    def _abi(self) -> FA4Abi:
-        abi = self.loaded.abi
-        if abi is None:
-            raise RuntimeError(f"FA4 provider called without a usable FA4 build: {self.loaded.why_none()}")
-        return abi
 
     def __call__(
         self,
