@@ -85,8 +85,9 @@ def _contributed(spec: SinkCorrectionSpec, why: str) -> SinkCorrection:
     try:
         fn = _load(spec.impl)
     except Exception as exc:  # Triton absent, a broken build: say so, the caller decides what follows
-        raise ImportError(f"{spec.name} ({spec.impl}, from {spec.backend}) does not import: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise ImportError(
+            f"{spec.name} ({spec.impl}, from {spec.backend}) does not import: {type(exc).__name__}: {exc}"
+        ) from exc
     return SinkCorrection(spec.name, f"{spec.impl} from {spec.backend} ({why})", fn)
 
 
@@ -97,8 +98,9 @@ def _choose(device_type: str, specs: tuple[SinkCorrectionSpec, ...]) -> SinkCorr
         spec = next((s for s in specs if s.name == forced), None)
         accepted = " | ".join([TORCH, *(s.name for s in specs)])
         if spec is None:
-            raise ConfigError(var, forced, accepted, f"no installed backend contributes a sink correction "
-                              f"named {forced!r}")
+            raise ConfigError(
+                var, forced, accepted, f"no installed backend contributes a sink correction named {forced!r}"
+            )
         try:
             return _contributed(spec, f"forced by {var}")
         except ImportError as exc:

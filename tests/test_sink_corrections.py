@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import magi2_core as m2
 from magi2_core import registry
+from magi2_core.cli import app
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
 from magi2_core.registry import Registry
 from magi2_core.sink_corrections import sink_correction_for
@@ -53,8 +56,10 @@ def test_without_contributions_every_device_gets_the_torch_correction(reg: Regis
 
 
 def test_highest_priority_importable_correction_for_the_device_type(reg: Registry) -> None:
-    reg.register(_Contributor("fast-dist", _spec("fast", priority=5),
-                              _spec("broken", impl="no_such_module_xyz:fn", priority=9)), "fast")
+    reg.register(
+        _Contributor("fast-dist", _spec("fast", priority=5), _spec("broken", impl="no_such_module_xyz:fn", priority=9)),
+        "fast",
+    )
     chosen = sink_correction_for("cuda")
     assert chosen.name == "fast" and "fast-dist" in chosen.detail
     assert sink_correction_for("cuda") is chosen  # chosen once
@@ -103,3 +108,13 @@ def test_torch_apply_is_the_validating_reference_bit_for_bit(rescale: str, dtype
     assert got_lse is not None and torch.equal(got_lse, want_lse)
     assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
     assert apply_sink_correction(o, lse, sinks, rescale=rescale, return_lse=False)[1] is None  # type: ignore[arg-type]
+
+
+def test_magi2_backends_says_which_correction_each_device_type_gets(reg: Registry) -> None:
+    reg.register(_Contributor("fast-dist", _spec("fast")), "fast")
+    result = CliRunner().invoke(app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    chosen = json.loads(result.stdout)["sink_corrections"]
+    assert chosen["cpu"]["name"] == "torch" and chosen["cuda"]["name"] == "fast"
+    text = CliRunner().invoke(app, ["backends"])
+    assert text.exit_code == 0 and "sink correction on cuda: fast" in text.stdout

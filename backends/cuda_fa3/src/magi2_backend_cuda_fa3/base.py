@@ -73,6 +73,7 @@ class FlashAttentionProvider(Generic[AbiT]):
     def _abi(self) -> AbiT:
         abi = self.loaded.abi
         if abi is None:
-            raise RuntimeError(f"{self.label} provider called without a usable {self.label} build: "
-                               f"{self.loaded.why_none()}")
+            raise RuntimeError(
+                f"{self.label} provider called without a usable {self.label} build: {self.loaded.why_none()}"
+            )
         return abi

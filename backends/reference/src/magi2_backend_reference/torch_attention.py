@@ -101,8 +101,7 @@ class TorchVarlenAttention:
         # which the sink correction needs (L' = Ls). A finite score row can never give +inf.
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
         if sinks is not None:  # o is varlen_attn's fresh output: the correction may overwrite it
-            return sink_correction_for(o.device.type).apply(o, lse, sinks, rescale=sink_rescale,
-                                                            return_lse=return_lse)
+            return sink_correction_for(o.device.type).apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
         return o, lse if return_lse else None
 
 

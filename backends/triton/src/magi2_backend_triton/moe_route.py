@@ -106,11 +106,18 @@ def triton_select_routes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_route`` through this kernel with the op contract's checks (the validating entry; the
     provider's path is :func:`select_routes`, on inputs the op has validated)."""
-    call = validate_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                          score_func=score_func, compiling=False)
+    call = validate_route(
+        x,
+        router_weight,
+        bias,
+        top_k=top_k,
+        route_scale=route_scale,
+        route_norm=route_norm,
+        score_func=score_func,
+        compiling=False,
+    )
     scores = router_scores(call.x, call.router_weight, call.score_func)
-    return select_routes(scores, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                         route_norm=call.route_norm)
+    return select_routes(scores, call.bias, top_k=call.top_k, route_scale=call.route_scale, route_norm=call.route_norm)
 
 
 def select_routes(

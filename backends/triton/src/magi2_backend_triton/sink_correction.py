@@ -226,7 +226,11 @@ def triton_sink_correction(
 
 
 def apply_sink_correction(
-    o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *, rescale: Literal["fp32", "activation"],
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    rescale: Literal["fp32", "activation"],
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fused correction as magi2-core's ``SinkCorrectionFn`` (contributed by this backend's plugin):

@@ -97,8 +97,9 @@ def triton_fused_moe(
     """`fused_moe_experts` with the op contract's checks (the validating entry; the provider's path
     is `fused_moe_experts`, on inputs the op has validated)."""
     call = validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
-    return fused_moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, state=state,
-                             deterministic=deterministic)
+    return fused_moe_experts(
+        call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, state=state, deterministic=deterministic
+    )
 
 
 def fused_moe_experts(
