@@ -59,7 +59,7 @@ def _correct(
 
 
 class MateAttention:
-    """Kernel object of the ``mate`` provider (see :class:`magi2_core.provider.AttentionKernel`)."""
+    """Kernel object of the ``mate`` provider (see :class:`magi2_core.ops.attention.AttentionKernel`)."""
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         """Run-time availability: MUSA, torchada/torch_musa/MATE importable, the features this
