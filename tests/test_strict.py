@@ -19,6 +19,7 @@ import torch
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem, hookimpl, strict
 from magi2_core.errors import ResolutionError, StrictModeError
+from magi2_core.ops import _dispatch
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
 from magi2_core.ops.moe_route import RouteKey
 from magi2_core.registry import Registry
@@ -129,7 +130,7 @@ def test_env_variable_turns_strict_mode_on(registry: Registry, monkeypatch: pyte
 def test_set_strict_clears_decisions_cached_before_it(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reference decision cached while strict mode was off is judged again once it is on."""
     disp = Dispatcher(registry)
-    monkeypatch.setattr(m2.ops, "_DISPATCHER", disp)  # set_strict clears the ops' dispatcher: this one
+    monkeypatch.setattr(_dispatch, "_DISPATCHER", disp)  # set_strict clears the ops' dispatcher: this one
     assert _resolve(disp, "npu") is not None  # cached (with a warning)
     m2.set_strict(True)
     with pytest.raises(StrictModeError):
