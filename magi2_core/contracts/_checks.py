@@ -11,7 +11,7 @@ from magi2_core import config
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_fields", "device_value_checks", "finite_parameter", "finite_parameter_once", "any_tensor", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
+    "describe", "device_fields", "device_value_checks", "finite_parameter", "finite_parameter_once", "any_tensor", "checked_finite", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
     "tensor",
 ]
 
@@ -106,6 +106,14 @@ def any_tensor(*values: object) -> bool:
     """Whether a scalar argument came as a tensor (it hashes by identity and may change in place, so a
     call layout holding it is never cached)."""
     return any(isinstance(v, torch.Tensor) for v in values)
+
+
+def checked_finite(t: torch.Tensor | None) -> FiniteMemo:
+    """A memo for :func:`finite_parameter_once` recording that ``t`` was just found finite."""
+    try:
+        return [None if t is None else (weakref.ref(t), t._version)]
+    except RuntimeError:  # an inference-mode tensor has no version counter
+        return [None]
 
 
 def real(op: str, arg: str, value: object, expected: str) -> float:

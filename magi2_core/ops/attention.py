@@ -311,7 +311,7 @@ def _bind(
     hit = _Bound(kernel, name, call.max_seqlen_q, call.max_seqlen_k, call.softmax_scale, call.softcap,
                  sinks is not None and call.sinks is None,
                  call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, finite, call.key,
-                 [None])
+                 ck.checked_finite(sinks if finite else None))
     # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
     # with device-value checks on, every call is checked in full.
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(

@@ -163,7 +163,8 @@ def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | Non
                     score_func=score_func, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
     finite = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    hit = _Bound(kernel, name, call.route_scale, call.score_func, finite, call.key, [None])
+    hit = _Bound(kernel, name, call.route_scale, call.score_func, finite, call.key,
+                 ck.checked_finite(call.bias if finite else None))
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
