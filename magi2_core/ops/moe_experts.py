@@ -221,14 +221,14 @@ def moe_experts(
     ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
-    if type(w_gate) is PreparedMoEWeights and w_up is None and w_down is None:
-        layout, weights = w_gate.layout, w_gate.tensors
+    if isinstance(w_gate, PreparedMoEWeights):
+        layout, weights = _weights_arg(w_gate, w_up, w_down)  # raises when w_up/w_down are given too
         wg, wu, wd = w_gate.w_gate, w_gate.w_up, w_gate.w_down
     else:
-        layout, weights = _weights_arg(w_gate, w_up, w_down)
-        wg, wu, wd = weights
+        layout, weights = CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[assignment]  # validated in _bind
+        wg, wu, wd = w_gate, w_up, w_down  # type: ignore[assignment]
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(probs, "requires_grad", False)
-                                    or any(getattr(w, "requires_grad", False) for w in weights)):  # fmt: skip
+                                    or True in [getattr(w, "requires_grad", False) for w in weights]):  # fmt: skip
         names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
         forward_only(OP, x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
