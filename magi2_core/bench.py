@@ -1,9 +1,10 @@
 """Dispatch-overhead measurement: what the registry adds to a provider call (CPU).
 
-The added cost is measured against a no-op provider registered in process for the measurement, so
-that kernel time (and its cache effects) cannot hide or inflate it: ``public`` is the op call with
-``provider=`` naming the no-op, ``direct`` the no-op called by hand, ``added`` their difference
-(validation + cached resolution + argument plumbing). ``resolve`` times the cached lookup alone.
+The added cost is measured against a no-op provider of every op, registered in process for the
+measurement, so that kernel time (and its cache effects) cannot hide or inflate it: ``public`` is
+the op call with ``provider=`` naming the no-op, ``direct`` the no-op called by hand with the
+arguments a provider receives, ``added`` their difference (validation + cached resolution + argument
+plumbing). ``resolve`` times the cached resolution of the call's typed key alone.
 """
 
 from __future__ import annotations
@@ -13,50 +14,60 @@ import timeit
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
 
 import magi2_core as m2
 from magi2_core.capability import Capability
-from magi2_core.contracts import attention as attn_c
-from magi2_core.contracts import rmsnorm as norm_c
 from magi2_core.hookspecs import BackendSpec, hookimpl
-from magi2_core.ops import dispatcher
-from magi2_core.problem import Feature
+from magi2_core.ops import SPECS, dispatcher
+from magi2_core.problem import OPS, Feature
 
 __all__ = ["dispatch_overhead"]
 
 _NOOP = "magi2_core_bench_noop"
+NOOP_PROVIDER = "bench_noop"
 
 
 def _noop_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
     return q, None
 
 
-def _noop_rmsnorm(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _noop_moe_route(x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return x, x
+
+
+def _noop_tensor(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return x
 
 
+_KERNELS: dict[str, Callable[..., Any]] = {
+    "attention": _noop_attention, "moe_route": _noop_moe_route, "moe_experts": _noop_tensor, "rmsnorm": _noop_tensor,
+}
+
+
 @contextmanager
-def _noop_backend() -> Iterator[None]:
+def noop_backend() -> Iterator[None]:
+    """A backend whose provider ``bench_noop`` of every op returns its first input (CPU, FP32, every feature)."""
     kernels = types.ModuleType(_NOOP)
-    kernels.attention = _noop_attention  # type: ignore[attr-defined]
-    kernels.rmsnorm = _noop_rmsnorm  # type: ignore[attr-defined]
+    for op, fn in _KERNELS.items():
+        setattr(kernels, op, fn)
     sys.modules[_NOOP] = kernels
     caps = tuple(
-        Capability(op=op, name="bench_noop", impl=f"{_NOOP}:{op}", device_types=("cpu",), dtypes=("float32",),
-                   features=frozenset(Feature), priority=-1000)
-        for op in ("attention", "rmsnorm")
+        Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=("cpu",), dtypes=("float32",),
+                   out_dtypes=("float32",) if op == "rmsnorm" else None, features=frozenset(Feature), priority=-1000)
+        for op in OPS
     )  # fmt: skip
     plugin = types.SimpleNamespace(magi2_backend=hookimpl(lambda: BackendSpec(
         name="magi2-bench-noop", version="0", core_api=">=1.0,<2", providers=caps)))
     reg = m2.get_registry()
-    reg.register(plugin, name="bench_noop")
+    reg.register(plugin, name=NOOP_PROVIDER)
     try:
         yield
     finally:
-        reg.unregister("bench_noop")
+        reg.unregister(NOOP_PROVIDER)
         del sys.modules[_NOOP]
 
 
@@ -69,25 +80,40 @@ def dispatch_overhead(iters: int = 20000) -> list[dict[str, Any]]:
     """Per op: cached resolve, the public call and the direct call of a no-op provider (best of 5, µs)."""
     torch.manual_seed(0)
     disp = dispatcher()
-    x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
     q = torch.randn(4, 2, 8)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    nc = norm_c.validate(x, w, eps=1e-6, modality_sizes=None, out_dtype=None, compiling=False)
-    ac = attn_c.validate(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, softmax_scale=None, softcap=0.0,
-                         sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False, compiling=False)
-    with _noop_backend():
-        rows = [
-            _row("rmsnorm", iters,
-                 resolve=lambda: disp.kernel("rmsnorm", nc.raw, norm_c.KEY_FIELDS, norm_c.problem_from_raw, None),
-                 public=lambda: m2.rmsnorm(x, w, provider="bench_noop"),
-                 direct=lambda: _noop_rmsnorm(x, w, eps=1e-6, modality_sizes=None, out_dtype=x.dtype)),
-            _row("attention", iters,
-                 resolve=lambda: disp.kernel("attention", ac.raw, attn_c.KEY_FIELDS, attn_c.problem_from_raw, None),
-                 public=lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider="bench_noop"),
-                 direct=lambda: _noop_attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4,
-                                                softmax_scale=ac.softmax_scale, softcap=0.0, sinks=None,
-                                                sink_rescale="fp32", deterministic=False, return_lse=False)),
-        ]  # fmt: skip
+    x = torch.randn(4, 2, 8)
+    router = torch.randn(2 * 4, 8)
+    bias = torch.randn(2 * 4)
+    probs, idx = torch.rand(2, 4, 2), torch.randint(0, 4, (2, 4, 2))
+    wg, wu, wd = torch.randn(8, 8, 16), torch.randn(8, 8, 16), torch.randn(8, 16, 8)
+    xn, wn = torch.randn(4, 8), torch.randn(1, 1, 8)
+    p = NOOP_PROVIDER
+    calls: dict[str, tuple[Callable[[], object], Callable[[], object], tuple[Any, ...], dict[str, Any]]] = {
+        "attention": (
+            lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider=p),
+            lambda: _noop_attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, softmax_scale=0.35, softcap=0.0,
+                                    sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False),
+            (q, q, q, cu, cu), {"max_seqlen_q": 4, "max_seqlen_k": 4}),
+        "moe_route": (
+            lambda: m2.moe_route(x, router, bias, top_k=2, provider=p),
+            lambda: _noop_moe_route(x, router, bias, top_k=2, route_scale=4.9, route_norm=True, score_func="sigmoid"),
+            (x, router, bias), {"top_k": 2}),
+        "moe_experts": (
+            lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p),
+            lambda: _noop_tensor(x, probs, idx, wg, wu, wd),
+            (x, probs, idx, wg, wu, wd), {}),
+        "rmsnorm": (
+            lambda: m2.rmsnorm(xn, wn, provider=p),
+            lambda: _noop_tensor(xn, wn, eps=1e-6, modality_sizes=None, out_dtype=xn.dtype),
+            (xn, wn), {}),
+    }  # fmt: skip
+    rows = []
+    with noop_backend():
+        for op, (public, direct, args, kwargs) in calls.items():
+            spec = SPECS[op]  # type: ignore[index]
+            key = spec.validate_arguments(args, kwargs).key
+            rows.append(_row(op, iters, resolve=partial(disp.kernel, spec, key, None), public=public, direct=direct))
     return rows
 
 

@@ -159,6 +159,17 @@ class Capability(BaseModel):
     rules: tuple[Rule, ...] = ()
     description: str = ""
 
+    def named_fields(self) -> list[tuple[str, str]]:
+        """``(where, problem field)`` for every problem field this descriptor constrains: what must exist
+        on its op's problem for the constraint to ever matter (checked when the backend loads)."""
+        out = [(f"ranges[{i}]", r.field) for i, r in enumerate(self.ranges)]
+        out += [(f"rules[{rule.id!r}]", c.field) for rule in self.rules for c in rule.when]
+        if self.head_dims is not None:
+            out.append(("head_dims", "head_dim"))
+        if self.out_dtypes is not None:
+            out.append(("out_dtypes", "out_dtype"))
+        return out
+
     def boundaries(self) -> dict[str, set[int]]:
         """Integer values of each field at which this descriptor's verdict can change."""
         out: dict[str, set[int]] = {}

@@ -1,7 +1,7 @@
 """MoE expert weights prepared once at load time in a provider's preferred layout.
 
-``prepare_moe_weights(w_gate, w_up, w_down)`` asks the provider that would serve these weights (or
-the one named) to lay them out for its kernel, and returns a :class:`PreparedMoEWeights` that
+``magi2_core.prepare_moe_weights(w_gate, w_up, w_down)`` (the ``moe_experts`` spec's preparation
+hook) asks the provider that would serve these weights (or the one named) to lay them out for its kernel, and returns a :class:`PreparedMoEWeights` that
 ``moe_experts`` takes in place of the three tensors. A layout is a named storage format known to the
 core, so any provider can read any prepared object: the object always exposes the checkpoint-layout
 ``w_gate``/``w_up``/``w_down``, as views of its storage where the layout allows it (no second copy).
@@ -22,12 +22,8 @@ import torch
 
 from magi2_core.contracts import _checks as ck
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.problem import Problem
-from magi2_core.provider import MoEWeightPreparer
-from magi2_core.registry import get_registry
-from magi2_core.resolver import resolve_problem
 
-__all__ = ["CHECKPOINT", "LAYOUTS", "W13_INTERLEAVED", "PreparedMoEWeights", "checkpoint_views", "prepare_moe_weights"]
+__all__ = ["CHECKPOINT", "LAYOUTS", "W13_INTERLEAVED", "PreparedMoEWeights", "check_weights", "checkpoint_views"]
 
 CHECKPOINT = "checkpoint"
 W13_INTERLEAVED = "w13_interleaved"
@@ -85,7 +81,8 @@ class PreparedMoEWeights:
         return f"PreparedMoEWeights(provider={self.provider!r}, layout={self.layout!r}, tensors=[{shapes}])"
 
 
-def _check(w_gate: object, w_up: object, w_down: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def check_weights(w_gate: object, w_up: object, w_down: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three checkpoint-layout tensors, checked against each other (what preparation needs)."""
     wg, wu, wd = ck.tensor(_OP, "w_gate", w_gate), ck.tensor(_OP, "w_up", w_up), ck.tensor(_OP, "w_down", w_down)
     if wg.dim() != 3 or 0 in wg.shape:
         raise InvalidShapeError(_OP, "w_gate", "[heads·experts, hidden, intermediate], non-empty", ck.describe(wg))
@@ -99,33 +96,3 @@ def _check(w_gate: object, w_up: object, w_down: object) -> tuple[torch.Tensor, 
             raise InvalidDTypeError(_OP, arg, f"of w_gate's dtype {ck.dtype_name(wg.dtype)}", ck.describe(w))
     ck.same_device(_OP, "w_gate", wg, w_up=wu, w_down=wd)
     return wg, wu, wd
-
-
-def prepare_moe_weights(
-    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, provider: str | None = None
-) -> PreparedMoEWeights:
-    """Lay one layer's expert weights out for the provider that serves them; run once at load time.
-
-    The provider is the one ``moe_experts`` would pick for these weights' device and dtype (or
-    ``provider``). A provider without a preparation step keeps the checkpoint layout (no copy).
-    The result does not track later in-place updates of the inputs: prepare again after loading.
-    """
-    wg, wu, wd = _check(w_gate, w_up, w_down)
-    problem = Problem(
-        op="moe_experts",
-        device_type=wg.device.type,
-        dtype=ck.dtype_name(wg.dtype),
-        hidden=wg.shape[1],
-        intermediate=wg.shape[2],
-    )
-    name = resolve_problem(problem, provider).chosen
-    loaded = get_registry().provider("moe_experts", name or "")
-    assert loaded is not None and name is not None  # resolve_problem raises when nothing is chosen
-    kernel, _ = loaded.load()
-    with torch.no_grad():
-        wg, wu, wd = wg.detach(), wu.detach(), wd.detach()
-        if isinstance(kernel, MoEWeightPreparer):
-            layout, tensors = kernel.prepare_weights(wg, wu, wd)
-        else:
-            layout, tensors = CHECKPOINT, (wg, wu, wd)
-    return PreparedMoEWeights.from_layout(name, layout, tuple(tensors))

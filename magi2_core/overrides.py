@@ -11,10 +11,9 @@ provider of that name; the others fall through to the next layer. The environmen
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from types import MappingProxyType
 
 from magi2_core import config
 from magi2_core.errors import InvalidValueError
@@ -23,7 +22,6 @@ from magi2_core.problem import OpName
 __all__ = [
     "FAMILY",
     "context_token",
-    "current_overrides",
     "env_var",
     "env_vars",
     "layered_overrides",
@@ -77,11 +75,6 @@ def use(**providers: str | None) -> Iterator[None]:
         yield
     finally:
         _OVERRIDES.reset(token)
-
-
-def current_overrides() -> Mapping[str, str]:
-    """The overrides of the current context, as a read-only mapping."""
-    return MappingProxyType(dict(_OVERRIDES.get()))
 
 
 def context_token() -> tuple[tuple[str, str], ...]:

@@ -210,6 +210,14 @@ class Registry:
             if not reference and any(c.name == REFERENCE for c in spec.providers):
                 raise ValueError(f"the provider name {REFERENCE!r} is reserved for {REFERENCE_DIST}'s exact "
                                  f"reference; rename this backend's provider")
+            from magi2_core.ops import SPECS  # here: the op specs import this module
+
+            # A descriptor naming a field its op lacks is an authoring error that would never fire:
+            # the whole backend is quarantined (as for any invalid spec), not just that capability dropped.
+            wrong = [f"{c.op}:{c.name} {why}" for c in spec.providers for why in SPECS[c.op].descriptor_errors(c)]
+            if wrong:
+                raise ValueError("capability descriptors name problem fields their op does not have: "
+                                 + "; ".join(wrong))
             clashes = [
                 f"{c.op}:{c.name}" for c in spec.providers if any(p.name == c.name for p in self._providers[c.op])
             ]

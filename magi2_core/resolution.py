@@ -48,7 +48,6 @@ class Reason(BaseModel):
 
 class Verdict(str, Enum):
     CHOSEN = "chosen"
-    ELIGIBLE = "eligible"
     REJECTED = "rejected"
     SKIPPED = "skipped"
 

@@ -5,9 +5,9 @@ providers of the op in a total order (priority descending, then name), the first
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
 
-The :class:`Dispatcher` caches the chosen kernel by the call's key: device, dtype, feature mask
-and each integer field *bucketed* by the boundaries that the installed descriptors use, plus the
-active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
+The :class:`Dispatcher` caches the chosen kernel by the call's typed key (each op's ``NamedTuple``
+in :mod:`magi2_core.ops`): device, dtype, feature mask and each integer field *bucketed* by the
+boundaries that the installed descriptors use, plus the active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
 The cache belongs to one registry generation: a call that sees a newer generation starts a fresh
 cache, and each resolution reads one consistent :class:`RegistryState`, so a backend registered or
 unregistered while other threads run ops never leaves a half-built list or a stale kernel behind.
@@ -16,8 +16,8 @@ unregistered while other threads run ops never leaves a half-built list or a sta
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from magi2_core import config
 from magi2_core.capability import Capability
@@ -33,10 +33,12 @@ from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_reg
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
 from magi2_core.strict import check_resolution
 
-__all__ = ["Dispatcher", "RawKey", "resolve_problem", "static_reasons"]
+if TYPE_CHECKING:
+    from magi2_core.ops._spec import OpSpec
 
-# (device_type, dtype, out_dtype, feature_mask, *integer fields in the op's KEY_FIELDS order)
-RawKey = tuple[Any, ...]
+HEAD = ("device", "dtype", "out_dtype", "features")  # the leading fields of every op's typed key
+
+__all__ = ["Bound", "CacheKey", "Dispatcher", "resolve_problem", "static_reasons"]
 
 
 def static_reasons(cap: Capability, problem: Problem) -> list[Reason]:
@@ -226,54 +228,96 @@ def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Reso
     return res
 
 
-_Plan = tuple[tuple[int, tuple[int, ...]], ...]  # (index in the raw key, boundaries) per bucketed field
+class CacheKey(NamedTuple):
+    """The resolution cache's key: the op's typed problem key with its integer fields bucketed."""
+
+    op: OpName
+    provider: str | None
+    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on reload_config)
+    head: tuple[Any, ...]  # (device, dtype, out_dtype, feature mask), as in the op's key
+    buckets: tuple[int | None, ...]  # per bucketed field: the index of its value among the boundaries
+
+
+class Bound(NamedTuple):
+    """A resolved provider for a call: the kernel object and the provider's name."""
+
+    kernel: Any
+    provider: str
+
+
+_Plan = tuple[tuple[int, tuple[int, ...]], ...]  # (position in the op's key, boundaries) per bucketed field
+
+
+class _Slot(NamedTuple):
+    generation: int
+    cache: dict[CacheKey, Bound]
+    plans: dict[OpName, _Plan]
+    bound: dict[tuple[Any, ...], Any]  # the ops' caches of validated call layouts (see magi2_core.ops)
 
 
 class Dispatcher:
-    """Memoised resolution for op calls: a repeated call costs a tuple build and a dict lookup."""
+    """Memoised resolution for op calls.
+
+    Two caches, both dropped together when the registry changes, the configuration is reloaded or
+    strict mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
+    the boundaries the installed descriptors use, to the provider; :meth:`bound_calls` is where each
+    op keeps its validated call layouts (argument shapes, dtypes, devices and scalars -> normalised
+    values and the provider), so that a repeated call is a tuple build and one dict lookup.
+    """
+
+    # Past this many distinct call layouts an op's bound-call cache starts again (a serving loop sees
+    # a handful; a sweep over host-side sequence lengths would otherwise grow it without limit).
+    BOUND_LIMIT = 4096
 
     def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry or get_registry()
-        # (generation, cache, bucket plans), replaced as one tuple and never mutated across
-        # generations: a cache only ever holds decisions made from the registry state of its tag.
-        self._slot: tuple[int, dict[tuple[Any, ...], Any], dict[OpName, _Plan]] = (-1, {}, {})
+        # Replaced as one tuple and never mutated across generations: a cache only ever holds
+        # decisions made from the registry state of its tag.
+        self._slot = _Slot(-1, {}, {}, {})
         config.on_reload(self.clear)  # the environment's provider overrides are part of every decision
 
     def clear(self) -> None:
-        self._slot = (-1, {}, {})
+        self._slot = _Slot(-1, {}, {}, {})
 
-    def kernel(
-        self,
-        op: OpName,
-        raw: RawKey,
-        key_fields: Sequence[str],
-        build: Callable[[RawKey], Problem],
-        provider: str | None,
-    ) -> Any:
-        """The kernel object to run for this call (resolving and caching on a miss)."""
+    def bound_calls(self) -> dict[tuple[Any, ...], Any]:
+        """The current generation's cache of validated call layouts (empty after any change)."""
+        slot = self._slot
+        if slot.generation != self._registry.generation:
+            slot = self._fresh_slot(self._registry.state().generation)  # state(): loads on first use
+        return slot.bound
+
+    def _fresh_slot(self, generation: int) -> _Slot:
+        """Empty caches tagged with ``generation`` (kept when another thread made them already)."""
+        slot = self._slot
+        if slot.generation != generation:
+            slot = self._slot = _Slot(generation, {}, {}, {})
+        return slot
+
+    def kernel(self, spec: OpSpec[Any, Any], key: tuple[Any, ...], provider: str | None) -> Bound:
+        """The provider to run for a call with this typed key (resolving and caching on a miss)."""
         state = self._registry.state()
-        generation, cache, plans = self._slot
-        if generation != state.generation:
-            cache, plans = {}, {}
-            self._slot = (state.generation, cache, plans)
-        buckets = plans.get(op)
+        slot = self._slot
+        if slot.generation != state.generation:
+            slot = self._fresh_slot(state.generation)
+        op = spec.name
+        buckets = slot.plans.get(op)
         if buckets is None:
             bounds = state.bounds[op]
-            buckets = plans[op] = tuple((4 + i, bounds[f]) for i, f in enumerate(key_fields) if f in bounds)
-        key = (
+            fields = spec.int_fields
+            buckets = slot.plans[op] = tuple((len(HEAD) + i, bounds[f]) for i, f in enumerate(fields) if f in bounds)
+        ck = CacheKey(
             op,
             provider,
             context_token(),
-            raw[:4],
-            tuple([None if raw[i] is None else bisect_right(b, raw[i]) for i, b in buckets]) if buckets else (),
+            tuple(key[: len(HEAD)]),
+            tuple([None if key[i] is None else bisect_right(b, key[i]) for i, b in buckets]),
         )
-        kernel = cache.get(key)
-        if kernel is None:
-            res = _resolve(build(raw), provider, state)
-            check_resolution(key, res)  # logs the new decision; strict mode raises here
+        bound = slot.cache.get(ck)
+        if bound is None:
+            res = _resolve(spec.problem(key), provider, state)
+            check_resolution(ck, res)  # logs the new decision; strict mode raises here
             chosen = state.provider(op, res.chosen or "")
             if chosen is None:  # resolved from this very state, so the name is in it
                 raise RuntimeError(f"{op}: resolved provider {res.chosen!r} is missing from its registry state")
-            kernel, _ = chosen.load()
-            cache[key] = kernel
-        return kernel
+            bound = slot.cache[ck] = Bound(chosen.load()[0], chosen.name)
+        return bound

@@ -1,21 +1,22 @@
 """Shadow verification: re-run a sampled fraction of op calls on the reference and compare.
 
-Off by default. When off, the only cost in an op call is reading the module-global ``ACTIVE``.
-Turn it on for a process with ``MAGI2_SHADOW=0.01`` (the sampled fraction; read when magi2_core is
-imported and by ``magi2_core.reload_config()``; ``MAGI2_SHADOW_RAISE=1`` raises on a mismatch) or for a
-block::
+Off by default; when off, an op call pays one ContextVar read. Turn it on for the process with
+``MAGI2_SHADOW=0.01`` (the sampled fraction; read through :mod:`magi2_core.config`, re-read by
+``magi2_core.reload_config()``; ``MAGI2_SHADOW_RAISE=1`` raises on a mismatch) or :func:`configure`,
+or for a scope::
 
     with magi2_core.shadow.shadow(rate=0.05, raise_on_mismatch=False):
         model(x)
     print(magi2_core.shadow.stats())
 
-A sampled call is re-run on the ``reference`` provider with the same normalised inputs (on the same
-device) and judged by the op's acceptance rule (:mod:`magi2_core.contracts.acceptance`). A result
+A scope is a ContextVar, like ``use()``: it covers the block in this thread or task only, nests (the
+innermost wins; ``rate=0`` turns shadowing off inside), and outside any scope the process setting
+applies. A sampled call is re-run on the ``reference`` provider with the same normalised inputs (on
+the same device) and judged by the op's acceptance rule (its spec in :mod:`magi2_core.ops`). A result
 outside the contract gives a :class:`ShadowMismatchWarning` naming the op, provider and metric, a
 counter in :func:`stats`, and, when asked, a :class:`ShadowMismatchError`. Calls served by the
-reference itself are not re-run. The setting is process-wide (the hot path reads one global).
-Compiled graphs run each op through the same path when they execute (the ops are opaque custom
-ops), so they are observed too.
+reference itself are not re-run. Compiled graphs run each op through the same path when they execute
+(the ops are opaque custom ops), so they are observed too.
 """
 
 from __future__ import annotations
@@ -25,34 +26,49 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from magi2_core import config
-from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import Magi2Error
 from magi2_core.problem import OpName
 
+if TYPE_CHECKING:
+    from magi2_core.ops._spec import OpSpec
+
 __all__ = [
-    "ACTIVE",
     "ShadowMismatchError",
     "ShadowMismatchWarning",
     "ShadowStats",
     "configure",
+    "is_active",
     "observe",
     "reset_stats",
+    "sampling",
+    "settings",
     "shadow",
     "stats",
 ]
 
 REFERENCE = "reference"
 
-ACTIVE = False
-_rate = 0.0
-_raise = False
-_rng = random.Random()
+
+@dataclass(frozen=True)
+class _Scope:
+    """One shadow setting: the sampled fraction, whether to raise, and its own random stream."""
+
+    rate: float
+    raise_on_mismatch: bool
+    rng: random.Random = field(compare=False)
+
+
+_OFF = _Scope(0.0, False, random.Random())
+# The innermost shadow() scope of this context; None outside any: the process setting applies.
+_SCOPE: ContextVar[_Scope | None] = ContextVar("magi2_shadow", default=None)
+_process = _OFF  # set by configure() and from MAGI2_SHADOW / MAGI2_SHADOW_RAISE
 _lock = threading.Lock()
 _local = threading.local()  # re-entrancy guard: the reference run must not be observed itself
 
@@ -92,27 +108,43 @@ class ShadowStats:
 _stats = ShadowStats()
 
 
-def configure(rate: float, *, raise_on_mismatch: bool = False, seed: int | None = None) -> None:
-    """Set the sampled fraction for the process (0 turns shadowing off)."""
-    global ACTIVE, _rate, _raise
+def _scope(rate: float, raise_on_mismatch: bool, seed: int | None) -> _Scope:
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"shadow rate must be in [0, 1]; got {rate}")
-    with _lock:
-        _rate, _raise = float(rate), bool(raise_on_mismatch)
-        if seed is not None:
-            _rng.seed(seed)
-        ACTIVE = _rate > 0.0
+    return _Scope(float(rate), bool(raise_on_mismatch), random.Random(seed))
+
+
+def configure(rate: float, *, raise_on_mismatch: bool = False, seed: int | None = None) -> None:
+    """Set the process setting: the sampled fraction outside any :func:`shadow` scope (0 turns it off)."""
+    global _process
+    _process = _scope(rate, raise_on_mismatch, seed)
 
 
 @contextmanager
 def shadow(rate: float = 1.0, *, raise_on_mismatch: bool = False, seed: int | None = None) -> Iterator[None]:
-    """Shadow-verify ``rate`` of the op calls inside the block; the previous setting is restored after."""
-    previous = (_rate, _raise)
-    configure(rate, raise_on_mismatch=raise_on_mismatch, seed=seed)
+    """Shadow-verify ``rate`` of the op calls inside the block (this thread or task; nestable)."""
+    token = _SCOPE.set(_scope(rate, raise_on_mismatch, seed))
     try:
         yield
     finally:
-        configure(previous[0], raise_on_mismatch=previous[1])
+        _SCOPE.reset(token)
+
+
+def sampling() -> _Scope | None:
+    """The setting in force here when it samples anything, else None (what the ops ask after each call)."""
+    scope = _SCOPE.get() or _process
+    return scope if scope.rate > 0.0 else None
+
+
+def settings() -> tuple[float, bool]:
+    """``(rate, raise_on_mismatch)`` in force here: the innermost scope's, else the process setting."""
+    scope = _SCOPE.get() or _process
+    return scope.rate, scope.raise_on_mismatch
+
+
+def is_active() -> bool:
+    """Whether op calls here are shadow-verified at all."""
+    return sampling() is not None
 
 
 def stats() -> ShadowStats:
@@ -129,16 +161,6 @@ def reset_stats() -> None:
         _stats = ShadowStats()
 
 
-def _provider_name(op: OpName, kernel: Any) -> str:
-    from magi2_core.registry import get_registry
-
-    for p in get_registry().providers(op):
-        impl, _ = p.load()
-        if impl is kernel:
-            return p.name
-    return "?"
-
-
 def _reference_kernel(op: OpName) -> Any:
     from magi2_core.registry import get_registry
 
@@ -151,50 +173,22 @@ def _reference_kernel(op: OpName) -> Any:
     return kernel
 
 
-def _rerun(op: OpName, kernel: Any, call: Any) -> Any:
-    """Call ``kernel`` (a provider kernel) with the validated call's arguments, as the op does."""
-    if op == "attention":
-        return kernel(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, max_seqlen_q=call.max_seqlen_q,
-                      max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale, softcap=call.softcap,
-                      sinks=call.sinks, sink_rescale=call.sink_rescale, deterministic=call.deterministic,
-                      return_lse=call.return_lse)
-    if op == "moe_route":
-        return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                      route_norm=call.route_norm, score_func=call.score_func)
-    if op == "moe_experts":
-        return kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
-    return kernel(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype)
+def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out: Any) -> None:
+    """Called by an op after its kernel ran, with the :func:`sampling` setting: maybe re-run and compare.
 
-
-def _judge(op: OpName, call: Any, out: Any, ref: Any) -> list[acc.Acceptance]:
-    if op == "attention":
-        results = [acc.accept_attention(out[0], ref[0])]
-        if call.return_lse and out[1] is not None and ref[1] is not None:
-            results.append(acc.accept_lse(out[1], ref[1], call.q.dtype))
-        return results
-    if op == "moe_route":
-        return [acc.accept_moe_route(out[0], out[1], ref[0], ref[1])]
-    if op == "moe_experts":
-        return [acc.accept_moe_experts(out, ref, call.w_gate.shape[2])]
-    return [acc.accept_rmsnorm(out, ref)]
-
-
-def observe(op: OpName, kernel: Any, call: Any, out: Any) -> None:
-    """Called by the ops after an eager kernel call while shadowing is on: maybe re-run and compare.
-
-    ``call`` is the op contract's validated call (``AttentionCall``, ``RMSNormCall``...), ``out`` what
-    the kernel returned. Runs under ``torch.no_grad``; never modifies ``out``.
+    ``call`` is the op's validated call, ``out`` what ``provider``'s kernel returned. Runs under
+    ``torch.no_grad``; never modifies ``out``.
     """
     if getattr(_local, "busy", False):
         return
+    op = spec.name
     with _lock:
         _stats.observed += 1
-        sampled = _rng.random() < _rate
+        sampled = scope.rng.random() < scope.rate
     if not sampled:
         return
-    name = _provider_name(op, kernel)
-    key = f"{op}:{name}"
-    if name == REFERENCE:
+    key = f"{op}:{provider}"
+    if provider == REFERENCE:
         with _lock:
             _stats.skipped_reference += 1
         return
@@ -203,12 +197,12 @@ def observe(op: OpName, kernel: Any, call: Any, out: Any) -> None:
     _local.busy = True
     try:
         with torch.no_grad():
-            ref = _rerun(op, _reference_kernel(op), call)
-            verdicts = _judge(op, call, out, ref)
+            ref = spec.run(_reference_kernel(op), call)
+            verdicts = spec.accept(call.key, spec.outputs(out), spec.outputs(ref))
     except Exception as exc:  # the shadow must never take the serving call down with it
         with _lock:
             _stats.bump(key, "errors")
-        warnings.warn(f"magi2 shadow: could not verify {op} provider {name!r}: {type(exc).__name__}: {exc}",
+        warnings.warn(f"magi2 shadow: could not verify {op} provider {provider!r}: {type(exc).__name__}: {exc}",
                       ShadowMismatchWarning, stacklevel=3)
         return
     finally:
@@ -220,9 +214,9 @@ def observe(op: OpName, kernel: Any, call: Any, out: Any) -> None:
             _stats.bump(key, "mismatches")
     if bad is None:
         return
-    if _raise:
-        raise ShadowMismatchError(op, name, bad.metric, bad.detail)
-    warnings.warn(f"magi2 shadow: {op} provider {name!r} is outside the contract ({bad.metric}): {bad.detail}",
+    if scope.raise_on_mismatch:
+        raise ShadowMismatchError(op, provider, bad.metric, bad.detail)
+    warnings.warn(f"magi2 shadow: {op} provider {provider!r} is outside the contract ({bad.metric}): {bad.detail}",
                   ShadowMismatchWarning, stacklevel=3)
 
 

@@ -67,3 +67,15 @@ def test_demo_json_reports_each_op_against_the_oracle() -> None:
     assert [r["op"] for r in rows] == ["rmsnorm", "attention", "moe_route", "moe_experts"]
     for r in rows:
         assert r["rel_l2_err"] < 1e-5, r  # FP32 on the CPU reference vs the float64 oracle
+
+
+def test_explain_generic_feature_and_field_options() -> None:
+    result = runner.invoke(app, ["explain", "attention", "--device", "cpu", "--dtype", "float32", "--json",
+                                 "--feature", "sinks", "--field", "head_dim=48", "--field", "num_segments=3"])
+    assert result.exit_code == 0, result.output
+    problem = json.loads(result.stdout)["problem"]
+    assert problem["head_dim"] == 48 and problem["num_segments"] == 3 and "sinks" in problem["features"]
+    wrong = runner.invoke(app, ["explain", "rmsnorm", "--field", "num_experts=3"])
+    assert wrong.exit_code != 0 and "num_experts=3" in wrong.output and "width" in wrong.output
+    unknown = runner.invoke(app, ["explain", "rmsnorm", "--feature", "flying"])
+    assert unknown.exit_code != 0 and "unknown feature 'flying'" in unknown.output

@@ -58,11 +58,11 @@ def test_shadow_raise_true_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAGI2_SHADOW", "0.25")
     monkeypatch.setenv("MAGI2_SHADOW_RAISE", "true")
     m2.reload_config()
-    assert shadow.ACTIVE and shadow._raise and shadow._rate == 0.25
+    assert shadow.is_active() and shadow.settings() == (0.25, True)
     monkeypatch.delenv("MAGI2_SHADOW")
     monkeypatch.delenv("MAGI2_SHADOW_RAISE")
     m2.reload_config()
-    assert not shadow.ACTIVE
+    assert not shadow.is_active()
 
 
 def test_values_are_read_once_until_reload(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,9 @@ import torch
 import magi2_core as m2
 from magi2_core import Capability, Condition, Problem, Rule
 from magi2_core.capability import Provenance
-from magi2_core.contracts import attention as attn_c
+from magi2_core.ops.attention import SPEC as ATTENTION
+from magi2_core.ops.attention import AttentionKey, AttentionSpec
+from magi2_core.ops.attention import validate as validate_attention
 from magi2_core.registry import Registry
 from magi2_core.resolver import Dispatcher
 
@@ -197,30 +199,31 @@ def test_rule_sees_the_true_longest_segment(monkeypatch: pytest.MonkeyPatch) -> 
 
 # -- defect 13: the device index is part of the problem and of the cache key ----------------------------------
 def test_device_index_is_in_the_problem_and_the_key() -> None:
-    raw = attn_c.validate(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, softcap=0.0,
-                          sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
-                          compiling=False).raw
-    problem = attn_c.problem_from_raw(raw)
+    key = validate_attention(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
+                             softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
+                             compiling=False).key
+    problem = ATTENTION.problem(key)
     assert (problem.device_type, problem.device_index) == ("cpu", None)
-    on = [(torch.device("cuda", i), *raw[1:]) for i in (0, 1)]
-    problems = [attn_c.problem_from_raw(r) for r in on]
+    on = [key._replace(device=torch.device("cuda", i)) for i in (0, 1)]
+    problems = [ATTENTION.problem(k) for k in on]
     assert [p.device_index for p in problems] == [0, 1]
-    assert on[0][:4] != on[1][:4]  # the dispatcher keys on raw[:4]: a different device is another entry
+    assert on[0][:4] != on[1][:4]  # the dispatcher keys on the head (device, dtypes, features): another entry
 
 
 
 def test_dispatcher_caches_per_device() -> None:
     disp = Dispatcher(Registry())
-    base = attn_c.validate(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, softcap=0.0,
-                           sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
-                           compiling=False).raw
+    base = validate_attention(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
+                              softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
+                              compiling=False).key
     built: list[Problem] = []
 
-    def build(raw: tuple[object, ...]) -> Problem:
-        problem = attn_c.problem_from_raw(raw)
-        built.append(problem)
-        return problem.model_copy(update={"device_type": "cpu"})
+    class Recording(AttentionSpec):
+        def problem(self, key: AttentionKey) -> Problem:
+            problem = super().problem(key)
+            built.append(problem)
+            return problem.model_copy(update={"device_type": "cpu"})
 
     for device in (torch.device("cpu"), torch.device("cpu", 0), torch.device("cpu")):
-        disp.kernel("attention", (device, *base[1:]), attn_c.KEY_FIELDS, build, None)
+        disp.kernel(Recording(), base._replace(device=device), None)
     assert [p.device_index for p in built] == [None, 0]  # the third call hit the first one's entry

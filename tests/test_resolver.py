@@ -15,6 +15,7 @@ import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, hookimpl
 from magi2_core.capability import Provenance
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
+from magi2_core.ops.rmsnorm import RMSNormKey, RMSNormSpec
 from magi2_core.registry import Registry
 from magi2_core.resolution import Reason, ReasonCode, Verdict
 from magi2_core.resolver import Dispatcher, resolve_problem
@@ -204,14 +205,15 @@ def test_cache_buckets_by_rule_boundaries_and_invalidates(toy_module: types.Modu
     disp = Dispatcher(reg)
     builds: list[int] = []
 
-    def build(raw: tuple[object, ...]) -> Problem:
-        builds.append(int(raw[4]))  # type: ignore[call-overload]
-        return _problem(tokens=raw[4])
+    class Recording(RMSNormSpec):
+        def problem(self, key: RMSNormKey) -> Problem:
+            builds.append(key.tokens)
+            return _problem(tokens=key.tokens)
 
-    fields = ("tokens", "width", "num_modalities", "num_patterns")
+    spec = Recording()
 
     def kernel(tokens: int) -> object:
-        return disp.kernel("rmsnorm", ("cpu", "float32", "float32", 0, tokens, 128, 1, 1), fields, build, None)
+        return disp.kernel(spec, RMSNormKey("cpu", "float32", "float32", 0, tokens, 128, 1, 1), None).kernel
 
     assert kernel(100) is toy_module.high
     assert kernel(4000) is toy_module.high and kernel(33) is toy_module.high

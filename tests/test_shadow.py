@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import bad_provider.plugin as bad_plugin
@@ -39,7 +40,7 @@ def _norm_inputs() -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 
 
 def test_off_by_default() -> None:
-    assert shadow.ACTIVE is False
+    assert shadow.is_active() is False
     args, sinks = _attention_inputs()
     m2.attention(*args, sinks=sinks, provider="bad_attention")
     assert shadow.stats().observed == 0
@@ -55,7 +56,7 @@ def test_wrong_provider_is_caught_at_rate_one() -> None:
     s = shadow.stats()
     assert (s.sampled, s.compared, s.mismatches) == (1, 1, 1)
     assert s.by_provider["attention:bad_attention"]["mismatches"] == 1
-    assert shadow.ACTIVE is False  # restored after the block
+    assert shadow.is_active() is False  # restored after the block
 
 
 def test_raise_on_mismatch() -> None:
@@ -114,7 +115,7 @@ def test_env_variable_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAGI2_SHADOW", "0.5")
     monkeypatch.setenv("MAGI2_SHADOW_RAISE", "1")
     m2.reload_config()
-    assert shadow.ACTIVE is True
+    assert shadow.is_active() is True
     x, w, sizes = _norm_inputs()
     with pytest.raises(shadow.ShadowMismatchError):
         for _ in range(64):  # sampled at 0.5: missing all 64 has probability 2**-64
@@ -124,3 +125,35 @@ def test_env_variable_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_rate_is_rejected() -> None:
     with pytest.raises(ValueError, match="shadow rate"):
         shadow.configure(1.5)
+
+
+def test_scope_is_per_thread_and_nests() -> None:
+    x, w, _ = _norm_inputs()
+    seen: list[bool] = []
+
+    def other_thread() -> None:
+        seen.append(shadow.is_active())
+        m2.rmsnorm(x, w[:1], provider="bad_rmsnorm")  # not inside this thread's scope: not observed
+
+    with shadow.shadow(rate=1.0):
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        with shadow.shadow(rate=0.0):  # the innermost scope wins
+            m2.rmsnorm(x, w[:1], provider="bad_rmsnorm")
+            assert not shadow.is_active()
+        m2.rmsnorm(x, w[:1], provider="bad_rmsnorm")
+        assert shadow.settings() == (1.0, False)
+    assert seen == [False]
+    assert shadow.stats().observed == 1  # only the call in the outer scope of this thread
+
+
+def test_process_setting_applies_outside_scopes_and_in_other_threads() -> None:
+    x, w, _ = _norm_inputs()
+    shadow.configure(1.0)
+    worker = threading.Thread(target=lambda: m2.rmsnorm(x, w[:1], provider="bad_rmsnorm"))
+    worker.start()
+    worker.join()
+    with shadow.shadow(rate=0.0):
+        m2.rmsnorm(x, w[:1], provider="bad_rmsnorm")
+    assert shadow.stats().observed == 1

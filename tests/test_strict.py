@@ -19,12 +19,14 @@ import torch
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem, hookimpl, strict
 from magi2_core.errors import ResolutionError, StrictModeError
+from magi2_core.ops import _dispatch
+from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
+from magi2_core.ops.moe_route import RouteKey
 from magi2_core.registry import Registry
 from magi2_core.resolution import Reason, ReasonCode
 from magi2_core.resolver import Dispatcher
 
 MOD = "magi2_strict_toy"
-FIELDS = ("tokens", "num_heads", "num_experts", "top_k", "hidden")
 
 
 class Kernel:
@@ -64,13 +66,8 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
 
 
 def _resolve(disp: Dispatcher, device: str, provider: str | None = None) -> object:
-    raw = (device, "float32", None, 0, 64, 2, 8, 2, 16)
-
-    def build(r: tuple[object, ...]) -> Problem:
-        return Problem(op="moe_route", device_type=str(r[0]), dtype="float32", tokens=64, num_heads=2,
-                       num_experts=8, top_k=2, hidden=16)
-
-    return disp.kernel("moe_route", raw, FIELDS, build, provider)
+    key = RouteKey(device, "float32", None, 0, 64, 2, 8, 2, 16)
+    return disp.kernel(MOE_ROUTE, key, provider).kernel
 
 
 def test_debug_line_per_new_key(registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
@@ -133,7 +130,7 @@ def test_env_variable_turns_strict_mode_on(registry: Registry, monkeypatch: pyte
 def test_set_strict_clears_decisions_cached_before_it(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reference decision cached while strict mode was off is judged again once it is on."""
     disp = Dispatcher(registry)
-    monkeypatch.setattr(m2.ops, "_DISPATCHER", disp)  # set_strict clears the ops' dispatcher: this one
+    monkeypatch.setattr(_dispatch, "_DISPATCHER", disp)  # set_strict clears the ops' dispatcher: this one
     assert _resolve(disp, "npu") is not None  # cached (with a warning)
     m2.set_strict(True)
     with pytest.raises(StrictModeError):

@@ -36,11 +36,17 @@ def explain(
     modalities: Annotated[int, typer.Option(help="RMSNorm modality groups")] = 1,
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
     out_dtype: Annotated[str | None, typer.Option(help="RMSNorm output dtype (default: = dtype)")] = None,
+    feature: Annotated[list[str] | None, typer.Option(help="ask for any feature by name (repeatable)")] = None,
+    field: Annotated[list[str] | None, typer.Option(help="set any integer field of the op's problem, "
+                                                        "as NAME=VALUE (repeatable; wins over the options above)")
+                     ] = None,
     provider: Annotated[str | None, typer.Option(help="force a provider, as provider= would")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
     from magi2_core.errors import ResolutionError
+    from magi2_core.ops import SPECS
+    from magi2_core.ops._spec import ExplainError
     from magi2_core.problem import OPS, Feature, Problem
     from magi2_core.resolver import resolve_problem
 
@@ -61,59 +67,24 @@ def explain(
         least = 0 if name == "tokens" else 1  # zero tokens is a legal (empty) call
         if value is not None and value < least:
             reject(f"--{name.replace('_', '-')} must be at least {least}; got {value}")
+    opts = dict(sizes, dtype=dt, dtype_names=_DTYPES, softcap=softcap, sinks=sinks, lse=lse,
+                deterministic=deterministic, out_dtype=out_dtype)
     feats = {Feature.COMPILING} if compiling else set()
-    fields: dict[str, object]
-    if op == "attention":
-        mq = max_seqlen_q if max_seqlen_q is not None else (tokens or 4096)
-        mk = max_seqlen_k if max_seqlen_k is not None else mq
-        hkv = heads_kv or heads_q
-        if heads_q % hkv:
-            reject(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} (grouped-query attention needs it)")
-        if mq > (tokens or mq * segments):
-            reject(f"--max-seqlen-q {mq} exceeds --tokens {tokens}")
-        feats |= {
-            f
-            for f, on in (
-                (Feature.SOFTCAP, softcap),
-                (Feature.SINKS, sinks),
-                (Feature.LSE, lse),
-                (Feature.DETERMINISTIC, deterministic),
-                (Feature.GQA, hkv != heads_q),
-            )
-            if on
-        }
-        fields = dict(
-            tokens=tokens or mq * segments,
-            tokens_k=mk * segments,
-            max_seqlen_q=mq,
-            max_seqlen_k=mk,
-            num_segments=segments,
-            head_dim=head_dim,
-            num_heads_q=heads_q,
-            num_heads_kv=hkv,
-        )
-    elif op in ("moe_route", "moe_experts"):
-        if deterministic:
-            feats.add(Feature.DETERMINISTIC)
-        if top_k > experts:
-            reject(f"--top-k {top_k} exceeds --experts {experts} (routes pick distinct experts)")
-        fields = dict(
-            tokens=tokens if tokens is not None else 4096,
-            num_heads=moe_heads,
-            num_experts=experts,
-            top_k=top_k,
-            hidden=hidden,
-        )
-        if op == "moe_experts":
-            fields["intermediate"] = intermediate
-    else:
-        fields = dict(
-            tokens=tokens if tokens is not None else 4096,
-            width=width,
-            num_modalities=modalities,
-            num_patterns=patterns,
-            out_dtype=_DTYPES.get(out_dtype or dt, out_dtype or dt),
-        )
+    spec = SPECS[op]
+    try:
+        fields = spec.explain(opts, feats)
+    except ExplainError as exc:
+        reject(str(exc))
+    # Generic escapes, so that a new feature or size field of an op needs no new option here.
+    for feat in feature or ():
+        if feat not in {f.value for f in Feature}:
+            reject(f"unknown feature {feat!r}; known: {', '.join(f.value for f in Feature)}")
+        feats.add(Feature(feat))
+    for item in field or ():
+        key, sep, text = item.partition("=")
+        if not sep or key not in spec.int_fields or not text.strip().isdigit():
+            reject(f"--field {item!r}: expected NAME=INT with NAME one of {', '.join(spec.int_fields)}")
+        fields[key] = int(text)
     problem = Problem(op=op, device_type=device, dtype=dt, features=frozenset(feats), **fields)
     try:
         res = resolve_problem(problem, provider)

@@ -1,1 +1,1 @@
-"""Operator contracts: validation, the problem a call poses, and numerical acceptance rules."""
+"""Operator math, shared checks and numerical acceptance helpers; validation lives in the op specs (magi2_core.ops)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -10,7 +11,7 @@ from magi2_core import config
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_fields", "device_value_checks", "finite_parameter", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
+    "describe", "device_fields", "device_value_checks", "finite_parameter", "finite_parameter_once", "any_tensor", "checked_finite", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
     "tensor",
 ]
 
@@ -32,6 +33,9 @@ def set_device_value_checks(enabled: bool | None) -> bool | None:
     if enabled is not None and not isinstance(enabled, bool):
         raise InvalidValueError("set_device_value_checks", "enabled", "True, False or None", repr(enabled))
     previous, _DEVICE_VALUES = _DEVICE_VALUES, enabled
+    from magi2_core.ops import dispatcher  # the ops' cached call layouts were validated under the old setting
+
+    dispatcher().clear()
     return previous
 
 
@@ -77,6 +81,39 @@ def finite_parameter(op: str, arg: str, t: torch.Tensor) -> None:
     if t.numel() and (t.device.type == "cpu" or device_value_checks()) and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
         raise InvalidValueError(op, arg, "finite values (it is a learned parameter)", f"{bad} NaN/inf of {t.numel()}")
+
+
+FiniteMemo = list[tuple["weakref.ref[torch.Tensor]", int] | None]
+
+
+def finite_parameter_once(op: str, arg: str, t: torch.Tensor, memo: FiniteMemo) -> None:
+    """:func:`finite_parameter`, skipped while ``t`` is the tensor last found finite and unchanged since
+    (same object, same version counter): a parameter is checked once, not on every call. ``memo`` is a
+    one-slot list owned by the caller's cache entry."""
+    last = memo[0]
+    try:
+        version = t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: check it every time
+        finite_parameter(op, arg, t)
+        return
+    if last is not None and last[0]() is t and last[1] == version:
+        return
+    finite_parameter(op, arg, t)
+    memo[0] = (weakref.ref(t), version)
+
+
+def any_tensor(*values: object) -> bool:
+    """Whether a scalar argument came as a tensor (it hashes by identity and may change in place, so a
+    call layout holding it is never cached)."""
+    return any(isinstance(v, torch.Tensor) for v in values)
+
+
+def checked_finite(t: torch.Tensor | None) -> FiniteMemo:
+    """A memo for :func:`finite_parameter_once` recording that ``t`` was just found finite."""
+    try:
+        return [None if t is None else (weakref.ref(t), t._version)]
+    except RuntimeError:  # an inference-mode tensor has no version counter
+        return [None]
 
 
 def real(op: str, arg: str, value: object, expected: str) -> float:

@@ -3,7 +3,8 @@
 Shared by the pytest plugin and ``magi2 check``. :func:`plan` chooses providers and devices and
 generates the cases; :func:`run_case` runs one and returns a :class:`CaseResult` whose ``report``
 is the readable failure text. The oracle is the ``reference`` provider on the CPU, through the same
-public op, judged by the op's rule in :mod:`magi2_core.contracts.acceptance`.
+public op, judged by the acceptance rule of the op's spec (:mod:`magi2_core.ops`); what is
+generated, built and compared per op is the spec's, and this module is the same loop for every op.
 
 What fails a case: the provider refuses a call its descriptor claims (over-claim), raises, returns
 the wrong dtype, shape or device, writes to its inputs, disagrees with the reference beyond the
@@ -26,14 +27,14 @@ import torch
 
 import magi2_core as m2
 from magi2_core.capability import Capability
-from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts._checks import set_device_value_checks
 from magi2_core.errors import InvalidInputError, ProviderNotEligibleError, ResolutionError
+from magi2_core.ops import SPECS
 from magi2_core.problem import OPS, Feature, OpName, Problem
 from magi2_core.registry import Registry, get_registry
 from magi2_core.resolver import resolve_problem, static_reasons
 from magi2_core.testing.cases import DEFAULT_MAX_TOKENS, Case, generate_cases
-from magi2_core.testing.inputs import ARG_NAMES, Call, build_call, dtype_of, invalid_calls
+from magi2_core.testing.inputs import ARG_NAMES, Call, build_call, invalid_calls
 
 __all__ = [
     "REFERENCE",
@@ -215,33 +216,8 @@ def _op(op: str) -> Callable[..., Any]:
     return fn
 
 
-def _outputs(op: str, out: Any) -> dict[str, torch.Tensor]:
-    if op == "attention":
-        return {"o": out[0], "lse": out[1]} if isinstance(out, tuple) else {"o": out}
-    if op == "moe_route":
-        return {"probs": out[0], "idx": out[1]}
-    return {"y": out}
-
-
-def _expected_layout(case: Case, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
-    a = call.args
-    if case.op == "attention":
-        q = a[0]
-        out: dict[str, tuple[list[int], tuple[torch.dtype, ...]]] = {"o": (list(q.shape), (q.dtype,))}
-        if call.kwargs["return_lse"]:
-            out["lse"] = ([q.shape[1], q.shape[0]], (torch.float32,))
-        return out
-    if case.op == "moe_route":
-        shape = [a[0].shape[1], a[0].shape[0], call.kwargs["top_k"]]
-        return {"probs": (shape, (torch.float32,)), "idx": (shape, (torch.int64, torch.int32))}
-    if case.op == "moe_experts":
-        return {"y": (list(a[0].shape), (a[0].dtype,))}
-    od = call.kwargs["out_dtype"] or a[0].dtype
-    return {"y": (list(a[0].shape), (od,))}
-
-
 def _check_layout(case: Case, call: Call, got: dict[str, torch.Tensor]) -> None:
-    for name, (shape, dtypes) in _expected_layout(case, call).items():
+    for name, (shape, dtypes) in SPECS[case.op].layout(call).items():
         t = got.get(name)
         if not isinstance(t, torch.Tensor):
             raise _Failure(f"output '{name}' missing: got {type(t).__name__}")
@@ -253,17 +229,8 @@ def _check_layout(case: Case, call: Call, got: dict[str, torch.Tensor]) -> None:
             raise _Failure(f"output '{name}' is on {t.device}, inputs on {case.device}")
 
 
-def _accept(case: Case, call: Call, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[str]:
-    if case.op == "attention":
-        results = [acc.accept_attention(got["o"], ref["o"])]
-        if "lse" in ref:
-            results.append(acc.accept_lse(got["lse"], ref["lse"], dtype_of(case.dtype)))
-    elif case.op == "moe_route":
-        results = [acc.accept_moe_route(got["probs"], got["idx"], ref["probs"], ref["idx"])]
-    elif case.op == "moe_experts":
-        results = [acc.accept_moe_experts(got["y"], ref["y"], case.p["i"])]
-    else:
-        results = [acc.accept_rmsnorm(got["y"], ref["y"])]
+def _accept(case: Case, problem: Problem, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[str]:
+    results = SPECS[case.op].accept(problem, got, ref)
     for r in results:
         if not r.ok:
             raise _Failure(f"disagrees with the reference beyond the contract: {r}")
@@ -272,7 +239,7 @@ def _accept(case: Case, call: Call, got: dict[str, torch.Tensor], ref: dict[str,
 
 def _run_provider(case: Case, call: Call, provider: str) -> dict[str, torch.Tensor]:
     out = _op(case.op)(*call.args, **call.kwargs, provider=provider)
-    return _outputs(case.op, out)
+    return SPECS[case.op].outputs(out)
 
 
 def _header(case: AnyCase, seed: int, kit_seed: int, cap: Capability | None) -> str:
@@ -336,7 +303,7 @@ def _run_case(case: Case, cap: Capability, seed: int) -> tuple[Status, list[str]
         checks.append("oracle is this provider itself on the CPU: agreement holds by construction")
     else:
         ref = _run_provider(case, call.to("cpu"), REFERENCE)
-        checks += _accept(case, call, {k: v.cpu() for k, v in got.items()}, ref)
+        checks += _accept(case, problem, {k: v.cpu() for k, v in got.items()}, ref)
     if case.p.get("deterministic"):
         again = _run_provider(case, call, case.provider)
         for name, t in got.items():

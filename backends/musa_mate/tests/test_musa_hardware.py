@@ -19,8 +19,8 @@ from magi2_backend_musa_mate.platform import musa_installed
 from magi2_backend_musa_mate.provider import MateAttention, mate_attention
 
 import magi2_core as m2
-from magi2_core.contracts import attention as attn_c
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, rel_l2
+from magi2_core.ops.attention import validate as validate_attention
 
 pytestmark = pytest.mark.musa
 
@@ -51,9 +51,9 @@ def _run_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                 **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The contract's normalisation, then the MATE kernel object itself (bypassing resolution, as
     upstream's operator tests do by setting the short-sequence floor to 0)."""
-    call = attn_c.validate(q, k, v, cu_q, cu_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
-                           softcap=kw.get("softcap", 0.0), sinks=kw.get("sinks"), sink_rescale="fp32",
-                           deterministic=False, return_lse=True, compiling=False)
+    call = validate_attention(q, k, v, cu_q, cu_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
+                              softcap=kw.get("softcap", 0.0), sinks=kw.get("sinks"), sink_rescale="fp32",
+                              deterministic=False, return_lse=True, compiling=False)
     return mate_attention(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
                           max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k,
                           softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,

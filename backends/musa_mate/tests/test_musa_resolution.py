@@ -14,9 +14,10 @@ from musa_fakes import MusaWorld
 
 import magi2_core as m2
 from magi2_core.capability import Capability
-from magi2_core.contracts import attention as attn_c
 from magi2_core.errors import ProviderNotEligibleError
 from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.ops.attention import SPEC as ATTENTION
+from magi2_core.ops.attention import AttentionKey
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.registry import Registry, get_registry
 from magi2_core.resolution import Candidate, ReasonCode, Resolution, Verdict
@@ -167,7 +168,7 @@ def test_dispatcher_cache_respects_the_floor(world: MusaWorld, registry: Registr
 
     def kernel(longest: int) -> object:
         raw = ("musa", "bfloat16", None, mask, 2 * longest, 2 * longest, longest, longest, 2, 128, 4, 2)
-        return disp.kernel("attention", raw, attn_c.KEY_FIELDS, attn_c.problem_from_raw, None)
+        return disp.kernel(ATTENTION, AttentionKey(*raw), None).kernel
 
     reference = registry.provider("attention", "reference")
     assert reference is not None

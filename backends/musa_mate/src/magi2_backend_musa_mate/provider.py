@@ -34,7 +34,7 @@ SINK_CORRECTION_ENV = FORCED_BY[DEVICE_TYPE]  # MAGI2_MATE_SINK_CORRECTION: torc
 
 
 class MateAttention:
-    """Kernel object of the ``mate`` provider (see :class:`magi2_core.provider.AttentionKernel`)."""
+    """Kernel object of the ``mate`` provider (see :class:`magi2_core.ops.attention.AttentionKernel`)."""
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         """Run-time availability: MUSA, torchada/torch_musa/MATE importable, the features this

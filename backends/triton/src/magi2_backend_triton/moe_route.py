@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from magi2_backend_triton.providers import device_reasons
-from magi2_core.contracts.moe import ScoreFunc, router_scores, validate_route
+from magi2_core.contracts.moe import ScoreFunc, router_scores
+from magi2_core.ops.moe_route import validate as validate_route
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from magi2_core.contracts import rmsnorm as rmsnorm_contract
+from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
 
 __all__ = ["launch_rmsnorm", "triton_rmsnorm"]
 
@@ -147,8 +147,7 @@ def triton_rmsnorm(
     fp32_out: optional contiguous FP32 tensor of x's shape that receives the pre-cast result.
     Returns a new contiguous tensor of x's shape.
     """
-    call = rmsnorm_contract.validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype,
-                                     compiling=False)
+    call = validate_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=False)
     return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
                           out_dtype=call.out_dtype, fp32_out=fp32_out)
 

@@ -14,7 +14,7 @@ import torch
 import triton
 from torch import Tensor
 
-from magi2_core.contracts.moe import validate_experts
+from magi2_core.ops.moe_experts import validate as validate_experts
 
 from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_route_experts, route_capacity

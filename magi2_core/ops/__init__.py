@@ -1,0 +1,53 @@
+"""The public operators, one spec module each: validate, resolve (cached), run the chosen provider.
+
+Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
+:mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`): its public function, typed
+problem key, validation, kernel Protocol, ``torch.compile`` fake, acceptance rule, conformance cases
+and ``magi2 explain`` fields (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow
+verification, the conformance kit and ``magi2 explain`` loop over :data:`SPECS`.
+
+Eager calls go straight to the provider's kernel; a repeated call layout (shapes, dtypes, devices,
+scalar arguments) reuses its validation and resolution. Under ``torch.compile`` each public op is
+recorded as one opaque ``torch.library`` custom op (``magi2::attention`` ...): the fake implementation
+gives the output shapes, and validation and resolution run when the compiled graph executes, outside
+the traced graph, with the ``compiling`` feature set (providers that are not safe there are skipped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from magi2_core.errors import InvalidValueError
+from magi2_core.ops._dispatch import dispatcher
+from magi2_core.ops._spec import OpSpec
+from magi2_core.ops.attention import SPEC as ATTENTION
+from magi2_core.ops.attention import attention
+from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
+from magi2_core.ops.moe_experts import moe_experts, prepare_moe_weights
+from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
+from magi2_core.ops.moe_route import moe_route
+from magi2_core.ops.rmsnorm import SPEC as RMSNORM
+from magi2_core.ops.rmsnorm import rmsnorm
+from magi2_core.problem import OPS, OpName
+from magi2_core.resolution import Resolution
+from magi2_core.resolver import resolve_problem
+
+__all__ = ["SPECS", "attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights", "resolve",
+           "rmsnorm"]
+
+SPECS: dict[OpName, OpSpec[Any, Any]] = {s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM)}
+assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
+
+
+def resolve(op: str, *args: Any, **kwargs: Any) -> Resolution:
+    """Resolve the call ``op(*args, **kwargs)`` without running a kernel; return its :class:`Resolution`.
+
+    Takes the op's own arguments (including ``provider=``); raises the op's input errors, and a
+    :class:`~magi2_core.errors.ResolutionError` carrying the Resolution when nothing can serve it.
+    """
+    spec = SPECS.get(op)  # type: ignore[call-overload]
+    if spec is None:
+        raise InvalidValueError("resolve", "op", "'attention', 'moe_route', 'moe_experts' or 'rmsnorm'", repr(op))
+    provider = kwargs.pop("provider", None)
+    call = spec.validate_arguments(args, kwargs)
+    return resolve_problem(spec.problem(call.key), provider)

@@ -1,0 +1,152 @@
+"""What every operator spec provides, and the few helpers the op modules share.
+
+An op spec (one module per operator in :mod:`magi2_core.ops`) is the one home of its operator: the
+public function and its docstring, the typed problem key, validation, the kernel Protocol, the
+``torch.compile`` fake, the acceptance rule, the conformance cases and the ``magi2 explain`` fields.
+The resolver, shadow verification, the conformance kit and ``magi2 explain`` are loops over
+:data:`magi2_core.ops.SPECS` that call the methods below and never switch on the op's name.
+
+The typed problem key of an op is a ``NamedTuple`` whose first four fields are :data:`HEAD` (device,
+dtype, out_dtype, feature mask) and whose other fields are the op's integer problem fields, by their
+:class:`~magi2_core.problem.Problem` names: the dispatcher buckets those by name, and a capability
+descriptor may name only fields that its op's key (or :data:`COMMON_FIELDS`) has.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+
+from magi2_core.capability import Capability
+from magi2_core.contracts import _checks as ck
+from magi2_core.contracts.acceptance import Acceptance
+from magi2_core.errors import InvalidValueError
+from magi2_core.problem import Feature, OpName, Problem, features_from_mask
+from magi2_core.resolver import HEAD
+from magi2_core.testing.case import Call, Case
+
+__all__ = ["COMMON_FIELDS", "HEAD", "CallT", "ExplainError", "KeyT", "OpSpec", "dense", "forward_only"]
+
+# Problem fields every op has (a descriptor may name them whatever its op): see OpSpec.fields.
+COMMON_FIELDS = frozenset({"op", "device_type", "device_index", "dtype", "features", "feature"})
+
+CallT = TypeVar("CallT", bound=tuple[Any, ...])
+KeyT = TypeVar("KeyT", bound=tuple[Any, ...])
+
+
+class ExplainError(ValueError):
+    """A ``magi2 explain`` option combination that describes no valid call (the message says why)."""
+
+
+def forward_only(op: str, **tensors: torch.Tensor | None) -> None:
+    """No provider implements backward: refuse a tensor that asks for gradients instead of dropping them."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise InvalidValueError(
+                op, arg, "a tensor that does not require grad (magi2 ops are forward-only: call them under "
+                "torch.no_grad() or torch.inference_mode(), or pass .detach())", "requires_grad=True")
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """What the fake implementations promise under torch.compile: a contiguous result (a provider may
+    return x's strides for a non-contiguous x; the copy happens only then, and only in compiled graphs)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+class OpSpec(ABC, Generic[CallT, KeyT]):
+    """Everything the generic machinery needs to know about one operator.
+
+    ``CallT`` is the op's validated call (a NamedTuple of normalised inputs ending in ``key``), ``KeyT``
+    its typed problem key.
+    """
+
+    name: ClassVar[OpName]
+    family: ClassVar[str]  # the ``use(...)`` / ``MAGI2_<FAMILY>_PROVIDER`` key that also covers this op
+    key_type: ClassVar[type[tuple[Any, ...]]]
+    arg_names: ClassVar[tuple[str, ...]]  # the public function's positional tensor arguments, in order
+    kernel_protocol: ClassVar[type]  # what a provider's kernel object must look like (documentation, typing)
+
+    # -- the problem ---------------------------------------------------------------------------
+    @property
+    def int_fields(self) -> tuple[str, ...]:
+        """The op's integer problem fields, in key order (what the dispatcher buckets)."""
+        fields: tuple[str, ...] = self.key_type._fields[len(HEAD):]  # type: ignore[attr-defined]
+        return fields
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """Every :class:`Problem` field a descriptor of this op may name (ranges, rule conditions)."""
+        extra = {"out_dtype"} if self.has_out_dtype else set()
+        return COMMON_FIELDS | frozenset(self.int_fields) | extra
+
+    has_out_dtype: ClassVar[bool] = False
+
+    def descriptor_errors(self, cap: Capability) -> list[str]:
+        """Why ``cap`` cannot be a descriptor of this op: each field it names that the op's problem
+        lacks (such a range or rule would silently never fire). Empty: it is consistent."""
+        known = self.fields
+        return [f"{where} names {name!r}, which {self.name} does not have (its fields: {sorted(known - {'op'})})"
+                for where, name in cap.named_fields() if name not in known]
+
+    def problem(self, key: KeyT) -> Problem:
+        """The public :class:`Problem` of a typed key (what descriptors, rules and ``explain`` see)."""
+        device, dtype, out_dtype, mask = key[:4]
+        device_type, device_index = ck.device_fields(device)
+        return Problem(
+            op=self.name,
+            device_type=device_type,
+            device_index=device_index,
+            dtype=str(dtype),
+            out_dtype=None if out_dtype is None else str(out_dtype),
+            features=features_from_mask(int(mask)),
+            **dict(zip(self.int_fields, key[4:], strict=True)),
+        )
+
+    # -- calls ---------------------------------------------------------------------------------
+    @abstractmethod
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallT:
+        """Validate the public function's own arguments (without ``provider``), as the op does."""
+
+    @abstractmethod
+    def run(self, kernel: Any, call: CallT) -> Any:
+        """Call a provider's kernel object with a validated call (what shadow re-runs on the reference)."""
+
+    @abstractmethod
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        """A public or provider result as named tensors (an output not asked for is left out)."""
+
+    @abstractmethod
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
+               ) -> list[Acceptance]:
+        """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)."""
+
+    # -- conformance ---------------------------------------------------------------------------
+    @abstractmethod
+    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
+        """The conformance cases of ``cap`` on ``device`` (ranges are filtered by the caller)."""
+
+    @abstractmethod
+    def case_problem(self, case: Case) -> Problem:
+        """The :class:`Problem` the op will build for ``case`` (what selection sees), without tensors."""
+
+    @abstractmethod
+    def build(self, case: Case, g: torch.Generator) -> Call:
+        """The case's arguments on the CPU, drawn from ``g``."""
+
+    @abstractmethod
+    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
+        """Each output's contract shape and allowed dtypes for the public call ``call``."""
+
+    @abstractmethod
+    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
+        """Calls the op must reject with an input error, by what is wrong with them (``other``: a
+        floating dtype that is not ``dtype``)."""
+
+    # -- magi2 explain -------------------------------------------------------------------------
+    @abstractmethod
+    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        """The :class:`Problem` fields ``magi2 explain`` options describe (adding to ``features``);
+        raises :class:`ExplainError` for options that describe no valid call."""

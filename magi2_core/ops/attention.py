@@ -1,0 +1,633 @@
+"""The ``attention`` operator: packed variable-length attention with learned sinks.
+
+Its one home: the public function, the typed problem key, validation (every argument checked before
+any kernel runs, and once per call), the kernel Protocol, the ``torch.compile`` fake, the acceptance
+rule, the conformance cases and the ``magi2 explain`` fields. Validation normalises the inputs:
+int32 prefix sums on q's device, integer max lengths, the softmax scale, ``max(softcap, 0)`` and
+``sinks`` as ``None`` or FP32 ``[S, Hq]`` with ``S >= 1``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, NamedTuple, Protocol, overload
+
+import torch
+
+from magi2_core import shadow as _shadow
+from magi2_core.capability import Capability
+from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import acceptance as acc
+from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.ops._dispatch import dispatcher
+from magi2_core.ops._spec import ExplainError, OpSpec, dense, forward_only
+from magi2_core.overrides import context_token
+from magi2_core.problem import FEATURE_BIT, Feature, Problem
+from magi2_core.provider import SinkRescale
+from magi2_core.testing.case import Call, Case, boundary_lengths, clamp, dtype_of, make_case, prefix_sums, randn
+
+__all__ = ["ACTIVATION_DTYPES", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention", "validate"]
+
+OP: Literal["attention"] = "attention"
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_SOFTCAP, _SINKS, _GQA = FEATURE_BIT[Feature.SOFTCAP], FEATURE_BIT[Feature.SINKS], FEATURE_BIT[Feature.GQA]
+_LSE, _DET, _COMPILING = FEATURE_BIT[Feature.LSE], FEATURE_BIT[Feature.DETERMINISTIC], FEATURE_BIT[Feature.COMPILING]
+
+
+class AttentionKey(NamedTuple):
+    """The typed problem of an attention call: what provider selection may depend on."""
+
+    device: torch.device | str
+    dtype: str
+    out_dtype: None
+    features: int  # OR of FEATURE_BIT values
+    tokens: int
+    tokens_k: int
+    max_seqlen_q: int  # the longest query segment (host prefix sums) or the declared bound
+    max_seqlen_k: int
+    num_segments: int
+    head_dim: int
+    num_heads_q: int
+    num_heads_kv: int
+
+
+class AttentionCall(NamedTuple):
+    """A validated call: the normalised inputs a provider receives, and the typed key."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    softmax_scale: float
+    softcap: float
+    sinks: torch.Tensor | None
+    sink_rescale: SinkRescale
+    deterministic: bool
+    return_lse: bool
+    key: AttentionKey
+
+
+class AttentionKernel(Protocol):
+    """What an attention provider's kernel object is called with (inputs validated and normalised)."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float,
+        softcap: float,
+        sinks: torch.Tensor | None,
+        sink_rescale: SinkRescale,
+        deterministic: bool,
+        return_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return ``(o [Tq, Hq, D] in q.dtype, lse [Hq, Tq] FP32 or None)``; sinks already applied."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+def _prefix_sums(arg: str, cu: object, device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
+    t = ck.tensor(OP, arg, cu)
+    if t.dim() != 1 or t.numel() < 1:
+        raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
+    dtype = t.dtype
+    if dtype is not torch.int32 and dtype is not torch.int64:
+        ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))  # raises, naming both
+    where = t.device
+    on_host = where.type == "cpu"
+    if not on_host and where.type != device.type:
+        raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", ck.describe(t))
+    values = t.tolist() if on_host else None
+    return _normalised(t, device), values
+
+
+def _normalised(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if t.dtype is torch.int32 and t.device == device and t.is_contiguous():
+        return t  # the common case: no conversion call on the hot path
+    return t.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
+
+
+def _check_values(arg: str, values: list[int], total: int, n_tokens_arg: str) -> int:
+    if values[0] != 0:
+        raise InvalidShapeError(OP, arg, "a prefix sum starting at 0", f"first value {values[0]}")
+    if values[-1] != total:
+        raise InvalidShapeError(
+            OP, arg, f"a prefix sum ending at {n_tokens_arg}.shape[0] = {total}", f"last value {values[-1]}"
+        )
+    lengths = list(map(operator.sub, values[1:], values[:-1]))  # C-level loop
+    if lengths and min(lengths) < 0:
+        bad = next(i for i, n in enumerate(lengths) if n < 0)
+        raise InvalidShapeError(OP, arg, "non-decreasing", f"{values[bad]} then {values[bad + 1]} at index {bad}")
+    return max(lengths, default=0)
+
+
+def _max_len(arg: str, given: int | None, derived: int | None) -> int:
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise InvalidShapeError(OP, arg, "a non-negative Python int or None", repr(given))
+        if derived is not None and given < derived:
+            raise InvalidShapeError(OP, arg, f">= the longest segment ({derived})", str(given))
+        return given
+    assert derived is not None
+    return derived
+
+
+def validate(
+    q: object,
+    k: object,
+    v: object,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    *,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: object,
+    sink_rescale: str,
+    deterministic: bool,
+    return_lse: bool,
+    compiling: bool,
+) -> AttentionCall:
+    """Check every argument (raising an input error that names it) and normalise the inputs."""
+    q = ck.tensor(OP, "q", q)
+    ck.with_data(OP, "q", q)
+    k = ck.tensor(OP, "k", k)
+    v = ck.tensor(OP, "v", v)
+    dtype, device = q.dtype, q.device
+    # One combined test for the common case; the detailed checks below name what is wrong.
+    if not (q.dim() == k.dim() == v.dim() == 3 and dtype in ACTIVATION_DTYPES and k.dtype is dtype
+            and v.dtype is dtype and k.device == device and v.device == device):  # fmt: skip
+        for arg, t in (("q", q), ("k", k), ("v", v)):
+            ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
+        ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
+        for arg, t in (("k", k), ("v", v)):
+            if t.dtype != dtype:
+                raise InvalidDTypeError(OP, arg, f"of q's dtype {ck.dtype_name(dtype)}", ck.describe(t))
+        ck.same_device(OP, "q", q, k=k, v=v)
+    tq, hq, d = q.shape
+    tk, hkv, dk = k.shape
+    if dk != d or v.shape[2] != d:
+        raise InvalidShapeError(OP, "k/v", f"head_dim {d} like q", f"k {list(k.shape)}, v {list(v.shape)}")
+    if tuple(v.shape[:2]) != (tk, hkv):
+        raise InvalidShapeError(OP, "v", f"[{tk}, {hkv}, {d}] like k", ck.describe(v))
+    if hkv == 0 or hq % hkv != 0:
+        raise InvalidShapeError(OP, "k", f"a kv head count dividing q's {hq} heads (GQA)", f"{hkv} kv heads")
+    cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, device)
+    cu_k, vals_k = _prefix_sums("cu_seqlens_k", cu_seqlens_k, device)
+    if cu_q.numel() != cu_k.numel():
+        raise InvalidShapeError(
+            OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)", f"{cu_k.numel()} entries"
+        )
+    need_values = max_seqlen_q is None or max_seqlen_k is None or ck.device_value_checks()
+    if need_values and vals_q is None:  # device prefix sums: one host sync, only when lengths were not given
+        vals_q = cu_q.tolist()
+    if need_values and vals_k is None:
+        vals_k = cu_k.tolist()
+    long_q = _check_values("cu_seqlens_q", vals_q, tq, "q") if vals_q is not None else None
+    long_k = _check_values("cu_seqlens_k", vals_k, tk, "k") if vals_k is not None else None
+    mq = _max_len("max_seqlen_q", max_seqlen_q, long_q)
+    mk = _max_len("max_seqlen_k", max_seqlen_k, long_k)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    else:
+        scale = ck.real(OP, "softmax_scale", softmax_scale, "a finite positive float or None")
+        if not math.isfinite(scale) or scale <= 0:
+            raise InvalidValueError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
+    cap = ck.real(OP, "softcap", softcap, "a finite float (<= 0 disables it)")
+    if math.isnan(cap) or math.isinf(cap):
+        raise InvalidValueError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
+    cap = max(cap, 0.0)
+    sink_t: torch.Tensor | None = None
+    if sinks is not None:
+        sink_t = ck.tensor(OP, "sinks", sinks)
+        if sink_t.dtype != torch.float32:
+            raise InvalidDTypeError(OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)",
+                                    ck.describe(sink_t))
+        if sink_t.dim() != 2 or sink_t.shape[1] != hq:
+            raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
+        ck.same_device(OP, "q", q, sinks=sink_t)
+        ck.finite_parameter(OP, "sinks", sink_t)
+        if sink_t.shape[0] == 0:
+            sink_t = None
+    if sink_rescale not in ("fp32", "activation"):
+        raise InvalidValueError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
+    mask = (
+        (_SOFTCAP if cap > 0 else 0)
+        | (_SINKS if sink_t is not None else 0)
+        | (_GQA if hq != hkv else 0)
+        | (_LSE if return_lse else 0)
+        | (_DET if deterministic else 0)
+        | (_COMPILING if compiling else 0)
+    )
+    # Rules judge the true longest segments where the prefix sums are on the host; with device prefix
+    # sums and max_seqlen_* given, they judge the declared bound (Resolution.explain says so).
+    rq = mq if long_q is None else long_q
+    rk = mk if long_k is None else long_k
+    key = AttentionKey(device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
+    return AttentionCall(q, k, v, cu_q, cu_k, mq, mk, scale, cap, sink_t,
+                         sink_rescale, bool(deterministic), bool(return_lse), key)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# the public op
+# ---------------------------------------------------------------------------------------------
+class _Bound(NamedTuple):
+    """A validated call layout: what a repeated call with the same layout reuses."""
+
+    kernel: Any
+    provider: str
+    max_seqlen_q: int
+    max_seqlen_k: int
+    softmax_scale: float
+    softcap: float
+    drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
+    convert: bool  # a prefix sum needs the int32-on-q's-device conversion
+    finite_sinks: bool  # host sinks: their values are checked (once per tensor version, see finite_memo)
+    key: AttentionKey
+    finite_memo: ck.FiniteMemo
+
+
+def _bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    return_lse: bool,
+    sink_rescale: str,
+    provider: str | None,
+    compiling: bool,
+) -> _Bound:
+    """Validate and resolve, or find both done for this call layout (see :class:`_Bound`)."""
+    d = dispatcher()
+    bound = d.bound_calls()
+    try:
+        # Everything validation looks at, except the tensors' identities. Host prefix sums are part of
+        # it by value (validation checks them and rules see their longest segment).
+        dq, dk = cu_seqlens_q.device, cu_seqlens_k.device
+        layout = (
+            OP, provider, context_token(), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, cu_seqlens_q.dtype, dq, cu_seqlens_q.is_contiguous(), cu_seqlens_k.dtype, dk,
+            cu_seqlens_k.is_contiguous(),
+            tuple(cu_seqlens_q.tolist()) if dq.type == "cpu" or max_seqlen_q is None else cu_seqlens_q.shape,
+            tuple(cu_seqlens_k.tolist()) if dk.type == "cpu" or max_seqlen_k is None else cu_seqlens_k.shape,
+            None if sinks is None else (sinks.shape, sinks.dtype, sinks.device),
+            max_seqlen_q, type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k), softmax_scale,
+            type(softmax_scale), softcap, type(softcap), sink_rescale, deterministic, return_lse, compiling,
+        )  # fmt: skip
+        hit: _Bound | None = bound.get(layout)
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not tensors, unhashable, meta:
+        # the full validation below says what is wrong
+        layout, hit = None, None
+    if hit is not None:
+        if hit.finite_sinks:
+            ck.finite_parameter_once(OP, "sinks", sinks, hit.finite_memo)  # type: ignore[arg-type]
+        return hit
+    call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                    softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
+                    deterministic=deterministic, return_lse=return_lse, compiling=compiling)
+    kernel, name = d.kernel(SPEC, call.key, provider)
+    finite = sinks is not None and sinks.numel() > 0 and sinks.device.type == "cpu"
+    hit = _Bound(kernel, name, call.max_seqlen_q, call.max_seqlen_k, call.softmax_scale, call.softcap,
+                 sinks is not None and call.sinks is None,
+                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, finite, call.key,
+                 ck.checked_finite(sinks if finite else None))
+    # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
+    # with device-value checks on, every call is checked in full.
+    if layout is not None and not ck.device_value_checks() and not ck.any_tensor(
+        softmax_scale, softcap, max_seqlen_q, max_seqlen_k
+    ):
+        if len(bound) >= d.BOUND_LIMIT:
+            bound.clear()
+        bound[layout] = hit
+    return hit
+
+
+@overload
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = ...,
+    max_seqlen_k: int | None = ...,
+    softmax_scale: float | None = ...,
+    softcap: float = ...,
+    sinks: torch.Tensor | None = ...,
+    deterministic: bool = ...,
+    return_lse: Literal[False] = ...,
+    sink_rescale: SinkRescale = ...,
+    provider: str | None = ...,
+) -> torch.Tensor: ...
+@overload
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = ...,
+    max_seqlen_k: int | None = ...,
+    softmax_scale: float | None = ...,
+    softcap: float = ...,
+    sinks: torch.Tensor | None = ...,
+    deterministic: bool = ...,
+    return_lse: Literal[True],
+    sink_rescale: SinkRescale = ...,
+    provider: str | None = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    softmax_scale: float | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    sink_rescale: SinkRescale = "fp32",
+    provider: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Packed varlen attention with learned sinks: ``o [Tq, Hq, D]`` (and ``lse [Hq, Tq]`` FP32).
+
+    Non-causal, block-diagonal over the segments of ``cu_seqlens_q``/``cu_seqlens_k`` (int32/int64
+    prefix sums ``[B+1]``), GQA when ``Hq`` is a multiple of ``Hkv``. ``softcap <= 0`` disables the
+    cap. ``sinks`` FP32 ``[S, Hq]`` are extra softmax logits (never rounded to the activation dtype).
+    ``sink_rescale``: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (scale cast to
+    q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
+    prefix sums live on the GPU.
+    """
+    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                                    or getattr(v, "requires_grad", False) or getattr(sinks, "requires_grad", False)):
+        forward_only(OP, q=q, k=k, v=v, sinks=sinks)
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.magi2.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           softmax_scale, float(softcap), sinks, deterministic, sink_rescale,
+                                           provider)
+        return (o, lse) if return_lse else o
+    b = _bind(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
+              deterministic, return_lse, sink_rescale, provider, False)
+    if b.convert:
+        cu_seqlens_q, cu_seqlens_k = _normalised(cu_seqlens_q, q.device), _normalised(cu_seqlens_k, q.device)
+    if b.drop_sinks:
+        sinks = None
+    o, lse = b.kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=b.max_seqlen_q,
+                      max_seqlen_k=b.max_seqlen_k, softmax_scale=b.softmax_scale, softcap=b.softcap, sinks=sinks,
+                      sink_rescale=sink_rescale, deterministic=bool(deterministic), return_lse=bool(return_lse))
+    scope = _shadow.sampling()
+    if scope is not None:
+        call = AttentionCall(q, k, v, cu_seqlens_q, cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k, b.softmax_scale,
+                             b.softcap, sinks, sink_rescale, bool(deterministic), bool(return_lse), b.key)
+        _shadow.observe(scope, SPEC, b.provider, call, (o, lse))
+    return (o, lse) if return_lse else o
+
+
+@torch.library.custom_op("magi2::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    sink_rescale: str,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op as a compiled graph records it: validated and resolved (``compiling``) when the graph runs."""
+    call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                    softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
+                    deterministic=deterministic, return_lse=True, compiling=True)
+    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
+    out = SPEC.run(kernel, call)
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, name, call, out)
+    o, lse = out
+    return dense(o), dense(lse)
+
+
+@_attention_op.register_fake
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    softmax_scale: float | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    deterministic: bool,
+    sink_rescale: str,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the spec: what the generic machinery asks of this op
+# ---------------------------------------------------------------------------------------------
+_LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "ragged": ((5, 17, 1, 9), (7, 3, 12, 20)),
+    "single": ((24,), (24,)),
+    "self": ((8, 13), (8, 13)),
+    "empty-segments": ((4, 0, 6, 3), (3, 5, 0, 8)),  # an empty query segment and an empty key segment
+    "t0": ((0,), (0,)),
+}
+DEFAULT_HEAD_DIMS = (32, 64)
+
+
+def _layouts(cap: Capability, max_tokens: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    layouts = dict(_LAYOUTS)
+    q_fields = ("max_seqlen_q", "tokens")
+    k_fields = ("max_seqlen_k", "tokens_k")
+    for n in boundary_lengths(cap, q_fields, max_tokens):
+        layouts[f"lq{n}"] = ((n,), (clamp(max(n, 1), cap, *k_fields),))
+    for n in boundary_lengths(cap, k_fields, max_tokens):
+        layouts[f"lk{n}"] = ((clamp(max(n, 1), cap, *q_fields),), (n,))
+    # Always one case inside the claimed length ranges, however large their minimum.
+    lq = clamp(24, cap, *q_fields)
+    lk = clamp(24, cap, *k_fields)
+    layouts.setdefault(f"fit{lq}x{lk}", ((lq,), (lk,)))
+    return layouts
+
+
+class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
+    name = OP
+    family = "attention"
+    key_type = AttentionKey
+    arg_names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+    kernel_protocol = AttentionKernel
+
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AttentionCall:
+        kw = dict(kwargs)
+        return validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
+                        softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
+                        sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
+                        deterministic=kw.pop("deterministic", False), return_lse=kw.pop("return_lse", False),
+                        compiling=False, **kw)
+
+    def run(self, kernel: Any, call: AttentionCall) -> Any:
+        return kernel(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, max_seqlen_q=call.max_seqlen_q,
+                      max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale, softcap=call.softcap,
+                      sinks=call.sinks, sink_rescale=call.sink_rescale, deterministic=call.deterministic,
+                      return_lse=call.return_lse)
+
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        if not isinstance(out, tuple):
+            return {"o": out}
+        return {"o": out[0]} if out[1] is None else {"o": out[0], "lse": out[1]}
+
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
+               ) -> list[acc.Acceptance]:
+        results = [acc.accept_attention(got["o"], ref["o"])]
+        if "lse" in ref and "lse" in got:
+            results.append(acc.accept_lse(got["lse"], ref["lse"], ref["o"].dtype))
+        return results
+
+    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
+        feats = cap.features
+        head_dims = cap.head_dims or tuple(sorted({clamp(d, cap, "head_dim") for d in DEFAULT_HEAD_DIMS}))
+        hq = clamp(2, cap, "num_heads_q")
+        hkv = clamp(hq, cap, "num_heads_kv")
+        layouts = _layouts(cap, max_tokens)
+        lq, lk = layouts["ragged"]
+
+        def params(layout: tuple[tuple[int, ...], tuple[int, ...]], d: int, **over: Any) -> dict[str, Any]:
+            base = {"seqlens_q": layout[0], "seqlens_k": layout[1], "hq": hq, "hkv": hkv, "d": d, "softcap": -1.0,
+                    "sinks": 0, "sink_rescale": "fp32", "lse": False, "deterministic": False, "scale": 1.0}
+            return base | over
+
+        variants: dict[str, dict[str, Any]] = {"sinks0": {"sinks_empty": True}}  # [0, Hq] sinks = no sinks
+        if Feature.SOFTCAP in feats:
+            variants["softcap"] = {"softcap": 2.0, "scale": 3.0}  # larger scores, so that the cap bends them
+        if Feature.SINKS in feats:
+            variants["sinks1"] = {"sinks": 1}
+            variants["sinks2"] = {"sinks": 2}
+            variants["sinks1-activation-rescale"] = {"sinks": 1, "sink_rescale": "activation"}
+        gqa = {"hq": clamp(4, cap, "num_heads_q"), "hkv": clamp(1, cap, "num_heads_kv")}
+        if Feature.GQA in feats and gqa["hq"] != gqa["hkv"] and gqa["hq"] % gqa["hkv"] == 0:
+            variants["gqa"] = gqa
+        if Feature.LSE in feats:
+            variants["lse"] = {"lse": True}
+        if Feature.DETERMINISTIC in feats:
+            variants["deterministic"] = {"deterministic": True}
+        combined: dict[str, Any] = {}
+        for name, over in variants.items():
+            if name not in ("sinks0", "sinks1-activation-rescale"):
+                combined |= over
+        if len([v for v in variants if v != "sinks0"]) > 1:
+            variants["all-features"] = combined
+
+        for dtype in cap.dtypes:
+            for d in head_dims:
+                yield make_case(OP, cap, device, dtype, f"d{d}-ragged", params((lq, lk), d))
+            for name, layout in layouts.items():
+                if name != "ragged":
+                    yield make_case(OP, cap, device, dtype, f"d{head_dims[0]}-{name}", params(layout, head_dims[0]))
+                if combined:
+                    yield make_case(OP, cap, device, dtype, f"d{head_dims[0]}-{name}-all-features",
+                                    params(layout, head_dims[0], **combined))
+            for name, over in variants.items():
+                if name != "all-features":
+                    yield make_case(OP, cap, device, dtype, f"d{head_dims[-1]}-ragged-{name}",
+                                    params((lq, lk), head_dims[-1], **over))
+
+    def case_problem(self, case: Case) -> Problem:
+        p = case.p
+        lq, lk = p["seqlens_q"], p["seqlens_k"]
+        feats = {Feature.SOFTCAP} if p["softcap"] > 0 else set()
+        feats |= {Feature.SINKS} if p["sinks"] > 0 else set()
+        feats |= {Feature.GQA} if p["hq"] != p["hkv"] else set()
+        feats |= {Feature.LSE} if p["lse"] else set()
+        feats |= {Feature.DETERMINISTIC} if p["deterministic"] else set()
+        return Problem(op=OP, device_type=case.device, dtype=case.dtype, features=frozenset(feats), tokens=sum(lq),
+                       tokens_k=sum(lk), max_seqlen_q=max(lq, default=0), max_seqlen_k=max(lk, default=0),
+                       num_segments=len(lq), head_dim=p["d"], num_heads_q=p["hq"], num_heads_kv=p["hkv"])
+
+    def build(self, case: Case, g: torch.Generator) -> Call:
+        p = case.p
+        dt = dtype_of(case.dtype)
+        tq, tk = sum(p["seqlens_q"]), sum(p["seqlens_k"])
+        q = randn(g, (tq, p["hq"], p["d"]), dt, p["scale"])
+        k = randn(g, (tk, p["hkv"], p["d"]), dt, p["scale"])
+        v = randn(g, (tk, p["hkv"], p["d"]), dt)
+        sinks: torch.Tensor | None = None
+        if p["sinks"]:
+            sinks = randn(g, (p["sinks"], p["hq"]), torch.float32, 2.0)  # comparable to the score logsumexp
+        elif p.get("sinks_empty"):
+            sinks = torch.empty((0, p["hq"]), dtype=torch.float32)
+        kwargs: dict[str, Any] = {"softcap": p["softcap"], "sinks": sinks, "sink_rescale": p["sink_rescale"],
+                                  "deterministic": p["deterministic"], "return_lse": p["lse"]}
+        return Call((q, k, v, prefix_sums(p["seqlens_q"]), prefix_sums(p["seqlens_k"])), kwargs)
+
+    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
+        q = call.args[0]
+        out: dict[str, tuple[list[int], tuple[torch.dtype, ...]]] = {"o": (list(q.shape), (q.dtype,))}
+        if call.kwargs["return_lse"]:
+            out["lse"] = ([q.shape[1], q.shape[0]], (torch.float32,))
+        return out
+
+    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
+        q, k, v = (randn(g, (10, 2, 16), dtype) for _ in range(3))
+        cu = prefix_sums((4, 6))
+        return {
+            "cu_seqlens_q ends before q's tokens": Call((q, k, v, prefix_sums((4, 5)), cu), {}),
+            "cu_seqlens_k decreasing": Call((q, k, v, cu, torch.tensor([0, 7, 5, 10], dtype=torch.int32)), {}),
+            "k dtype differs from q": Call((q, k.to(other), v, cu, cu), {}),
+            "sinks of the wrong head count": Call((q, k, v, cu, cu), {"sinks": torch.randn(1, 3, generator=g)}),
+            "q heads not a multiple of kv heads": Call((randn(g, (10, 3, 16), dtype), k, v, cu, cu), {}),
+        }
+
+    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        tokens, segments, heads_q = opts["tokens"], opts["segments"], opts["heads_q"]
+        mq = opts["max_seqlen_q"] if opts["max_seqlen_q"] is not None else (tokens or 4096)
+        mk = opts["max_seqlen_k"] if opts["max_seqlen_k"] is not None else mq
+        hkv = opts["heads_kv"] or heads_q
+        if heads_q % hkv:
+            raise ExplainError(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} "
+                               "(grouped-query attention needs it)")
+        if mq > (tokens or mq * segments):
+            raise ExplainError(f"--max-seqlen-q {mq} exceeds --tokens {tokens}")
+        features |= {f for f, on in ((Feature.SOFTCAP, opts["softcap"]), (Feature.SINKS, opts["sinks"]),
+                                     (Feature.LSE, opts["lse"]), (Feature.DETERMINISTIC, opts["deterministic"]),
+                                     (Feature.GQA, hkv != heads_q)) if on}
+        return dict(tokens=tokens or mq * segments, tokens_k=mk * segments, max_seqlen_q=mq, max_seqlen_k=mk,
+                    num_segments=segments, head_dim=opts["head_dim"], num_heads_q=heads_q, num_heads_kv=hkv)
+
+
+SPEC = AttentionSpec()

@@ -1,0 +1,383 @@
+"""The ``moe_experts`` operator: MAGI-2's routed BF16 experts with SwiGLU7, and its weight preparation.
+
+Experts: ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; probs FP32 ``[Hl, T, K]``,
+idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``. :func:`prepare_moe_weights` lays one layer's
+weights out once, at load time, for the provider that serves them (see :mod:`magi2_core.moe_weights`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from magi2_core import config
+from magi2_core import shadow as _shadow
+from magi2_core.capability import Capability
+from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import acceptance as acc
+from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
+from magi2_core.ops._dispatch import dispatcher
+from magi2_core.ops._moe_cases import moe_case_problem, moe_cases, moe_explain, router_inputs
+from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.overrides import context_token
+from magi2_core.problem import FEATURE_BIT, Feature, Problem
+from magi2_core.registry import get_registry
+from magi2_core.resolver import resolve_problem
+from magi2_core.testing.case import Call, Case, clamp, dtype_of, randn
+
+__all__ = ["SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPreparer", "moe_experts",
+           "prepare_moe_weights", "validate"]
+
+OP: Literal["moe_experts"] = "moe_experts"
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_COMPILING, _DET = FEATURE_BIT[Feature.COMPILING], FEATURE_BIT[Feature.DETERMINISTIC]
+
+
+class ExpertsKey(NamedTuple):
+    """The typed problem of an experts call: what provider selection may depend on."""
+
+    device: torch.device | str
+    dtype: str
+    out_dtype: None
+    features: int
+    tokens: int
+    num_heads: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+
+
+class ExpertsCall(NamedTuple):
+    x: torch.Tensor
+    probs: torch.Tensor
+    idx: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    key: ExpertsKey
+
+
+class MoEExpertsKernel(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        probs: torch.Tensor,
+        idx: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+        *,
+        deterministic: bool = False,
+    ) -> torch.Tensor:
+        """Return ``y [T, Hl, d]`` in x.dtype.
+
+        ``deterministic=True`` is passed (as a keyword, and only when asked) to providers that declare
+        the ``deterministic`` feature: the output must then be bitwise repeatable.
+        """
+        ...
+
+
+@runtime_checkable
+class MoEWeightPreparer(Protocol):
+    """Optional on a ``moe_experts`` kernel object: lay one layer's weights out once, at load time.
+
+    Returns ``(layout, tensors)`` for a layout named in :mod:`magi2_core.moe_weights`. Without this
+    method the weights stay in checkpoint layout (the identity preparation). The kernel then receives
+    the checkpoint-layout views of the prepared tensors and may recognise its own layout from their
+    strides; a provider must serve any layout correctly, even one it did not prepare.
+    """
+
+    def prepare_weights(
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    ) -> tuple[str, tuple[torch.Tensor, ...]]: ...
+
+
+def _idx_in_range(i: torch.Tensor, e: int) -> None:
+    if i.numel() and (i.device.type == "cpu" or ck.device_value_checks()):
+        lo, hi = torch.aminmax(i)  # one pass over the ids
+        low, high = lo.item(), hi.item()
+        if low < 0 or high >= e:
+            raise InvalidShapeError(OP, "idx", f"per-head expert ids in [0, {e})", f"values in [{low}, {high}]")
+
+
+def validate(
+    x: object,
+    probs: object,
+    idx: object,
+    w_gate: object,
+    w_up: object,
+    w_down: object,
+    *,
+    deterministic: bool,
+    compiling: bool,
+) -> ExpertsCall:
+    """Check every argument (raising an input error that names it)."""
+    op = OP
+    x = ck.tensor(op, "x", x)
+    ck.with_data(op, "x", x)
+    ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
+    ck.dtype_in(op, "x", x, FLOATS)
+    t, hl, d = x.shape
+    p = ck.tensor(op, "probs", probs)
+    i = ck.tensor(op, "idx", idx)
+    ck.dtype_in(op, "probs", p, (torch.float32,))
+    if p.dim() != 3 or p.shape[0] != hl or p.shape[1] != t or p.shape[2] < 1:
+        raise InvalidShapeError(op, "probs", f"FP32 [{hl}, {t}, top_k] (head-major)", ck.describe(p))
+    if i.dtype not in (torch.int32, torch.int64):
+        raise InvalidDTypeError(op, "idx", "of dtype int32 or int64", ck.describe(i))
+    if tuple(i.shape) != tuple(p.shape):
+        raise InvalidShapeError(op, "idx", f"shape {list(p.shape)} like probs", ck.describe(i))
+    wg = ck.tensor(op, "w_gate", w_gate)
+    wu = ck.tensor(op, "w_up", w_up)
+    wd = ck.tensor(op, "w_down", w_down)
+    if wg.dim() != 3 or hl == 0 or wg.shape[0] % hl != 0 or wg.shape[1] != d or wg.shape[0] == 0:
+        raise InvalidShapeError(
+            op, "w_gate", f"[heads·experts, {d}, intermediate] with a multiple of {hl} rows", ck.describe(wg)
+        )
+    f, _, inter = wg.shape
+    if tuple(wu.shape) != (f, d, inter):
+        raise InvalidShapeError(op, "w_up", f"[{f}, {d}, {inter}] like w_gate", ck.describe(wu))
+    if tuple(wd.shape) != (f, inter, d):
+        raise InvalidShapeError(op, "w_down", f"[{f}, {inter}, {d}]", ck.describe(wd))
+    for arg, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
+        if w.dtype != x.dtype:
+            raise InvalidDTypeError(op, arg, f"of x's dtype {ck.dtype_name(x.dtype)}", ck.describe(w))
+    ck.same_device(op, "x", x, probs=p, idx=i, w_gate=wg, w_up=wu, w_down=wd)
+    e = f // hl
+    k = p.shape[2]
+    if k > e:
+        raise InvalidShapeError(op, "probs", f"top_k <= {e} experts per head", f"top_k = {k}")
+    _idx_in_range(i, e)
+    mask = (_COMPILING if compiling else 0) | (_DET if deterministic else 0)
+    key = ExpertsKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
+    return ExpertsCall(x, p, i, wg, wu, wd, key)
+
+
+def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """The weights as (layout, tensors): what the custom op can carry through a compiled graph."""
+    if isinstance(w_gate, PreparedMoEWeights):
+        if w_up is not None or w_down is not None:
+            raise InvalidValueError(OP, "w_up/w_down", "omitted when w_gate is a PreparedMoEWeights", "tensors")
+        return w_gate.layout, w_gate.tensors
+    return CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[return-value]  # validated below
+
+
+class _Bound(NamedTuple):
+    kernel: Any
+    provider: str
+    check_idx: bool  # host ids: their range is checked on every call
+    key: ExpertsKey
+
+
+def _bind(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+          w_down: torch.Tensor, deterministic: bool, provider: str | None, compiling: bool) -> _Bound:
+    """Validate and resolve, or find both done for this call layout."""
+    d = dispatcher()
+    bound = d.bound_calls()
+    try:
+        layout = (
+            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
+            idx.shape, idx.dtype, idx.device, w_gate.shape, w_gate.dtype, w_gate.device, w_up.shape, w_up.dtype,
+            w_up.device, w_down.shape, w_down.dtype, w_down.device, deterministic, compiling,
+        )  # fmt: skip
+        hit: _Bound | None = bound.get(layout)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
+        layout, hit = None, None
+    if hit is not None:
+        if hit.check_idx:
+            _idx_in_range(idx, hit.key.num_experts)
+        return hit
+    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=compiling)
+    kernel, name = d.kernel(SPEC, call.key, provider)
+    hit = _Bound(kernel, name, call.idx.numel() > 0 and call.idx.device.type == "cpu", call.key)
+    if layout is not None and not ck.device_value_checks():
+        if len(bound) >= d.BOUND_LIMIT:
+            bound.clear()
+        bound[layout] = hit
+    return hit
+
+
+def moe_experts(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    w_gate: torch.Tensor | PreparedMoEWeights,
+    w_up: torch.Tensor | None = None,
+    w_down: torch.Tensor | None = None,
+    *,
+    deterministic: bool | None = None,
+    provider: str | None = None,
+) -> torch.Tensor:
+    """Routed experts with SwiGLU7: ``x [T, Hl, d] -> y [T, Hl, d]`` in x's dtype.
+
+    ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``, or one
+    :class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights` in their place;
+    ``probs``/``idx`` as returned by :func:`moe_route`. ``deterministic=None`` reads
+    ``MAGI2_DETERMINISTIC=1`` from the environment.
+    """
+    det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
+    if isinstance(w_gate, PreparedMoEWeights):
+        layout, weights = _weights_arg(w_gate, w_up, w_down)  # raises when w_up/w_down are given too
+        wg, wu, wd = w_gate.w_gate, w_gate.w_up, w_gate.w_down
+    else:
+        layout, weights = CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[assignment]  # validated in _bind
+        wg, wu, wd = w_gate, w_up, w_down  # type: ignore[assignment]
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(probs, "requires_grad", False)
+                                    or True in [getattr(w, "requires_grad", False) for w in weights]):  # fmt: skip
+        names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
+        forward_only(OP, x=x, probs=probs, **dict(zip(names, weights, strict=False)))
+    if torch.compiler.is_compiling():
+        y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
+        return y
+    b = _bind(x, probs, idx, wg, wu, wd, det, provider, False)
+    # Only providers that declare the feature are resolved for deterministic calls, and only they
+    # receive the keyword (providers without it keep the plain signature).
+    out: torch.Tensor = (b.kernel(x, probs, idx, wg, wu, wd, deterministic=True) if det
+                         else b.kernel(x, probs, idx, wg, wu, wd))
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, b.provider, ExpertsCall(x, probs, idx, wg, wu, wd, b.key), out)
+    return out
+
+
+@torch.library.custom_op("magi2::moe_experts", mutates_args=())
+def _moe_experts_op(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    weights: list[torch.Tensor],
+    layout: str,
+    deterministic: bool,
+    provider: str | None,
+) -> torch.Tensor:
+    w_gate, w_up, w_down = checkpoint_views(layout, tuple(weights))
+    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=True)
+    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
+    kw = {"deterministic": True} if deterministic else {}
+    out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, **kw)
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, name, call, out)
+    return dense(out)
+
+
+@_moe_experts_op.register_fake
+def _(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    idx: torch.Tensor,
+    weights: list[torch.Tensor],
+    layout: str,
+    deterministic: bool,
+    provider: str | None,
+) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def prepare_moe_weights(
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, provider: str | None = None
+) -> PreparedMoEWeights:
+    """Lay one layer's expert weights out for the provider that serves them; run once at load time.
+
+    The provider is the one ``moe_experts`` would pick for these weights' device and dtype (or
+    ``provider``). A provider without a preparation step keeps the checkpoint layout (no copy).
+    The result does not track later in-place updates of the inputs: prepare again after loading.
+    """
+    wg, wu, wd = check_weights(w_gate, w_up, w_down)
+    problem = Problem(op=OP, device_type=wg.device.type, dtype=ck.dtype_name(wg.dtype), hidden=wg.shape[1],
+                      intermediate=wg.shape[2])
+    name = resolve_problem(problem, provider).chosen
+    loaded = get_registry().provider(OP, name or "")
+    assert loaded is not None and name is not None  # resolve_problem raises when nothing is chosen
+    kernel, _ = loaded.load()
+    with torch.no_grad():
+        wg, wu, wd = wg.detach(), wu.detach(), wd.detach()
+        if isinstance(kernel, MoEWeightPreparer):
+            layout, tensors = kernel.prepare_weights(wg, wu, wd)
+        else:
+            layout, tensors = CHECKPOINT, (wg, wu, wd)
+    return PreparedMoEWeights.from_layout(name, layout, tuple(tensors))
+
+
+class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
+    name = OP
+    family = "moe"
+    key_type = ExpertsKey
+    arg_names = ("x", "probs", "idx", "w_gate", "w_up", "w_down")
+    kernel_protocol = MoEExpertsKernel
+
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ExpertsCall:
+        kw = dict(kwargs)
+        det = kw.pop("deterministic", None)
+        det = config.get("MAGI2_DETERMINISTIC") if det is None else bool(det)
+        x, probs, idx, *w = args
+        w.extend(kw.pop(n, None) for n in ("w_gate", "w_up", "w_down")[len(w):])
+        wg, wu, wd = checkpoint_views(*_weights_arg(*w))
+        return validate(x, probs, idx, wg, wu, wd, deterministic=det, compiling=False, **kw)
+
+    def run(self, kernel: Any, call: ExpertsCall) -> Any:
+        return kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
+
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        return {"y": out}
+
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
+               ) -> list[acc.Acceptance]:
+        return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
+
+    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
+        variants: dict[str, dict[str, Any]] = {"hot-expert": {"pattern": "hot"}}  # other experts stay empty
+        if Feature.DETERMINISTIC in cap.features:
+            variants["deterministic"] = {"deterministic": True}
+        return moe_cases(OP, cap, device, tokens=29, extra={"i": clamp(64, cap, "intermediate")}, variants=variants)
+
+    def case_problem(self, case: Case) -> Problem:
+        return moe_case_problem(case)
+
+    def build(self, case: Case, g: torch.Generator) -> Call:
+        p = case.p
+        dt = dtype_of(case.dtype)
+        t, hl, e, k, d, i = p["t"], p["hl"], p["e"], p["k"], p["d"], p["i"]
+        x, w, bias = router_inputs(g, p, dt)
+        # Routing as the model does it (distinct experts per token), computed exactly in FP64.
+        logits = torch.einsum("thd,hed->hte", x.double(), w.double().view(hl, e, d))
+        scores = torch.sigmoid(logits)
+        select = scores if bias is None else scores + bias.double().view(hl, 1, e)
+        if p["pattern"] == "hot":
+            idx = torch.arange(k, dtype=torch.int64).expand(hl, t, k).contiguous()
+        else:
+            idx = torch.topk(select, k, dim=-1).indices
+        probs = torch.gather(scores, -1, idx)
+        probs = (probs / probs.sum(-1, keepdim=True).clamp_min(1e-12) * 4.9).float()
+        w_gate = randn(g, (hl * e, d, i), dt, 1.0 / math.sqrt(d))
+        w_up = randn(g, (hl * e, d, i), dt, 1.0 / math.sqrt(d))
+        w_down = randn(g, (hl * e, i, d), dt, 1.0 / math.sqrt(i))
+        kwargs: dict[str, Any] = {"deterministic": True} if p.get("deterministic") else {}
+        return Call((x, probs, idx, w_gate, w_up, w_down), kwargs)
+
+    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
+        x = call.args[0]
+        return {"y": (list(x.shape), (x.dtype,))}
+
+    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
+        x, _, _ = router_inputs(g, {"t": 6, "hl": 2, "e": 4, "d": 8, "bias": True}, dtype)
+        probs = torch.rand(2, 6, 2, generator=g)
+        idx = torch.randint(0, 4, (2, 6, 2), generator=g)
+        wg, wu = randn(g, (8, 8, 16), dtype), randn(g, (8, 8, 16), dtype)
+        wd = randn(g, (8, 16, 8), dtype)
+        return {
+            "expert id out of range": Call((x, probs, idx + 4, wg, wu, wd), {}),
+            "w_down of the wrong shape": Call((x, probs, idx, wg, wu, wd[:, :8]), {}),
+            "weights in another dtype": Call((x, probs, idx, wg.to(other), wu, wd), {}),
+        }
+
+    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        return moe_explain(opts, features) | {"intermediate": opts["intermediate"]}
+
+
+SPEC = MoEExpertsSpec()

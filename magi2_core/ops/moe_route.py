@@ -1,0 +1,310 @@
+"""The ``moe_route`` operator: head-routed top-k routing of MAGI-2's MoE.
+
+``x [T, Hl, d]``: Hl heads are hidden-state slices, each with its own bank of E experts.
+``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only); scores
+are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
+:func:`magi2_core.contracts.moe.router_scores`; the ids are the ``top_k`` largest ``score + bias`` in
+descending order, equal values in ascending expert id (NaN ranks highest); the weights are the
+selected unbiased scores, L1-normalised unless ``route_norm=False``, times ``route_scale``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, NamedTuple, Protocol
+
+import torch
+
+from magi2_core import shadow as _shadow
+from magi2_core.capability import Capability
+from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import acceptance as acc
+from magi2_core.contracts.moe import ScoreFunc
+from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.ops._dispatch import dispatcher
+from magi2_core.ops._moe_cases import moe_case_problem, moe_cases, moe_explain, router_inputs
+from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.overrides import context_token
+from magi2_core.problem import FEATURE_BIT, Feature, Problem
+from magi2_core.testing.case import Call, Case, dtype_of
+
+__all__ = ["SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
+
+OP: Literal["moe_route"] = "moe_route"
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_COMPILING = FEATURE_BIT[Feature.COMPILING]
+_SOFTMAX, _NO_NORM = FEATURE_BIT[Feature.ROUTE_SOFTMAX], FEATURE_BIT[Feature.ROUTE_NO_NORM]
+
+
+class RouteKey(NamedTuple):
+    """The typed problem of a routing call: what provider selection may depend on."""
+
+    device: torch.device | str
+    dtype: str
+    out_dtype: None
+    features: int
+    tokens: int
+    num_heads: int
+    num_experts: int
+    top_k: int
+    hidden: int
+
+
+class RouteCall(NamedTuple):
+    x: torch.Tensor
+    router_weight: torch.Tensor
+    bias: torch.Tensor | None
+    top_k: int
+    route_scale: float
+    route_norm: bool
+    score_func: ScoreFunc
+    key: RouteKey
+
+
+class MoERouteKernel(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        top_k: int,
+        route_scale: float,
+        route_norm: bool,
+        score_func: Literal["sigmoid", "softmax"],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``. ``route_norm=False`` and
+        ``score_func="softmax"`` reach only providers that declare ``route_no_norm`` / ``route_softmax``."""
+        ...
+
+
+def validate(
+    x: object,
+    router_weight: object,
+    bias: object,
+    *,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool = True,
+    score_func: str = "sigmoid",
+    compiling: bool,
+) -> RouteCall:
+    """Check every argument (raising an input error that names it) and normalise the inputs."""
+    op = OP
+    x = ck.tensor(op, "x", x)
+    ck.with_data(op, "x", x)
+    ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
+    ck.dtype_in(op, "x", x, FLOATS)
+    t, hl, d = x.shape
+    w = ck.tensor(op, "router_weight", router_weight)
+    ck.dtype_in(op, "router_weight", w, (torch.float32,))
+    if w.dim() != 2 or w.shape[1] != d or hl == 0 or w.shape[0] % hl != 0 or w.shape[0] == 0:
+        raise InvalidShapeError(
+            op, "router_weight", f"FP32 [heads·experts, {d}] with a multiple of {hl} rows", ck.describe(w)
+        )
+    e = w.shape[0] // hl
+    b: torch.Tensor | None = None
+    if bias is not None:
+        b = ck.tensor(op, "bias", bias)
+        ck.dtype_in(op, "bias", b, (torch.float32,))
+        if tuple(b.shape) != (hl * e,):
+            raise InvalidShapeError(op, "bias", f"FP32 [{hl * e}] (one per head·expert)", ck.describe(b))
+    ck.same_device(op, "x", x, router_weight=w, bias=b)
+    if b is not None:
+        ck.finite_parameter(op, "bias", b)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise InvalidShapeError(op, "top_k", f"an int in [1, {e}] (experts per head)", repr(top_k))
+    scale = ck.real(op, "route_scale", route_scale, "a finite float")
+    if not math.isfinite(scale):
+        raise InvalidValueError(op, "route_scale", "a finite float", repr(route_scale))
+    if not isinstance(route_norm, bool):
+        raise InvalidValueError(op, "route_norm", "True or False", repr(route_norm))
+    if score_func == "sigmoid":
+        func: ScoreFunc = "sigmoid"
+    elif score_func == "softmax":
+        func = "softmax"
+    else:
+        raise InvalidValueError(op, "score_func", "'sigmoid' or 'softmax'", repr(score_func))
+    mask = (_COMPILING if compiling else 0) | (_SOFTMAX if func == "softmax" else 0) | (0 if route_norm else _NO_NORM)
+    key = RouteKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d)
+    return RouteCall(x, w, b, top_k, scale, route_norm, func, key)
+
+
+class _Bound(NamedTuple):
+    kernel: Any
+    provider: str
+    route_scale: float
+    score_func: ScoreFunc
+    finite_bias: bool  # a host bias: its values are checked (once per tensor version, see finite_memo)
+    key: RouteKey
+    finite_memo: ck.FiniteMemo
+
+
+def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, route_scale: float,
+          route_norm: bool, score_func: str, provider: str | None, compiling: bool) -> _Bound:
+    """Validate and resolve, or find both done for this call layout."""
+    d = dispatcher()
+    bound = d.bound_calls()
+    try:
+        layout = (
+            OP, provider, context_token(), x.shape, x.dtype, x.device, router_weight.shape, router_weight.dtype,
+            router_weight.device, None if bias is None else (bias.shape, bias.dtype, bias.device), top_k,
+            type(top_k), route_scale, type(route_scale), route_norm, type(route_norm), score_func, compiling,
+        )  # fmt: skip
+        hit: _Bound | None = bound.get(layout)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
+        layout, hit = None, None
+    if hit is not None:
+        if hit.finite_bias:
+            ck.finite_parameter_once(OP, "bias", bias, hit.finite_memo)  # type: ignore[arg-type]
+        return hit
+    call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
+                    score_func=score_func, compiling=compiling)
+    kernel, name = d.kernel(SPEC, call.key, provider)
+    finite = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
+    hit = _Bound(kernel, name, call.route_scale, call.score_func, finite, call.key,
+                 ck.checked_finite(call.bias if finite else None))
+    if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
+        if len(bound) >= d.BOUND_LIMIT:
+            bound.clear()
+        bound[layout] = hit
+    return hit
+
+
+def moe_route(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    top_k: int = 6,
+    route_scale: float = 4.9,
+    route_norm: bool = True,
+    score_func: ScoreFunc = "sigmoid",
+    provider: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head-routed top-k: ``probs [Hl, T, K]`` FP32 and per-head expert ids ``[Hl, T, K]``.
+
+    ``x [T, Hl, d]``; ``router_weight`` FP32 ``[Hl·E, d]`` head-major; ``bias`` FP32 ``[Hl·E]``
+    shifts the selection only. Scores are ``sigmoid`` (MAGI-2's release) or ``softmax`` over each
+    head's experts. The ids are the ``top_k`` largest biased scores in descending order, equal scores
+    in ascending expert id. Weights are the unbiased scores of the selected experts, L1-normalised
+    (eps 1e-12) unless ``route_norm=False``, times ``route_scale``.
+    """
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                    or getattr(router_weight, "requires_grad", False)
+                                    or getattr(bias, "requires_grad", False)):  # fmt: skip
+        forward_only(OP, x=x, router_weight=router_weight, bias=bias)
+    if torch.compiler.is_compiling():
+        probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), route_norm,
+                                               score_func, provider)
+        return probs, idx
+    b = _bind(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, False)
+    probs, idx = b.kernel(x, router_weight, bias, top_k=top_k, route_scale=b.route_scale, route_norm=route_norm,
+                          score_func=b.score_func)
+    scope = _shadow.sampling()
+    if scope is not None:
+        call = RouteCall(x, router_weight, bias, top_k, b.route_scale, route_norm, b.score_func, b.key)
+        _shadow.observe(scope, SPEC, b.provider, call, (probs, idx))
+    return probs, idx
+
+
+@torch.library.custom_op("magi2::moe_route", mutates_args=())
+def _moe_route_op(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool,
+    score_func: str,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
+                    score_func=score_func, compiling=True)
+    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
+    out = SPEC.run(kernel, call)
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, name, call, out)
+    probs, idx = out
+    return dense(probs), dense(idx)
+
+
+@_moe_route_op.register_fake
+def _(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool,
+    score_func: str,
+    provider: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (x.shape[1], x.shape[0], top_k)
+    return x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.int64)
+
+
+class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
+    name = OP
+    family = "moe"
+    key_type = RouteKey
+    arg_names = ("x", "router_weight", "bias")
+    kernel_protocol = MoERouteKernel
+
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> RouteCall:
+        kw = dict(kwargs)
+        return validate(*args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9),
+                        route_norm=kw.pop("route_norm", True), score_func=kw.pop("score_func", "sigmoid"),
+                        compiling=False, **kw)
+
+    def run(self, kernel: Any, call: RouteCall) -> Any:
+        return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                      route_norm=call.route_norm, score_func=call.score_func)
+
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        return {"probs": out[0], "idx": out[1]}
+
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
+               ) -> list[acc.Acceptance]:
+        return [acc.accept_moe_route(got["probs"], got["idx"], ref["probs"], ref["idx"])]
+
+    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
+        variants: dict[str, dict[str, Any]] = {"no-bias": {"bias": False}}
+        if Feature.ROUTE_SOFTMAX in cap.features:
+            variants["softmax"] = {"score_func": "softmax"}
+        if Feature.ROUTE_NO_NORM in cap.features:
+            variants["no-norm"] = {"route_norm": False}
+            if Feature.ROUTE_SOFTMAX in cap.features:
+                variants["softmax-no-norm"] = {"score_func": "softmax", "route_norm": False}
+        return moe_cases(OP, cap, device, tokens=37, extra={}, variants=variants)
+
+    def case_problem(self, case: Case) -> Problem:
+        return moe_case_problem(case)
+
+    def build(self, case: Case, g: torch.Generator) -> Call:
+        p = case.p
+        x, w, bias = router_inputs(g, p, dtype_of(case.dtype))
+        options = {"route_norm": p.get("route_norm", True), "score_func": p.get("score_func", "sigmoid")}
+        return Call((x, w, bias), {"top_k": p["k"], "route_scale": 4.9, **options})
+
+    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
+        x = call.args[0]
+        shape = [x.shape[1], x.shape[0], call.kwargs["top_k"]]
+        return {"probs": (shape, (torch.float32,)), "idx": (shape, (torch.int64, torch.int32))}
+
+    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
+        x, w, bias = router_inputs(g, {"t": 6, "hl": 2, "e": 4, "d": 8, "bias": True}, dtype)
+        assert bias is not None
+        return {
+            "top_k larger than the experts per head": Call((x, w, bias), {"top_k": 5}),
+            "router_weight not FP32": Call((x, w.to(dtype if dtype != torch.float32 else other), bias), {"top_k": 2}),
+            "bias of the wrong length": Call((x, w, bias[:-1]), {"top_k": 2}),
+        }
+
+    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        return moe_explain(opts, features)
+
+
+SPEC = MoERouteSpec()
