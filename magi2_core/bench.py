@@ -60,8 +60,10 @@ def noop_backend() -> Iterator[None]:
                    out_dtypes=("float32",) if op == "rmsnorm" else None, features=frozenset(Feature), priority=-1000)
         for op in OPS
     )  # fmt: skip
-    plugin = types.SimpleNamespace(magi2_backend=hookimpl(lambda: BackendSpec(
-        name="magi2-bench-noop", version="0", core_api=">=1.0,<2", providers=caps)))
+    plugin = types.ModuleType(f"{_NOOP}_plugin")  # a module: pluggy needs a hashable plugin object
+    plugin.magi2_backend = hookimpl(  # type: ignore[attr-defined]
+        lambda: BackendSpec(name="magi2-bench-noop", version="0", core_api=">=1.0,<2", providers=caps)
+    )
     reg = m2.get_registry()
     reg.register(plugin, name=NOOP_PROVIDER)
     try:

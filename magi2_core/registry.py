@@ -195,6 +195,12 @@ class Registry:
 
     def _add(self, plugin: object, name: str, value: str, dist: str, start: float) -> None:
         try:
+            hash(plugin)  # hooks are called per plugin through pluggy's subset callers, which need it
+        except TypeError:
+            self._quarantine(name, value, dist, f"invalid plugin: a {type(plugin).__name__} is not hashable; register "
+                             "a module or an instance of a class (pluggy keeps plugins in sets)")
+            return
+        try:
             self._pm.register(plugin, name=name)
         except Exception as exc:  # pluggy.PluginValidationError, duplicate names
             self._quarantine(name, value, dist, f"invalid plugin: {type(exc).__name__}: {exc}")

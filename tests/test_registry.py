@@ -98,6 +98,17 @@ def test_duplicate_provider_names_quarantine_the_later_backend() -> None:
     assert "already registered" in reg.quarantined()[0].reason
 
 
+def test_an_unhashable_plugin_is_quarantined_alone_with_what_to_register_instead() -> None:
+    reg = Registry(discover=False)
+    unhashable = types.SimpleNamespace(magi2_backend=hookimpl(lambda: BackendSpec(
+        name="ns", version="0", core_api=">=1.0,<2", providers=(_cap("from_ns"),))))  # fmt: skip
+    reg.register(unhashable, name="ns")
+    reg.register(_plugin("after", _cap("after")), name="after")
+    (item,) = reg.quarantined()
+    assert item.entry_point == "ns" and "not hashable" in item.reason and "module" in item.reason
+    assert [p.name for p in reg.providers("rmsnorm")] == ["after"]
+
+
 def test_plugin_without_the_hook_is_quarantined() -> None:
     reg = Registry(discover=False)
     reg.register(types.ModuleType("empty"), name="empty")

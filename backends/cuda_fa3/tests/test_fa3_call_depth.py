@@ -19,11 +19,11 @@ from magi2_backend_cuda_fa3.abi import load_fa3
 from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_cuda_fa3.plugin import descriptor
 from magi2_backend_cuda_fa3.provider import FA3Attention
-from magi2_backend_cuda_fa3.sinks import torch_correction
 
 import magi2_core as m2
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
+from magi2_core.sink_corrections import torch_correction
 from magi2_core.testing import registered_backend
 
 MAX_DEPTH = 5
