@@ -101,3 +101,5 @@ step "MoE: N distinct layers in turn through the public op"
 python3 -m benchmarks.moe --out "$OUT/moe_layers_h200.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"
 fi
 step "done"
+# At most 8 files come back from a device call: the logs travel as one archive beside the JSON results.
+( cd "$OUT" && tar czf logs.tar.gz ./*.log ./*.xml ./*.txt 2>/dev/null && rm -f ./*.log ./*.xml ./*.txt )
