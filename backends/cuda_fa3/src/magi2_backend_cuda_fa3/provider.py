@@ -84,7 +84,7 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
             "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "softmax_scale": softmax_scale,
             "causal": False,
         }  # fmt: skip
-        cap = max(float(softcap), 0.0)  # FA3 treats <= 0 as off, but builds without softcap reject any nonzero
+        cap = float(softcap)  # the op normalised it (>= 0); a build without softcap rejects any nonzero value
         if cap > 0:
             if not abi.softcap:
                 raise NotImplementedError(f"{abi.label} cannot apply softcap={cap}: softcap is not in this build")
