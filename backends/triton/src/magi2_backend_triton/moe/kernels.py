@@ -42,7 +42,8 @@ def _swiglu7(g, u):
     # SwiGLU7 in FP32: gate clamped above at 7, up clamped to [-7, 7], g*sigmoid(1.702 g)*(u+1).
     g = tl.minimum(g, SWIGLU_LIMIT)
     u = tl.minimum(tl.maximum(u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-    return g * tl.sigmoid(SWIGLU_ALPHA * g) * (u + 1.0)
+    # g * ALPHA, not ALPHA * g: a constexpr on the left of a product breaks Triton 3.9's interpreter
+    return g * tl.sigmoid(g * SWIGLU_ALPHA) * (u + 1.0)
 
 
 @triton.jit
