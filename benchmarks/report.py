@@ -12,6 +12,7 @@ an error, so new results can land before their summariser does.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -38,6 +39,7 @@ SUPERSEDED = {
     "moe_h200_run2.json": "moe_h200.json",
     "moe_h200_run3.json": "moe_h200.json",
     "distributed_tiny_h200x2.json": "distributed_h200x2.json",
+    "route_profile_h200_3d65876.json": "route_profile_h200.json",
 }
 
 
@@ -165,15 +167,17 @@ def distributed_rows(d: Data) -> list[Row]:
     ]
 
 
-def dispatch_rows(d: Data) -> list[Row]:
+def dispatch_rows(d: Data, where: str = "") -> list[Row]:
     by_op = {r["op"]: r for r in d["rows"]}
+    over = [op for op, r in by_op.items() if r["added_us"] > 5.0]
     return [
         (
-            "dispatch overhead (CPU)",
+            "dispatch overhead (CPU)" + (f", {where}" if where else ""),
             "cached resolve / added per call",
             ", ".join(f"{r['resolve_us']:.1f} / {r['added_us']:.1f} us ({op})" for op, r in by_op.items()),
             "a no-op provider called directly",
-            d["device"],
+            ("target <= 5 us added: " + (f"missed by {', '.join(over)}" if over else "met by every op"))
+            + f"; {d['device']}, torch {d.get('torch', '?')}, {_short(d.get('commit', '?'))}",
         )
     ]
 
@@ -442,7 +446,8 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "sink_correction_h200.json": sink_rows,
     "attention_h200_final.json": attention_rows,
     "distributed_h200x2.json": distributed_rows,
-    "dispatch_cpu.json": dispatch_rows,
+    "dispatch_cpu.json": functools.partial(dispatch_rows, where="the loaded 2-core development machine"),
+    "dispatch_cpu_h200host.json": functools.partial(dispatch_rows, where="the H200 host's quiet CPU"),
     "attention_fa4_h200.json": attention_fa4_rows,
     "block_h200.json": block_rows,
     "moe_layers_h200.json": moe_layers_rows,
