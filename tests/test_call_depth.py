@@ -21,7 +21,7 @@ from magi2_core.capability import Capability
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
 from magi2_core.problem import OPS, Feature
-from magi2_core.testing import registered_backend
+from magi2_core.testing import magi2_frames_at, registered_backend
 
 MAX_DEPTH = 5
 _MODULE = "magi2_test_recording_kernels"
@@ -48,34 +48,6 @@ def recording() -> Iterator[str]:
     del sys.modules[_MODULE]
 
 
-def _walk(call: Callable[[], object], launch: types.CodeType) -> tuple[list[list[str]], Counter[str]]:
-    """The magi2 frames on the stack each time ``launch`` starts, and every magi2 function entered."""
-    stacks: list[list[str]] = []
-    entered: Counter[str] = Counter()
-
-    def profile(frame: types.FrameType, event: str, arg: object) -> None:
-        if event != "call":
-            return
-        name = frame.f_globals.get("__name__", "")
-        if name.startswith("magi2"):
-            entered[f"{name}.{frame.f_code.co_name}"] += 1
-        if frame.f_code is launch:
-            chain, f = [], frame.f_back
-            while f is not None:
-                module = f.f_globals.get("__name__", "")
-                if module.startswith("magi2"):
-                    chain.append(f"{module}.{f.f_code.co_name}")
-                f = f.f_back
-            stacks.append(chain)
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return stacks, entered
-
-
 def _calls() -> dict[str, Callable[[str], object]]:
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(12, 2, 16, generator=g) for _ in range(3))
@@ -98,7 +70,7 @@ def _calls() -> dict[str, Callable[[str], object]]:
 def test_cache_hit_is_at_most_five_magi2_frames_deep(recording: str, op: str) -> None:
     call = _calls()[op]
     call(recording)  # the first call of this layout validates and resolves
-    stacks, entered = _walk(lambda: call(recording), _recording_kernel.__code__)
+    stacks, entered = magi2_frames_at(lambda: call(recording), _recording_kernel.__code__)
     (stack,) = stacks
     assert stack[-1] == f"magi2_core.ops.{op}.{op}", stack  # entered through the public op
     assert len(stack) <= MAX_DEPTH, stack

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from magi2_core.testing.cases import Case, generate_cases
+    from magi2_core.testing.frames import magi2_frames_at
     from magi2_core.testing.register import InProcessBackend, registered_backend, rehost
     from magi2_core.testing.runner import (
         CaseResult,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 _MODULE_OF = {
     "Case": "cases",
     "generate_cases": "cases",
+    "magi2_frames_at": "frames",
     "InProcessBackend": "register",
     "registered_backend": "register",
     "rehost": "register",
@@ -55,6 +57,7 @@ __all__ = [
     "ValidationCase",
     "available_device_types",
     "generate_cases",
+    "magi2_frames_at",
     "plan",
     "registered_backend",
     "rehost",

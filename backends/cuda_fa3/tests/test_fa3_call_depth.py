@@ -24,7 +24,7 @@ import magi2_core as m2
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
 from magi2_core.sink_corrections import torch_correction
-from magi2_core.testing import registered_backend
+from magi2_core.testing import magi2_frames_at, registered_backend
 
 MAX_DEPTH = 5
 _MODULE = "magi2_test_fa3_depth"
@@ -44,34 +44,6 @@ def fake_fa3(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVarlen]:
                                                "device_types": ("cpu",), "rules": ()})
     with registered_backend(cap, name="fa3-depth"):
         yield fake
-
-
-def _profile(call: object, launch: types.CodeType) -> tuple[list[str], Counter[str]]:
-    stacks: list[list[str]] = []
-    entered: Counter[str] = Counter()
-
-    def profile(frame: types.FrameType, event: str, arg: object) -> None:
-        if event != "call":
-            return
-        name = frame.f_globals.get("__name__", "")
-        if name.startswith("magi2"):
-            entered[f"{name}.{frame.f_code.co_name}"] += 1
-        if frame.f_code is launch:
-            chain, f = [], frame.f_back
-            while f is not None:
-                module = f.f_globals.get("__name__", "")
-                if module.startswith("magi2"):
-                    chain.append(f"{module}.{f.f_code.co_name}")
-                f = f.f_back
-            stacks.append(chain)
-
-    sys.setprofile(profile)
-    try:
-        call()  # type: ignore[operator]
-    finally:
-        sys.setprofile(None)
-    (stack,) = stacks
-    return stack, entered
 
 
 def test_fa3_launch_is_at_most_five_magi2_frames_deep_and_inputs_are_checked_once(
@@ -97,7 +69,7 @@ def test_fa3_launch_is_at_most_five_magi2_frames_deep_and_inputs_are_checked_onc
     first = call()
     assert checked == Counter({"q": 1, "k": 1, "v": 1, "cu_seqlens_q": 1, "cu_seqlens_k": 1, "sinks": 1})
     checked.clear()
-    stack, entered = _profile(call, fake_fa3.func.__code__)
+    (stack,), entered = magi2_frames_at(call, fake_fa3.func.__code__)
     assert stack[-1] == "magi2_core.ops.attention.attention" and len(stack) <= MAX_DEPTH, stack
     assert not checked, checked  # the hit re-checks no argument
     assert not [f for f in entered if f.endswith(".validate")], entered
