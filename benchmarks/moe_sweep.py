@@ -49,12 +49,23 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
     """The table's tiles and, for each variant, the same one-kernel tile with that kernel; where the
     base holds few rows, also a 2-stage TMA tile (two programs per SM), plain and persistent, and a
     64-wide-slice TMA tile; where it holds 128 rows, TMA tiles with 2 and 4 stages, with 64-wide
-    intermediate slices and with 64-row blocks."""
+    intermediate slices and with 64-row blocks. The Gluon kernel runs with 64-row blocks where the
+    base's are smaller, and with both 128 and 64 where they are 128."""
     out = {"base": base}
     if base.single is None:
         return out
     for v in variants:
         out[v] = dataclasses.replace(base, variant=v)
+    if "gluon" in variants:
+        # The wgmma kernel takes 64- or 128-row blocks, one warp per 16 rows.
+        m64 = dataclasses.replace(base.single, block_m=64, num_warps=4)
+        if base.single.block_m < 64:
+            out["gluon"] = dataclasses.replace(base, single=m64, variant="gluon")
+        else:
+            out["gluon_m64"] = dataclasses.replace(base, single=m64, variant="gluon")
+        # 16-wide slices at 64 rows: ~90 KB of shared memory and < 200 registers, so two programs
+        # share an SM and each one's SwiGLU7 can run under the other's MMAs.
+        out["gluon_m64_i16"] = dataclasses.replace(base, single=dataclasses.replace(m64, block_n=16), variant="gluon")
     if base.single.block_m <= 32:
         # 2 stages halve the shared memory of the 16-row tile (~104 KB): two programs fit per SM.
         shallow = dataclasses.replace(base.single, num_stages=2)

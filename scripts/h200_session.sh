@@ -2,7 +2,7 @@
 # The device calls on the lent H200 (image: python 3.12, torch 2.11+cu130, triton 3.6, no pydantic, no
 # network). Installs the carried payload (scripts/h200_env.sh: carry .whl/p1, and .whl/p2 in a call that
 # follows for FlashAttention-4), installs the local distributions editable, then runs the steps named in
-# MAGI2_STEPS (all when unset): the whole GPU test suite (no -x; counts printed, log in $OUT/gpu_tests.log,
+# MAGI2_SWEEP_ARGS: extra arguments of benchmarks.moe_sweep (e.g. --variants gluon). MAGI2_STEPS (all when unset): the whole GPU test suite (no -x; counts printed, log in $OUT/gpu_tests.log,
 # JUnit in $OUT/gpu.xml), the conformance kit on CUDA, the demo and the benchmarks.
 # Everything lands under $OUT. Usage there: MAGI2_GIT_COMMIT=<sha> MAGI2_STEPS=tests,block bash scripts/h200_session.sh
 set -uo pipefail
@@ -84,7 +84,7 @@ python3 -m benchmarks.vllm_omni_moe --out "$OUT/vllm_omni_moe_h200.json" > "$OUT
 fi
 if want sweep; then
 step "MoE kernel variants sweep"
-python3 -m benchmarks.moe_sweep --out "$OUT/moe_sweep_h200.json" > "$OUT/moe_sweep.log" 2>&1; tail -40 "$OUT/moe_sweep.log"
+python3 -m benchmarks.moe_sweep --out "$OUT/moe_sweep_h200.json" ${MAGI2_SWEEP_ARGS:-} > "$OUT/moe_sweep.log" 2>&1; tail -40 "$OUT/moe_sweep.log"
 fi
 if want cli; then
 step "CLI on the GPU machine"

@@ -21,6 +21,7 @@ from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
+from .gluon import launch_fused_gluon
 from .tma import launch_fused_tma
 
 
@@ -197,7 +198,10 @@ def run_fused(
 
     routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
     inter: Tensor | None = None
-    if tma:
+    if tma and tiles.variant == "gluon":
+        assert single is not None and w13 is not None
+        launch_fused_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single)
+    elif tma:
         assert single is not None and w13 is not None
         launch_fused_tma(
             x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=tiles.variant,

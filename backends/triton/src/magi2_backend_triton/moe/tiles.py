@@ -17,9 +17,13 @@ from typing import Literal
 # others are the Hopper variants of `kernels_tma.py` (weight slices through tensor descriptors),
 # for CUDA capability >= 9.0 only: "tma" one program per row block, "tma_ws" the same with a
 # warp-specialised slice loop, "tma_persistent" / "tma_persistent_ws" a machine-sized grid walking
-# the row blocks. The launcher rejects a TMA variant where the device or Triton lacks the feature.
-KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws"]
-KERNEL_VARIANTS: tuple[KernelVariant, ...] = ("pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws")
+# the row blocks. "gluon" is `kernels_gluon.py`: the TMA kernel's operands with the slice loop
+# software-pipelined by hand (Hopper, Triton with Gluon). The launchers reject a variant where the
+# device or Triton lacks the feature.
+KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon"]
+KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
+    "pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon"
+)
 
 
 @dataclass(frozen=True)

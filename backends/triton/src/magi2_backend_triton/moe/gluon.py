@@ -1,0 +1,114 @@
+"""Launcher of the Gluon one-kernel fused MoE (`kernels_gluon.py`): Hopper GPUs only.
+
+The kernel module imports `triton.experimental.gluon`, which older Tritons (and the interpreter)
+lack, so it is imported on first use and every reason it cannot run is a value
+(`gluon_unsupported_reason`): the tile table only names the variant where it can, and a call that
+asks for it anyway gets an error naming the reason (no silent fallback).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+import torch
+import triton
+from torch import Tensor
+
+from magi2_core.errors import InvalidValueError
+
+from ..interpret import interpreting as _interpreting
+from .align import RouteBuffers
+from .tiles import GemmTile
+
+# Ring depths of the weight slices: the gate/up slice of i+2 loads while slice i+1 is multiplied,
+# the down slice two iterations after its MMA was issued (see the kernel). With the 128 x 256
+# activation block this is 64 + 2 x 32 + 3 x 16 = 176 KB of shared memory at BLOCK_I = 32.
+W13_STAGES = 2
+WD_STAGES = 3
+_SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels() -> ModuleType | str:
+    """The kernel module, or why it cannot be imported with this Triton."""
+    try:
+        return importlib.import_module(".kernels_gluon", __package__)
+    except Exception as e:  # ImportError, or an older Gluon whose API differs  # noqa: BLE001
+        return f"Triton {triton.__version__} cannot build the Gluon kernel ({type(e).__name__}: {e})"
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
+
+
+def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -> str | None:
+    """Why the kernel cannot take this shape and tile, or None when it can (no device needed)."""
+    bi = tile.block_n
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"the wgmma kernel takes 2-byte activations; got {dtype}"
+    if d & (d - 1) or not 16 <= d <= 256:
+        return f"d must be a power of two in [16, 256] (one wgmma N); got {d}"
+    if bi & (bi - 1) or not 8 <= bi <= 128 or inter % bi or inter // bi < 3:
+        return f"the intermediate ({inter}) must be at least 3 slices of a power-of-two BLOCK_I (got {bi})"
+    if tile.block_m not in (64, 128) or tile.num_warps != tile.block_m // 16:
+        return f"row blocks of 64 or 128 with one warp per 16 rows; got {tile.block_m} rows, {tile.num_warps} warps"
+    shared = 2 * d * (tile.block_m + W13_STAGES * 2 * bi + WD_STAGES * bi)
+    if shared > _SHARED_LIMIT:
+        return f"needs {shared} B of shared memory, more than {_SHARED_LIMIT}"
+    return None
+
+
+def gluon_unsupported_reason(device: torch.device) -> str | None:
+    """Why the Gluon kernel cannot run on ``device`` with this Triton, or None when it can."""
+    if _interpreting():
+        return "the Triton interpreter cannot run Gluon kernels"
+    if device.type != "cuda":
+        return f"the Gluon kernel needs a CUDA device; got {device.type}"
+    cap = _capability(device)
+    if cap[0] != 9:
+        return f"the Gluon kernel uses Hopper's wgmma (compute capability 9.x); got {cap[0]}.{cap[1]}"
+    kernels = _kernels()
+    return kernels if isinstance(kernels, str) else None
+
+
+def launch_fused_gluon(
+    x: Tensor,
+    w13: Tensor,
+    w_down: Tensor,
+    probs_flat: Tensor,
+    routed: Tensor,
+    bufs: RouteBuffers,
+    *,
+    topk: int,
+    tile: GemmTile,
+) -> None:
+    """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank."""
+    num_tokens, _, d = x.shape
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile)
+    if reason is not None:
+        raise InvalidValueError("moe_experts", "tiles.variant", "'tma' or 'pointer' here", f"'gluon' ({reason})")
+    kernels = _kernels()
+    assert not isinstance(kernels, str)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    bi = tile.block_n
+    elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    w13_desc = TensorDescriptor.from_tensor(
+        w13.reshape(num_experts * two_inter, d), [2 * bi, d], gl.NVMMASharedLayout.get_default_for([2 * bi, d], elem)
+    )
+    wd_desc = TensorDescriptor.from_tensor(
+        w_down.reshape(num_experts * inter, d), [bi, d], gl.NVMMASharedLayout.get_default_for([bi, d], elem)
+    )
+    kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
+        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
+        num_tokens, routed.shape[0], x.stride(0), x.stride(1),
+        D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, W13_STAGES=W13_STAGES, WD_STAGES=WD_STAGES,
+        num_warps=tile.num_warps,
+    )  # fmt: skip

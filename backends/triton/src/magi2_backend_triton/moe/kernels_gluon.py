@@ -1,0 +1,198 @@
+"""Hopper one-kernel fused MoE in Gluon, with the slice loop software-pipelined by hand.
+
+Same math, rounding schedule, row-block contract and operands as `kernels_tma.fused_expert_tma_kernel`:
+per row block of one flat expert, the [BM, d] activation block stays in shared memory; for each
+BLOCK_I slice of the intermediate, one MMA over the interleaved (gate, up) bank, SwiGLU7 in FP32,
+one rounding to the storage dtype, then the slice feeds the down projection into a [BM, d] FP32
+accumulator; x routing weight in FP32, one rounding per route.
+
+What Triton's `tl.dot` cannot express is the schedule. Triton waits for a `wgmma` as soon as its
+result feeds anything but its own accumulator, so in the Triton kernels the tensor cores sit idle
+while SwiGLU7 (two MUFU operations per element) runs on every slice. Here the wgmmas are issued
+asynchronously and waited for explicitly: the gate/up MMA of slice i+1 is issued *before* the
+SwiGLU7 of slice i, and the down-projection MMA of slice i stays in flight while the next slice's
+gate/up MMA is issued, so the epilogue of one slice runs under the MMAs of its neighbours.
+
+wgmma groups complete in issue order. In iteration i the groups issued after G1(i) (the gate/up
+MMA of slice i) are G2(i-1) (down projection of the previous slice) and G1(i+1), so waiting with
+two groups outstanding is exactly "G1(i) done"; in the first and last iteration one group follows.
+
+Weight slices arrive by TMA into rings of W13_STAGES / WD_STAGES buffers, each with its mbarrier.
+A gate/up buffer is refilled once its G1 is waited for; a down buffer two iterations after its
+G2 was issued (by then the wait of the current iteration covers it).
+
+GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
+the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+_ALPHA = gl.constexpr(SWIGLU_ALPHA)
+_LIMIT = gl.constexpr(SWIGLU_LIMIT)
+
+
+@gluon.jit
+def _swiglu7_slice(gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: gl.constexpr):
+    # Columns of the interleaved bank alternate gate, up: split them, SwiGLU7 in FP32, one rounding.
+    g, u = gl.split(gl.reshape(gu, [BLOCK_M, BLOCK_I, 2]))
+    g = gl.minimum(g, _LIMIT)
+    u = gl.minimum(gl.maximum(u, -_LIMIT), _LIMIT)
+    # g * sigmoid(ALPHA g) * (u + 1), sigmoid as 1 / (1 + exp(-x)): the Triton kernels' expression.
+    s = 1.0 / (1.0 + gl.exp(-(g * _ALPHA)))
+    return (g * s * (u + 1.0)).to(out_dtype)
+
+
+@gluon.jit
+def _load_slice(desc, bars, bufs, row, s, pred):
+    mbarrier.expect(bars.index(s), desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [row, 0], bars.index(s), bufs.index(s), pred=pred)
+
+
+@gluon.jit
+def fused_expert_gluon_kernel(
+    x_ptr,  # [T, Hl, d]
+    w13_desc,  # packed bank as [F*2I, d], block [2*BLOCK_I, d]
+    wd_desc,  # w_down as [F*I, d], block [BLOCK_I, d]
+    probs_ptr,  # [R] fp32 routing weights, flat route order
+    out_ptr,  # [R, d] per-route outputs
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    num_tokens,
+    num_routes,
+    stride_xt,
+    stride_xh,
+    D: gl.constexpr,
+    INTER: gl.constexpr,
+    TOPK: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_I: gl.constexpr,
+    W13_STAGES: gl.constexpr,
+    WD_STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    gl.static_assert(INTER % BLOCK_I == 0)
+    NUM_SLICES: gl.constexpr = INTER // BLOCK_I
+    gl.static_assert(NUM_SLICES >= 3)
+    gl.static_assert(W13_STAGES >= 2)
+    gl.static_assert(WD_STAGES >= 3)
+    dtype: gl.constexpr = w13_desc.dtype
+
+    blk = gl.program_id(0)
+    if blk * BLOCK_M < gl.load(num_padded_ptr):
+        # Layouts: the row gather loads 16 B per thread along d; both MMAs put the warps along M.
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        mma1: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 2 * BLOCK_I, 16]
+        )
+        mma2: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
+        )
+        a_reg: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
+        a_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
+
+        w13_bufs = gl.allocate_shared_memory(dtype, [W13_STAGES, 2 * BLOCK_I, D], w13_desc.layout)
+        wd_bufs = gl.allocate_shared_memory(dtype, [WD_STAGES, BLOCK_I, D], wd_desc.layout)
+        w13_bars = gl.allocate_shared_memory(gl.int64, [W13_STAGES, 1], mbarrier.MBarrierLayout())
+        wd_bars = gl.allocate_shared_memory(gl.int64, [WD_STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(W13_STAGES):
+            mbarrier.init(w13_bars.index(s), count=1)
+        for s in gl.static_range(WD_STAGES):
+            mbarrier.init(wd_bars.index(s), count=1)
+
+        expert = gl.load(expert_ids_ptr + blk)
+        w13_row = expert * (2 * INTER)
+        wd_row = expert * INTER
+        # Weight slices first: their latency hides under the activation gather.
+        for s in gl.static_range(W13_STAGES):
+            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + s * 2 * BLOCK_I, s, True)
+        for s in gl.static_range(WD_STAGES):
+            _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + s * BLOCK_I, s, True)
+
+        # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
+        rows_l = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
+        routes_l = gl.load(sorted_ids_ptr + rows_l)
+        valid_l = routes_l < num_routes
+        row = gl.where(valid_l, routes_l, 0) // TOPK
+        head = row // num_tokens
+        tok = row - head * num_tokens
+        a_row = tok.to(gl.int64) * stride_xt + head.to(gl.int64) * stride_xh
+        offs_d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+        a = gl.load(x_ptr + a_row[:, None] + offs_d_l[None, :], mask=valid_l[:, None], other=0.0)
+        a_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], a_shared, a)
+        fence_async_shared()
+
+        zero1 = gl.zeros([BLOCK_M, 2 * BLOCK_I], gl.float32, layout=mma1)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=mma2)
+
+        # Slice 0: G1(0); then G1(1) before SwiGLU7(0); one group (G1(1)) may stay outstanding.
+        mbarrier.wait(w13_bars.index(0), 0)
+        gu = warpgroup_mma(a_smem, w13_bufs.index(0).permute((1, 0)), zero1, use_acc=False, is_async=True)
+        mbarrier.wait(w13_bars.index(1 % W13_STAGES), (1 // W13_STAGES) & 1)
+        gu_next = warpgroup_mma(
+            a_smem, w13_bufs.index(1 % W13_STAGES).permute((1, 0)), zero1, use_acc=False, is_async=True
+        )
+        gu_now = warpgroup_mma_wait(num_outstanding=1, deps=(gu,))
+        _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + W13_STAGES * 2 * BLOCK_I, 0, W13_STAGES < NUM_SLICES)
+        m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
+        mbarrier.wait(wd_bars.index(0), 0)
+        acc = warpgroup_mma(m, wd_bufs.index(0), acc, is_async=True)
+        gu = gu_next
+
+        # Slices 1 .. NUM_SLICES-2: issue G1(i+1), wait for G1(i) (G2(i-1) and G1(i+1) outstanding).
+        for i in range(1, NUM_SLICES - 1):
+            s1 = (i + 1) % W13_STAGES
+            mbarrier.wait(w13_bars.index(s1), ((i + 1) // W13_STAGES) & 1)
+            gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
+            gu_now = warpgroup_mma_wait(num_outstanding=2, deps=(gu,))
+            # G1(i) is done: its buffer takes slice i + W13_STAGES. G2(i-2) is done too (issued
+            # before G1(i)): its buffer takes slice i - 2 + WD_STAGES.
+            s0 = i % W13_STAGES
+            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + (i + W13_STAGES) * 2 * BLOCK_I, s0,
+                        i + W13_STAGES < NUM_SLICES)
+            if i >= 2:
+                sd = (i - 2) % WD_STAGES
+                _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (i - 2 + WD_STAGES) * BLOCK_I, sd,
+                            i - 2 + WD_STAGES < NUM_SLICES)
+            m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
+            sd_i = i % WD_STAGES
+            mbarrier.wait(wd_bars.index(sd_i), (i // WD_STAGES) & 1)
+            acc = warpgroup_mma(m, wd_bufs.index(sd_i), acc, is_async=True)
+            gu = gu_next
+
+        # Last slice: only G2(NUM_SLICES-2) is issued after its G1.
+        LAST: gl.constexpr = NUM_SLICES - 1
+        gu_now = warpgroup_mma_wait(num_outstanding=1, deps=(gu,))
+        if LAST >= 2:
+            sd = (LAST - 2) % WD_STAGES
+            _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (LAST - 2 + WD_STAGES) * BLOCK_I, sd,
+                        LAST - 2 + WD_STAGES < NUM_SLICES)
+        m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
+        mbarrier.wait(wd_bars.index(LAST % WD_STAGES), (LAST // WD_STAGES) & 1)
+        acc = warpgroup_mma(m, wd_bufs.index(LAST % WD_STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+        for s in gl.static_range(W13_STAGES):
+            mbarrier.invalidate(w13_bars.index(s))
+        for s in gl.static_range(WD_STAGES):
+            mbarrier.invalidate(wd_bars.index(s))
+
+        rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma2))
+        routes = gl.load(sorted_ids_ptr + rows)
+        valid = routes < num_routes
+        w = gl.load(probs_ptr + routes, mask=valid, other=0.0)
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma2))
+        out_ptrs = out_ptr + routes.to(gl.int64)[:, None] * D + offs_d[None, :]
+        gl.store(out_ptrs, (acc * w[:, None]).to(out_ptr.dtype.element_ty), mask=valid[:, None])
