@@ -58,7 +58,7 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
         out[v] = dataclasses.replace(base, variant=v)
     if "gluon" in variants:
         # The wgmma kernel takes 64- or 128-row blocks, one warp per 16 rows.
-        m64 = dataclasses.replace(base.single, block_m=64, num_warps=4)
+        m64 = dataclasses.replace(base.single, block_m=64, num_warps=4, num_stages=3)
         if base.single.block_m < 64:
             out["gluon"] = dataclasses.replace(base, single=m64, variant="gluon")
         else:

@@ -22,12 +22,15 @@ from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers
 from .tiles import GemmTile
 
-# Ring depths of the weight slices: the gate/up slice of i+2 loads while slice i+1 is multiplied,
-# the down slice two iterations after its MMA was issued (see the kernel). With the 128 x 256
-# activation block this is 64 + 2 x 32 + 3 x 16 = 176 KB of shared memory at BLOCK_I = 32.
-W13_STAGES = 2
-WD_STAGES = 3
 _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
+
+
+def _shared_bytes(d: int, tile: GemmTile) -> int:
+    # Activation block, `num_stages` gate/up and down slices, two SwiGLU7 slices (the A operand
+    # of the down projection), one mbarrier per weight buffer. The 128-row, 32-wide, 3-stage tile
+    # needs 229,432 B (the compiler's figure for it), just under the limit.
+    bm, bi, stages = tile.block_m, tile.block_n, tile.num_stages
+    return 2 * (bm * d + stages * 3 * bi * d + 2 * bm * bi) + 16 * stages
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,7 +59,9 @@ def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -
         return f"the intermediate ({inter}) must be at least 3 slices of a power-of-two BLOCK_I (got {bi})"
     if tile.block_m not in (64, 128) or tile.num_warps != tile.block_m // 16:
         return f"row blocks of 64 or 128 with one warp per 16 rows; got {tile.block_m} rows, {tile.num_warps} warps"
-    shared = 2 * d * (tile.block_m + W13_STAGES * 2 * bi + WD_STAGES * bi)
+    if tile.num_stages < 2:
+        return f"the weight rings need at least 2 stages; got {tile.num_stages}"
+    shared = _shared_bytes(d, tile)
     if shared > _SHARED_LIMIT:
         return f"needs {shared} B of shared memory, more than {_SHARED_LIMIT}"
     return None
@@ -109,6 +114,6 @@ def launch_fused_gluon(
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         num_tokens, routed.shape[0], x.stride(0), x.stride(1),
-        D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, W13_STAGES=W13_STAGES, WD_STAGES=WD_STAGES,
+        D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, STAGES=tile.num_stages,
         num_warps=tile.num_warps,
     )  # fmt: skip

@@ -9,17 +9,20 @@ accumulator; x routing weight in FP32, one rounding per route.
 What Triton's `tl.dot` cannot express is the schedule. Triton waits for a `wgmma` as soon as its
 result feeds anything but its own accumulator, so in the Triton kernels the tensor cores sit idle
 while SwiGLU7 (two MUFU operations per element) runs on every slice. Here the wgmmas are issued
-asynchronously and waited for explicitly: the gate/up MMA of slice i+1 is issued *before* the
-SwiGLU7 of slice i, and the down-projection MMA of slice i stays in flight while the next slice's
-gate/up MMA is issued, so the epilogue of one slice runs under the MMAs of its neighbours.
+asynchronously and waited for explicitly: G1(i+1), the gate/up MMA of slice i+1, is issued
+*before* the SwiGLU7 of slice i, so that epilogue runs under it.
 
-wgmma groups complete in issue order. In iteration i the groups issued after G1(i) (the gate/up
-MMA of slice i) are G2(i-1) (down projection of the previous slice) and G1(i+1), so waiting with
-two groups outstanding is exactly "G1(i) done"; in the first and last iteration one group follows.
+wgmma groups complete in issue order: G1(i), G2(i-1), G1(i+1). Waiting with one group outstanding
+therefore means "G1(i) and G2(i-1) done", which also frees their weight buffers for refills.
 
-Weight slices arrive by TMA into rings of W13_STAGES / WD_STAGES buffers, each with its mbarrier.
-A gate/up buffer is refilled once its G1 is waited for; a down buffer two iterations after its
-G2 was issued (by then the wait of the current iteration covers it).
+Every wgmma result that a non-wgmma instruction reads is waited for in the iteration that issued
+it: in iteration i, G1(i+1) is issued, SwiGLU7 of slice i (waited for in iteration i-1) runs,
+G2(i) is issued, and G1(i+1) is waited for with one group (G2(i)) left outstanding. Only the
+down-projection accumulator stays in flight across the back edge, chained by its own wgmmas (the
+shape of Triton's pipelined loops). Carrying a G1 result in flight around the loop instead makes
+ptxas serialize every wgmma of the kernel (a `WARPGROUP.DEPBAR` after each one in the SASS).
+
+Weight slices arrive by TMA into rings of STAGES buffers per matrix, each with its mbarrier.
 
 GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
 the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.
@@ -34,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -79,15 +83,13 @@ def fused_expert_gluon_kernel(
     TOPK: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_I: gl.constexpr,
-    W13_STAGES: gl.constexpr,
-    WD_STAGES: gl.constexpr,
+    STAGES: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     gl.static_assert(INTER % BLOCK_I == 0)
     NUM_SLICES: gl.constexpr = INTER // BLOCK_I
     gl.static_assert(NUM_SLICES >= 3)
-    gl.static_assert(W13_STAGES >= 2)
-    gl.static_assert(WD_STAGES >= 3)
+    gl.static_assert(STAGES >= 2)
     dtype: gl.constexpr = w13_desc.dtype
 
     blk = gl.program_id(0)
@@ -100,25 +102,25 @@ def fused_expert_gluon_kernel(
         mma2: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
         )
-        a_reg: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
         a_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
 
-        w13_bufs = gl.allocate_shared_memory(dtype, [W13_STAGES, 2 * BLOCK_I, D], w13_desc.layout)
-        wd_bufs = gl.allocate_shared_memory(dtype, [WD_STAGES, BLOCK_I, D], wd_desc.layout)
-        w13_bars = gl.allocate_shared_memory(gl.int64, [W13_STAGES, 1], mbarrier.MBarrierLayout())
-        wd_bars = gl.allocate_shared_memory(gl.int64, [WD_STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(W13_STAGES):
+        w13_bufs = gl.allocate_shared_memory(dtype, [STAGES, 2 * BLOCK_I, D], w13_desc.layout)
+        wd_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_I, D], wd_desc.layout)
+        m_bufs = gl.allocate_shared_memory(
+            dtype, [2, BLOCK_M, BLOCK_I], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_I], dtype)
+        )
+        w13_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        wd_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
             mbarrier.init(w13_bars.index(s), count=1)
-        for s in gl.static_range(WD_STAGES):
             mbarrier.init(wd_bars.index(s), count=1)
 
         expert = gl.load(expert_ids_ptr + blk)
         w13_row = expert * (2 * INTER)
         wd_row = expert * INTER
         # Weight slices first: their latency hides under the activation gather.
-        for s in gl.static_range(W13_STAGES):
+        for s in gl.static_range(STAGES):
             _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + s * 2 * BLOCK_I, s, True)
-        for s in gl.static_range(WD_STAGES):
             _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + s * BLOCK_I, s, True)
 
         # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
@@ -135,58 +137,38 @@ def fused_expert_gluon_kernel(
         fence_async_shared()
 
         zero1 = gl.zeros([BLOCK_M, 2 * BLOCK_I], gl.float32, layout=mma1)
-        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=mma2)
-
-        # Slice 0: G1(0); then G1(1) before SwiGLU7(0); one group (G1(1)) may stay outstanding.
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, layout=mma2))
         mbarrier.wait(w13_bars.index(0), 0)
         gu = warpgroup_mma(a_smem, w13_bufs.index(0).permute((1, 0)), zero1, use_acc=False, is_async=True)
-        mbarrier.wait(w13_bars.index(1 % W13_STAGES), (1 // W13_STAGES) & 1)
-        gu_next = warpgroup_mma(
-            a_smem, w13_bufs.index(1 % W13_STAGES).permute((1, 0)), zero1, use_acc=False, is_async=True
-        )
-        gu_now = warpgroup_mma_wait(num_outstanding=1, deps=(gu,))
-        _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + W13_STAGES * 2 * BLOCK_I, 0, W13_STAGES < NUM_SLICES)
-        m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
-        mbarrier.wait(wd_bars.index(0), 0)
-        acc = warpgroup_mma(m, wd_bufs.index(0), acc, is_async=True)
-        gu = gu_next
-
-        # Slices 1 .. NUM_SLICES-2: issue G1(i+1), wait for G1(i) (G2(i-1) and G1(i+1) outstanding).
-        for i in range(1, NUM_SLICES - 1):
-            s1 = (i + 1) % W13_STAGES
-            mbarrier.wait(w13_bars.index(s1), ((i + 1) // W13_STAGES) & 1)
+        gu = warpgroup_mma_wait(num_outstanding=0, deps=(gu,))
+        for i in range(0, NUM_SLICES - 1):
+            # G1(i) finished in the previous iteration: its buffer takes slice i + STAGES.
+            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + (i + STAGES) * 2 * BLOCK_I, i % STAGES,
+                        (i >= 1) & (i + STAGES < NUM_SLICES))
+            s1 = (i + 1) % STAGES
+            mbarrier.wait(w13_bars.index(s1), ((i + 1) // STAGES) & 1)
             gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
-            gu_now = warpgroup_mma_wait(num_outstanding=2, deps=(gu,))
-            # G1(i) is done: its buffer takes slice i + W13_STAGES. G2(i-2) is done too (issued
-            # before G1(i)): its buffer takes slice i - 2 + WD_STAGES.
-            s0 = i % W13_STAGES
-            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + (i + W13_STAGES) * 2 * BLOCK_I, s0,
-                        i + W13_STAGES < NUM_SLICES)
-            if i >= 2:
-                sd = (i - 2) % WD_STAGES
-                _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (i - 2 + WD_STAGES) * BLOCK_I, sd,
-                            i - 2 + WD_STAGES < NUM_SLICES)
-            m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
-            sd_i = i % WD_STAGES
-            mbarrier.wait(wd_bars.index(sd_i), (i // WD_STAGES) & 1)
-            acc = warpgroup_mma(m, wd_bufs.index(sd_i), acc, is_async=True)
-            gu = gu_next
-
-        # Last slice: only G2(NUM_SLICES-2) is issued after its G1.
+            # SwiGLU7 writes the other slot of the ring that G2(i-1), still in flight, reads from.
+            m_smem = m_bufs.index(i % 2)
+            m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
+            fence_async_shared()
+            sd = i % STAGES
+            mbarrier.wait(wd_bars.index(sd), (i // STAGES) & 1)
+            acc = warpgroup_mma(m_smem, wd_bufs.index(sd), acc, is_async=True)
+            gu = warpgroup_mma_wait(num_outstanding=1, deps=(gu_next,))
+            # G2(i-1) is done too (issued before G1(i+1)): its buffer takes slice i - 1 + STAGES.
+            _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (i - 1 + STAGES) * BLOCK_I, (i + STAGES - 1) % STAGES,
+                        (i >= 1) & (i - 1 + STAGES < NUM_SLICES))
         LAST: gl.constexpr = NUM_SLICES - 1
-        gu_now = warpgroup_mma_wait(num_outstanding=1, deps=(gu,))
-        if LAST >= 2:
-            sd = (LAST - 2) % WD_STAGES
-            _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (LAST - 2 + WD_STAGES) * BLOCK_I, sd,
-                        LAST - 2 + WD_STAGES < NUM_SLICES)
-        m = gl.convert_layout(_swiglu7_slice(gu_now, BLOCK_M, BLOCK_I, dtype), a_reg)
-        mbarrier.wait(wd_bars.index(LAST % WD_STAGES), (LAST // WD_STAGES) & 1)
-        acc = warpgroup_mma(m, wd_bufs.index(LAST % WD_STAGES), acc, is_async=True)
+        m_smem = m_bufs.index(LAST % 2)
+        m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
+        fence_async_shared()
+        mbarrier.wait(wd_bars.index(LAST % STAGES), (LAST // STAGES) & 1)
+        acc = warpgroup_mma(m_smem, wd_bufs.index(LAST % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-        for s in gl.static_range(W13_STAGES):
+        for s in gl.static_range(STAGES):
             mbarrier.invalidate(w13_bars.index(s))
-        for s in gl.static_range(WD_STAGES):
             mbarrier.invalidate(wd_bars.index(s))
 
         rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma2))
