@@ -142,9 +142,10 @@ def fused_expert_gluon_kernel(
         gu = warpgroup_mma(a_smem, w13_bufs.index(0).permute((1, 0)), zero1, use_acc=False, is_async=True)
         gu = warpgroup_mma_wait(num_outstanding=0, deps=(gu,))
         for i in range(0, NUM_SLICES - 1):
-            # G1(i) finished in the previous iteration: its buffer takes slice i + STAGES.
+            # G1(i) finished before this iteration (in the last one, or before the loop for i = 0):
+            # its buffer takes slice i + STAGES.
             _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + (i + STAGES) * 2 * BLOCK_I, i % STAGES,
-                        (i >= 1) & (i + STAGES < NUM_SLICES))
+                        i + STAGES < NUM_SLICES)
             s1 = (i + 1) % STAGES
             mbarrier.wait(w13_bars.index(s1), ((i + 1) // STAGES) & 1)
             gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
