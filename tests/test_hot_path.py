@@ -132,3 +132,16 @@ def test_weights_asking_for_grad_are_refused_on_a_cached_layout() -> None:
         asking[i] = w[i].clone().requires_grad_()
         with pytest.raises(InvalidInputError, match=name):
             m2.moe_experts(x, probs, idx, *asking, provider=P)
+
+
+def test_attention_inputs_asking_for_grad_are_refused_on_a_cached_layout() -> None:
+    q, k, v, cu = _attn()
+    sinks = torch.randn(1, 2)
+    m2.attention(q, k, v, cu, cu, sinks=sinks, provider=P)
+    for name in ("q", "k", "v", "sinks"):
+        args = {"q": q, "k": k, "v": v, "sinks": sinks}
+        args[name] = args[name].clone().requires_grad_()
+        with pytest.raises(InvalidInputError, match=rf"'{name}'.*forward-only"):
+            m2.attention(args["q"], args["k"], args["v"], cu, cu, sinks=args["sinks"], provider=P)
+        with torch.no_grad():  # the same call runs where no gradient is recorded
+            m2.attention(args["q"], args["k"], args["v"], cu, cu, sinks=args["sinks"], provider=P)

@@ -394,8 +394,11 @@ def attention(
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
     prefix sums live on the GPU.
     """
-    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-                                    or getattr(v, "requires_grad", False) or getattr(sinks, "requires_grad", False)):
+    try:  # attribute reads, not getattr with a default: this runs on every call
+        asks_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    except AttributeError:  # not tensors: validation says which
+        asks_grad = False
+    if asks_grad and torch.is_grad_enabled():
         forward_only(OP, q=q, k=k, v=v, sinks=sinks)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -230,15 +230,18 @@ def moe_experts(
     if isinstance(w_gate, PreparedMoEWeights):
         layout, weights = _weights_arg(w_gate, w_up, w_down)  # raises when w_up/w_down are given too
         wg, wu, wd = w_gate.w_gate, w_gate.w_up, w_gate.w_down
-        stored_grad = True in [getattr(w, "requires_grad", False) for w in weights]
+        asks_grad = True in [getattr(w, "requires_grad", False) for w in weights]
     else:
         layout, weights = CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[assignment]  # validated in _bind
         wg, wu, wd = w_gate, w_up, w_down  # type: ignore[assignment]
-        stored_grad = False  # the weights themselves are checked next
-    # An explicit `or` chain: a third of the cost of a comprehension over the weights on this hot path.
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(probs, "requires_grad", False)
-                                    or getattr(wg, "requires_grad", False) or getattr(wu, "requires_grad", False)
-                                    or getattr(wd, "requires_grad", False) or stored_grad):  # fmt: skip
+        asks_grad = False  # the weights themselves are read next
+    # An `or` chain of attribute reads: a third of the cost of getattr over the weights on this hot path.
+    try:
+        asks_grad = (asks_grad or x.requires_grad or probs.requires_grad or wg.requires_grad or wu.requires_grad
+                     or wd.requires_grad)  # fmt: skip
+    except AttributeError:  # not tensors: validation says which
+        pass
+    if asks_grad and torch.is_grad_enabled():
         names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
         forward_only(OP, x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
