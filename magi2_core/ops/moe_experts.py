@@ -99,15 +99,10 @@ class MoEWeightPreparer(Protocol):
 
 def _idx_in_range(i: torch.Tensor, e: int) -> None:
     if i.numel() and (i.device.type == "cpu" or ck.device_value_checks()):
-        _ids_below(i, e)
-
-
-def _ids_below(i: torch.Tensor, e: int) -> None:
-    """Raise unless every id of the non-empty ``i`` is in ``[0, e)`` (what a cache hit on host ids runs)."""
-    lo, hi = torch.aminmax(i)  # one pass over the ids: the cheapest exact check found (one op, two reads)
-    low, high = lo.item(), hi.item()
-    if low < 0 or high >= e:
-        raise InvalidShapeError(OP, "idx", f"per-head expert ids in [0, {e})", f"values in [{low}, {high}]")
+        lo, hi = torch.aminmax(i)  # one pass over the ids
+        low, high = lo.item(), hi.item()
+        if low < 0 or high >= e:
+            raise InvalidShapeError(OP, "idx", f"per-head expert ids in [0, {e})", f"values in [{low}, {high}]")
 
 
 def validate(
@@ -179,25 +174,12 @@ class _Bound(NamedTuple):
     key: ExpertsKey
 
 
-def _bind(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-          w_down: torch.Tensor, deterministic: bool, provider: str | None) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = (
-            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
-            idx.shape, idx.dtype, idx.device, w_gate.shape, w_gate.dtype, w_gate.device, w_up.shape, w_up.dtype,
-            w_up.device, w_down.shape, w_down.dtype, w_down.device, deterministic,
-        )  # fmt: skip
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
-        layout, hit = None, None
-    if hit is not None:
-        if hit.check_below:
-            _ids_below(idx, hit.check_below)
-        return hit
+def _bind(layout: tuple[Any, ...] | None, bound: dict[tuple[Any, ...], Any], x: torch.Tensor, probs: torch.Tensor,
+          idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, deterministic: bool,
+          provider: str | None) -> _Bound:
+    """Validate and resolve a call layout not seen before, and keep both under ``layout`` in ``bound``."""
     call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
+    d = dispatcher()
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_ids = call.idx.numel() > 0 and call.idx.device.type == "cpu"
     hit = _Bound(kernel, name, call.key.num_experts if host_ids else 0, call.key)
@@ -247,7 +229,26 @@ def moe_experts(
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y
-    b = _bind(x, probs, idx, wg, wu, wd, det, provider)
+    # The cache hit is spelled out here, not in a helper: this is the whole per-call cost.
+    bound = dispatcher().bound_calls()
+    key: tuple[Any, ...] | None
+    b: _Bound | None
+    try:
+        # Everything validation looks at, except the tensors' identities and the ids' values.
+        key = (
+            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
+            idx.shape, idx.dtype, idx.device, wg.shape, wg.dtype, wg.device, wu.shape, wu.dtype, wu.device,
+            wd.shape, wd.dtype, wd.device, det,
+        )  # fmt: skip
+        b = bound.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
+        key, b = None, None
+    if b is None:
+        b = _bind(key, bound, x, probs, idx, wg, wu, wd, det, provider)
+    elif b.check_below:
+        lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
+        if lo.item() < 0 or hi.item() >= b.check_below:
+            _idx_in_range(idx, b.check_below)  # raises, naming the values
     # Only providers that declare the feature are resolved for deterministic calls, and only they
     # receive the keyword (providers without it keep the plain signature).
     out: torch.Tensor = (b.kernel(x, probs, idx, wg, wu, wd, deterministic=True) if det
