@@ -448,6 +448,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "distributed_h200x2.json": distributed_rows,
     "dispatch_cpu.json": functools.partial(dispatch_rows, where="the loaded 2-core development machine"),
     "dispatch_cpu_h200host.json": functools.partial(dispatch_rows, where="the H200 host's quiet CPU"),
+    "dispatch_cuda.json": functools.partial(dispatch_rows, where="the H200 host, every input on the GPU"),
     "attention_fa4_h200.json": attention_fa4_rows,
     "block_h200.json": block_rows,
     "moe_layers_h200.json": moe_layers_rows,

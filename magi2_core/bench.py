@@ -1,10 +1,15 @@
-"""Dispatch-overhead measurement: what the registry adds to a provider call (CPU).
+"""Dispatch-overhead measurement: what the registry adds to a provider call (host time).
 
 The added cost is measured against a no-op provider of every op, registered in process for the
 measurement, so that kernel time (and its cache effects) cannot hide or inflate it: ``public`` is
 the op call with ``provider=`` naming the no-op, ``direct`` the no-op called by hand with the
 arguments a provider receives, ``added`` their difference (validation + cached resolution + argument
 plumbing). ``resolve`` times the cached resolution of the call's typed key alone.
+
+``device`` places every input there and makes the no-op serve that device type. ``"cuda"`` is the
+serving path: prefix sums and expert ids on the GPU, so that (with ``max_seqlen_*`` given) no value
+is read back per call; ``"cpu"`` has host prefix sums and host expert ids, whose values are checked
+on every call (the prefix sums through the call-layout key, the ids by a range scan).
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ import torch
 
 import magi2_core as m2
 from magi2_core.capability import Capability
+from magi2_core.errors import InvalidDeviceError
 from magi2_core.hookspecs import BackendSpec, hookimpl
 from magi2_core.ops import SPECS, dispatcher
 from magi2_core.problem import OPS, Feature
 
-__all__ = ["dispatch_overhead"]
+__all__ = ["DEVICES", "dispatch_overhead"]
 
 _NOOP = "magi2_core_bench_noop"
 NOOP_PROVIDER = "bench_noop"
+DEVICES = ("cpu", "cuda")
 
 
 def _noop_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -49,14 +56,14 @@ _KERNELS: dict[str, Callable[..., Any]] = {
 
 
 @contextmanager
-def noop_backend() -> Iterator[None]:
-    """A backend whose provider ``bench_noop`` of every op returns its first input (CPU, FP32, every feature)."""
+def noop_backend(device: str = "cpu") -> Iterator[None]:
+    """A backend whose provider ``bench_noop`` of every op returns its first input (``device``, FP32, every feature)."""
     kernels = types.ModuleType(_NOOP)
     for op, fn in _KERNELS.items():
         setattr(kernels, op, fn)
     sys.modules[_NOOP] = kernels
     caps = tuple(
-        Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=("cpu",), dtypes=("float32",),
+        Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=(device,), dtypes=("float32",),
                    out_dtypes=("float32",) if op == "rmsnorm" else None, features=frozenset(Feature), priority=-1000)
         for op in OPS
     )  # fmt: skip
@@ -78,18 +85,30 @@ def _per_call_us(fn: Callable[[], object], iters: int) -> float:
     return min(timeit.repeat(fn, number=iters, repeat=5)) / iters * 1e6
 
 
-def dispatch_overhead(iters: int = 20000) -> list[dict[str, Any]]:
-    """Per op: cached resolve, the public call and the direct call of a no-op provider (best of 5, µs)."""
+def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str, Any]]:
+    """Per op: cached resolve, the public call and the direct call of a no-op provider (best of 5, µs).
+
+    Every input lives on ``device`` (``"cpu"`` or ``"cuda"``, see the module docstring).
+    """
+    if device not in DEVICES:
+        raise InvalidDeviceError("bench", "device", " or ".join(map(repr, DEVICES)), repr(device))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InvalidDeviceError("bench", "device", "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
+                                 f"'cuda', but torch {torch.__version__} sees no CUDA device")
     torch.manual_seed(0)
     disp = dispatcher()
-    q = torch.randn(4, 2, 8)
-    cu = torch.tensor([0, 4], dtype=torch.int32)
-    x = torch.randn(4, 2, 8)
-    router = torch.randn(2 * 4, 8)
-    bias = torch.randn(2 * 4)
-    probs, idx = torch.rand(2, 4, 2), torch.randint(0, 4, (2, 4, 2))
-    wg, wu, wd = torch.randn(8, 8, 16), torch.randn(8, 8, 16), torch.randn(8, 16, 8)
-    xn, wn = torch.randn(4, 8), torch.randn(1, 1, 8)
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    q = on(torch.randn(4, 2, 8))
+    cu = on(torch.tensor([0, 4], dtype=torch.int32))
+    x = on(torch.randn(4, 2, 8))
+    router = on(torch.randn(2 * 4, 8))
+    bias = on(torch.randn(2 * 4))
+    probs, idx = on(torch.rand(2, 4, 2)), on(torch.randint(0, 4, (2, 4, 2)))
+    wg, wu, wd = on(torch.randn(8, 8, 16)), on(torch.randn(8, 8, 16)), on(torch.randn(8, 16, 8))
+    xn, wn = on(torch.randn(4, 8)), on(torch.randn(1, 1, 8))
     p = NOOP_PROVIDER
     calls: dict[str, tuple[Callable[[], object], Callable[[], object], tuple[Any, ...], dict[str, Any]]] = {
         "attention": (
@@ -111,7 +130,7 @@ def dispatch_overhead(iters: int = 20000) -> list[dict[str, Any]]:
             (xn, wn), {}),
     }  # fmt: skip
     rows = []
-    with noop_backend():
+    with noop_backend(device):
         for op, (public, direct, args, kwargs) in calls.items():
             spec = SPECS[op]  # type: ignore[index]
             key = spec.validate_arguments(args, kwargs).key

@@ -77,9 +77,9 @@ def use(**providers: str | None) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
-def context_token() -> tuple[tuple[str, str], ...]:
-    """The hashable form of the current context's overrides (for cache keys)."""
-    return _OVERRIDES.get()
+# The hashable form of the current context's overrides (for cache keys): the ContextVar's own getter,
+# so that every op call reads it without a Python frame of ours.
+context_token = _OVERRIDES.get
 
 
 def layered_overrides(op: OpName) -> tuple[tuple[str, str, bool], ...]:

@@ -282,7 +282,8 @@ class Dispatcher:
     def bound_calls(self) -> dict[tuple[Any, ...], Any]:
         """The current generation's cache of validated call layouts (empty after any change)."""
         slot = self._slot
-        if slot.generation != self._registry.generation:
+        # The registry's generation property, read without its frame: this runs on every op call.
+        if slot.generation != self._registry._state.generation:
             slot = self._fresh_slot(self._registry.state().generation)  # state(): loads on first use
         return slot.bound
 

@@ -37,6 +37,7 @@ def _rejected(args: list[str], needle: str) -> str:
         (["explain", "attention", "--provider", "nope"], "no provider named 'nope'"),
         (["bench", "--iters", "0"], "--iters must be at least 1; got 0"),
         (["bench", "--iters", "-5"], "--iters must be at least 1; got -5"),
+        (["bench", "--device", "gpu"], "--device must be one of cpu, cuda; got 'gpu'"),
         (["check", "--op", "nope"], "unknown --op nope"),
         (["check", "--device", "nope"], "--device nope: no usable device"),
         (["check", "--max-tokens", "0"], "--max-tokens must be at least 1"),
@@ -56,6 +57,12 @@ def test_demo_on_a_missing_runtime_is_a_one_line_error(device: str) -> None:
     if device == "musa" and getattr(torch, "musa", None) is not None and torch.musa.is_available():
         pytest.skip("a MUSA device is present")
     _rejected(["demo", "--device", device], f"no usable {device} device here")
+
+
+def test_bench_on_inputs_of_a_missing_cuda_is_a_one_line_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    _rejected(["bench", "--device", "cuda"], "--device cuda needs a CUDA device")
 
 
 def test_check_on_an_absent_device_type_is_rejected_not_ok_with_zero_cases() -> None:

@@ -11,20 +11,27 @@ from magi2_core.cli._output import console, print_json, usage_error
 
 def bench(
     iters: Annotated[int, typer.Option(help="calls per measurement")] = 20000,
+    device: Annotated[str, typer.Option(help="where every input lives: cpu, or cuda (the serving path)")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Measure cached resolution and dispatch overhead on CPU (kernel benchmarks: benchmarks/*.py)."""
+    """Measure cached resolution and dispatch overhead per op call (kernel benchmarks: benchmarks/*.py)."""
     if iters < 1:
         usage_error("bench", f"--iters must be at least 1; got {iters}", json_out=json_out)
+    import torch
     from rich.table import Table
 
-    from magi2_core.bench import dispatch_overhead
+    from magi2_core.bench import DEVICES, dispatch_overhead
 
-    rows = dispatch_overhead(iters=iters)
+    if device not in DEVICES:
+        usage_error("bench", f"--device must be one of {', '.join(DEVICES)}; got {device!r}", json_out=json_out)
+    if device == "cuda" and not torch.cuda.is_available():
+        why = f"--device cuda needs a CUDA device; torch {torch.__version__} sees none here (run --device cpu)"
+        usage_error("bench", why, json_out=json_out)
+    rows = dispatch_overhead(iters=iters, device=device)
     if json_out:
         print_json(rows)
         return
-    table = Table(title="dispatch overhead per call against a no-op provider (CPU, best of 5 repeats)")
+    table = Table(title=f"dispatch overhead per call against a no-op provider (inputs on {device}, best of 5 repeats)")
     for col in ("op", "resolve (cached) us", "public call us", "direct provider us", "added us"):
         table.add_column(col)
     for r in rows:

@@ -254,6 +254,8 @@ class _Bound(NamedTuple):
     max_seqlen_k: int
     softmax_scale: float
     softcap: float
+    deterministic: bool
+    return_lse: bool
     drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
     convert: bool  # a prefix sum needs the int32-on-q's-device conversion
     finite_sinks: bool  # host sinks: their values are checked (once per tensor version, see finite_memo)
@@ -276,24 +278,31 @@ def _bind(
     return_lse: bool,
     sink_rescale: str,
     provider: str | None,
-    compiling: bool,
 ) -> _Bound:
     """Validate and resolve, or find both done for this call layout (see :class:`_Bound`)."""
     d = dispatcher()
     bound = d.bound_calls()
     try:
         # Everything validation looks at, except the tensors' identities. Host prefix sums are part of
-        # it by value (validation checks them and rules see their longest segment).
-        dq, dk = cu_seqlens_q.device, cu_seqlens_k.device
+        # it by value (validation checks them and rules see their longest segment); so are device ones
+        # whose longest segment is not given.
+        dq = cu_seqlens_q.device
+        by_value_q = dq.type == "cpu" or max_seqlen_q is None
+        if cu_seqlens_k is cu_seqlens_q and (by_value_q or max_seqlen_k is not None):
+            # Self-attention passes one tensor for both: its dtype, device, contiguity and its values
+            # (or its shape, when neither side reads values) are already in cu_seqlens_q's items.
+            cu_k: object = None
+        else:
+            dk = cu_seqlens_k.device
+            cu_k = (cu_seqlens_k.dtype, dk, cu_seqlens_k.is_contiguous(),
+                    tuple(cu_seqlens_k.tolist()) if dk.type == "cpu" or max_seqlen_k is None else cu_seqlens_k.shape)
         layout = (
             OP, provider, context_token(), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, cu_seqlens_q.dtype, dq, cu_seqlens_q.is_contiguous(), cu_seqlens_k.dtype, dk,
-            cu_seqlens_k.is_contiguous(),
-            tuple(cu_seqlens_q.tolist()) if dq.type == "cpu" or max_seqlen_q is None else cu_seqlens_q.shape,
-            tuple(cu_seqlens_k.tolist()) if dk.type == "cpu" or max_seqlen_k is None else cu_seqlens_k.shape,
+            k.device, v.device, cu_seqlens_q.dtype, dq, cu_seqlens_q.is_contiguous(),
+            tuple(cu_seqlens_q.tolist()) if by_value_q else cu_seqlens_q.shape, cu_k,
             None if sinks is None else (sinks.shape, sinks.dtype, sinks.device),
             max_seqlen_q, type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k), softmax_scale,
-            type(softmax_scale), softcap, type(softcap), sink_rescale, deterministic, return_lse, compiling,
+            type(softmax_scale), softcap, type(softcap), sink_rescale, deterministic, return_lse,
         )  # fmt: skip
         hit: _Bound | None = bound.get(layout)
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not tensors, unhashable, meta:
@@ -305,11 +314,11 @@ def _bind(
         return hit
     call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                     softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
-                    deterministic=deterministic, return_lse=return_lse, compiling=compiling)
+                    deterministic=deterministic, return_lse=return_lse, compiling=False)
     kernel, name = d.kernel(SPEC, call.key, provider)
     finite = sinks is not None and sinks.numel() > 0 and sinks.device.type == "cpu"
     hit = _Bound(kernel, name, call.max_seqlen_q, call.max_seqlen_k, call.softmax_scale, call.softcap,
-                 sinks is not None and call.sinks is None,
+                 call.deterministic, call.return_lse, sinks is not None and call.sinks is None,
                  call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, finite, call.key,
                  ck.checked_finite(sinks if finite else None))
     # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
@@ -385,8 +394,11 @@ def attention(
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
     prefix sums live on the GPU.
     """
-    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-                                    or getattr(v, "requires_grad", False) or getattr(sinks, "requires_grad", False)):
+    try:  # attribute reads, not getattr with a default: this runs on every call
+        asks_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    except AttributeError:  # not tensors: validation says which
+        asks_grad = False
+    if asks_grad and torch.is_grad_enabled():
         forward_only(OP, q=q, k=k, v=v, sinks=sinks)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.magi2.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -394,18 +406,18 @@ def attention(
                                            provider)
         return (o, lse) if return_lse else o
     b = _bind(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
-              deterministic, return_lse, sink_rescale, provider, False)
+              deterministic, return_lse, sink_rescale, provider)
     if b.convert:
         cu_seqlens_q, cu_seqlens_k = _normalised(cu_seqlens_q, q.device), _normalised(cu_seqlens_k, q.device)
     if b.drop_sinks:
         sinks = None
     o, lse = b.kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=b.max_seqlen_q,
                       max_seqlen_k=b.max_seqlen_k, softmax_scale=b.softmax_scale, softcap=b.softcap, sinks=sinks,
-                      sink_rescale=sink_rescale, deterministic=bool(deterministic), return_lse=bool(return_lse))
+                      sink_rescale=sink_rescale, deterministic=b.deterministic, return_lse=b.return_lse)
     scope = _shadow.sampling()
     if scope is not None:
         call = AttentionCall(q, k, v, cu_seqlens_q, cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k, b.softmax_scale,
-                             b.softcap, sinks, sink_rescale, bool(deterministic), bool(return_lse), b.key)
+                             b.softcap, sinks, sink_rescale, b.deterministic, b.return_lse, b.key)
         _shadow.observe(scope, SPEC, b.provider, call, (o, lse))
     return (o, lse) if return_lse else o
 

@@ -170,31 +170,19 @@ def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tup
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
-    check_idx: bool  # host ids: their range is checked on every call
+    check_below: int  # host ids: checked to lie in [0, check_below) on every call; 0: not checked
     key: ExpertsKey
 
 
-def _bind(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-          w_down: torch.Tensor, deterministic: bool, provider: str | None, compiling: bool) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
+def _bind(layout: tuple[Any, ...] | None, bound: dict[tuple[Any, ...], Any], x: torch.Tensor, probs: torch.Tensor,
+          idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, deterministic: bool,
+          provider: str | None) -> _Bound:
+    """Validate and resolve a call layout not seen before, and keep both under ``layout`` in ``bound``."""
+    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
     d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = (
-            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
-            idx.shape, idx.dtype, idx.device, w_gate.shape, w_gate.dtype, w_gate.device, w_up.shape, w_up.dtype,
-            w_up.device, w_down.shape, w_down.dtype, w_down.device, deterministic, compiling,
-        )  # fmt: skip
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
-        layout, hit = None, None
-    if hit is not None:
-        if hit.check_idx:
-            _idx_in_range(idx, hit.key.num_experts)
-        return hit
-    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call.idx.numel() > 0 and call.idx.device.type == "cpu", call.key)
+    host_ids = call.idx.numel() > 0 and call.idx.device.type == "cpu"
+    hit = _Bound(kernel, name, call.key.num_experts if host_ids else 0, call.key)
     if layout is not None and not ck.device_value_checks():
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
@@ -224,17 +212,43 @@ def moe_experts(
     if isinstance(w_gate, PreparedMoEWeights):
         layout, weights = _weights_arg(w_gate, w_up, w_down)  # raises when w_up/w_down are given too
         wg, wu, wd = w_gate.w_gate, w_gate.w_up, w_gate.w_down
+        asks_grad = True in [getattr(w, "requires_grad", False) for w in weights]
     else:
         layout, weights = CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[assignment]  # validated in _bind
         wg, wu, wd = w_gate, w_up, w_down  # type: ignore[assignment]
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(probs, "requires_grad", False)
-                                    or True in [getattr(w, "requires_grad", False) for w in weights]):  # fmt: skip
+        asks_grad = False  # the weights themselves are read next
+    # An `or` chain of attribute reads: a third of the cost of getattr over the weights on this hot path.
+    try:
+        asks_grad = (asks_grad or x.requires_grad or probs.requires_grad or wg.requires_grad or wu.requires_grad
+                     or wd.requires_grad)  # fmt: skip
+    except AttributeError:  # not tensors: validation says which
+        pass
+    if asks_grad and torch.is_grad_enabled():
         names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
         forward_only(OP, x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
         y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
         return y
-    b = _bind(x, probs, idx, wg, wu, wd, det, provider, False)
+    # The cache hit is spelled out here, not in a helper: this is the whole per-call cost.
+    bound = dispatcher().bound_calls()
+    key: tuple[Any, ...] | None
+    b: _Bound | None
+    try:
+        # Everything validation looks at, except the tensors' identities and the ids' values.
+        key = (
+            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
+            idx.shape, idx.dtype, idx.device, wg.shape, wg.dtype, wg.device, wu.shape, wu.dtype, wu.device,
+            wd.shape, wd.dtype, wd.device, det,
+        )  # fmt: skip
+        b = bound.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
+        key, b = None, None
+    if b is None:
+        b = _bind(key, bound, x, probs, idx, wg, wu, wd, det, provider)
+    elif b.check_below:
+        lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
+        if lo.item() < 0 or hi.item() >= b.check_below:
+            _idx_in_range(idx, b.check_below)  # raises, naming the values
     # Only providers that declare the feature are resolved for deterministic calls, and only they
     # receive the keyword (providers without it keep the plain signature).
     out: torch.Tensor = (b.kernel(x, probs, idx, wg, wu, wd, deterministic=True) if det

@@ -117,6 +117,27 @@ def test_find_builds_classifies_and_orders(monkeypatch, modules, dists, expected
 # ---------------------------------------------------------------------------------------------
 # loading: ABI variants, refusals, preference order
 # ---------------------------------------------------------------------------------------------
+def test_builds_are_discovered_once_for_the_descriptor_and_the_first_load(monkeypatch, ops_registered) -> None:
+    build = _build(FP16=True)
+    install(monkeypatch, build.modules[0], FakeVarlen())
+    ops_registered.add(build.op_namespace)
+    calls: list[int] = []
+
+    def counting() -> tuple[FoundBuild, ...]:
+        calls.append(1)
+        return (build,)
+
+    monkeypatch.setattr(discovery, "find_builds", counting)
+    discovery.process_builds.cache_clear()
+    try:
+        assert "fa3-fwd 9.9.9" in magi2_backend().providers[0].version
+        got = load_fa3()
+        assert got.abi is not None and "fa3-fwd 9.9.9" in got.abi.label
+        assert len(calls) == 1
+    finally:
+        discovery.process_builds.cache_clear()  # the next user discovers what is really installed
+
+
 def test_fa3_fwd_abi(monkeypatch, ops_registered) -> None:
     install(monkeypatch, "fake_fa3_fwd_interface", FakeVarlen())
     ops_registered.add("fa3_fwd")

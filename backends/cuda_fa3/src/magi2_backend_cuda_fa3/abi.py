@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from magi2_backend_cuda_fa3.discovery import FoundBuild, find_builds
+from magi2_backend_cuda_fa3.discovery import FoundBuild, process_builds
 
 __all__ = ["LSE_FLAGS", "FA3Abi", "LoadResult", "load_fa3", "torch_op_exists"]
 
@@ -107,7 +107,7 @@ def _load_one(build: FoundBuild) -> FA3Abi | str:
 def load_fa3(builds: tuple[FoundBuild, ...] | None = None) -> LoadResult:
     """Import the first usable build in preference order; say why each other one was skipped."""
     attempts: list[str] = []
-    for build in find_builds() if builds is None else builds:
+    for build in process_builds() if builds is None else builds:
         got = _load_one(build)
         if isinstance(got, FA3Abi):
             return LoadResult(got, tuple(attempts))

@@ -17,13 +17,14 @@ literal, not executed), so the backend's descriptor can describe the installed b
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Literal
 
 __all__ = ["BuildKind", "FoundBuild", "dist_version", "fa4_installed", "find_builds", "installed_build",
-           "read_build_flags"]
+           "process_builds", "read_build_flags"]
 
 BuildKind = Literal["fa3-fwd", "flash_attn_3", "tokenspeed-fa3", "mate"]
 
@@ -128,9 +129,16 @@ def find_builds() -> tuple[FoundBuild, ...]:
     return tuple(out)
 
 
+@functools.cache
+def process_builds() -> tuple[FoundBuild, ...]:
+    """:func:`find_builds` once per process: the descriptor and the kernel's first load read the same
+    list (a build installed later is seen by the next process, like any new distribution)."""
+    return find_builds()
+
+
 def installed_build() -> FoundBuild | None:
     """The build the provider will try first (refused ones skipped), or ``None``."""
-    return next((b for b in find_builds() if b.refusal is None), None)
+    return next((b for b in process_builds() if b.refusal is None), None)
 
 
 def fa4_installed() -> bool:
