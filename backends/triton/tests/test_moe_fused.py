@@ -271,14 +271,22 @@ def test_tile_table_per_platform() -> None:
     assert small.block_m < large.block_m  # fewer routes per expert -> smaller row blocks
     from magi2_backend_triton.moe import tiles as tiles_mod
 
-    # the measured H200 table; a Triton without tensor descriptors (3.3) keeps the pointer kernel
-    assert (small.variant, large.variant) == ("pointer", "tma" if tiles_mod._has_descriptors() else "pointer")
+    # the measured H200 table: the Gluon kernel where this Triton builds it, else TMA, else pointers
+    if tiles_mod._has_gluon():
+        assert (small.variant, large.variant) == ("gluon", "gluon")
+    else:
+        assert (small.variant, large.variant) == ("pointer", "tma" if tiles_mod._has_descriptors() else "pointer")
+    assert select_tiles("cuda", (9, 0), 40.0).variant == "pointer"  # T = 2048: not measured with the others
 
 
-def test_tile_table_keeps_the_pointer_kernel_without_tensor_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tile_table_falls_back_per_missing_feature(monkeypatch: pytest.MonkeyPatch) -> None:
     from magi2_backend_triton.moe import tiles as tiles_mod
 
-    monkeypatch.setattr(tiles_mod, "_has_descriptors", lambda: False)  # a Triton before 3.4
+    monkeypatch.setattr(tiles_mod, "_has_gluon", lambda: False)  # a Triton without Gluon's Hopper API
+    small, large = select_tiles("cuda", (9, 0), 12.0), select_tiles("cuda", (9, 0), 342.0)
+    assert small.variant == "pointer" and small.block_m == 16
+    assert large.variant == ("tma" if tiles_mod._has_descriptors() else "pointer") and large.block_m == 128
+    monkeypatch.setattr(tiles_mod, "_has_descriptors", lambda: False)  # and before 3.4
     large = select_tiles("cuda", (9, 0), 342.0)
     assert large.variant == "pointer" and large.single is not None
 
@@ -306,7 +314,10 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
     tiles = {
         "table": table,
         "two_kernel": dataclasses.replace(table, single=None),
-        "single": dataclasses.replace(table, single=GemmTile(table.block_m, 32, 64, 4, 3)),
+        # 4 warps: a tile the Gluon kernel (one warp per 16 rows) does not take; the kernel the
+        # table used before it (TMA for 128-row blocks, else pointers) runs it
+        "single": dataclasses.replace(table, single=GemmTile(table.block_m, 32, 64, 4, 3), variant=(
+            table.variant if table.variant != "gluon" else "tma" if table.block_m == 128 else "pointer")),
     }[variant]
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
     ref = reference_moe_experts(x, probs, idx, wg, wu, wd)

@@ -18,10 +18,10 @@ from magi2_core.ops.moe_experts import validate as validate_experts
 
 from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_route_experts, route_capacity
+from .gluon import launch_fused_gluon
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
-from .gluon import launch_fused_gluon
 from .tma import launch_fused_tma
 
 

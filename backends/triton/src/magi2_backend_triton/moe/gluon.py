@@ -38,8 +38,14 @@ def _kernels() -> ModuleType | str:
     """The kernel module, or why it cannot be imported with this Triton."""
     try:
         return importlib.import_module(".kernels_gluon", __package__)
-    except Exception as e:  # ImportError, or an older Gluon whose API differs  # noqa: BLE001
+    except Exception as e:  # ImportError, or an older Gluon whose API differs
         return f"Triton {triton.__version__} cannot build the Gluon kernel ({type(e).__name__}: {e})"
+
+
+def gluon_import_error() -> str | None:
+    """Why this Triton cannot build the Gluon kernel, or None when it can (any device)."""
+    kernels = _kernels()
+    return kernels if isinstance(kernels, str) else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,8 +59,8 @@ def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -
     bi = tile.block_n
     if dtype not in (torch.bfloat16, torch.float16):
         return f"the wgmma kernel takes 2-byte activations; got {dtype}"
-    if d & (d - 1) or not 16 <= d <= 256:
-        return f"d must be a power of two in [16, 256] (one wgmma N); got {d}"
+    if d not in (128, 256):
+        return f"d must be 128 or 256 (one wgmma N, the widths tested on the H200); got {d}"
     if bi & (bi - 1) or not 8 <= bi <= 128 or inter % bi or inter // bi < 3:
         return f"the intermediate ({inter}) must be at least 3 slices of a power-of-two BLOCK_I (got {bi})"
     if tile.block_m not in (64, 128) or tile.num_warps != tile.block_m // 16:
@@ -76,8 +82,7 @@ def gluon_unsupported_reason(device: torch.device) -> str | None:
     cap = _capability(device)
     if cap[0] != 9:
         return f"the Gluon kernel uses Hopper's wgmma (compute capability 9.x); got {cap[0]}.{cap[1]}"
-    kernels = _kernels()
-    return kernels if isinstance(kernels, str) else None
+    return gluon_import_error()
 
 
 def launch_fused_gluon(

@@ -85,13 +85,22 @@ _UPSTREAM_MUSA = MoETiles(GemmTile(128, 128, 64, 16, 1, 16), GemmTile(128, 128, 
 _TWO_SMALL = MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4))
 _TWO_MID = MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), packed_w13=False)
 _TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3))
-_H200: tuple[tuple[float, MoETiles], ...] = (
-    (16.0, replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4))),  # T=512: 0.395 ms
-    (64.0, replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True)),  # T=2048
-    # T=4096, 14601 and 12 heads at 4096: weight slices through tensor descriptors ("tma") were
-    # bit-equal and 3-5% faster than the pointer kernel (benchmarks/results/moe_sweep_h200.json).
-    (float("inf"), replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant="tma")),
-)
+# Each row lists its tiles best first; the first whose kernel this Triton can build is used.
+_H200: tuple[tuple[float, tuple[MoETiles, ...]], ...] = (
+    # T=512: the Gluon kernel with 64-row blocks (0.376 ms) against 16-row pointer blocks (0.387).
+    (16.0, (
+        replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon"),
+        replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4)),
+    )),
+    (64.0, (replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True),)),  # T=2048
+    # T=4096, 14601 and 12 heads at 4096: the Gluon kernel was bit-equal and 1-4% faster than the
+    # TMA kernel (benchmarks/results/moe_sweep_gluon_h200.json), which was 3-5% faster than the
+    # pointer kernel (benchmarks/results/moe_sweep_h200.json). Same 128-row tile for all three.
+    (float("inf"), tuple(
+        replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant=v)
+        for v in ("gluon", "tma", "pointer")
+    )),
+)  # fmt: skip
 
 # FP32 activations: IEEE FP32 dots (no tensor cores) with twice the bytes per element, so small
 # two-kernel tiles that stay well inside shared memory and registers on every target.
@@ -111,6 +120,21 @@ def _has_descriptors() -> bool:
     return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
 
 
+def _has_gluon() -> bool:
+    """This Triton builds the Gluon kernel (its Hopper API as the kernel uses it)."""
+    from .gluon import gluon_import_error  # the launcher imports this module
+
+    return gluon_import_error() is None
+
+
+def _buildable(variant: KernelVariant) -> bool:
+    if variant == "pointer":
+        return True
+    if variant == "gluon":
+        return _has_gluon()
+    return _has_descriptors()
+
+
 def select_tiles(
     device_type: str, capability: tuple[int, int] | None, routes_per_expert: float, *, wide: bool = False
 ) -> MoETiles:
@@ -125,7 +149,7 @@ def select_tiles(
     if device_type == "musa":
         return _UPSTREAM_MUSA
     if device_type == "cuda" and capability is not None and capability[0] == 9:
-        for bound, tiles in _H200:
+        for bound, choices in _H200:
             if routes_per_expert <= bound:
-                return tiles if tiles.variant == "pointer" or _has_descriptors() else replace(tiles, variant="pointer")
+                return next(t for t in choices if _buildable(t.variant))  # every row ends with a pointer tile
     return _UPSTREAM_CUDA

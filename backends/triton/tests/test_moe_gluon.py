@@ -1,0 +1,146 @@
+"""The Gluon one-kernel fused MoE (Hopper): its gates on CPU, its results on the GPU.
+
+The Triton interpreter cannot run Gluon, so on CPU only the decisions are tested: which shapes,
+devices and Tritons it refuses (each with a reason, raised when asked for anyway). On a Hopper GPU
+(`gpu` marker) it must equal the pointer kernel with the same row block bit for bit (same operands,
+same wgmma shapes, same rounding schedule), in eager mode, deterministic mode, FP16 and inside a
+CUDA graph; otherwise the contract (rel-L2 <= 3e-4 against the FP32 reference) decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from magi2_backend_reference.moe import reference_moe_experts
+from magi2_backend_triton.moe import MoEState
+from magi2_backend_triton.moe.fused import run_fused
+from magi2_backend_triton.moe.gluon import gluon_shape_reason, gluon_unsupported_reason
+from magi2_backend_triton.moe.pack import pack_w13
+from magi2_backend_triton.moe.tiles import GemmTile, MoETiles
+from test_moe_fused import INTERPRET, make_moe, rel_l2
+
+from magi2_core.errors import InvalidValueError
+
+TILE128 = GemmTile(128, 32, 64, 8, 3)
+TILE64 = GemmTile(64, 32, 64, 4, 3)
+
+
+@pytest.mark.parametrize(
+    ("d", "inter", "dtype", "tile", "why"),
+    [
+        (256, 1280, torch.float32, TILE128, "2-byte activations"),
+        (192, 1280, torch.bfloat16, TILE128, "d must be 128 or 256"),
+        (64, 1280, torch.bfloat16, TILE128, "d must be 128 or 256"),
+        (256, 80, torch.bfloat16, TILE128, "at least 3 slices"),
+        (256, 1296, torch.bfloat16, TILE128, "at least 3 slices"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, num_warps=4), "one warp per 16 rows"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, block_m=16, num_warps=1), "one warp per 16 rows"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, num_stages=1), "at least 2 stages"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, num_stages=4), "shared memory"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, block_n=64), "shared memory"),
+    ],
+)
+def test_shape_gate_names_the_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, why: str) -> None:
+    reason = gluon_shape_reason(d, inter, dtype, tile)
+    assert reason is not None and why in reason
+
+
+@pytest.mark.parametrize("tile", [TILE128, TILE64, dataclasses.replace(TILE64, block_n=16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_shape_gate_takes_the_table_tiles(tile: GemmTile, dtype: torch.dtype) -> None:
+    assert gluon_shape_reason(256, 1280, dtype, tile) is None
+    assert gluon_shape_reason(128, 96, dtype, tile) is None
+
+
+def test_device_gate_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    if INTERPRET:
+        assert "interpreter" in (gluon_unsupported_reason(torch.device("cpu")) or "")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "CUDA device" in (gluon_unsupported_reason(torch.device("cpu")) or "")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+def test_asking_for_it_where_it_cannot_run_raises() -> None:
+    # No silent fallback: the caller named the variant, so the refusal says why.
+    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
+    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant="gluon")
+    with pytest.raises(InvalidValueError, match="interpreter cannot run Gluon"):
+        run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+
+
+def _hopper() -> bool:
+    return not INTERPRET and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.x)")
+
+
+def _pair(tile: GemmTile) -> tuple[MoETiles, MoETiles]:
+    pointer = MoETiles(tile, tile, single=tile, interleaved_dot=True)
+    return pointer, dataclasses.replace(pointer, variant="gluon")
+
+
+def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
+    assert torch.isfinite(y).all()
+    if not torch.equal(y, base):
+        assert rel_l2(y, ref) <= 3e-4
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 3, 256, 256, 1280, 6), (513, 3, 256, 256, 1280, 6), (4097, 3, 256, 256, 1280, 6),
+     (37, 2, 8, 128, 96, 2), (300, 1, 4, 128, 1280, 3)],
+)  # fmt: skip
+@pytest.mark.parametrize("tile", [TILE128, TILE64], ids=["m128", "m64"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_equals_pointer_kernel(shape: tuple[int, ...], tile: GemmTile, dtype: torch.dtype) -> None:
+    tokens, heads, experts, d, inter, topk = shape
+    x, probs, idx, *w = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
+    x, wg, wu, wd = x.to(dtype), *(t.to(dtype) for t in w)
+    pointer, gluon = _pair(tile)
+    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=pointer).y
+    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon).y
+    _check(y, base, reference_moe_experts(x, probs, idx, wg, wu, wd))
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_gluon_deterministic_runs_repeat_bitwise() -> None:
+    x, probs, idx, wg, wu, wd = make_moe(1000, 3, 64, 256, 1280, 6, device="cuda")
+    _, gluon = _pair(TILE128)
+    runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon, deterministic=True).y
+            for _ in range(2)]  # fmt: skip
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_gluon_prepared_weights_in_cuda_graph() -> None:
+    # Prepared views of one packed bank: the kernel is captured with its descriptors by value and
+    # replays bit-equal to the same kernel run eagerly, on new inputs copied into the static ones.
+    x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")
+    bank = pack_w13(wg, wu)
+    gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
+    _, gluon = _pair(TILE64)
+    state = MoEState()
+    run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon).y
+    x2, probs2, idx2, *_ = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")  # fresh draws
+    x.copy_(x2), probs.copy_(probs2), idx.copy_(idx2)
+    graph.replay()
+    assert torch.equal(y, run_fused(x, probs, idx, gate, up, wd, state=MoEState(), tiles=gluon).y)
+    assert state.w13.builds == 0
