@@ -277,6 +277,11 @@ def test_tile_table_per_platform() -> None:
     else:
         assert (small.variant, large.variant) == ("pointer", "tma" if tiles_mod._has_descriptors() else "pointer")
     assert select_tiles("cuda", (9, 0), 40.0).variant == "pointer"  # T = 2048: not measured with the others
+    # a shape the Gluon kernel does not take gets the next tiles of its row, never a refusal
+    odd = select_tiles("cuda", (9, 0), 342.0, shape=(32, 48))
+    assert odd.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")
+    assert select_tiles("cuda", (9, 0), 12.0, shape=(32, 48)).variant == "pointer"
+    assert select_tiles("cuda", (9, 0), 342.0, shape=(256, 1280)).variant == large.variant
 
 
 def test_tile_table_falls_back_per_missing_feature(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,10 +68,11 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def _tiles_for(x: Tensor, num_routes: int, num_experts: int) -> MoETiles:
+def _tiles_for(x: Tensor, num_routes: int, num_experts: int, inter: int) -> MoETiles:
     return select_tiles(
-        x.device.type, _capability(x.device), num_routes / max(num_experts, 1), wide=x.dtype == torch.float32
-    )
+        x.device.type, _capability(x.device), num_routes / max(num_experts, 1), wide=x.dtype == torch.float32,
+        shape=(x.shape[2], inter),
+    )  # fmt: skip
 
 
 @dataclass
@@ -147,7 +148,7 @@ def run_fused(
     num_routes = heads * num_tokens * topk
     if num_routes == 0:
         return FusedRun(y.zero_(), None, None, None)
-    tiles = tiles or _tiles_for(x, num_routes, num_experts)
+    tiles = tiles or _tiles_for(x, num_routes, num_experts, inter_dim)
     interp = _interpreting()
     # The interpreter multiplies raw BF16 bits in tl.dot (hence FP32 operands there), and its FP32 -> BF16
     # cast truncates (hence rounding by hand). FP32 activations: IEEE dots (the default would be TF32).

@@ -13,6 +13,8 @@ import importlib.util
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import torch
+
 # Kernel of the one-kernel path. "pointer": `kernels.fused_expert_kernel`, every platform. The
 # others are the Hopper variants of `kernels_tma.py` (weight slices through tensor descriptors),
 # for CUDA capability >= 9.0 only: "tma" one program per row block, "tma_ws" the same with a
@@ -127,20 +129,33 @@ def _has_gluon() -> bool:
     return gluon_import_error() is None
 
 
-def _buildable(variant: KernelVariant) -> bool:
-    if variant == "pointer":
+def _buildable(tiles: MoETiles, shape: tuple[int, int] | None) -> bool:
+    """This Triton builds the tiles' kernel, and (Gluon) the kernel takes ``shape`` = (d, I)."""
+    if tiles.variant == "pointer":
         return True
-    if variant == "gluon":
-        return _has_gluon()
-    return _has_descriptors()
+    if tiles.variant != "gluon":
+        return _has_descriptors()
+    if not _has_gluon():
+        return False
+    from .gluon import gluon_shape_reason
+
+    assert tiles.single is not None
+    return shape is None or gluon_shape_reason(shape[0], shape[1], torch.bfloat16, tiles.single) is None
 
 
 def select_tiles(
-    device_type: str, capability: tuple[int, int] | None, routes_per_expert: float, *, wide: bool = False
+    device_type: str,
+    capability: tuple[int, int] | None,
+    routes_per_expert: float,
+    *,
+    wide: bool = False,
+    shape: tuple[int, int] | None = None,
 ) -> MoETiles:
     """Pick the tiles for one call; a host-side decision from shapes only (no device sync).
 
     ``wide``: 4-byte (FP32) activations; 2-byte ones (BF16, FP16) share the measured table.
+    ``shape``: the call's (d, I); a table entry whose kernel cannot take it is passed over (None:
+    the production shape is assumed, as the benchmarks do).
     """
     if device_type == "cpu":
         return _INTERPRETER
@@ -151,5 +166,5 @@ def select_tiles(
     if device_type == "cuda" and capability is not None and capability[0] == 9:
         for bound, choices in _H200:
             if routes_per_expert <= bound:
-                return next(t for t in choices if _buildable(t.variant))  # every row ends with a pointer tile
+                return next(t for t in choices if _buildable(t, shape))  # every row ends with a pointer tile
     return _UPSTREAM_CUDA
