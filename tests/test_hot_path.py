@@ -101,7 +101,7 @@ def test_device_prefix_sums_shared_by_both_sides_are_keyed_by_value_where_a_leng
     q, k, v, cu = (t.cuda() for t in _attn())
     m2.attention(q, k, v, cu, cu, max_seqlen_q=9, provider=P)
     bad = torch.tensor([0, 6, 5], dtype=torch.int32, device="cuda")
-    with pytest.raises(InvalidInputError, match="cu_seqlens_[qk]"):  # refused, not taken from the cache
+    with pytest.raises(InvalidInputError, match=r"cu_seqlens_[qk]"):  # refused, not taken from the cache
         m2.attention(q, k, v, bad, bad, max_seqlen_q=9, provider=P)
     other = torch.tensor([0, 2, 9], dtype=torch.int32, device="cuda")
     ref = m2.attention(q.cpu(), k.cpu(), v.cpu(), other.cpu(), other.cpu(), provider=P)
