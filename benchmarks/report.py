@@ -35,13 +35,17 @@ SUPERSEDED = {
     "attention_h200.json": "attention_h200_final.json",
     "attention_h200_run1.json": "attention_h200_final.json",
     "attention_h200_rule2048x2048.json": "attention_h200_final.json",
-    "moe_h200_run1.json": "moe_h200.json",
-    "moe_h200_run2.json": "moe_h200.json",
-    "moe_h200_run3.json": "moe_h200.json",
+    "moe_h200_run1.json": "moe_h200_954e8b5.json",
+    "moe_h200_run2.json": "moe_h200_954e8b5.json",
+    "moe_h200_run3.json": "moe_h200_954e8b5.json",
     "distributed_tiny_h200x2.json": "distributed_h200x2.json",
     "route_profile_h200_3d65876.json": "route_profile_h200.json",
     # the Gluon kernel's first sweep, before its wgmmas stopped being serialized (docs/moe-notes.md)
     "moe_sweep_gluon_serialized_h200.json": "moe_sweep_gluon_h200.json",
+    # the same benchmarks at 954e8b5 (the Gluon kernel in the table); the earlier files keep the
+    # tile sweep, the T = 2048 point and the fused-vs-native crossover the rules cite
+    "moe_h200.json": "moe_h200_954e8b5.json",
+    "moe_layers_h200.json": "moe_layers_h200_954e8b5.json",
 }
 
 
