@@ -26,8 +26,9 @@ from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import KERNEL_VARIANTS, GemmTile, KernelVariant, MoETiles
 from magi2_backend_triton.moe.tma import tma_unsupported_reason
-from test_moe_fused import INTERPRET, assert_within_one_ulp, make_moe, rel_l2
+from test_moe_fused import INTERPRET, make_moe, rel_l2
 
+from magi2_core.contracts.acceptance import accept_moe_experts
 from magi2_core.errors import InvalidValueError
 
 # The Gluon kernel is GPU-only (test_moe_gluon.py).
@@ -58,7 +59,11 @@ def test_tma_variant_equals_pointer_kernel(case: str, variant: KernelVariant) ->
     base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=POINTER).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=dataclasses.replace(POINTER, variant=variant)).y
     assert torch.equal(y, base)
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    # Against the reference, the op's contract (the pointer kernel's own tests bound it tighter on
+    # fixed seeds): a one-ULP bound is not guaranteed on fresh draws, because a different FP32
+    # summation order can flip the rounding of one intermediate (seen once in ~10 CPU runs).
+    verdict = accept_moe_experts(y, reference_moe_experts(x, probs, idx, wg, wu, wd), wg.shape[2])
+    assert verdict.ok, verdict
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
