@@ -12,8 +12,11 @@ from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShap
 
 __all__ = [
     "describe", "device_fields", "device_value_checks", "finite_parameter", "finite_parameter_once", "any_tensor", "checked_finite", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
-    "tensor",
+    "tensor", "FLOATS", "head_activations",
 ]
+
+# The activation dtypes every op takes.
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 # Checks of values that live on an accelerator (expert ids in range, device prefix sums) need a host
 # sync, which a serving loop (and CUDA-graph capture) cannot afford, so they are opt-in there:
@@ -138,6 +141,15 @@ def dtype_in(op: str, arg: str, t: torch.Tensor, dtypes: Iterable[torch.dtype]) 
     allowed = tuple(dtypes)
     if t.dtype not in allowed:
         raise InvalidDTypeError(op, arg, "of dtype " + " or ".join(dtype_name(d) for d in allowed), describe(t))
+
+
+def head_activations(op: str, arg: str, value: object) -> torch.Tensor:
+    """The MoE ops' activations: a floating ``[tokens, heads, hidden]`` tensor with data."""
+    x = tensor(op, arg, value)
+    with_data(op, arg, x)
+    rank(op, arg, x, (3,), "[tokens, heads, hidden]")
+    dtype_in(op, arg, x, FLOATS)
+    return x
 
 
 def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:

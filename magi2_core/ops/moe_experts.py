@@ -33,7 +33,6 @@ __all__ = ["SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPr
            "prepare_moe_weights", "validate"]
 
 OP: Literal["moe_experts"] = "moe_experts"
-FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _COMPILING, _DET = FEATURE_BIT[Feature.COMPILING], FEATURE_BIT[Feature.DETERMINISTIC]
 
 
@@ -118,10 +117,7 @@ def validate(
 ) -> ExpertsCall:
     """Check every argument (raising an input error that names it)."""
     op = OP
-    x = ck.tensor(op, "x", x)
-    ck.with_data(op, "x", x)
-    ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
-    ck.dtype_in(op, "x", x, FLOATS)
+    x = ck.head_activations(op, "x", x)
     t, hl, d = x.shape
     p = ck.tensor(op, "probs", probs)
     i = ck.tensor(op, "idx", idx)

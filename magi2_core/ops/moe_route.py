@@ -32,7 +32,6 @@ from magi2_core.testing.case import Call, Case, dtype_of
 __all__ = ["SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
 
 OP: Literal["moe_route"] = "moe_route"
-FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _COMPILING = FEATURE_BIT[Feature.COMPILING]
 _SOFTMAX, _NO_NORM = FEATURE_BIT[Feature.ROUTE_SOFTMAX], FEATURE_BIT[Feature.ROUTE_NO_NORM]
 
@@ -92,10 +91,7 @@ def validate(
 ) -> RouteCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
     op = OP
-    x = ck.tensor(op, "x", x)
-    ck.with_data(op, "x", x)
-    ck.rank(op, "x", x, (3,), "[tokens, heads, hidden]")
-    ck.dtype_in(op, "x", x, FLOATS)
+    x = ck.head_activations(op, "x", x)
     t, hl, d = x.shape
     w = ck.tensor(op, "router_weight", router_weight)
     ck.dtype_in(op, "router_weight", w, (torch.float32,))

@@ -29,7 +29,6 @@ __all__ = ["DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", 
 
 OP: Literal["rmsnorm"] = "rmsnorm"
 DEFAULT_EPS = 1e-6
-FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _COMPILING = FEATURE_BIT[Feature.COMPILING]
 
 
@@ -81,12 +80,12 @@ def validate(
     """Check every argument (raising an input error that names it) and normalise the inputs."""
     x = ck.tensor(OP, "x", x)
     ck.with_data(OP, "x", x)
-    ck.dtype_in(OP, "x", x, FLOATS)
+    ck.dtype_in(OP, "x", x, ck.FLOATS)
     if x.dim() < 2:
         raise InvalidShapeError(OP, "x", "[tokens, D] or [tokens, ..., patterns, D] (at least 2-D)", ck.describe(x))
     t, d = x.shape[0], x.shape[-1]
     w = ck.tensor(OP, "weight", weight)
-    ck.dtype_in(OP, "weight", w, FLOATS)
+    ck.dtype_in(OP, "weight", w, ck.FLOATS)
     ck.same_device(OP, "x", x, weight=w)
     sizes: tuple[int, ...] | None = None
     if modality_sizes is not None:
@@ -115,7 +114,7 @@ def validate(
     if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
-    if od not in FLOATS:
+    if od not in ck.FLOATS:
         raise InvalidDTypeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype))
     mask = _COMPILING if compiling else 0
     key = RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)

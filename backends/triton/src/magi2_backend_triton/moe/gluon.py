@@ -54,6 +54,7 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return major, minor
 
 
+@functools.lru_cache(maxsize=64)  # asked on every call, by the tile table and by the launcher
 def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -> str | None:
     """Why the kernel cannot take this shape and tile, or None when it can (no device needed)."""
     bi = tile.block_n
