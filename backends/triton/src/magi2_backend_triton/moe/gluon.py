@@ -96,8 +96,13 @@ def launch_fused_gluon(
     *,
     topk: int,
     tile: GemmTile,
+    halves: bool = False,
+    ablate: int = 0,
 ) -> None:
-    """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank."""
+    """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank.
+
+    ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py` only (nonzero: wrong outputs).
+    """
     num_tokens, _, d = x.shape
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
@@ -111,9 +116,16 @@ def launch_fused_gluon(
 
     bi = tile.block_n
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    w13_desc = TensorDescriptor.from_tensor(
-        w13.reshape(num_experts * two_inter, d), [2 * bi, d], gl.NVMMASharedLayout.get_default_for([2 * bi, d], elem)
-    )
+    if halves:  # row j of the [F*I, 2d] view is (gate j, up j): one copy of each half per slice
+        w13_desc = TensorDescriptor.from_tensor(
+            w13.reshape(num_experts * inter, 2 * d), [bi, d], gl.NVMMASharedLayout.get_default_for([bi, d], elem)
+        )
+    else:
+        w13_desc = TensorDescriptor.from_tensor(
+            w13.reshape(num_experts * two_inter, d),
+            [2 * bi, d],
+            gl.NVMMASharedLayout.get_default_for([2 * bi, d], elem),
+        )
     wd_desc = TensorDescriptor.from_tensor(
         w_down.reshape(num_experts * inter, d), [bi, d], gl.NVMMASharedLayout.get_default_for([bi, d], elem)
     )
@@ -121,5 +133,5 @@ def launch_fused_gluon(
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         num_tokens, routed.shape[0], x.stride(0), x.stride(1),
         D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, STAGES=tile.num_stages,
-        num_warps=tile.num_warps,
+        HALVES=halves, ABLATE=ablate, num_warps=tile.num_warps,
     )  # fmt: skip

@@ -27,6 +27,11 @@ Weight slices arrive by TMA into rings of STAGES buffers per matrix, each with i
 
 GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
 the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.
+
+ABLATE (a bit set, 0 in every launch of the provider) removes one piece of the work so that
+`benchmarks/moe_ablation.py` can time the rest: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the
+down-projection MMAs, 8 the weight refills inside the loop (the first STAGES slices are reused).
+Any nonzero value gives wrong outputs; it exists to place time inside the kernel without counters.
 """
 
 from __future__ import annotations
@@ -49,9 +54,15 @@ _LIMIT = gl.constexpr(SWIGLU_LIMIT)
 
 
 @gluon.jit
-def _swiglu7_slice(gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: gl.constexpr):
-    # Columns of the interleaved bank alternate gate, up: split them, SwiGLU7 in FP32, one rounding.
-    g, u = gl.split(gl.reshape(gu, [BLOCK_M, BLOCK_I, 2]))
+def _swiglu7_slice(
+    gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: gl.constexpr, SKIP: gl.constexpr, HALVES: gl.constexpr
+):
+    if HALVES:  # gate in columns [0, BLOCK_I), up in [BLOCK_I, 2 BLOCK_I)
+        g, u = gl.split(gl.permute(gl.reshape(gu, [BLOCK_M, 2, BLOCK_I]), (0, 2, 1)))
+    else:  # columns of the interleaved bank alternate gate, up
+        g, u = gl.split(gl.reshape(gu, [BLOCK_M, BLOCK_I, 2]))
+    if SKIP:  # ABLATE & 1: time everything but the arithmetic
+        return (g + u).to(out_dtype)
     g = gl.minimum(g, _LIMIT)
     u = gl.minimum(gl.maximum(u, -_LIMIT), _LIMIT)
     # g * sigmoid(ALPHA g) * (u + 1), sigmoid as 1 / (1 + exp(-x)): the Triton kernels' expression.
@@ -63,6 +74,22 @@ def _swiglu7_slice(gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: 
 def _load_slice(desc, bars, bufs, row, s, pred):
     mbarrier.expect(bars.index(s), desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(desc, [row, 0], bars.index(s), bufs.index(s), pred=pred)
+
+
+@gluon.jit
+def _load_w13(desc, bars, bufs, expert, i, s, pred, INTER: gl.constexpr, BLOCK_I: gl.constexpr, HALVES: gl.constexpr):
+    # Gate/up slice i of `expert` into ring slot s. The bank's rows 2j, 2j+1 (gate j, up j) are one
+    # row j of its [F*I, 2d] view: with HALVES, two copies put the gate rows first, then the up rows.
+    if HALVES:
+        row = expert * INTER + i * BLOCK_I
+        buf = bufs.index(s)
+        mbarrier.expect(bars.index(s), 2 * desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(s), buf.slice(0, BLOCK_I), pred=pred)
+        tma.async_copy_global_to_shared(
+            desc, [row, desc.block_type.shape[1]], bars.index(s), buf.slice(BLOCK_I, BLOCK_I), pred=pred
+        )
+    else:
+        _load_slice(desc, bars, bufs, expert * (2 * INTER) + i * (2 * BLOCK_I), s, pred)
 
 
 @gluon.jit
@@ -86,12 +113,18 @@ def fused_expert_gluon_kernel(
     BLOCK_I: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
+    HALVES: gl.constexpr = False,
+    ABLATE: gl.constexpr = 0,
 ):
     gl.static_assert(INTER % BLOCK_I == 0)
     NUM_SLICES: gl.constexpr = INTER // BLOCK_I
     gl.static_assert(NUM_SLICES >= 3)
     gl.static_assert(STAGES >= 2)
     dtype: gl.constexpr = w13_desc.dtype
+    NO_SWIGLU: gl.constexpr = (ABLATE & 1) != 0
+    NO_G1: gl.constexpr = (ABLATE & 2) != 0
+    NO_G2: gl.constexpr = (ABLATE & 4) != 0
+    NO_REFILL: gl.constexpr = (ABLATE & 8) != 0
 
     blk = gl.program_id(0)
     if blk * BLOCK_M < gl.load(num_padded_ptr):
@@ -117,11 +150,10 @@ def fused_expert_gluon_kernel(
             mbarrier.init(wd_bars.index(s), count=1)
 
         expert = gl.load(expert_ids_ptr + blk)
-        w13_row = expert * (2 * INTER)
         wd_row = expert * INTER
         # Weight slices first: their latency hides under the activation gather.
         for s in gl.static_range(STAGES):
-            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + s * 2 * BLOCK_I, s, True)
+            _load_w13(w13_desc, w13_bars, w13_bufs, expert, s, s, True, INTER, BLOCK_I, HALVES)
             _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + s * BLOCK_I, s, True)
 
         # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
@@ -145,27 +177,37 @@ def fused_expert_gluon_kernel(
         for i in range(0, NUM_SLICES - 1):
             # G1(i) finished before this iteration (in the last one, or before the loop for i = 0):
             # its buffer takes slice i + STAGES.
-            _load_slice(w13_desc, w13_bars, w13_bufs, w13_row + (i + STAGES) * 2 * BLOCK_I, i % STAGES,
-                        i + STAGES < NUM_SLICES)
+            refill = (i + STAGES < NUM_SLICES) & (not NO_REFILL)
+            _load_w13(w13_desc, w13_bars, w13_bufs, expert, i + STAGES, i % STAGES, refill, INTER, BLOCK_I, HALVES)
             s1 = (i + 1) % STAGES
-            mbarrier.wait(w13_bars.index(s1), ((i + 1) // STAGES) & 1)
-            gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
+            mbarrier.wait(w13_bars.index(s1), 0 if NO_REFILL else ((i + 1) // STAGES) & 1)
+            if NO_G1:
+                gu_next = zero1
+            else:
+                gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
             # SwiGLU7 writes the other slot of the ring that G2(i-1), still in flight, reads from.
             m_smem = m_bufs.index(i % 2)
-            m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
+            m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype, NO_SWIGLU, HALVES))
             fence_async_shared()
             sd = i % STAGES
-            mbarrier.wait(wd_bars.index(sd), (i // STAGES) & 1)
-            acc = warpgroup_mma(m_smem, wd_bufs.index(sd), acc, is_async=True)
+            mbarrier.wait(wd_bars.index(sd), 0 if NO_REFILL else (i // STAGES) & 1)
+            if not NO_G2:
+                acc = warpgroup_mma(m_smem, wd_bufs.index(sd), acc, is_async=True)
             gu = warpgroup_mma_wait(num_outstanding=1, deps=(gu_next,))
             # G2(i-1) is done too (issued before G1(i+1)): its buffer takes slice i - 1 + STAGES.
-            _load_slice(wd_desc, wd_bars, wd_bufs, wd_row + (i - 1 + STAGES) * BLOCK_I, (i + STAGES - 1) % STAGES,
-                        (i >= 1) & (i - 1 + STAGES < NUM_SLICES))
+            _load_slice(
+                wd_desc,
+                wd_bars,
+                wd_bufs,
+                wd_row + (i - 1 + STAGES) * BLOCK_I,
+                (i + STAGES - 1) % STAGES,
+                (i >= 1) & (i - 1 + STAGES < NUM_SLICES) & (not NO_REFILL),
+            )
         LAST: gl.constexpr = NUM_SLICES - 1
         m_smem = m_bufs.index(LAST % 2)
-        m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
+        m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype, NO_SWIGLU, HALVES))
         fence_async_shared()
-        mbarrier.wait(wd_bars.index(LAST % STAGES), (LAST // STAGES) & 1)
+        mbarrier.wait(wd_bars.index(LAST % STAGES), 0 if NO_REFILL else (LAST // STAGES) & 1)
         acc = warpgroup_mma(m_smem, wd_bufs.index(LAST % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 

@@ -1,0 +1,139 @@
+"""Where the Gluon fused-MoE kernel spends its time, by leaving pieces out (no hardware counters here).
+
+The lent H200 runs under gVisor, where Nsight Compute cannot read counters, so time is placed inside
+the kernel the way the device notes suggest: time the kernel with one piece of its work removed
+(`kernels_gluon.py`, ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
+8 the weight refills in the slice loop) and take differences against the whole kernel, all in one
+run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k
+sum), each variant captured in its own CUDA graph, replayed in rotation with L2 flushed; graph p50
+and p10-p90. Outputs of ablated variants are wrong by construction and are not checked; the whole
+kernel (ABLATE=0) is checked against the pointer kernel bit for bit.
+
+    PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe_ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+from typing import Any
+
+import torch
+import triton
+
+from benchmarks import _common
+from benchmarks import moe as bm
+
+# name -> ABLATE bits. "no down MMA" makes ptxas serialize the gate/up MMAs (a wait after each one in
+# the SASS), so it is reported but not read as the down projection's share.
+ABLATIONS = {
+    "whole": 0,
+    "halves": 0,
+    "halves, no SwiGLU7 math": 1,
+    "no SwiGLU7 math": 1,
+    "no gate/up MMA": 2,
+    "no down MMA (serialized G1)": 4,
+    "no weight refill": 8,
+    "no refill, no SwiGLU7 math": 9,
+    "no refill, no gate/up MMA": 10,
+    "no MMAs, no SwiGLU7 math": 7,
+    "no refill, no MMAs, no math": 15,
+}
+SHAPES = [(14601, 3), (4096, 3), (512, 3)]
+
+
+def ablate_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
+    from magi2_backend_triton.moe.fused import MoEState, run_fused
+    from magi2_backend_triton.moe.gluon import launch_fused_gluon
+    from magi2_backend_triton.moe.pack import pack_w13
+    from magi2_backend_triton.moe.tiles import select_tiles
+
+    x, probs, idx, wg, wu, wd = bm.make_inputs(tokens, heads, seed=9100 + tokens)
+    bank = pack_w13(wg, wu)
+    del wg, wu
+    gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
+    tiles = select_tiles("cuda", torch.cuda.get_device_capability(), tokens * bm.K / bm.E, shape=(bm.D, bm.I))
+    assert tiles.variant == "gluon" and tiles.single is not None, f"the table does not pick Gluon here: {tiles}"
+    state = MoEState()
+    run = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=tiles)
+    assert run.routed is not None and run.buffers is not None
+    bufs, routed = run.buffers, run.routed
+    pointer = run_fused(
+        x, probs, idx, gate, up, wd, state=MoEState(), tiles=dataclasses.replace(tiles, variant="pointer")
+    )
+    assert pointer.routed is not None
+    probs_flat = probs.reshape(-1).float()
+    out: dict[str, Any] = {
+        "tokens": tokens, "heads": heads, "tile": dataclasses.asdict(tiles.single), "num_blocks": None,
+        "whole_bit_equal_pointer": bool(torch.equal(routed, pointer.routed)),
+        **bm.floors(tokens, heads),
+    }  # fmt: skip
+    num_padded = int(bufs.num_padded.item())
+    out["num_blocks"] = num_padded // tiles.single.block_m
+    out["executed_rows"] = num_padded
+    fns = {}
+    for name, bits in ABLATIONS.items():
+        halves = name.startswith("halves")
+        dest = torch.empty_like(routed) if name == "halves" else routed
+        call = functools.partial(
+            launch_fused_gluon, x, bank, wd, probs_flat, dest, bufs, topk=bm.K, tile=tiles.single,
+            halves=halves, ablate=bits,
+        )  # fmt: skip
+        call()
+        torch.cuda.synchronize()
+        if name == "halves":
+            out["halves_bit_equal_pointer"] = bool(torch.equal(dest, pointer.routed))
+        fns[name] = _common.graphed(call)
+    samples = bm.time_alternating(fns, iters)
+    whole = None
+    out["variants"] = {}
+    for name, s in samples.items():
+        st = bm.stats(s)
+        if name == "whole":
+            whole = st["p50"]
+        out["variants"][name] = {"bits": ABLATIONS[name], "graph": st}
+    assert whole is not None
+    exec_flops = 6.0 * bm.D * bm.I * num_padded
+    for rec in out["variants"].values():
+        rec["saved_ms"] = whole - rec["graph"]["p50"]
+        rec["saved_fraction"] = rec["saved_ms"] / whole
+    out["whole_executed_tflops"] = exec_flops / (whole * 1e-3) / 1e12
+    out["executed_flops"] = exec_flops
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/moe_ablation_h200.json")
+    ap.add_argument("--iters", type=int, default=25)
+    args = ap.parse_args()
+    report: dict[str, Any] = {
+        "benchmark": "moe_ablation",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": _common.git_commit(),
+        "method": "graph p50 of the Gluon expert kernel alone, L2 flushed, variants rotating; ablated outputs unchecked",
+        "shapes": [],
+    }
+    for tokens, heads in SHAPES:
+        report["shapes"].append(ablate_shape(tokens, heads, args.iters))
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    for r in report["shapes"]:
+        print(f"\nT={r['tokens']} Hl={r['heads']} blocks={r['num_blocks']} whole bit-equal pointer: "
+              f"{r['whole_bit_equal_pointer']}, executed {r['whole_executed_tflops']:.0f} TFLOP/s")  # fmt: skip
+        for name, v in r["variants"].items():
+            g = v["graph"]
+            print(f"  {name:<32} {g['p50']:.3f} ms ({g['p10']:.3f}-{g['p90']:.3f})  saves {v['saved_ms']:+.3f} "
+                  f"({100 * v['saved_fraction']:+.0f}%)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
