@@ -30,7 +30,9 @@ the Triton kernels with the same contract and the GPU tests compare this one to 
 
 ABLATE (a bit set, 0 in every launch of the provider) removes one piece of the work so that
 `benchmarks/moe_ablation.py` can time the rest: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the
-down-projection MMAs, 8 the weight refills inside the loop (the first STAGES slices are reused).
+down-projection MMAs, 8 the weight refills inside the loop (the first STAGES slices are reused),
+16 the slice loop (with 8: only the first and last slices run), 32 the activation gather (zeros),
+64 the output store (masked off at run time).
 Any nonzero value gives wrong outputs; it exists to place time inside the kernel without counters.
 """
 
@@ -125,6 +127,9 @@ def fused_expert_gluon_kernel(
     NO_G1: gl.constexpr = (ABLATE & 2) != 0
     NO_G2: gl.constexpr = (ABLATE & 4) != 0
     NO_REFILL: gl.constexpr = (ABLATE & 8) != 0
+    NO_LOOP: gl.constexpr = (ABLATE & 16) != 0
+    NO_GATHER: gl.constexpr = (ABLATE & 32) != 0
+    NO_STORE: gl.constexpr = (ABLATE & 64) != 0
 
     blk = gl.program_id(0)
     if blk * BLOCK_M < gl.load(num_padded_ptr):
@@ -165,7 +170,10 @@ def fused_expert_gluon_kernel(
         tok = row - head * num_tokens
         a_row = tok.to(gl.int64) * stride_xt + head.to(gl.int64) * stride_xh
         offs_d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
-        a = gl.load(x_ptr + a_row[:, None] + offs_d_l[None, :], mask=valid_l[:, None], other=0.0)
+        if NO_GATHER:
+            a = gl.zeros([BLOCK_M, D], dtype, layout=load_layout)
+        else:
+            a = gl.load(x_ptr + a_row[:, None] + offs_d_l[None, :], mask=valid_l[:, None], other=0.0)
         a_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], a_shared, a)
         fence_async_shared()
 
@@ -174,7 +182,7 @@ def fused_expert_gluon_kernel(
         mbarrier.wait(w13_bars.index(0), 0)
         gu = warpgroup_mma(a_smem, w13_bufs.index(0).permute((1, 0)), zero1, use_acc=False, is_async=True)
         gu = warpgroup_mma_wait(num_outstanding=0, deps=(gu,))
-        for i in range(0, NUM_SLICES - 1):
+        for i in range(0, 0 if NO_LOOP else NUM_SLICES - 1):
             # G1(i) finished before this iteration (in the last one, or before the loop for i = 0):
             # its buffer takes slice i + STAGES.
             refill = (i + STAGES < NUM_SLICES) & (not NO_REFILL)
@@ -221,4 +229,6 @@ def fused_expert_gluon_kernel(
         w = gl.load(probs_ptr + routes, mask=valid, other=0.0)
         offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma2))
         out_ptrs = out_ptr + routes.to(gl.int64)[:, None] * D + offs_d[None, :]
+        if NO_STORE:  # a mask the compiler cannot fold (routing weights are never negative)
+            valid = valid & (w < 0.0)
         gl.store(out_ptrs, (acc * w[:, None]).to(out_ptr.dtype.element_ty), mask=valid[:, None])
