@@ -66,6 +66,10 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
         # 16-wide slices at 64 rows: ~90 KB of shared memory and < 200 registers, so two programs
         # share an SM and each one's SwiGLU7 can run under the other's MMAs.
         out["gluon_m64_i16"] = dataclasses.replace(base, single=dataclasses.replace(m64, block_n=16), variant="gluon")
+    if "gluon_routed" in variants and base.single.block_m == 128:
+        # One program per expert: 64-row blocks where an expert's ~100 routes would pad a 128-row one.
+        m64 = dataclasses.replace(base.single, block_m=64, num_warps=4, num_stages=3)
+        out["gluon_routed_m64"] = dataclasses.replace(base, single=m64, variant="gluon_routed")
     if base.single.block_m <= 32:
         # 2 stages halve the shared memory of the 16-row tile (~104 KB): two programs fit per SM.
         shallow = dataclasses.replace(base.single, num_stages=2)

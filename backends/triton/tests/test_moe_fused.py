@@ -22,9 +22,11 @@ if not torch.cuda.is_available():
 from magi2_backend_reference.moe import reference_moe_experts
 from magi2_backend_triton.moe import MoEState, fused_moe_experts, grouped_mm_moe_experts, triton_fused_moe
 from magi2_backend_triton.moe.align import (
+    ExpertLists,
     RouteBuffers,
     align_routes,
     align_routes_device,
+    expert_lists_device,
     flat_route_experts,
     route_capacity,
 )
@@ -124,6 +126,28 @@ def check_aligned(rid: torch.Tensor, num_experts: int, bm: int, bufs: RouteBuffe
         assert real.numel() > 0  # padding never fills a whole block
         assert (rid.cpu()[real] == e).all()  # block/expert consistency
     assert (experts[: padded // bm].diff() >= 0).all()  # experts in order, one run each
+
+
+@pytest.mark.parametrize(
+    ("heads", "tokens", "experts", "topk"), [(1, 12, 5, 1), (3, 301, 256, 6), (2, 40, 4, 3)], ids=["k1", "prod", "dup"]
+)
+def test_expert_lists_hold_each_route_once_under_its_expert(heads: int, tokens: int, experts: int, topk: int) -> None:
+    # The per-expert kernel's input: lists[f, :counts[f]] is exactly the set of routes of flat expert
+    # f. "dup" repeats ids inside a token's top-k, so one expert can hold more than T routes of a head.
+    torch.manual_seed(heads * tokens)
+    idx = torch.randint(0, experts, (heads, tokens, topk), device=DEVICE)
+    rid = flat_route_experts(idx, experts).long().cpu()
+    lists = ExpertLists.allocate(heads * experts, tokens * topk, torch.device(DEVICE))
+    lists.lists.fill_(-7)
+    lists.counts.fill_(99)  # the builder must reset the counts itself
+    expert_lists_device(idx, experts, lists)
+    counts, table = lists.counts.cpu(), lists.lists.cpu().view(heads * experts, tokens * topk)
+    assert torch.equal(counts.long(), torch.bincount(rid, minlength=heads * experts))
+    for f in range(heads * experts):
+        got = table[f, : int(counts[f])].long().sort().values
+        assert torch.equal(got, (rid == f).nonzero().flatten())
+    with pytest.raises(ValueError, match="routes per head"):
+        expert_lists_device(idx[:, :-1], experts, lists)
 
 
 def test_route_buffers_are_reused_and_reallocated() -> None:

@@ -67,10 +67,11 @@ def test_device_gate_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
-def test_asking_for_it_where_it_cannot_run_raises() -> None:
+@pytest.mark.parametrize("variant", ["gluon", "gluon_routed"])
+def test_asking_for_it_where_it_cannot_run_raises(variant: str) -> None:
     # No silent fallback: the caller named the variant, so the refusal says why.
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant="gluon")
+    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="interpreter cannot run Gluon"):
         run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
 
@@ -85,9 +86,12 @@ def _hopper() -> bool:
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.x)")
 
 
-def _pair(tile: GemmTile) -> tuple[MoETiles, MoETiles]:
+VARIANTS = ("gluon", "gluon_routed")  # per aligned row block; per expert over route lists
+
+
+def _pair(tile: GemmTile, variant: str = "gluon") -> tuple[MoETiles, MoETiles]:
     pointer = MoETiles(tile, tile, single=tile, interleaved_dot=True)
-    return pointer, dataclasses.replace(pointer, variant="gluon")
+    return pointer, dataclasses.replace(pointer, variant=variant)
 
 
 def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
@@ -105,11 +109,15 @@ def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
 )  # fmt: skip
 @pytest.mark.parametrize("tile", [TILE128, TILE64], ids=["m128", "m64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gluon_equals_pointer_kernel(shape: tuple[int, ...], tile: GemmTile, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_gluon_equals_pointer_kernel(
+    shape: tuple[int, ...], tile: GemmTile, dtype: torch.dtype, variant: str
+) -> None:
+    # (300, 1, 4, ...): 225 routes per expert, so the per-expert kernel walks several row blocks.
     tokens, heads, experts, d, inter, topk = shape
     x, probs, idx, *w = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
     x, wg, wu, wd = x.to(dtype), *(t.to(dtype) for t in w)
-    pointer, gluon = _pair(tile)
+    pointer, gluon = _pair(tile, variant)
     base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=pointer).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon).y
     _check(y, base, reference_moe_experts(x, probs, idx, wg, wu, wd))
@@ -117,9 +125,10 @@ def test_gpu_gluon_equals_pointer_kernel(shape: tuple[int, ...], tile: GemmTile,
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_gluon_deterministic_runs_repeat_bitwise() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_gluon_deterministic_runs_repeat_bitwise(variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(1000, 3, 64, 256, 1280, 6, device="cuda")
-    _, gluon = _pair(TILE128)
+    _, gluon = _pair(TILE128, variant)
     runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon, deterministic=True).y
             for _ in range(2)]  # fmt: skip
     assert torch.equal(runs[0], runs[1])
@@ -127,13 +136,14 @@ def test_gpu_gluon_deterministic_runs_repeat_bitwise() -> None:
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_gluon_prepared_weights_in_cuda_graph() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_gluon_prepared_weights_in_cuda_graph(variant: str) -> None:
     # Prepared views of one packed bank: the kernel is captured with its descriptors by value and
     # replays bit-equal to the same kernel run eagerly, on new inputs copied into the static ones.
     x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")
     bank = pack_w13(wg, wu)
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
-    _, gluon = _pair(TILE64)
+    _, gluon = _pair(TILE64, variant)
     state = MoEState()
     run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -182,3 +182,52 @@ def align_routes_device(idx: Tensor, num_local_experts: int, buffers: RouteBuffe
     if num_routes > 0:
         _scatter_kernel[grid](idx, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts, BLOCK=block)
     return buffers
+
+
+@dataclass
+class ExpertLists:
+    """Each flat expert's routes, unpadded: ``lists[f * stride + j]`` for j < ``counts[f]``.
+
+    The input of the one-program-per-expert kernel (`kernels_gluon.fused_expert_gluon_routed_kernel`),
+    built by one scatter kernel where the row-block alignment takes four. ``stride`` is T*K, the
+    routes of one head, which bounds any one expert's count (even with repeated ids in a token's
+    top-k), so the lists hold E*R int32: the tile table picks this path only where T*K/E is small.
+    """
+
+    lists: Tensor  # [F * stride] int32
+    counts: Tensor  # [F] int32
+    stride: int
+
+    @staticmethod
+    def allocate(num_experts: int, stride: int, device: torch.device) -> ExpertLists:
+        return ExpertLists(
+            lists=torch.empty(num_experts * stride, dtype=torch.int32, device=device),
+            counts=torch.empty(num_experts, dtype=torch.int32, device=device),
+            stride=stride,
+        )
+
+
+@triton.jit
+def _lists_kernel(idx_ptr, counts_ptr, lists_ptr, R, TK, E, BLOCK: tl.constexpr):
+    # Order inside a list follows the atomics (not stable), as in `_scatter_kernel`.
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < R
+    f = _flat_expert(idx_ptr, r, mask, TK, E)
+    slot = tl.atomic_add(counts_ptr + f, 1, mask=mask)
+    tl.store(lists_ptr + f.to(tl.int64) * TK + slot, r, mask=mask)
+
+
+def expert_lists_device(idx: Tensor, num_local_experts: int, lists: ExpertLists) -> ExpertLists:
+    """Fill ``lists`` from ``idx`` [Hl, T, K]: a memset and one kernel, no host synchronisation."""
+    num_routes = idx.numel()
+    idx = idx.contiguous()
+    tk = idx.shape[1] * idx.shape[2]
+    if lists.stride != tk:
+        raise ValueError(f"expert lists sized for {lists.stride} routes per head; this call has {tk}")
+    lists.counts.zero_()
+    if num_routes > 0:
+        block = 1024
+        _lists_kernel[(triton.cdiv(num_routes, block),)](
+            idx, lists.counts, lists.lists, num_routes, tk, num_local_experts, BLOCK=block
+        )
+    return lists

@@ -17,8 +17,16 @@ from torch import Tensor
 from magi2_core.ops.moe_experts import validate as validate_experts
 
 from ..interpret import interpreting as _interpreting
-from .align import RouteBuffers, align_routes_device, align_routes_stable, flat_route_experts, route_capacity
-from .gluon import launch_fused_gluon
+from .align import (
+    ExpertLists,
+    RouteBuffers,
+    align_routes_device,
+    align_routes_stable,
+    expert_lists_device,
+    flat_route_experts,
+    route_capacity,
+)
+from .gluon import launch_fused_gluon, launch_fused_gluon_routed
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
@@ -34,6 +42,7 @@ class MoEState:
 
     def __init__(self, w13_capacity: int = 8) -> None:
         self._routes: RouteBuffers | None = None
+        self._lists: ExpertLists | None = None
         self.w13 = PackedW13Cache(w13_capacity)
         self.route_allocations = 0
 
@@ -53,8 +62,23 @@ class MoEState:
             self.route_allocations += 1
         return bufs
 
+    def expert_lists(self, num_experts: int, stride: int, device: torch.device) -> ExpertLists:
+        """Route lists for the one-program-per-expert kernel; reallocated when the shape changes."""
+        lists = self._lists
+        if (
+            lists is None
+            or lists.stride != stride
+            or lists.counts.numel() != num_experts
+            or lists.lists.device != device
+        ):
+            lists = ExpertLists.allocate(num_experts, stride, device)
+            self._lists = lists
+            self.route_allocations += 1
+        return lists
+
     def clear(self) -> None:
         self._routes = None
+        self._lists = None
         self.w13.clear()
 
 
@@ -162,12 +186,48 @@ def run_fused(
     single = tiles.single
     if single is not None and (d & (d - 1) != 0 or inter_dim % single.block_n != 0):
         single = None
-    # The alignment's row block must be the block of the kernels that read it.
-    block_m = single.block_m if single is not None else tiles.gemm1.block_m
     # Inside a CUDA-graph capture nothing the graph reads may be owned by a cache that could free it
     # later (a reallocated route buffer, an evicted bank): buffers come from the graph's own pool and
     # raw gate/up are read in place. Prepared weights are views the caller keeps alive.
     capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
+    # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
+    w13 = interleaved_bank(w_gate, w_up)
+    contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
+    want_tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
+    if w13 is None and not capturing and (tiles.packed_w13 or want_tma or not contiguous):
+        w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
+    # Raw gate/up captured in a graph have no bank (read in place, above): the pointer kernel serves
+    # that call, with the same results (the variants are bit-identical by test).
+    tma = want_tma and w13 is not None
+    variant = tiles.variant
+    if variant == "gluon_routed" and deterministic:
+        variant = "gluon"  # deterministic mode fixes every route's slot: the stable alignment below
+    if w13 is not None:
+        wg, wu = w13, w13[:, 1:, :]
+        w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
+    else:
+        wg, wu = w_gate.contiguous(), w_up.contiguous()
+        w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
+
+    routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
+    if tma and variant == "gluon_routed":
+        # One program per expert over unpadded route lists: no row-block alignment at all.
+        assert single is not None and w13 is not None
+        tk = num_routes // heads
+        lists = (
+            ExpertLists.allocate(num_experts, tk, x.device)
+            if capturing
+            else state.expert_lists(num_experts, tk, x.device)
+        )
+        expert_lists_device(idx, num_experts // heads, lists)
+        launch_fused_gluon_routed(x, w13, w_down, probs_flat, routed, lists, topk=topk, tile=single)
+        _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
+        return FusedRun(y, None, routed, None)
+
+    # The alignment's row block must be the block of the kernels that read it.
+    block_m = single.block_m if single is not None else tiles.gemm1.block_m
     if capturing:
         bufs = RouteBuffers.allocate(route_capacity(num_routes, num_experts, block_m), block_m, num_experts, x.device)
     else:
@@ -180,32 +240,14 @@ def run_fused(
         align_routes_device(idx, num_experts // heads, bufs)
     num_blocks_m = bufs.capacity // block_m
 
-    # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
-    # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
-    w13 = interleaved_bank(w_gate, w_up)
-    contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
-    want_tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
-    if w13 is None and not capturing and (tiles.packed_w13 or want_tma or not contiguous):
-        w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
-    # Raw gate/up captured in a graph have no bank (read in place, above): the pointer kernel serves
-    # that call, with the same results (the variants are bit-identical by test).
-    tma = want_tma and w13 is not None
-    if w13 is not None:
-        wg, wu = w13, w13[:, 1:, :]
-        w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
-    else:
-        wg, wu = w_gate.contiguous(), w_up.contiguous()
-        w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
-
-    routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
     inter: Tensor | None = None
-    if tma and tiles.variant == "gluon":
+    if tma and variant == "gluon":
         assert single is not None and w13 is not None
         launch_fused_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single)
     elif tma:
         assert single is not None and w13 is not None
         launch_fused_tma(
-            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=tiles.variant,
+            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=variant,
             ctas_per_sm=tiles.ctas_per_sm, upcast=upcast, rne=rne,
         )  # fmt: skip
     elif single is not None:
@@ -238,10 +280,15 @@ def run_fused(
             num_warps=t2.num_warps, num_stages=t2.num_stages,
         )  # fmt: skip
 
+    _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
+    return FusedRun(y, inter, routed, bufs)
+
+
+def _topk_sum(routed: Tensor, y: Tensor, heads: int, num_tokens: int, d: int, topk: int, rne: bool) -> None:
+    """y[t, h] = the K route rows of (h, t) summed in FP32 in k order, one rounding."""
     rows = heads * num_tokens
-    block_r = 16 if interp else 8
+    block_r = 16 if _interpreting() else 8
     topk_sum_kernel[(triton.cdiv(rows, block_r),)](
         routed, y, rows, num_tokens, y.stride(0), y.stride(1),
         D=d, TOPK=topk, BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(d), EXPLICIT_RNE=rne,
     )  # fmt: skip
-    return FusedRun(y, inter, routed, bufs)

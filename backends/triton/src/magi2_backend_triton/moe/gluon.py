@@ -19,7 +19,7 @@ from torch import Tensor
 from magi2_core.errors import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
-from .align import RouteBuffers
+from .align import ExpertLists, RouteBuffers
 from .tiles import GemmTile
 
 _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
@@ -86,6 +86,30 @@ def gluon_unsupported_reason(device: torch.device) -> str | None:
     return gluon_import_error()
 
 
+def _descriptors(x: Tensor, w13: Tensor, w_down: Tensor, tile: GemmTile) -> tuple[object, object]:
+    """TMA descriptors: the bank as [F*I, 2d] (row j is gate j then up j), w_down as [F*I, d]."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    num_experts, two_inter, d = w13.shape
+    inter, bi = two_inter // 2, tile.block_n
+    elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([bi, d], elem)
+    w13_desc = TensorDescriptor.from_tensor(w13.reshape(num_experts * inter, 2 * d), [bi, d], layout)
+    wd_desc = TensorDescriptor.from_tensor(w_down.reshape(num_experts * inter, d), [bi, d], layout)
+    return w13_desc, wd_desc
+
+
+def _checked_kernels(x: Tensor, w13: Tensor, tile: GemmTile, variant: str) -> ModuleType:
+    d, inter = x.shape[2], w13.shape[1] // 2
+    reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile)
+    if reason is not None:
+        raise InvalidValueError("moe_experts", "tiles.variant", "'tma' or 'pointer' here", f"'{variant}' ({reason})")
+    kernels = _kernels()
+    assert not isinstance(kernels, str)
+    return kernels
+
+
 def launch_fused_gluon(
     x: Tensor,
     w13: Tensor,
@@ -96,42 +120,40 @@ def launch_fused_gluon(
     *,
     topk: int,
     tile: GemmTile,
-    halves: bool = False,
     ablate: int = 0,
 ) -> None:
-    """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank.
+    """Fill ``routed`` [R, d] with the per-route outputs, one program per aligned row block.
 
-    ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py` only (nonzero: wrong outputs).
+    ``w13`` is the [F, 2I, d] packed bank. ``ablate`` is the kernel's ABLATE bit set, for
+    `benchmarks/moe_ablation.py` only (nonzero: wrong outputs).
     """
-    num_tokens, _, d = x.shape
-    num_experts, two_inter, _ = w13.shape
-    inter = two_inter // 2
-    reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile)
-    if reason is not None:
-        raise InvalidValueError("moe_experts", "tiles.variant", "'tma' or 'pointer' here", f"'gluon' ({reason})")
-    kernels = _kernels()
-    assert not isinstance(kernels, str)
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    bi = tile.block_n
-    elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    if halves:  # row j of the [F*I, 2d] view is (gate j, up j): one copy of each half per slice
-        w13_desc = TensorDescriptor.from_tensor(
-            w13.reshape(num_experts * inter, 2 * d), [bi, d], gl.NVMMASharedLayout.get_default_for([bi, d], elem)
-        )
-    else:
-        w13_desc = TensorDescriptor.from_tensor(
-            w13.reshape(num_experts * two_inter, d),
-            [2 * bi, d],
-            gl.NVMMASharedLayout.get_default_for([2 * bi, d], elem),
-        )
-    wd_desc = TensorDescriptor.from_tensor(
-        w_down.reshape(num_experts * inter, d), [bi, d], gl.NVMMASharedLayout.get_default_for([bi, d], elem)
-    )
+    kernels = _checked_kernels(x, w13, tile, "gluon")
+    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-        num_tokens, routed.shape[0], x.stride(0), x.stride(1),
-        D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, STAGES=tile.num_stages,
-        HALVES=halves, ABLATE=ablate, num_warps=tile.num_warps,
+        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
+        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
+        STAGES=tile.num_stages, ABLATE=ablate, num_warps=tile.num_warps,
+    )  # fmt: skip
+
+
+def launch_fused_gluon_routed(
+    x: Tensor,
+    w13: Tensor,
+    w_down: Tensor,
+    probs_flat: Tensor,
+    routed: Tensor,
+    lists: ExpertLists,
+    *,
+    topk: int,
+    tile: GemmTile,
+) -> None:
+    """Fill ``routed`` [R, d], one program per flat expert walking its route list in row blocks."""
+    kernels = _checked_kernels(x, w13, tile, "gluon_routed")
+    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
+    kernels.fused_expert_gluon_routed_kernel[(w13.shape[0],)](
+        x, w13_desc, wd_desc, probs_flat, routed, lists.lists, lists.counts, lists.stride,
+        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
+        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
+        STAGES=tile.num_stages, num_warps=tile.num_warps,
     )  # fmt: skip

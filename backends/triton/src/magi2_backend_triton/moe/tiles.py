@@ -20,11 +20,19 @@ import torch
 # for CUDA capability >= 9.0 only: "tma" one program per row block, "tma_ws" the same with a
 # warp-specialised slice loop, "tma_persistent" / "tma_persistent_ws" a machine-sized grid walking
 # the row blocks. "gluon" is `kernels_gluon.py`: the TMA kernel's operands with the slice loop
-# software-pipelined by hand (Hopper, Triton with Gluon). The launchers reject a variant where the
-# device or Triton lacks the feature.
-KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon"]
+# software-pipelined by hand (Hopper, Triton with Gluon); "gluon_routed" the same row-block body
+# with one program per flat expert reading unpadded route lists (`align.ExpertLists`: one scatter
+# kernel instead of the alignment's four). The launchers reject a variant where the device or
+# Triton lacks the feature.
+KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon", "gluon_routed"]
 KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
-    "pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon"
+    "pointer",
+    "tma",
+    "tma_ws",
+    "tma_persistent",
+    "tma_persistent_ws",
+    "gluon",
+    "gluon_routed",
 )
 
 
@@ -133,7 +141,7 @@ def _buildable(tiles: MoETiles, shape: tuple[int, int] | None) -> bool:
     """This Triton builds the tiles' kernel, and (Gluon) the kernel takes ``shape`` = (d, I)."""
     if tiles.variant == "pointer":
         return True
-    if tiles.variant != "gluon":
+    if not tiles.variant.startswith("gluon"):
         return _has_descriptors()
     if not _has_gluon():
         return False
