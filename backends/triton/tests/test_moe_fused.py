@@ -296,11 +296,13 @@ def test_tile_table_per_platform() -> None:
     from magi2_backend_triton.moe import tiles as tiles_mod
 
     # the measured H200 table: the Gluon kernel where this Triton builds it, else TMA, else pointers
+    # (the per-expert Gluon kernel over route lists at T <= 2048, the row-block one above)
+    mid = select_tiles("cuda", (9, 0), 40.0)  # T = 2048
     if tiles_mod._has_gluon():
-        assert (small.variant, large.variant) == ("gluon", "gluon")
+        assert (small.variant, mid.variant, large.variant) == ("gluon_routed", "gluon_routed", "gluon")
     else:
-        assert (small.variant, large.variant) == ("pointer", "tma" if tiles_mod._has_descriptors() else "pointer")
-    assert select_tiles("cuda", (9, 0), 40.0).variant == "pointer"  # T = 2048: not measured with the others
+        assert (small.variant, mid.variant) == ("pointer", "pointer")
+        assert large.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")
     # a shape the Gluon kernel does not take gets the next tiles of its row, never a refusal
     odd = select_tiles("cuda", (9, 0), 342.0, shape=(32, 48))
     assert odd.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..interpret import interpreting
+
 
 def route_capacity(num_routes: int, num_experts: int, block_m: int) -> int:
     """Upper bound on padded rows: every expert may waste up to block_m - 1 rows."""
@@ -115,6 +117,20 @@ def _flat_expert(idx_ptr, r, mask, TK, E):
 
 
 @triton.jit
+def _launch_dependents():
+    # PTX griddepcontrol: a kernel launched after this one with programmatic dependent launch may
+    # start before this one ends (it waits with griddepcontrol.wait where it reads our outputs).
+    tl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+def _pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch is a CUDA feature (the trigger is PTX); never under the interpreter."""
+    return device.type == "cuda" and not interpreting() and torch.version.cuda is not None
+
+
+@triton.jit
 def _count_kernel(idx_ptr, counts_ptr, R, TK, E, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = r < R
@@ -148,9 +164,11 @@ def _blocks_kernel(
 
 
 @triton.jit
-def _scatter_kernel(idx_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, BLOCK: tl.constexpr):
+def _scatter_kernel(idx_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # Slot order inside an expert follows the atomics (not stable); the contract only fixes the
     # per-expert route sets, and every route's output is independent of its row in the block.
+    if PDL:  # the Gluon expert kernel, launched with programmatic dependent launch, may start now
+        _launch_dependents()
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = r < R
     slot = tl.atomic_add(cursor_ptr + _flat_expert(idx_ptr, r, mask, TK, E), 1, mask=mask)
@@ -180,7 +198,16 @@ def align_routes_device(idx: Tensor, num_local_experts: int, buffers: RouteBuffe
         buffers.counts, buffers.cursor, buffers.sorted_ids, buffers.expert_ids, num_routes, BM=bm, MAX_BLOCKS=max_blocks
     )
     if num_routes > 0:
-        _scatter_kernel[grid](idx, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts, BLOCK=block)
+        _scatter_kernel[grid](
+            idx,
+            buffers.cursor,
+            buffers.sorted_ids,
+            num_routes,
+            tk,
+            num_local_experts,
+            BLOCK=block,
+            PDL=_pdl(idx.device),
+        )
     return buffers
 
 
@@ -208,8 +235,10 @@ class ExpertLists:
 
 
 @triton.jit
-def _lists_kernel(idx_ptr, counts_ptr, lists_ptr, R, TK, E, BLOCK: tl.constexpr):
+def _lists_kernel(idx_ptr, counts_ptr, lists_ptr, R, TK, E, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # Order inside a list follows the atomics (not stable), as in `_scatter_kernel`.
+    if PDL:  # let the expert kernel (launched with programmatic dependent launch) start its copies
+        _launch_dependents()
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = r < R
     f = _flat_expert(idx_ptr, r, mask, TK, E)
@@ -228,6 +257,7 @@ def expert_lists_device(idx: Tensor, num_local_experts: int, lists: ExpertLists)
     if num_routes > 0:
         block = 1024
         _lists_kernel[(triton.cdiv(num_routes, block),)](
-            idx, lists.counts, lists.lists, num_routes, tk, num_local_experts, BLOCK=block
-        )
+            idx, lists.counts, lists.lists, num_routes, tk, num_local_experts, BLOCK=block,
+            PDL=_pdl(idx.device),
+        )  # fmt: skip
     return lists

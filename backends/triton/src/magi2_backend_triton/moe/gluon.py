@@ -134,6 +134,7 @@ def launch_fused_gluon(
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, ABLATE=ablate, num_warps=tile.num_warps,
+        launch_pdl=True,  # overlaps the alignment's scatter: the kernel issues its first weight copies, then waits
     )  # fmt: skip
 
 
@@ -156,4 +157,5 @@ def launch_fused_gluon_routed(
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, num_warps=tile.num_warps,
+        launch_pdl=True,  # overlaps the list kernel: the kernel issues its first weight copies, then waits
     )  # fmt: skip

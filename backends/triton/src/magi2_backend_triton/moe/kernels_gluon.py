@@ -97,6 +97,34 @@ def _load_wd(desc, bars, bufs, expert, i, s, pred, INTER: gl.constexpr, BLOCK_I:
 
 
 @gluon.jit
+def _grid_dependency_wait():
+    # Everything the previous kernel in the stream wrote is visible after this (PTX griddepcontrol).
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _first_slices(
+    w13_desc,
+    wd_desc,
+    w13_bufs,
+    wd_bufs,
+    w13_bars,
+    wd_bars,
+    expert,
+    INTER: gl.constexpr,
+    BLOCK_I: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    # Fresh mbarriers, then the first STAGES weight slices of `expert` on their way.
+    for s in gl.static_range(STAGES):
+        mbarrier.init(w13_bars.index(s), count=1)
+        mbarrier.init(wd_bars.index(s), count=1)
+    for s in gl.static_range(STAGES):
+        _load_w13(w13_desc, w13_bars, w13_bufs, expert, s, s, True, INTER, BLOCK_I)
+        _load_wd(wd_desc, wd_bars, wd_bufs, expert, s, s, True, INTER, BLOCK_I)
+
+
+@gluon.jit
 def _row_block(
     x_ptr,
     w13_desc,
@@ -127,8 +155,8 @@ def _row_block(
 ):
     """Rows ids_ptr[0:num_rows] (route numbers; >= num_routes marks padding) of one expert, start to end.
 
-    The mbarriers are initialised here and invalidated before returning, so a program may call this
-    for several row blocks in turn with the same shared memory.
+    The caller has issued the first weight slices (`_first_slices`); the mbarriers are invalidated
+    before returning, so a program may do several row blocks in turn with the same shared memory.
     """
     NUM_SLICES: gl.constexpr = INTER // BLOCK_I
     dtype: gl.constexpr = w13_desc.dtype
@@ -147,14 +175,6 @@ def _row_block(
     mma2: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
     )
-
-    for s in gl.static_range(STAGES):
-        mbarrier.init(w13_bars.index(s), count=1)
-        mbarrier.init(wd_bars.index(s), count=1)
-    # Weight slices first: their latency hides under the activation gather.
-    for s in gl.static_range(STAGES):
-        _load_w13(w13_desc, w13_bars, w13_bufs, expert, s, s, True, INTER, BLOCK_I)
-        _load_wd(wd_desc, wd_bars, wd_bufs, expert, s, s, True, INTER, BLOCK_I)
 
     # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
     offs_m_l = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
@@ -270,6 +290,13 @@ def fused_expert_gluon_kernel(
     blk = gl.program_id(0)
     if blk * BLOCK_M < gl.load(num_padded_ptr):
         a_smem, w13_bufs, wd_bufs, m_bufs, w13_bars, wd_bars = _shared(w13_desc, wd_desc, D, BLOCK_M, BLOCK_I, STAGES)
+        expert = gl.load(expert_ids_ptr + blk)
+        # Weight slices first: their latency hides under the activation gather. The block's expert and
+        # the padded count come from alignment kernels that finished before the last one (the
+        # scatter of the route ids) started; launched with programmatic dependent launch, this
+        # kernel overlaps that scatter until the wait (a no-op in a plain launch).
+        _first_slices(w13_desc, wd_desc, w13_bufs, wd_bufs, w13_bars, wd_bars, expert, INTER, BLOCK_I, STAGES)
+        _grid_dependency_wait()
         _row_block(
             x_ptr,
             w13_desc,
@@ -278,7 +305,7 @@ def fused_expert_gluon_kernel(
             out_ptr,
             sorted_ids_ptr + blk * BLOCK_M,
             BLOCK_M,
-            gl.load(expert_ids_ptr + blk),
+            expert,
             num_tokens,
             num_routes,
             stride_xt,
@@ -328,11 +355,24 @@ def fused_expert_gluon_routed_kernel(
     gl.static_assert(INTER // BLOCK_I >= 3)
     gl.static_assert(STAGES >= 2)
     expert = gl.program_id(0)
+    a_smem, w13_bufs, wd_bufs, m_bufs, w13_bars, wd_bars = _shared(w13_desc, wd_desc, D, BLOCK_M, BLOCK_I, STAGES)
+    # The expert is the program id, so its first weight slices go out before the route lists are
+    # read. Launched with programmatic dependent launch, this overlaps the list kernel still running:
+    # griddepcontrol.wait then waits for it (and is a no-op in a plain launch).
+    _first_slices(w13_desc, wd_desc, w13_bufs, wd_bufs, w13_bars, wd_bars, expert, INTER, BLOCK_I, STAGES)
+    _grid_dependency_wait()
     count = gl.load(counts_ptr + expert)
-    if count > 0:
-        a_smem, w13_bufs, wd_bufs, m_bufs, w13_bars, wd_bars = _shared(w13_desc, wd_desc, D, BLOCK_M, BLOCK_I, STAGES)
+    if count == 0:  # rare: let the copies land in memory this program still owns, then leave
+        for s in gl.static_range(STAGES):
+            mbarrier.wait(w13_bars.index(s), 0)
+            mbarrier.wait(wd_bars.index(s), 0)
+            mbarrier.invalidate(w13_bars.index(s))
+            mbarrier.invalidate(wd_bars.index(s))
+    else:
         ids_ptr = lists_ptr + expert.to(gl.int64) * list_stride
         for start in range(0, count, BLOCK_M):
+            if start > 0:
+                _first_slices(w13_desc, wd_desc, w13_bufs, wd_bufs, w13_bars, wd_bars, expert, INTER, BLOCK_I, STAGES)
             _row_block(
                 x_ptr,
                 w13_desc,

@@ -97,15 +97,23 @@ _TWO_MID = MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), pa
 _TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3))
 # Each row lists its tiles best first; the first whose kernel this Triton can build is used.
 _H200: tuple[tuple[float, tuple[MoETiles, ...]], ...] = (
-    # T=512: the Gluon kernel with 64-row blocks (0.376 ms) against 16-row pointer blocks (0.387).
+    # T=512 and T=2048: one Gluon program per expert over unpadded route lists (one scatter kernel,
+    # no row-block alignment; benchmarks/results/moe_sweep_routed_h200.json: 0.374 ms against 0.385
+    # for the aligned Gluon kernel at 512, 0.393 against 0.409 for the pointer kernel at 2048).
     (16.0, (
+        replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
         replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon"),
         replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4)),
     )),
-    (64.0, (replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True),)),  # T=2048
+    (64.0, (
+        replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
+        replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True),
+    )),
     # T=4096, 14601 and 12 heads at 4096: the Gluon kernel was bit-equal and 1-4% faster than the
     # TMA kernel (benchmarks/results/moe_sweep_gluon_h200.json), which was 3-5% faster than the
-    # pointer kernel (benchmarks/results/moe_sweep_h200.json). Same 128-row tile for all three.
+    # pointer kernel (benchmarks/results/moe_sweep_h200.json). Same 128-row tile for all three. The
+    # per-expert kernel loses here (moe_sweep_routed_h200.json): an expert with more than one row
+    # block runs them one after another in one program.
     (float("inf"), tuple(
         replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant=v)
         for v in ("gluon", "tma", "pointer")
