@@ -55,7 +55,8 @@ def candidates(base: Any, variants: list[str]) -> dict[str, Any]:
     if base.single is None:
         return out
     for v in variants:
-        out[v] = dataclasses.replace(base, variant=v)
+        if v != "gluon_ws" or base.single.block_m == 128:  # two 64-row consumers per block
+            out[v] = dataclasses.replace(base, variant=v)
     if "gluon" in variants:
         # The wgmma kernel takes 64- or 128-row blocks, one warp per 16 rows.
         m64 = dataclasses.replace(base.single, block_m=64, num_warps=4, num_stages=3)

@@ -29,6 +29,8 @@ from test_moe_fused import INTERPRET, make_moe, rel_l2
 from magi2_core.errors import InvalidValueError
 
 TILE128 = GemmTile(128, 32, 64, 8, 3)
+# per aligned row block; per expert over route lists; per aligned row block, warp-specialised
+VARIANTS = ("gluon", "gluon_routed", "gluon_ws")
 TILE64 = GemmTile(64, 32, 64, 4, 3)
 
 
@@ -48,8 +50,17 @@ TILE64 = GemmTile(64, 32, 64, 4, 3)
     ],
 )
 def test_shape_gate_names_the_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, why: str) -> None:
-    reason = gluon_shape_reason(d, inter, dtype, tile)
-    assert reason is not None and why in reason
+    for variant in VARIANTS:
+        reason = gluon_shape_reason(d, inter, dtype, tile, variant)
+        assert reason is not None and why in reason
+
+
+def test_shape_gate_of_the_warp_specialised_kernel() -> None:
+    # two 64-row consumers: 128-row blocks only
+    assert gluon_shape_reason(256, 1280, torch.bfloat16, TILE128, "gluon_ws") is None
+    reason = gluon_shape_reason(256, 1280, torch.bfloat16, TILE64, "gluon_ws")
+    assert reason is not None and "128-row blocks" in reason
+    assert gluon_shape_reason(256, 1280, torch.bfloat16, TILE64, "gluon") is None
 
 
 @pytest.mark.parametrize("tile", [TILE128, TILE64, dataclasses.replace(TILE64, block_n=16)])
@@ -67,11 +78,11 @@ def test_device_gate_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
-@pytest.mark.parametrize("variant", ["gluon", "gluon_routed"])
+@pytest.mark.parametrize("variant", ["gluon", "gluon_routed", "gluon_ws"])
 def test_asking_for_it_where_it_cannot_run_raises(variant: str) -> None:
     # No silent fallback: the caller named the variant, so the refusal says why.
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
+    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="interpreter cannot run Gluon"):
         run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
 
@@ -86,10 +97,9 @@ def _hopper() -> bool:
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.x)")
 
 
-VARIANTS = ("gluon", "gluon_routed")  # per aligned row block; per expert over route lists
-
-
 def _pair(tile: GemmTile, variant: str = "gluon") -> tuple[MoETiles, MoETiles]:
+    if variant == "gluon_ws" and tile.block_m != 128:
+        pytest.skip("the warp-specialised kernel takes 128-row blocks only (its refusal is a CPU test)")
     pointer = MoETiles(tile, tile, single=tile, interleaved_dot=True)
     return pointer, dataclasses.replace(pointer, variant=variant)
 
@@ -143,7 +153,7 @@ def test_gpu_gluon_prepared_weights_in_cuda_graph(variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")
     bank = pack_w13(wg, wu)
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
-    _, gluon = _pair(TILE64, variant)
+    _, gluon = _pair(TILE128 if variant == "gluon_ws" else TILE64, variant)
     state = MoEState()
     run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -26,7 +26,7 @@ from .align import (
     flat_route_experts,
     route_capacity,
 )
-from .gluon import launch_fused_gluon, launch_fused_gluon_routed
+from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_gluon_ws
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
 from .tiles import MoETiles, select_tiles
@@ -241,9 +241,10 @@ def run_fused(
     num_blocks_m = bufs.capacity // block_m
 
     inter: Tensor | None = None
-    if tma and variant == "gluon":
+    if tma and variant in ("gluon", "gluon_ws"):
         assert single is not None and w13 is not None
-        launch_fused_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single)
+        launch = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
+        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single)
     elif tma:
         assert single is not None and w13 is not None
         launch_fused_tma(

@@ -22,7 +22,10 @@ from ..interpret import interpreting as _interpreting
 from .align import ExpertLists, RouteBuffers
 from .tiles import GemmTile
 
-_SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
+_SHARED_LIMIT = 227 * 1024
+# Registers per thread of the warp-specialised kernel's consumers: a [64, d] FP32 accumulator is
+# 128, the two gate/up results 64; 232 leaves no spills (ptxas, sm_90) and the loader warp 40.
+_WS_CONSUMER_REGS = 232  # Hopper's opt-in shared memory per block
 
 
 def _shared_bytes(d: int, tile: GemmTile) -> int:
@@ -34,10 +37,13 @@ def _shared_bytes(d: int, tile: GemmTile) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _kernels() -> ModuleType | str:
-    """The kernel module, or why it cannot be imported with this Triton."""
+def _kernels() -> tuple[ModuleType, ModuleType] | str:
+    """The kernel modules (row block, warp-specialised), or why this Triton cannot import them."""
     try:
-        return importlib.import_module(".kernels_gluon", __package__)
+        return (
+            importlib.import_module(".kernels_gluon", __package__),
+            importlib.import_module(".kernels_gluon_ws", __package__),
+        )
     except Exception as e:  # ImportError, or an older Gluon whose API differs
         return f"Triton {triton.__version__} cannot build the Gluon kernel ({type(e).__name__}: {e})"
 
@@ -55,8 +61,8 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)  # asked on every call, by the tile table and by the launcher
-def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -> str | None:
-    """Why the kernel cannot take this shape and tile, or None when it can (no device needed)."""
+def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, variant: str = "gluon") -> str | None:
+    """Why the ``variant`` kernel cannot take this shape and tile, or None when it can (no device needed)."""
     bi = tile.block_n
     if dtype not in (torch.bfloat16, torch.float16):
         return f"the wgmma kernel takes 2-byte activations; got {dtype}"
@@ -68,6 +74,8 @@ def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile) -
         return f"row blocks of 64 or 128 with one warp per 16 rows; got {tile.block_m} rows, {tile.num_warps} warps"
     if tile.num_stages < 2:
         return f"the weight rings need at least 2 stages; got {tile.num_stages}"
+    if variant == "gluon_ws" and tile.block_m != 128:
+        return f"the warp-specialised kernel takes 128-row blocks (two 64-row consumers); got {tile.block_m}"
     shared = _shared_bytes(d, tile)
     if shared > _SHARED_LIMIT:
         return f"needs {shared} B of shared memory, more than {_SHARED_LIMIT}"
@@ -102,12 +110,12 @@ def _descriptors(x: Tensor, w13: Tensor, w_down: Tensor, tile: GemmTile) -> tupl
 
 def _checked_kernels(x: Tensor, w13: Tensor, tile: GemmTile, variant: str) -> ModuleType:
     d, inter = x.shape[2], w13.shape[1] // 2
-    reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile)
+    reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile, variant)
     if reason is not None:
         raise InvalidValueError("moe_experts", "tiles.variant", "'tma' or 'pointer' here", f"'{variant}' ({reason})")
     kernels = _kernels()
     assert not isinstance(kernels, str)
-    return kernels
+    return kernels[1] if variant == "gluon_ws" else kernels[0]
 
 
 def launch_fused_gluon(
@@ -158,4 +166,28 @@ def launch_fused_gluon_routed(
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, num_warps=tile.num_warps,
         launch_pdl=True,  # overlaps the list kernel: the kernel issues its first weight copies, then waits
+    )  # fmt: skip
+
+
+def launch_fused_gluon_ws(
+    x: Tensor,
+    w13: Tensor,
+    w_down: Tensor,
+    probs_flat: Tensor,
+    routed: Tensor,
+    bufs: RouteBuffers,
+    *,
+    topk: int,
+    tile: GemmTile,
+) -> None:
+    """Fill ``routed`` [R, d], one warp-specialised program (loader warp, two consumers) per row block."""
+    kernels = _checked_kernels(x, w13, tile, "gluon_ws")
+    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
+    kernels.fused_expert_gluon_ws_kernel[(bufs.capacity // tile.block_m,)](
+        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
+        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
+        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
+        STAGES=tile.num_stages, CONSUMER_REGS=_WS_CONSUMER_REGS,
+        num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
+        launch_pdl=True,  # the loader streams weights while the scatter runs; the consumers wait for it
     )  # fmt: skip

@@ -22,9 +22,12 @@ import torch
 # the row blocks. "gluon" is `kernels_gluon.py`: the TMA kernel's operands with the slice loop
 # software-pipelined by hand (Hopper, Triton with Gluon); "gluon_routed" the same row-block body
 # with one program per flat expert reading unpadded route lists (`align.ExpertLists`: one scatter
-# kernel instead of the alignment's four). The launchers reject a variant where the device or
-# Triton lacks the feature.
-KernelVariant = Literal["pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon", "gluon_routed"]
+# kernel instead of the alignment's four); "gluon_ws" (`kernels_gluon_ws.py`) the aligned kernel
+# warp-specialised: a loader warp and two independent 64-row consumer warpgroups. The launchers
+# reject a variant where the device or Triton lacks the feature.
+KernelVariant = Literal[
+    "pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon", "gluon_routed", "gluon_ws"
+]
 KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
     "pointer",
     "tma",
@@ -33,6 +36,7 @@ KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
     "tma_persistent_ws",
     "gluon",
     "gluon_routed",
+    "gluon_ws",
 )
 
 
@@ -156,7 +160,7 @@ def _buildable(tiles: MoETiles, shape: tuple[int, int] | None) -> bool:
     from .gluon import gluon_shape_reason
 
     assert tiles.single is not None
-    return shape is None or gluon_shape_reason(shape[0], shape[1], torch.bfloat16, tiles.single) is None
+    return shape is None or gluon_shape_reason(shape[0], shape[1], torch.bfloat16, tiles.single, tiles.variant) is None
 
 
 def select_tiles(
