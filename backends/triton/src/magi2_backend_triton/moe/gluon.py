@@ -60,6 +60,11 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return major, minor
 
 
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 @functools.lru_cache(maxsize=64)  # asked on every call, by the tile table and by the launcher
 def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, variant: str = "gluon") -> str | None:
     """Why the ``variant`` kernel cannot take this shape and tile, or None when it can (no device needed)."""
@@ -180,14 +185,16 @@ def launch_fused_gluon_ws(
     topk: int,
     tile: GemmTile,
 ) -> None:
-    """Fill ``routed`` [R, d], one warp-specialised program (loader warp, two consumers) per row block."""
+    """Fill ``routed`` [R, d]: one persistent warp-specialised program (loader warp, two consumers) per
+    SM, walking the aligned row blocks (the count of real ones is read on the device)."""
     kernels = _checked_kernels(x, w13, tile, "gluon_ws")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
-    kernels.fused_expert_gluon_ws_kernel[(bufs.capacity // tile.block_m,)](
+    grid = min(bufs.capacity // tile.block_m, _sm_count(x.device))
+    kernels.fused_expert_gluon_ws_kernel[(grid,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, CONSUMER_REGS=_WS_CONSUMER_REGS,
         num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
-        launch_pdl=True,  # the loader streams weights while the scatter runs; the consumers wait for it
+        launch_pdl=True,  # the loaders stream weights while the scatter runs; the consumers wait for it
     )  # fmt: skip
