@@ -20,15 +20,15 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 import triton
 from magi2_backend_triton.moe.align import align_routes_device
 from magi2_backend_triton.moe.fused import MoEState, run_fused
-from magi2_backend_triton.moe.native import grouped_mm_moe_experts, loop_moe_experts
-from magi2_backend_triton.moe.pack import pack_count
+from magi2_backend_triton.moe.native import _MAX_GROUPS, grouped_mm_moe_experts, loop_moe_experts
+from magi2_backend_triton.moe.pack import pack_count, pack_w13
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
 from torch import Tensor
 
@@ -166,26 +166,73 @@ def check(tokens: int, heads: int, state: MoEState, seed: int, tiles: MoETiles |
     }  # fmt: skip
 
 
+def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any] | None, str | None]:
+    """``fn`` captured in a CUDA graph, or why it cannot be (e.g. a host sync inside)."""
+    if DEV != "cuda":
+        return fn, None
+    try:
+        return _common.graphed(fn), None
+    except Exception as e:  # recorded in the results, never hidden
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles | None) -> dict[str, Any]:
+    """The table's fused kernel against the previous kernel (the same tiles through the pointer
+    kernel, the one-kernel path before the Hopper variants) and torch's `_grouped_mm` pipeline, each
+    eager and replayed from a CUDA graph, in one run on the same inputs. The fused calls read the
+    prepared-weight layout (views of one packed bank, as `m2.prepare_moe_weights` makes), so the graph
+    holds the same kernel as the eager call. Keys "fused" and "native" are the eager times (as in
+    earlier files); "<name>_graph" the graph replays."""
     x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
-    state = MoEState()
-    args = (x, probs, idx, wg, wu, wd)
-    fused = functools.partial(run_fused, *args, state=state, tiles=tiles)
-    native = functools.partial(grouped_mm_moe_experts, *args)
-    samples = time_alternating({"fused": fused, "native": native}, iters)
+    bank = pack_w13(wg, wu)
+    gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
+    cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
+    table = tiles or select_tiles(DEV, cap, tokens * K / E)
+    previous = replace(table, variant="pointer") if table.single is not None else table
+    state, prev_state = MoEState(), MoEState()
+    fns: dict[str, Callable[[], Any]] = {
+        "fused": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, tiles=table),
+        "previous": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=prev_state, tiles=previous),
+        "native": functools.partial(grouped_mm_moe_experts, x, probs, idx, wg, wu, wd),
+    }
+    y = fns["fused"]().y
+    y_prev = fns["previous"]().y
+    ref = loop_moe_experts(x, probs, idx, wg, wu, wd)
+    graphs: dict[str, Callable[[], Any]] = {}
+    errors: dict[str, str] = {}
+    for name, fn in fns.items():
+        if name == "native" and heads * E > _MAX_GROUPS:  # a failed capture can poison the context
+            errors[name] = f"not capturable: {heads * E} experts > {_MAX_GROUPS} groups, chunked with a host sync"
+            continue
+        g, why = _graphed(fn)
+        if g is None:
+            errors[name] = why or "?"
+        else:
+            graphs[name + "_graph"] = g
+    samples = time_alternating(fns, iters)
+    samples.update(time_alternating(graphs, iters))
     if eager_iters:
-        eager = functools.partial(loop_moe_experts, *args)
+        eager = functools.partial(loop_moe_experts, x, probs, idx, wg, wu, wd)
         samples.update(time_alternating({"eager": eager}, eager_iters, warmup=1))
     fl = floors(tokens, heads)
     res: dict[str, Any] = {"tokens": tokens, "heads": heads, **fl}
-    for name, s in samples.items():
-        st = stats(s)
+    for name, smp in samples.items():
+        st = stats(smp)
         st["weight_floor_fraction"] = fl["weight_floor_ms"] / st["p50"]
+        st["matmul_fraction"] = fl["matmul_floor_ms"] / st["p50"]
         st["tflops"] = fl["flops"] / (st["p50"] * 1e-3) / 1e12
         res[name] = st
+    res["graph_errors"] = errors
     res["speedup_vs_native_p50"] = res["native"]["p50"] / res["fused"]["p50"]
-    cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
-    res["tiles"] = asdict(tiles or select_tiles(DEV, cap, tokens * K / E))
+    if "fused_graph" in res:
+        res["fused_eager_over_graph"] = res["fused"]["p50"] / res["fused_graph"]["p50"]
+        res["previous_graph_over_fused_graph"] = res["previous_graph"]["p50"] / res["fused_graph"]["p50"]
+    res["fused_rel_l2"] = rel_l2(y, ref)
+    res["previous_rel_l2"] = rel_l2(y_prev, ref)
+    res["fused_bit_equal_previous"] = bool(torch.equal(y, y_prev))
+    res["tiles"] = asdict(table)
+    res["previous_tiles"] = asdict(previous)
     return res
 
 
@@ -336,21 +383,28 @@ def main() -> None:
         for t in a.tokens:
             report["layers_in_turn"].append(layers_in_turn(t, 3, a.layers, a.iters))
             dump()
-    print(
-        f"{'T':>6} {'Hl':>3} {'fused p50':>10} {'p10-p90':>14} {'native p50':>10} {'eager p50':>10} {'x native':>8} {'floor frac':>10}"
-    )
+    print(f"{'T':>6} {'Hl':>3} {'':>9} {'fused':>7} {'p10-p90':>13} {'previous':>8} {'native':>8}  matmul% wfloor%")
     for r in report["bench"]:
-        f, n = r["fused"], r["native"]
-        e = r.get("eager", {}).get("p50", float("nan"))
-        print(
-            f"{r['tokens']:>6} {r['heads']:>3} {f['p50']:>10.3f} {f['p10']:>6.3f}-{f['p90']:<7.3f} {n['p50']:>10.3f} {e:>10.2f} {r['speedup_vs_native_p50']:>8.2f} {f['weight_floor_fraction']:>10.2f}"
-        )
+        for mode, suffix in (("eager", ""), ("graph", "_graph")):
+            f = r.get("fused" + suffix)
+            if f is None:
+                continue
+            prev = r.get("previous" + suffix, {}).get("p50", float("nan"))
+            nat = r.get("native" + suffix, {}).get("p50", float("nan"))
+            print(
+                f"{r['tokens']:>6} {r['heads']:>3} {mode:>9} {f['p50']:>7.3f} {f['p10']:>6.3f}-{f['p90']:<6.3f} "
+                f"{prev:>8.3f} {nat:>8.3f}  {100 * f['matmul_fraction']:>6.1f} {100 * f['weight_floor_fraction']:>6.1f}"
+            )
+        print(f"{'':>10} rel-L2 {r['fused_rel_l2']:.2e}, bit-equal previous: {r['fused_bit_equal_previous']}, "
+              f"graph errors: {r['graph_errors'] or 'none'}")  # fmt: skip
     for c in report.get("crossover", []):
         print(f"crossover T={c['tokens']}: fused {c['fused_p50']:.3f} native {c['native_p50']:.3f}")
     for r in report.get("layers_in_turn", []):
         modes = " ".join(f"{k} {v['p50']:.3f}" for k, v in r.items() if isinstance(v, dict) and "p50" in v)
-        print(f"layers T={r['tokens']} x{r['layers']} ({r['provider']}), ms per call: {modes}; "
-              f"re-packs after first pass {r['repacks_after_first_pass']}; bytes/layer {r['bytes_per_layer']}")
+        print(
+            f"layers T={r['tokens']} x{r['layers']} ({r['provider']}), ms per call: {modes}; "
+            f"re-packs after first pass {r['repacks_after_first_pass']}; bytes/layer {r['bytes_per_layer']}"
+        )
 
 
 def _tiles_from(d: dict[str, Any]) -> MoETiles:

@@ -282,7 +282,56 @@ def moe_layers_rows(d: Data) -> list[Row]:
 
 
 # Issue 15's targets for the fused MoE kernel (graph p50, ms): (tokens, heads) -> target.
-MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (4096, 12): 1.6}
+MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (512, 3): 0.37, (4096, 12): 1.6}
+
+
+def moe_bench_rows(d: Data) -> list[Row]:
+    """`benchmarks/moe.py` files with eager and graph times of the table's kernel, the previous kernel and
+    `_grouped_mm` (the schema since the warp-specialised kernel)."""
+    s, at = d["shape"], f"{d['device']}, {_short(d['commit'])}"
+    rows: list[Row] = []
+    for heads in sorted({b["heads"] for b in d["bench"]}):
+        bs = [b for b in d["bench"] if b["heads"] == heads]
+
+        def col(key: str, bs: list[Data] = bs) -> str:
+            return " / ".join(_ms(b[key]["p50"]) if key in b else "-" for b in bs)
+
+        def frac(key: str, bs: list[Data] = bs) -> str:
+            return " / ".join(f"{b['fused_graph'][key]:.2f}" for b in bs)
+
+        rows.append(
+            (
+                "MoE experts, fused (" + " / ".join(b["tiles"]["variant"] for b in bs) + ")",
+                f"{heads} heads x {s['E']} experts, top-{s['K']}, d {s['d']}, I {s['I']}; T = "
+                + " / ".join(str(b["tokens"]) for b in bs),
+                f"graph {col('fused_graph')} ms; eager {col('fused')} ms",
+                f"previous (pointer) kernel graph {col('previous_graph')}, eager {col('previous')}; torch "
+                f"`_grouped_mm` eager {col('native')}, graph {col('native_graph')} ms",
+                f"graph at {frac('matmul_fraction')} of the matmul ceiling, {frac('weight_floor_fraction')} of the "
+                "weight floor; eager / graph " + " / ".join(f"{b['fused_eager_over_graph']:.2f}" for b in bs)
+                + f"; rel-L2 <= {max(b['fused_rel_l2'] for b in bs):.1e}; {at}",
+            )
+        )
+    return rows
+
+
+def moe_ablation_rows(d: Data) -> list[Row]:
+    at = f"{d['device']}, {_short(d['commit'])}"
+    pieces = ("no SwiGLU7 math", "no gate/up MMA", "no weight refill", "no gather", "no output store")
+    rows: list[Row] = []
+    for r in d["shapes"]:
+        v = r["variants"]
+        rows.append(
+            (
+                "MoE 8-warp Gluon kernel, one piece left out (graph p50)",
+                f"T = {r['tokens']}, {r['heads']} heads; kernel alone",
+                f"whole {_ms(v['whole']['graph']['p50'])} ms",
+                "; ".join(f"{p} saves {100 * v[p]['saved_fraction']:.0f}%" for p in pieces),
+                f"first and last slice only {_ms(v['first and last slice only']['graph']['p50'])} ms; executed "
+                f"{r['whole_executed_tflops']:.0f} TFLOP/s; {at}",
+            )
+        )
+    return rows
 
 
 def _sweep_shapes(d: Data) -> dict[tuple[int, int], Data]:

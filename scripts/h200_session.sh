@@ -98,8 +98,8 @@ python3 -m benchmarks.dispatch --out "$OUT/dispatch_cpu_h200host.json" 2>&1 | ta
 python3 -m benchmarks.dispatch --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -6
 fi
 if want moe; then
-step "MoE: the table's kernel vs torch _grouped_mm, graph and eager (with the stage breakdown)"
-python3 -m benchmarks.moe --out "$OUT/moe_h200.json" --tokens 512 4096 14601 --stages --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
+step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
+python3 -m benchmarks.moe --out "$OUT/moe_h200.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
 fi
 if want moe_layers; then
 step "MoE: N distinct layers in turn through the public op"

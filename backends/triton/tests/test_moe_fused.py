@@ -299,7 +299,7 @@ def test_tile_table_per_platform() -> None:
     # (the per-expert Gluon kernel over route lists at T <= 2048, the row-block one above)
     mid = select_tiles("cuda", (9, 0), 40.0)  # T = 2048
     if tiles_mod._has_gluon():
-        assert (small.variant, mid.variant, large.variant) == ("gluon_routed", "gluon_routed", "gluon")
+        assert (small.variant, mid.variant, large.variant) == ("gluon_routed", "gluon_routed", "gluon_ws")
     else:
         assert (small.variant, mid.variant) == ("pointer", "pointer")
         assert large.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")

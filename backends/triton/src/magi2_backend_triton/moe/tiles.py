@@ -102,8 +102,9 @@ _TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3)
 # Each row lists its tiles best first; the first whose kernel this Triton can build is used.
 _H200: tuple[tuple[float, tuple[MoETiles, ...]], ...] = (
     # T=512 and T=2048: one Gluon program per expert over unpadded route lists (one scatter kernel,
-    # no row-block alignment; benchmarks/results/moe_sweep_routed_h200.json: 0.374 ms against 0.385
-    # for the aligned Gluon kernel at 512, 0.393 against 0.409 for the pointer kernel at 2048).
+    # no row-block alignment; benchmarks/results/moe_sweep_pdl_h200.json: 0.366 ms against 0.376
+    # for the aligned Gluon kernel and 0.388 for the pointer kernel at 512; 0.387 against 0.394 and
+    # 0.401 at 2048).
     (16.0, (
         replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
         replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon"),
@@ -113,14 +114,15 @@ _H200: tuple[tuple[float, tuple[MoETiles, ...]], ...] = (
         replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
         replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True),
     )),
-    # T=4096, 14601 and 12 heads at 4096: the Gluon kernel was bit-equal and 1-4% faster than the
-    # TMA kernel (benchmarks/results/moe_sweep_gluon_h200.json), which was 3-5% faster than the
-    # pointer kernel (benchmarks/results/moe_sweep_h200.json). Same 128-row tile for all three. The
-    # per-expert kernel loses here (moe_sweep_routed_h200.json): an expert with more than one row
-    # block runs them one after another in one program.
+    # T=4096, 14601 and 12 heads at 4096, one 128-row tile: the persistent warp-specialised Gluon
+    # kernel, bit-equal to the others (moe_sweep_ws_persistent_h200.json: 0.432 / 1.145 / 1.712 ms
+    # against 0.447 / 1.283 / 1.813 for the 8-warp Gluon kernel), which was 1-4% faster than the TMA
+    # kernel (moe_sweep_gluon_h200.json), itself 3-5% faster than the pointer kernel
+    # (moe_sweep_h200.json). The per-expert kernel loses here (moe_sweep_pdl_h200.json): an expert
+    # with more than one row block runs them one after another in one program.
     (float("inf"), tuple(
         replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant=v)
-        for v in ("gluon", "tma", "pointer")
+        for v in ("gluon_ws", "gluon", "tma", "pointer")
     )),
 )  # fmt: skip
 
