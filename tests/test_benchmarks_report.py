@@ -44,3 +44,21 @@ def test_check_fails_when_the_readme_table_is_stale(tmp_path: Path) -> None:
     report.write_readme(report.results_table(data), readme)
     assert report.readme_table(readme) == report.results_table(data)
     assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("\nrest\n")
+
+
+def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
+    # benchmarks/moe.py's schema since the warp-specialised kernel (no H200 file of it committed yet)
+    def st(p50: float) -> dict[str, float]:
+        return {"p50": p50, "p10": p50, "p90": p50, "matmul_fraction": 0.5, "weight_floor_fraction": 0.25}
+
+    bench = {
+        "tokens": 4096, "heads": 3, "fused": st(0.46), "fused_graph": st(0.44), "previous": st(0.51),
+        "previous_graph": st(0.49), "native": st(3.4), "fused_eager_over_graph": 0.46 / 0.44,
+        "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
+    }  # fmt: skip
+    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "H200", "commit": "0123456789", "bench": [bench]}
+    [(op, shape, ours, base, notes)] = report.moe_bench_rows(data)
+    assert "gluon_ws" in op and "T = 4096" in shape
+    assert ours == "graph 0.440 ms; eager 0.460 ms"
+    assert "graph 0.490" in base and "eager 3.400" in base and "graph -" in base  # no native graph: a dash
+    assert "0.50 of the matmul ceiling" in notes and "eager / graph 1.05" in notes and "0123456" in notes
