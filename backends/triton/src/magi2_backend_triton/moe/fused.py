@@ -244,7 +244,8 @@ def run_fused(
     if tma and variant in ("gluon", "gluon_ws"):
         assert single is not None and w13 is not None
         launch = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
-        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single)
+        # Dependent launch only right after the scatter of `align_routes_device` (gluon.py says why).
+        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=not deterministic)
     elif tma:
         assert single is not None and w13 is not None
         launch_fused_tma(

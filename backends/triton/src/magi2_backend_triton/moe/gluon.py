@@ -1,4 +1,17 @@
-"""Launcher of the Gluon one-kernel fused MoE (`kernels_gluon.py`): Hopper GPUs only.
+"""Launchers of the Gluon one-kernel fused MoE kernels: Hopper GPUs only.
+
+Three kernels share one contract and are bit-equal: `kernels_gluon.fused_expert_gluon_kernel`
+("gluon", one 8-warp program per aligned row block), `kernels_gluon.fused_expert_gluon_routed_kernel`
+("gluon_routed", one program per expert over unpadded route lists) and
+`kernels_gluon_ws.fused_expert_gluon_ws_kernel` ("gluon_ws", persistent and warp-specialised).
+
+Programmatic dependent launch: a kernel so launched may start before the previous kernel in the
+stream ends, and sees that kernel's writes only after `griddepcontrol.wait`. The row-block kernels
+read their block's expert and the padded count *before* that wait (to start the weight copies
+early), which is safe only when the previous kernel is the alignment's scatter: it triggers its
+dependents, and the kernels that wrote those two had finished before it started. After the stable
+(deterministic) alignment the last kernel writes the padded count itself, so the caller asks for a
+plain launch (``pdl=False``). The per-expert kernel reads its lists only after the wait.
 
 The kernel module imports `triton.experimental.gluon`, which older Tritons (and the interpreter)
 lack, so it is imported on first use and every reason it cannot run is a value
@@ -22,18 +35,20 @@ from ..interpret import interpreting as _interpreting
 from .align import ExpertLists, RouteBuffers
 from .tiles import GemmTile
 
-_SHARED_LIMIT = 227 * 1024
+_SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 # Registers per thread of the warp-specialised kernel's consumers: a [64, d] FP32 accumulator is
 # 128, the two gate/up results 64; 232 leaves no spills (ptxas, sm_90) and the loader warp 40.
-_WS_CONSUMER_REGS = 232  # Hopper's opt-in shared memory per block
+_WS_CONSUMER_REGS = 232
 
 
-def _shared_bytes(d: int, tile: GemmTile) -> int:
+def _shared_bytes(d: int, tile: GemmTile, variant: str) -> int:
     # Activation block, `num_stages` gate/up and down slices, two SwiGLU7 slices (the A operand
-    # of the down projection), one mbarrier per weight buffer. The 128-row, 32-wide, 3-stage tile
-    # needs 229,432 B (the compiler's figure for it), just under the limit.
+    # of the down projection), one mbarrier per weight buffer (two, full and empty, in the
+    # warp-specialised kernel). The 128-row, 32-wide, 3-stage tile needs 229,432 B (229,728 B
+    # warp-specialised; the compiler's figures), just under the limit.
     bm, bi, stages = tile.block_m, tile.block_n, tile.num_stages
-    return 2 * (bm * d + stages * 3 * bi * d + 2 * bm * bi) + 16 * stages
+    barriers = 2 if variant == "gluon_ws" else 1
+    return 2 * (bm * d + stages * 3 * bi * d + 2 * bm * bi) + 16 * stages * barriers
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,7 +96,7 @@ def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, v
         return f"the weight rings need at least 2 stages; got {tile.num_stages}"
     if variant == "gluon_ws" and tile.block_m != 128:
         return f"the warp-specialised kernel takes 128-row blocks (two 64-row consumers); got {tile.block_m}"
-    shared = _shared_bytes(d, tile)
+    shared = _shared_bytes(d, tile, variant)
     if shared > _SHARED_LIMIT:
         return f"needs {shared} B of shared memory, more than {_SHARED_LIMIT}"
     return None
@@ -133,12 +148,15 @@ def launch_fused_gluon(
     *,
     topk: int,
     tile: GemmTile,
+    pdl: bool = True,
     ablate: int = 0,
 ) -> None:
     """Fill ``routed`` [R, d] with the per-route outputs, one program per aligned row block.
 
-    ``w13`` is the [F, 2I, d] packed bank. ``ablate`` is the kernel's ABLATE bit set, for
-    `benchmarks/moe_ablation.py` only (nonzero: wrong outputs).
+    ``w13`` is the [F, 2I, d] packed bank. ``pdl``: launch with programmatic dependent launch, only
+    when the kernel before this one is the alignment's scatter (`align_routes_device`; the
+    module docstring says why). ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py` only
+    (nonzero: wrong outputs).
     """
     kernels = _checked_kernels(x, w13, tile, "gluon")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
@@ -146,8 +164,7 @@ def launch_fused_gluon(
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
-        STAGES=tile.num_stages, ABLATE=ablate, num_warps=tile.num_warps,
-        launch_pdl=True,  # overlaps the alignment's scatter: the kernel issues its first weight copies, then waits
+        STAGES=tile.num_stages, ABLATE=ablate, num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -170,7 +187,7 @@ def launch_fused_gluon_routed(
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, num_warps=tile.num_warps,
-        launch_pdl=True,  # overlaps the list kernel: the kernel issues its first weight copies, then waits
+        launch_pdl=True,  # reads the lists and counts only after griddepcontrol.wait: safe after any kernel
     )  # fmt: skip
 
 
@@ -184,9 +201,11 @@ def launch_fused_gluon_ws(
     *,
     topk: int,
     tile: GemmTile,
+    pdl: bool = True,
 ) -> None:
     """Fill ``routed`` [R, d]: one persistent warp-specialised program (loader warp, two consumers) per
-    SM, walking the aligned row blocks (the count of real ones is read on the device)."""
+    SM, walking the aligned row blocks (the count of real ones is read on the device). ``pdl`` as in
+    `launch_fused_gluon`."""
     kernels = _checked_kernels(x, w13, tile, "gluon_ws")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     grid = min(bufs.capacity // tile.block_m, _sm_count(x.device))
@@ -196,5 +215,5 @@ def launch_fused_gluon_ws(
         D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
         STAGES=tile.num_stages, CONSUMER_REGS=_WS_CONSUMER_REGS,
         num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
-        launch_pdl=True,  # the loaders stream weights while the scatter runs; the consumers wait for it
+        launch_pdl=pdl,
     )  # fmt: skip

@@ -21,7 +21,10 @@ arithmetic saves 10% at 14601 tokens, so it does not hide under the MMAs). Here:
   last gate/up MMA of a block is done, under that block's last slice, down projection and store
   (the gather and the store cost 14% of the 8-warp kernel at 14601 tokens, unhidden).
 
-Shared memory is the 8-warp kernel's (the same buffers, split per consumer) plus STAGES mbarriers.
+Shared memory is the 8-warp kernel's (the same buffers, split per consumer) plus an "empty" mbarrier
+per weight buffer. Measured on the H200 (`benchmarks/results/moe_sweep_ws_persistent_h200.json`,
+graph p50, bit-equal): 0.432 / 1.145 / 1.712 ms at 4096 / 14601 tokens and 12 heads at 4096, against
+0.447 / 1.283 / 1.813 ms for the 8-warp kernel in the same run.
 GPU only (Hopper, a Triton with Gluon's warp specialisation).
 """
 
@@ -142,9 +145,11 @@ def _ws_consumer(
                      stride_xt, stride_xh, D, TOPK)  # fmt: skip
     n = 0  # global slice number of this block's slice 0: ring slot and phase
     for blk in range(pid, num_blocks, step):
-        async_copy.wait_group(0)  # this block's rows (issued during the previous block)
-        gl.thread_barrier()
+        # This block's rows (issued during the previous block): each thread waits for its copies and
+        # fences them toward the async proxy, then the warpgroup meets, then the wgmmas read them.
+        async_copy.wait_group(0)
         fence_async_shared()
+        gl.thread_barrier()
         acc = warpgroup_mma_init(gl.zeros([_ROWS, D], gl.float32, layout=mma2))
         mbarrier.wait(w13_full.index(n % STAGES), (n // STAGES) & 1)
         gu = warpgroup_mma(a_smem, w13_bufs.index(n % STAGES).permute((1, 0)), zero1, use_acc=False, is_async=True)
