@@ -87,6 +87,28 @@ def test_asking_for_it_where_it_cannot_run_raises(variant: str) -> None:
         run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize("variant", ["gluon", "gluon_ws"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dependent_launch_only_after_the_scatter(
+    monkeypatch: pytest.MonkeyPatch, variant: str, deterministic: bool
+) -> None:
+    # The row-block kernels read the padded count before griddepcontrol.wait: programmatic dependent
+    # launch is safe after the atomic alignment's scatter only, never after the stable alignment.
+    from magi2_backend_triton.moe import fused
+
+    seen: list[bool] = []
+
+    def record(*args: object, pdl: bool, **kwargs: object) -> None:
+        seen.append(pdl)
+
+    monkeypatch.setattr(fused, "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon", record)
+    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
+    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
+    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=deterministic)
+    assert seen == [not deterministic]
+
+
 # ---- GPU ---------------------------------------------------------------------------------------
 
 
