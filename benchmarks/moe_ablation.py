@@ -3,8 +3,8 @@
 The lent H200 runs under gVisor, where Nsight Compute cannot read counters, so time is placed inside
 the kernel the way the device notes suggest: time the kernel with one piece of its work removed
 (`kernels_gluon.py`, ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
-8 the weight refills in the slice loop, 16 the loop itself, 32 the activation gather, 64 the store) and take differences against the whole kernel, all in one
-run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k
+8 the weight refills in the slice loop, 16 the loop itself, 32 the activation gather, 64 the store)
+and take differences against the whole kernel, all in one run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k
 sum), each variant captured in its own CUDA graph, replayed in rotation with L2 flushed; graph p50
 and p10-p90. Outputs of ablated variants are wrong by construction and are not checked; the whole
 kernel (ABLATE=0) is checked against the pointer kernel bit for bit.

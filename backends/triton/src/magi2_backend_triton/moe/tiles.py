@@ -22,9 +22,9 @@ import torch
 # the row blocks. "gluon" is `kernels_gluon.py`: the TMA kernel's operands with the slice loop
 # software-pipelined by hand (Hopper, Triton with Gluon); "gluon_routed" the same row-block body
 # with one program per flat expert reading unpadded route lists (`align.ExpertLists`: one scatter
-# kernel instead of the alignment's four); "gluon_ws" (`kernels_gluon_ws.py`) the aligned kernel
-# warp-specialised: a loader warp and two independent 64-row consumer warpgroups. The launchers
-# reject a variant where the device or Triton lacks the feature.
+# kernel instead of the alignment's four); "gluon_ws" (`kernels_gluon_ws.py`) the aligned kernel,
+# persistent and warp-specialised: a loader warp and two independent 64-row consumer warpgroups.
+# The launchers reject a variant where the device or Triton lacks the feature.
 KernelVariant = Literal[
     "pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon", "gluon_routed", "gluon_ws"
 ]
