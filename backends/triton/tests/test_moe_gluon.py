@@ -109,6 +109,27 @@ def test_dependent_launch_only_after_the_scatter(
     assert seen == [not deterministic]
 
 
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize(("budget", "deterministic", "expected"), [
+    (2**30, False, "routed"), (2**30, True, "aligned"), (100, False, "aligned"),
+])  # fmt: skip
+def test_route_lists_within_budget_else_the_aligned_kernel(
+    monkeypatch: pytest.MonkeyPatch, budget: int, deterministic: bool, expected: str
+) -> None:
+    # 7 tokens x 2 heads x top-2 over 2 x 3 experts: lists of 6 x 14 int32 = 336 B
+    from magi2_backend_triton.moe import fused
+
+    called: list[str] = []
+    monkeypatch.setattr(fused, "LIST_BUDGET", budget)
+    monkeypatch.setattr(fused, "launch_fused_gluon_routed", lambda *a, **k: called.append("routed"))
+    monkeypatch.setattr(fused, "launch_fused_gluon", lambda *a, **k: called.append("aligned"))
+    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
+    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant="gluon_routed")
+    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=deterministic)
+    assert called == [expected]
+    assert fused._list_bytes(6, 14) == 336
+
+
 # ---- GPU ---------------------------------------------------------------------------------------
 
 

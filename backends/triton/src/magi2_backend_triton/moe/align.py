@@ -218,7 +218,8 @@ class ExpertLists:
     The input of the one-program-per-expert kernel (`kernels_gluon.fused_expert_gluon_routed_kernel`),
     built by one scatter kernel where the row-block alignment takes four. ``stride`` is T*K, the
     routes of one head, which bounds any one expert's count (even with repeated ids in a token's
-    top-k), so the lists hold E*R int32: the tile table picks this path only where T*K/E is small.
+    top-k), so the lists hold F*T*K int32: the tile table picks this path only where T*K/E is small,
+    and `fused.LIST_BUDGET` caps the bytes (past it the aligned kernel serves).
     """
 
     lists: Tensor  # [F * stride] int32

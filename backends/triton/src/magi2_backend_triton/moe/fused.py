@@ -86,6 +86,15 @@ class MoEState:
 # with more layers prepares its weights (prepare_moe_weights) and never touches this cache.
 _DEFAULT_STATE = MoEState()
 
+# Bytes of route lists ("gluon_routed") a call may allocate; past it the aligned kernel serves. The
+# lists hold every expert's worst case, T*K routes (repeated top-k ids included): 38 MB at 2048
+# tokens x 3 heads x 256 experts, 151 MB with 12 heads.
+LIST_BUDGET = 64 * 2**20
+
+
+def _list_bytes(flat_experts: int, routes_per_head: int) -> int:
+    return 4 * flat_experts * routes_per_head
+
 
 @functools.lru_cache(maxsize=64)
 def _capability(device: torch.device) -> tuple[int, int] | None:
@@ -202,8 +211,10 @@ def run_fused(
     # that call, with the same results (the variants are bit-identical by test).
     tma = want_tma and w13 is not None
     variant = tiles.variant
-    if variant == "gluon_routed" and deterministic:
-        variant = "gluon"  # deterministic mode fixes every route's slot: the stable alignment below
+    if variant == "gluon_routed" and (deterministic or _list_bytes(num_experts, num_routes // heads) > LIST_BUDGET):
+        # The aligned kernel, same tile and results: deterministic mode fixes every route's slot (the
+        # stable alignment below), and it needs no per-expert lists.
+        variant = "gluon"
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
