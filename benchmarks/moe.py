@@ -27,7 +27,7 @@ import torch
 import triton
 from magi2_backend_triton.moe.align import align_routes_device
 from magi2_backend_triton.moe.fused import MoEState, run_fused
-from magi2_backend_triton.moe.native import _MAX_GROUPS, grouped_mm_moe_experts, loop_moe_experts
+from magi2_backend_triton.moe.native import grouped_mm_moe_experts, grouped_mm_syncs_host, loop_moe_experts
 from magi2_backend_triton.moe.pack import pack_count, pack_w13
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
 from torch import Tensor
@@ -202,8 +202,8 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles
     graphs: dict[str, Callable[[], Any]] = {}
     errors: dict[str, str] = {}
     for name, fn in fns.items():
-        if name == "native" and heads * E > _MAX_GROUPS:  # a failed capture can poison the context
-            errors[name] = f"not capturable: {heads * E} experts > {_MAX_GROUPS} groups, chunked with a host sync"
+        if name == "native" and grouped_mm_syncs_host(heads * E):  # a failed capture can poison the context
+            errors[name] = f"not capturable: {heads * E} experts run in chunks with a host sync"
             continue
         g, why = _graphed(fn)
         if g is None:

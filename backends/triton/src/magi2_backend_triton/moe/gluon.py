@@ -138,6 +138,14 @@ def _checked_kernels(x: Tensor, w13: Tensor, tile: GemmTile, variant: str) -> Mo
     return kernels[1] if variant == "gluon_ws" else kernels[0]
 
 
+def _meta(x: Tensor, w13: Tensor, topk: int, tile: GemmTile) -> dict[str, int]:
+    """The compile-time arguments every Gluon MoE kernel takes."""
+    return {
+        "D": x.shape[2], "INTER": w13.shape[1] // 2, "TOPK": topk, "BLOCK_M": tile.block_m,
+        "BLOCK_I": tile.block_n, "STAGES": tile.num_stages,
+    }  # fmt: skip
+
+
 def launch_fused_gluon(
     x: Tensor,
     w13: Tensor,
@@ -154,17 +162,16 @@ def launch_fused_gluon(
     """Fill ``routed`` [R, d] with the per-route outputs, one program per aligned row block.
 
     ``w13`` is the [F, 2I, d] packed bank. ``pdl``: launch with programmatic dependent launch, only
-    when the kernel before this one is the alignment's scatter (`align_routes_device`; the
-    module docstring says why). ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py` only
-    (nonzero: wrong outputs).
+    when the kernel before this one is the alignment's scatter (`align_routes_device`; the module
+    docstring says why). ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py`
+    only (nonzero: wrong outputs).
     """
     kernels = _checked_kernels(x, w13, tile, "gluon")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
-        STAGES=tile.num_stages, ABLATE=ablate, num_warps=tile.num_warps, launch_pdl=pdl,
+        **_meta(x, w13, topk, tile), ABLATE=ablate, num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -185,8 +192,7 @@ def launch_fused_gluon_routed(
     kernels.fused_expert_gluon_routed_kernel[(w13.shape[0],)](
         x, w13_desc, wd_desc, probs_flat, routed, lists.lists, lists.counts, lists.stride,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
-        STAGES=tile.num_stages, num_warps=tile.num_warps,
+        **_meta(x, w13, topk, tile), num_warps=tile.num_warps,
         launch_pdl=True,  # reads the lists and counts only after griddepcontrol.wait: safe after any kernel
     )  # fmt: skip
 
@@ -212,8 +218,7 @@ def launch_fused_gluon_ws(
     kernels.fused_expert_gluon_ws_kernel[(grid,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        D=x.shape[2], INTER=w13.shape[1] // 2, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=tile.block_n,
-        STAGES=tile.num_stages, CONSUMER_REGS=_WS_CONSUMER_REGS,
+        **_meta(x, w13, topk, tile), CONSUMER_REGS=_WS_CONSUMER_REGS,
         num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
         launch_pdl=pdl,
     )  # fmt: skip

@@ -126,6 +126,23 @@ def _first_slices(
 
 
 @gluon.jit
+def _x_row_offsets(routes, valid, num_tokens, stride_xt, stride_xh, TOPK: gl.constexpr):
+    # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
+    row = gl.where(valid, routes, 0) // TOPK
+    head = row // num_tokens
+    tok = row - head * num_tokens
+    return tok.to(gl.int64) * stride_xt + head.to(gl.int64) * stride_xh
+
+
+@gluon.jit
+def _store_routes(acc, routes, valid, w, out_ptr, D: gl.constexpr, layout: gl.constexpr):
+    # Each valid row times its routing weight w in FP32, one rounding, to its route's output row.
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    out_ptrs = out_ptr + routes.to(gl.int64)[:, None] * D + offs_d[None, :]
+    gl.store(out_ptrs, (acc * w[:, None]).to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@gluon.jit
 def _row_block(
     x_ptr,
     w13_desc,
@@ -177,14 +194,10 @@ def _row_block(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
     )
 
-    # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
     offs_m_l = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
     routes_l = gl.load(ids_ptr + offs_m_l, mask=offs_m_l < num_rows, other=num_routes)
     valid_l = routes_l < num_routes
-    row = gl.where(valid_l, routes_l, 0) // TOPK
-    head = row // num_tokens
-    tok = row - head * num_tokens
-    a_row = tok.to(gl.int64) * stride_xt + head.to(gl.int64) * stride_xh
+    a_row = _x_row_offsets(routes_l, valid_l, num_tokens, stride_xt, stride_xh, TOPK)
     offs_d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
     if NO_GATHER:
         a = gl.zeros([BLOCK_M, D], dtype, layout=load_layout)
@@ -240,11 +253,9 @@ def _row_block(
     routes = gl.load(ids_ptr + offs_m, mask=offs_m < num_rows, other=num_routes)
     valid = routes < num_routes
     w = gl.load(probs_ptr + routes, mask=valid, other=0.0)
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma2))
-    out_ptrs = out_ptr + routes.to(gl.int64)[:, None] * D + offs_d[None, :]
     if NO_STORE:  # a mask the compiler cannot fold (routing weights are never negative)
         valid = valid & (w < 0.0)
-    gl.store(out_ptrs, (acc * w[:, None]).to(out_ptr.dtype.element_ty), mask=valid[:, None])
+    _store_routes(acc, routes, valid, w, out_ptr, D, mma2)
 
 
 @gluon.jit

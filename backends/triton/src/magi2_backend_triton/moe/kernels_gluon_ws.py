@@ -41,7 +41,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .kernels_gluon import _grid_dependency_wait, _load_w13, _load_wd, _swiglu7_slice
+from .kernels_gluon import (
+    _grid_dependency_wait,
+    _load_w13,
+    _load_wd,
+    _store_routes,
+    _swiglu7_slice,
+    _x_row_offsets,
+)
 
 _ROWS = gl.constexpr(64)  # rows per consumer: one wgmma M
 _CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup
@@ -85,14 +92,10 @@ def _gather_rows(
     a_smem, x_ptr, ids_ptr, num_tokens, num_routes, stride_xt, stride_xh, D: gl.constexpr, TOPK: gl.constexpr
 ):
     # Rows of x for 64 route numbers (>= num_routes: padding, zero-filled) into a_smem by cp.async.
-    # Route r = (h*T + t)*K + k reads x[t, h]: the head-major permute is folded into the gather.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [_CONSUMER_WARPS, 1], [1, 0])
     routes = gl.load(ids_ptr + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, layout)))
     valid = routes < num_routes
-    row = gl.where(valid, routes, 0) // TOPK
-    head = row // num_tokens
-    tok = row - head * num_tokens
-    a_row = tok.to(gl.int64) * stride_xt + head.to(gl.int64) * stride_xh
+    a_row = _x_row_offsets(routes, valid, num_tokens, stride_xt, stride_xh, TOPK)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     async_copy.async_copy_global_to_shared(a_smem, x_ptr + a_row[:, None] + offs_d[None, :], mask=valid[:, None])
     async_copy.commit_group()
@@ -190,9 +193,7 @@ def _ws_consumer(
         routes = gl.load(ids_ptr + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, mma2)))
         valid = routes < num_routes
         w = gl.load(probs_ptr + routes, mask=valid, other=0.0)
-        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma2))
-        out_ptrs = out_ptr + routes.to(gl.int64)[:, None] * D + offs_d[None, :]
-        gl.store(out_ptrs, (acc * w[:, None]).to(out_ptr.dtype.element_ty), mask=valid[:, None])
+        _store_routes(acc, routes, valid, w, out_ptr, D, mma2)
         n += NUM_SLICES
 
 

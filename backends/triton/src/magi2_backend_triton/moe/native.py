@@ -21,6 +21,11 @@ from .align import flat_route_experts
 _MAX_GROUPS = 1000  # torch rejects 1024 groups on sm90 (seen with 12 x 256 experts)
 
 
+def grouped_mm_syncs_host(num_experts: int) -> bool:
+    """The `_grouped_mm` pipeline reads chunk bounds on the host (so it cannot be graph-captured)."""
+    return num_experts > _MAX_GROUPS
+
+
 def _use_grouped_mm(x: Tensor) -> bool:
     return (
         x.device.type == "cuda" and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device)[0] >= 9
@@ -52,7 +57,7 @@ def grouped_mm_moe_experts(
         ends = torch.cumsum(counts, 0, dtype=torch.int32)
         # _grouped_mm takes at most 1024 groups: run chunks of experts (one host sync for the
         # chunk row bounds when there are several, e.g. 12 heads x 256 experts).
-        bounds = [0, *ends[_MAX_GROUPS - 1 :: _MAX_GROUPS].tolist()] if counts.numel() > _MAX_GROUPS else [0]
+        bounds = [0, *ends[_MAX_GROUPS - 1 :: _MAX_GROUPS].tolist()] if grouped_mm_syncs_host(counts.numel()) else [0]
         for c, row0 in enumerate(bounds):
             fs = slice(c * _MAX_GROUPS, (c + 1) * _MAX_GROUPS)
             offs = ends[fs] - row0
