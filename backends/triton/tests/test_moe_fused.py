@@ -345,10 +345,11 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
     tiles = {
         "table": table,
         "two_kernel": dataclasses.replace(table, single=None),
-        # 4 warps: a tile the Gluon kernel (one warp per 16 rows) does not take; the kernel the
-        # table used before it (TMA for 128-row blocks, else pointers) runs it
+        # 4 warps: a tile the 128-row Gluon kernels (one warp per 16 rows, or two 64-row consumers) do
+        # not take; the kernel the table used before them (TMA for 128-row blocks, else pointers) runs it
         "single": dataclasses.replace(table, single=GemmTile(table.block_m, 32, 64, 4, 3), variant=(
-            table.variant if table.variant != "gluon" else "tma" if table.block_m == 128 else "pointer")),
+            table.variant if not table.variant.startswith("gluon") else "tma" if table.block_m == 128
+            else "pointer")),
     }[variant]
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
     ref = reference_moe_experts(x, probs, idx, wg, wu, wd)
