@@ -101,6 +101,14 @@ if want moe; then
 step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
 python3 -m benchmarks.moe --out "$OUT/moe_h200.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
 fi
+if want moe_align; then
+step "MoE route alignment: atomic vs stable kernels vs torch; the call in default and deterministic mode"
+python3 -m benchmarks.moe_align --out "$OUT/moe_align_h200.json" > "$OUT/moe_align.log" 2>&1; tail -6 "$OUT/moe_align.log"
+fi
+if want moe_tests; then
+step "MoE GPU tests only"
+gpu_tests gpu_tests_moe backends/triton/tests/test_moe_fused.py backends/triton/tests/test_moe_gluon.py backends/triton/tests/test_moe_prepared.py
+fi
 if want moe_layers; then
 step "MoE: N distinct layers in turn through the public op"
 python3 -m benchmarks.moe --out "$OUT/moe_layers_h200.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"

@@ -26,6 +26,8 @@ from magi2_backend_triton.moe.align import (
     RouteBuffers,
     align_routes,
     align_routes_device,
+    align_routes_device_stable,
+    align_routes_stable,
     expert_lists_device,
     flat_route_experts,
     route_capacity,
@@ -92,18 +94,59 @@ def test_align_routes_random_production_like(seed: int) -> None:
 
 
 def check_alignment(idx: torch.Tensor, experts_per_head: int, bm: int) -> None:
-    """Both implementations (device kernels and the torch statement) against the contract."""
+    """Every implementation (the atomic and the stable device kernels, the torch statement) against
+    the contract. The interpreter sorts slowly (about 0.25 s per chunk of 64 routes): there the
+    stable kernels take chunks of 64 and only small cases (the production-like shape runs once, in
+    `test_stable_device_alignment_equals_the_torch_statement`)."""
     rid = flat_route_experts(idx, experts_per_head)
     num_experts = idx.shape[0] * experts_per_head
-    for align in ("device", "torch"):
-        bufs = RouteBuffers.allocate(route_capacity(rid.numel(), num_experts, bm), bm, num_experts, rid.device)
+    interpreted = INTERPRET or not idx.is_cuda
+    chunk = 64 if interpreted else None
+    stable = () if interpreted and rid.numel() > 1024 else ("device_stable",)
+    for align in ("device", *stable, "torch"):
+        capacity = route_capacity(rid.numel(), num_experts, bm)
+        bufs = RouteBuffers.allocate(capacity, bm, num_experts, rid.device, chunk=chunk)
         bufs.sorted_ids.fill_(-7)  # poison: every slot below the padded count must be rewritten
         bufs.expert_ids.fill_(-7)
         if align == "device":
             align_routes_device(idx, experts_per_head, bufs)
+        elif align == "device_stable":
+            align_routes_device_stable(idx, experts_per_head, bufs)
         else:
             align_routes(rid, num_experts, bufs)
         check_aligned(rid, num_experts, bm, bufs)
+
+
+@pytest.mark.parametrize(
+    ("heads", "tokens", "experts", "topk", "bm", "chunk"),
+    [(1, 0, 5, 1, 4, 16), (1, 9, 5, 1, 4, 4), (2, 37, 8, 3, 16, 16), (3, 301, 256, 6, 16, 64),
+     (2, 50, 4, 2, 128, 32), (1, 64, 3, 1, 4, 64)],
+)  # fmt: skip
+def test_stable_device_alignment_equals_the_torch_statement(
+    heads: int, tokens: int, experts: int, topk: int, bm: int, chunk: int
+) -> None:
+    # Bit for bit: each expert's routes in route order, across chunks (more experts than a chunk
+    # holds, a partial last chunk, one full chunk, no routes at all).
+    torch.manual_seed(tokens + chunk)
+    idx = torch.rand(heads, tokens, experts, device=DEVICE).argsort(dim=-1)[..., :topk]
+    rid = flat_route_experts(idx, experts)
+    num_experts = heads * experts
+    capacity = route_capacity(rid.numel(), num_experts, bm)
+    got = RouteBuffers.allocate(capacity, bm, num_experts, rid.device, chunk=chunk)
+    want = RouteBuffers.allocate(capacity, bm, num_experts, rid.device)
+    got.sorted_ids.fill_(-7)
+    align_routes_device_stable(idx, experts, got)
+    align_routes_stable(rid, num_experts, want)
+    padded = int(want.num_padded.item())
+    assert int(got.num_padded.item()) == padded
+    assert torch.equal(got.sorted_ids[:padded], want.sorted_ids[:padded])
+    assert torch.equal(got.expert_ids[: padded // bm], want.expert_ids[: padded // bm])
+    assert torch.equal(got.counts, torch.bincount(rid.long(), minlength=num_experts).int())
+
+
+def test_route_buffers_take_power_of_two_chunks() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        RouteBuffers.allocate(64, 4, 5, torch.device("cpu"), chunk=48)
 
 
 def check_aligned(rid: torch.Tensor, num_experts: int, bm: int, bufs: RouteBuffers) -> None:
@@ -350,7 +393,7 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
         "single": dataclasses.replace(table, single=GemmTile(table.block_m, 32, 64, 4, 3), variant=(
             table.variant if not table.variant.startswith("gluon") else "tma" if table.block_m == 128
             else "pointer")),
-    }[variant]
+    }[variant]  # fmt: skip
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
     ref = reference_moe_experts(x, probs, idx, wg, wu, wd)
     assert torch.isfinite(y).all()

@@ -94,7 +94,8 @@ def test_dependent_launch_only_after_the_scatter(
     monkeypatch: pytest.MonkeyPatch, variant: str, deterministic: bool
 ) -> None:
     # The row-block kernels read the padded count before griddepcontrol.wait: programmatic dependent
-    # launch is safe after the atomic alignment's scatter only, never after the stable alignment.
+    # launch is safe right after an alignment's scatter kernel only, never after the torch statement
+    # of the stable alignment (what deterministic mode runs here, on the interpreter).
     from magi2_backend_triton.moe import fused
 
     seen: list[bool] = []
@@ -107,6 +108,23 @@ def test_dependent_launch_only_after_the_scatter(
     tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
     run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=deterministic)
     assert seen == [not deterministic]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize(("alignment", "pdl"), [("atomic", True), ("stable_kernels", True), ("stable_torch", False)])
+def test_dependent_launch_follows_the_alignment_that_ran(
+    monkeypatch: pytest.MonkeyPatch, alignment: str, pdl: bool
+) -> None:
+    # On CUDA deterministic mode runs the stable alignment kernels, which end with a scatter kernel.
+    from magi2_backend_triton.moe import fused
+
+    seen: list[bool] = []
+    monkeypatch.setattr(fused, "align", lambda *a, **k: alignment)
+    monkeypatch.setattr(fused, "launch_fused_gluon_ws", lambda *a, pdl, **k: seen.append(pdl))
+    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
+    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant="gluon_ws")
+    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=alignment != "atomic")
+    assert seen == [pdl]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")

@@ -32,10 +32,21 @@ class RouteBuffers:
     capacity: int
     block_m: int
     counts: Tensor  # [F] int32 scratch: routes per expert
-    cursor: Tensor  # [F] int32 scratch: next free slot per expert
+    cursor: Tensor  # [F] int32 scratch: next free slot per expert (the atomic path), first slot (stable)
+    chunk: int  # routes per program of the stable path (`sort_chunk`)
+    chunk_before: Tensor  # [cdiv(capacity, chunk) * F] int32, stable path: expert's routes in earlier chunks
+    chunk_start: Tensor  # [cdiv(capacity, chunk) * F] int32, stable path: expert's first row in its sorted chunk
 
     @staticmethod
-    def allocate(capacity: int, block_m: int, num_experts: int, device: torch.device) -> RouteBuffers:
+    def allocate(
+        capacity: int, block_m: int, num_experts: int, device: torch.device, chunk: int | None = None
+    ) -> RouteBuffers:
+        """``chunk``: routes per program of the stable path, a power of two (default `sort_chunk`;
+        tests pass small ones so that the interpreter sorts quickly)."""
+        chunk = chunk or sort_chunk(capacity)
+        if chunk & (chunk - 1):
+            raise ValueError(f"chunk must be a power of two; got {chunk}")
+        per_chunk = -(-capacity // chunk) * num_experts
         return RouteBuffers(
             sorted_ids=torch.empty(capacity, dtype=torch.int32, device=device),
             expert_ids=torch.empty(capacity // block_m, dtype=torch.int32, device=device),
@@ -44,7 +55,17 @@ class RouteBuffers:
             block_m=block_m,
             counts=torch.empty(num_experts, dtype=torch.int32, device=device),
             cursor=torch.empty(num_experts, dtype=torch.int32, device=device),
+            chunk=chunk,
+            chunk_before=torch.empty(per_chunk, dtype=torch.int32, device=device),
+            chunk_start=torch.empty(per_chunk, dtype=torch.int32, device=device),
         )
+
+
+def sort_chunk(capacity: int) -> int:
+    """Routes per program of `align_routes_device_stable`: a power of two, at least 1024 and at least
+    capacity / 512, so at most 512 programs sort their chunks (one scan tile covers them) and the
+    per-chunk counts stay small (cdiv(capacity, chunk) x F int32)."""
+    return max(1024, triton.next_power_of_2(-(-capacity // 512)))
 
 
 def flat_route_experts(idx: Tensor, num_local_experts: int) -> Tensor:
@@ -208,6 +229,106 @@ def align_routes_device(idx: Tensor, num_local_experts: int, buffers: RouteBuffe
             BLOCK=block,
             PDL=_pdl(idx.device),
         )
+    return buffers
+
+
+@triton.jit
+def _chunk_counts_kernel(idx_ptr, before_ptr, start_ptr, R, TK, E, F, CHUNK: tl.constexpr, BINS: tl.constexpr):
+    # Program p, routes [p*CHUNK, (p+1)*CHUNK): each flat expert's count (into before_ptr, scanned
+    # down the chunks next) and where its run starts once the chunk is sorted by expert (start_ptr).
+    # Routes past R go to bin F, which is not stored (BINS > F).
+    p = tl.program_id(0)
+    r = p * CHUNK + tl.arange(0, CHUNK)
+    mask = r < R
+    f = tl.where(mask, _flat_expert(idx_ptr, r, mask, TK, E), F)
+    counts = tl.histogram(f, BINS)
+    b = tl.arange(0, BINS)
+    tl.store(before_ptr + p * F + b, counts, mask=b < F)
+    tl.store(start_ptr + p * F + b, tl.cumsum(counts, 0) - counts, mask=b < F)
+
+
+@triton.jit
+def _chunk_scan_kernel(before_ptr, counts_ptr, P, F, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr):
+    # Experts [q*BLOCK_F, ...), all P <= BLOCK_P chunks at once: each chunk's count becomes the number
+    # of the expert's routes in the chunks before it (an exclusive scan down the chunks, in place),
+    # and the totals go to counts. (One tile, no loop: P is at most 512 with the default `sort_chunk`.)
+    f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
+    p = tl.arange(0, BLOCK_P)
+    ptrs = before_ptr + p[:, None] * F + f[None, :]
+    ok = (p[:, None] < P) & (f[None, :] < F)
+    n = tl.load(ptrs, mask=ok, other=0)
+    tl.store(ptrs, tl.cumsum(n, 0) - n, mask=ok)
+    tl.store(counts_ptr + f, tl.sum(n, 0), mask=f < F)
+
+
+@triton.jit
+def _stable_scatter_kernel(
+    idx_ptr, before_ptr, start_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, F,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    # Program p sorts its chunk by (expert, route). A route at sorted position j of expert e lands in
+    # slot cursor[e] (the expert's first slot) + before[p, e] (its routes in earlier chunks)
+    # + j - start[p, e] (its rank in this chunk): slots follow route order, so the result is stable.
+    if PDL:  # the Gluon expert kernel, launched with programmatic dependent launch, may start now
+        _launch_dependents()
+    p = tl.program_id(0)
+    pos = tl.arange(0, CHUNK)
+    r = p * CHUNK + pos
+    mask = r < R
+    f = tl.where(mask, _flat_expert(idx_ptr, r, mask, TK, E), F)
+    key = tl.sort(f * CHUNK + pos)  # F * CHUNK + CHUNK < 2**31 (checked by the launcher)
+    e = key // CHUNK
+    ok = e < F
+    at = p * F + e
+    slot = (
+        tl.load(cursor_ptr + e, mask=ok, other=0)
+        + tl.load(before_ptr + at, mask=ok, other=0)
+        - tl.load(start_ptr + at, mask=ok, other=0)
+    )
+    tl.store(sorted_ids_ptr + slot + pos, p * CHUNK + key % CHUNK, mask=ok)
+
+
+def align_routes_device_stable(idx: Tensor, num_local_experts: int, buffers: RouteBuffers) -> RouteBuffers:
+    """The alignment without atomics, as five kernels: `align_routes_stable`'s result bit for bit
+    (each expert's routes in route order), so deterministic mode can use it; no host sync.
+
+    Routes are cut in chunks of `buffers.chunk`: per-chunk expert counts (a histogram per program),
+    an exclusive scan of them down the chunks, the padded offsets and row-block tags (the kernels of
+    `align_routes_device`), then a scatter where each program sorts its chunk by (expert, route).
+    """
+    bm = buffers.block_m
+    num_routes = idx.numel()
+    num_experts = buffers.counts.numel()
+    if num_experts * buffers.chunk + buffers.chunk >= 2**31:
+        raise ValueError(f"{num_experts} experts x chunks of {buffers.chunk} routes overflow the int32 sort key")
+    idx = idx.contiguous()
+    tk = idx.shape[1] * idx.shape[2]
+    chunk = buffers.chunk
+    num_chunks = triton.cdiv(num_routes, chunk)
+    warps = max(4, min(16, chunk // 256))  # 8 to 16 routes per thread
+    if num_routes > 0:
+        _chunk_counts_kernel[(num_chunks,)](
+            idx, buffers.chunk_before, buffers.chunk_start, num_routes, tk, num_local_experts, num_experts,
+            CHUNK=chunk, BINS=triton.next_power_of_2(num_experts + 1), num_warps=warps,
+        )  # fmt: skip
+        block_p = triton.next_power_of_2(num_chunks)
+        block_f = max(16, 8192 // block_p)
+        _chunk_scan_kernel[(triton.cdiv(num_experts, block_f),)](
+            buffers.chunk_before, buffers.counts, num_chunks, num_experts, BLOCK_P=block_p, BLOCK_F=block_f
+        )
+    else:
+        buffers.counts.zero_()
+    block_f = triton.next_power_of_2(num_experts)
+    _offsets_kernel[(1,)](buffers.counts, buffers.cursor, buffers.num_padded, num_experts, BM=bm, BLOCK_F=block_f)
+    max_blocks = triton.next_power_of_2(max(triton.cdiv(num_routes, bm), 1))
+    _blocks_kernel[(num_experts,)](
+        buffers.counts, buffers.cursor, buffers.sorted_ids, buffers.expert_ids, num_routes, BM=bm, MAX_BLOCKS=max_blocks
+    )
+    if num_routes > 0:
+        _stable_scatter_kernel[(num_chunks,)](
+            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts,
+            num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
+        )  # fmt: skip
     return buffers
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import triton
@@ -21,6 +22,7 @@ from .align import (
     ExpertLists,
     RouteBuffers,
     align_routes_device,
+    align_routes_device_stable,
     align_routes_stable,
     expert_lists_device,
     flat_route_experts,
@@ -158,6 +160,29 @@ def fused_moe_experts(
     return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, deterministic=deterministic).y
 
 
+Alignment = Literal["atomic", "stable_kernels", "stable_torch"]
+
+
+def align(idx: Tensor, experts_per_head: int, bufs: RouteBuffers, *, deterministic: bool) -> Alignment:
+    """Fill ``bufs`` for this call's routes; returns which alignment ran.
+
+    "atomic": four kernels, each expert's routes in the order the atomics gave. Deterministic mode
+    fixes every route's slot as well (the output of a route is the same wherever it sits, but the
+    execution then repeats exactly): "stable_kernels" on CUDA, five kernels without atomics; else
+    "stable_torch", the same result from torch ops (MUSA, whose Triton's sort is untested here, and
+    the interpreter, which sorts slowly). Only the two kernel paths end with a scatter kernel that
+    lets a dependent launch start.
+    """
+    if not deterministic:
+        align_routes_device(idx, experts_per_head, bufs)
+        return "atomic"
+    if idx.device.type == "cuda" and not _interpreting():
+        align_routes_device_stable(idx, experts_per_head, bufs)
+        return "stable_kernels"
+    align_routes_stable(flat_route_experts(idx, experts_per_head), bufs.counts.numel(), bufs)
+    return "stable_torch"
+
+
 def run_fused(
     x: Tensor,
     probs: Tensor,
@@ -243,20 +268,15 @@ def run_fused(
         bufs = RouteBuffers.allocate(route_capacity(num_routes, num_experts, block_m), block_m, num_experts, x.device)
     else:
         bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
-    if deterministic:
-        # Every route's output is computed by the same fixed-order program wherever it sits, but a
-        # stable sort also fixes which slot it sits in, so two runs execute identically.
-        align_routes_stable(flat_route_experts(idx, num_experts // heads), num_experts, bufs)
-    else:
-        align_routes_device(idx, num_experts // heads, bufs)
+    alignment = align(idx, num_experts // heads, bufs, deterministic=deterministic)
     num_blocks_m = bufs.capacity // block_m
 
     inter: Tensor | None = None
     if tma and variant in ("gluon", "gluon_ws"):
         assert single is not None and w13 is not None
         launch = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
-        # Dependent launch only right after the scatter of `align_routes_device` (gluon.py says why).
-        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=not deterministic)
+        # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
+        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=alignment != "stable_torch")
     elif tma:
         assert single is not None and w13 is not None
         launch_fused_tma(
