@@ -144,6 +144,19 @@ def test_stable_device_alignment_equals_the_torch_statement(
     assert torch.equal(got.counts, torch.bincount(rid.long(), minlength=num_experts).int())
 
 
+@pytest.mark.parametrize(
+    ("device", "interpreting", "experts", "deterministic", "expected"),
+    [("cuda", False, 768, False, "stable_kernels"), ("cuda", False, 3072, False, "atomic"),
+     ("cuda", False, 3072, True, "stable_kernels"), ("musa", False, 768, False, "atomic"),
+     ("musa", False, 768, True, "stable_torch"), ("cpu", True, 768, False, "atomic"),
+     ("cpu", True, 768, True, "stable_torch")],
+)  # fmt: skip
+def test_alignment_choice(device: str, interpreting: bool, experts: int, deterministic: bool, expected: str) -> None:
+    from magi2_backend_triton.moe.fused import choose_alignment
+
+    assert choose_alignment(device, interpreting, experts, deterministic) == expected
+
+
 def test_route_buffers_take_power_of_two_chunks() -> None:
     with pytest.raises(ValueError, match="power of two"):
         RouteBuffers.allocate(64, 4, 5, torch.device("cpu"), chunk=48)
@@ -416,6 +429,24 @@ def test_gpu_forward_never_syncs_and_route_alignment_matches_host() -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(y).all()
     check_alignment(idx, 256, 128)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("heads", "tokens"), [(3, 512), (3, 14601), (12, 4096)])
+def test_gpu_stable_alignment_kernels_equal_the_torch_statement(heads: int, tokens: int) -> None:
+    # Production-local shapes with the default chunk (1024 or 2048 routes per program).
+    idx = torch.rand(heads, tokens, 256, device="cuda").argsort(dim=-1)[..., :6]
+    rid = flat_route_experts(idx, 256)
+    capacity = route_capacity(rid.numel(), heads * 256, 128)
+    got = RouteBuffers.allocate(capacity, 128, heads * 256, rid.device)
+    want = RouteBuffers.allocate(capacity, 128, heads * 256, rid.device)
+    align_routes_device_stable(idx, 256, got)
+    align_routes_stable(rid, heads * 256, want)
+    padded = int(want.num_padded.item())
+    assert int(got.num_padded.item()) == padded
+    assert torch.equal(got.sorted_ids[:padded], want.sorted_ids[:padded])
+    assert torch.equal(got.expert_ids[: padded // 128], want.expert_ids[: padded // 128])
 
 
 @pytest.mark.gpu

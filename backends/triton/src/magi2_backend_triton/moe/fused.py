@@ -155,32 +155,48 @@ def fused_moe_experts(
     rd rounds to x's dtype (BF16, FP16 or FP32); products accumulate in FP32. x [T, Hl, d];
     probs [Hl, T, K] fp32; idx [Hl, T, K] int per-head expert ids; weights [Hl*E, d, I] /
     [Hl*E, I, d] in x's dtype, gate/up possibly views of a packed bank. Inputs are validated by the
-    caller. No host sync. ``deterministic``: slots ordered by a stable sort instead of atomics.
+    caller. No host sync. ``deterministic``: every route's slot fixed by a stable alignment (`choose_alignment`).
     """
     return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, deterministic=deterministic).y
 
 
 Alignment = Literal["atomic", "stable_kernels", "stable_torch"]
 
+# Up to this many flat experts the stable alignment kernels are at least as fast as the atomic ones
+# on the H200 (benchmarks/results/moe_align_h200.json, graph p50: 28.1 vs 28.8 us at 4096 tokens and
+# 36.0 vs 62.9 us at 14601 tokens with 768 experts; 117 vs 47 us with 3072 experts), so they serve
+# the default mode too: one route order for both modes.
+STABLE_KERNELS_MAX_EXPERTS = 1024
+
+
+def choose_alignment(device_type: str, interpreting: bool, num_experts: int, deterministic: bool) -> Alignment:
+    """Which route alignment a call runs.
+
+    "stable_kernels": five kernels without atomics, each expert's routes in route order; CUDA only,
+    in deterministic mode and wherever they are the faster (`STABLE_KERNELS_MAX_EXPERTS`).
+    "atomic": four kernels, routes in the order the atomics gave; the default mode elsewhere.
+    "stable_torch": the stable result from torch ops, for deterministic mode on MUSA (whose Triton's
+    sort is untested here) and under the interpreter (which sorts slowly). Deterministic mode needs
+    a stable order: a route's output is the same wherever it sits, but the execution then repeats
+    exactly. Only the two kernel paths end with a scatter kernel that lets a dependent launch start.
+    """
+    kernels = device_type == "cuda" and not interpreting
+    if kernels and (deterministic or num_experts <= STABLE_KERNELS_MAX_EXPERTS):
+        return "stable_kernels"
+    return "stable_torch" if deterministic else "atomic"
+
 
 def align(idx: Tensor, experts_per_head: int, bufs: RouteBuffers, *, deterministic: bool) -> Alignment:
-    """Fill ``bufs`` for this call's routes; returns which alignment ran.
-
-    "atomic": four kernels, each expert's routes in the order the atomics gave. Deterministic mode
-    fixes every route's slot as well (the output of a route is the same wherever it sits, but the
-    execution then repeats exactly): "stable_kernels" on CUDA, five kernels without atomics; else
-    "stable_torch", the same result from torch ops (MUSA, whose Triton's sort is untested here, and
-    the interpreter, which sorts slowly). Only the two kernel paths end with a scatter kernel that
-    lets a dependent launch start.
-    """
-    if not deterministic:
-        align_routes_device(idx, experts_per_head, bufs)
-        return "atomic"
-    if idx.device.type == "cuda" and not _interpreting():
+    """Fill ``bufs`` for this call's routes with the alignment `choose_alignment` names; return it."""
+    num_experts = bufs.counts.numel()
+    alignment = choose_alignment(idx.device.type, _interpreting(), num_experts, deterministic)
+    if alignment == "stable_kernels":
         align_routes_device_stable(idx, experts_per_head, bufs)
-        return "stable_kernels"
-    align_routes_stable(flat_route_experts(idx, experts_per_head), bufs.counts.numel(), bufs)
-    return "stable_torch"
+    elif alignment == "atomic":
+        align_routes_device(idx, experts_per_head, bufs)
+    else:
+        align_routes_stable(flat_route_experts(idx, experts_per_head), num_experts, bufs)
+    return alignment
 
 
 def run_fused(
