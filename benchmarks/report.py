@@ -44,8 +44,15 @@ SUPERSEDED = {
     "moe_sweep_gluon_serialized_h200.json": "moe_sweep_gluon_h200.json",
     # the same benchmarks at 954e8b5 (the Gluon kernel in the table); the earlier files keep the
     # tile sweep, the T = 2048 point and the fused-vs-native crossover the rules cite
-    "moe_h200.json": "moe_h200_954e8b5.json",
-    "moe_layers_h200.json": "moe_layers_h200_954e8b5.json",
+    "moe_h200.json": "moe_h200_cabdec4.json",
+    "moe_layers_h200.json": "moe_layers_h200_73cdf12.json",
+    # the final commits: 73cdf12 (the warp-specialised kernel in the table), then cabdec4 (the stable
+    # alignment kernels); the 4-layer JSON of cabdec4 did not come back from the device (over the
+    # 8-file limit of a call), its log does: logs/h200_moe_layers_cabdec4.log
+    "moe_h200_954e8b5.json": "moe_h200_cabdec4.json",
+    "moe_h200_73cdf12.json": "moe_h200_cabdec4.json",
+    "moe_layers_h200_954e8b5.json": "moe_layers_h200_73cdf12.json",
+    "moe_align_h200.json": "moe_align_h200_cabdec4.json",
     # the warp-specialised kernel before it was persistent (docs/moe-notes.md keeps its numbers)
     "moe_sweep_ws_h200.json": "moe_sweep_ws_persistent_h200.json",
 }
@@ -314,6 +321,43 @@ def moe_bench_rows(d: Data) -> list[Row]:
                 + f"; rel-L2 <= {max(b['fused_rel_l2'] for b in bs):.1e}; {at}",
             )
         )
+    graph = {(b["tokens"], b["heads"]): b["fused_graph"]["p50"] for b in d["bench"] if "fused_graph" in b}
+    targets = {k: v for k, v in MOE_TARGETS.items() if k in graph}
+    if targets:
+        met = [graph[k] <= v for k, v in targets.items()]
+        rows.append(
+            (
+                "MoE speed targets, through the table (graph p50)",
+                ", ".join(f"T = {t} x {h} heads <= {v} ms" for (t, h), v in targets.items()),
+                " / ".join(_ms(graph[k]) for k in targets) + " ms",
+                "-",
+                ("all met" if all(met) else f"NOT met ({met.count(True)} of {len(met)})") + f"; {at}",
+            )
+        )
+    return rows
+
+
+def moe_align_rows(d: Data) -> list[Row]:
+    """`benchmarks/moe_align.py`: the route alignments alone and the call in both modes (graph p50)."""
+    at = f"{d['device']}, {_short(d['git_commit'])}"
+    rows: list[Row] = []
+    for r in d["shapes"]:
+        g = {k: v["p50"] for k, v in r["graph_ms"].items()}
+        us = {k: f"{1e3 * g[k]:.1f}" for k in ("atomic", "stable_kernels", "stable_torch")}
+        rows.append(
+            (
+                "MoE route alignment (graph p50)",
+                f"T = {r['tokens']}, {r['heads']} heads ({r['experts']} experts); chunk {r['chunk']}",
+                f"stable kernels {us['stable_kernels']} us; call deterministic {_ms(g['op_deterministic'])} ms",
+                f"atomic kernels {us['atomic']} us, torch stable sort {us['stable_torch']} us; call default "
+                f"{_ms(g['op_default'])} ms",
+                ("stable kernels equal the torch sort bit for bit" if r["stable_kernels_equal_torch"]
+                 else "stable kernels DIFFER from the torch sort")
+                + ("; deterministic call repeats bit for bit" if r["deterministic_repeats_bitwise"]
+                   else "; deterministic call does NOT repeat")
+                + f"; {at}",
+            )
+        )
     return rows
 
 
@@ -513,8 +557,9 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_sweep_h200.json": moe_sweep_rows,
     "moe_sweep_tiles_h200.json": moe_tile_rows,
     "moe_sweep_gluon_h200.json": moe_sweep_rows,
-    "moe_h200_954e8b5.json": moe_rows,
-    "moe_layers_h200_954e8b5.json": moe_layers_rows,
+    "moe_h200_cabdec4.json": moe_bench_rows,
+    "moe_layers_h200_73cdf12.json": moe_layers_rows,
+    "moe_align_h200_cabdec4.json": moe_align_rows,
     "route_profile_h200.json": route_profile_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
     "moe_ablation_h200.json": moe_ablation_rows,

@@ -47,7 +47,7 @@ def test_check_fails_when_the_readme_table_is_stale(tmp_path: Path) -> None:
 
 
 def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
-    # benchmarks/moe.py's schema since the warp-specialised kernel (no H200 file of it committed yet)
+    # benchmarks/moe.py's schema since the warp-specialised kernel: one row per head count, then the targets
     def st(p50: float) -> dict[str, float]:
         return {"p50": p50, "p10": p50, "p90": p50, "matmul_fraction": 0.5, "weight_floor_fraction": 0.25}
 
@@ -57,7 +57,8 @@ def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
         "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
     }  # fmt: skip
     data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "H200", "commit": "0123456789", "bench": [bench]}
-    [(op, shape, ours, base, notes)] = report.moe_bench_rows(data)
+    [(op, shape, ours, base, notes), target] = report.moe_bench_rows(data)
+    assert target[2] == "0.440 ms" and target[4].startswith("all met")  # 4096 x 3 heads: <= 0.45
     assert "gluon_ws" in op and "T = 4096" in shape
     assert ours == "graph 0.440 ms; eager 0.460 ms"
     assert "graph 0.490" in base and "eager 3.400" in base and "graph -" in base  # no native graph: a dash
