@@ -62,37 +62,6 @@ def _ms(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
-def moe_rows(d: Data) -> list[Row]:
-    s = d["shape"]
-    three = [b for b in d["bench"] if b["heads"] == 3]
-    twelve = [b for b in d["bench"] if b["heads"] == 12]
-    rel = [c["fused_rel_l2"] for c in d["checks"]]
-    rows: list[Row] = [
-        (
-            "MoE experts, fused Triton",
-            f"3 heads x {s['E']} experts, top-{s['K']}, d {s['d']}, I {s['I']}; T = "
-            + " / ".join(str(b["tokens"]) for b in three),
-            " / ".join(_ms(b["fused"]["p50"]) for b in three) + " ms",
-            "torch `_grouped_mm` pipeline " + " / ".join(_ms(b["native"]["p50"]) for b in three) + " ms; eager "
-            f"reference {min(b['eager']['p50'] for b in three):.0f}-{max(b['eager']['p50'] for b in three):.0f} ms",
-            "weight-read floor " + _ms(three[0]["weight_floor_ms"]) + " ms; fraction of it "
-            + " / ".join(f"{b['fused']['weight_floor_fraction']:.2f}" for b in three)
-            + "; matmul floor at the largest T " + _ms(three[-1]["matmul_floor_ms"]) + " ms",
-        )
-    ]
-    for b in twelve:
-        rows.append(
-            (
-                f"MoE experts, {b['heads']} heads",
-                f"T = {b['tokens']}",
-                _ms(b["fused"]["p50"]) + " ms",
-                "`_grouped_mm` " + _ms(b["native"]["p50"]) + " ms",
-                f"rel-L2 vs the FP32-reduced reference {min(rel):.1e}..{max(rel):.1e} over {len(rel)} checks",
-            )
-        )
-    return rows
-
-
 def rmsnorm_rows(d: Data) -> list[Row]:
     copy = d["env"]["copy_ceiling_tb_s_reference"]
     rows: list[Row] = []
@@ -542,8 +511,10 @@ def route_profile_rows(d: Data) -> list[Row]:
     return rows
 
 
+# The newest `benchmarks/moe.py` run (the table's kernel, the previous kernel and `_grouped_mm`; also plotted).
+MOE_BENCH = "moe_h200_cabdec4.json"
+
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
-    "moe_h200.json": moe_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
     "sink_correction_h200.json": sink_rows,
     "attention_h200_final.json": attention_rows,
@@ -557,7 +528,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_sweep_h200.json": moe_sweep_rows,
     "moe_sweep_tiles_h200.json": moe_tile_rows,
     "moe_sweep_gluon_h200.json": moe_sweep_rows,
-    "moe_h200_cabdec4.json": moe_bench_rows,
+    MOE_BENCH: moe_bench_rows,
     "moe_layers_h200_73cdf12.json": moe_layers_rows,
     "moe_align_h200_cabdec4.json": moe_align_rows,
     "route_profile_h200.json": route_profile_rows,
@@ -630,8 +601,8 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         plt.close(fig)
         made.append((name, caption))
 
-    if "moe_h200.json" in data:
-        d = data["moe_h200.json"]
+    if MOE_BENCH in data:
+        d = data[MOE_BENCH]
         bench = [b for b in d["bench"] if b["heads"] == 3]
         points = {b["tokens"]: (b["fused"]["p50"], b["native"]["p50"]) for b in bench}
         points.update({c["tokens"]: (c["fused_p50"], c["native_p50"]) for c in d.get("crossover", [])})
