@@ -18,6 +18,14 @@ attention 24 heads x 128 BF16, MoE 3 local heads x 256 experts, top-6, d 256, I 
 Also: every op alone (layer 0's inputs, each captured in its own CUDA graph), routing alone vs
 experts alone at T = 512, 4096, 14601, and deterministic vs default experts at 4096. Times are
 CUDA events per call after warm-up, a 256 MiB buffer zeroed before each call (benchmarks/_common).
+
+Accuracy: each path's error against an FP32 oracle of the same layer (every op in FP32, nothing
+rounded to BF16), layer by layer on the same input (the oracle's stream rounded to BF16), whole and
+on the tokens routed as the oracle routes them; and how far each stack, run on its own stream,
+drifts from the oracle's and from the other. Routing is discontinuous: rounding differences of
+either stack flip near-tied routes, and a flipped route changes that row by a whole expert, so two
+correct stacks drift apart over layers while each layer stays as exact as its arithmetic allows
+(docs/moe-notes.md, "Why two correct stacks drift apart").
 """
 
 from __future__ import annotations
@@ -29,13 +37,14 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 import magi2_core as m2
 from benchmarks._common import env_record, graphed, stats, time_alternating
+from magi2_core.contracts.moe import swiglu7
 
 Fn = Callable[[], Any]
 
@@ -132,13 +141,7 @@ def qkv_views(h: torch.Tensor, lw: Layer, c: Config) -> tuple[torch.Tensor, torc
 
 
 def magi2_layer(x: torch.Tensor, lw: Layer, p: Pack, c: Config) -> torch.Tensor:
-    h = m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes)
-    q, k, v = qkv_views(h, lw, c)
-    o = m2.attention(q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=lw.sinks)
-    x = x + o.reshape(p.tokens, -1) @ lw.wo
-    hm = m2.rmsnorm(x, lw.norm2, modality_sizes=p.sizes).view(p.tokens, c.moe_heads, c.d)
-    probs, idx = m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE)
-    return x + m2.moe_experts(hm, probs, idx, lw.prepared).view(p.tokens, c.hidden)
+    return magi2_trace(x, lw, p, c).y
 
 
 def composite_rmsnorm(x: torch.Tensor, weight: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
@@ -187,12 +190,148 @@ def baseline_layer(
     x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor],
     experts: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
+    return baseline_trace(x, lw, p, c, attn, experts).y
+
+
+# ---------------------------------------------------------------------------------------------
+# the FP32 oracle, and each path's error against it layer by layer
+# ---------------------------------------------------------------------------------------------
+class LayerTrace(NamedTuple):
+    """One layer's output and the intermediates whose errors are reported separately."""
+
+    y: torch.Tensor  # [T, hidden]
+    attn: torch.Tensor  # [T, Ha, Da], the attention output
+    moe: torch.Tensor  # [T, Hm, d], the routed experts' output
+    idx: torch.Tensor  # [Hm, T, K] the selected experts
+
+
+def oracle_experts(x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, lw: Layer) -> torch.Tensor:
+    """Routed SwiGLU7 experts in FP32 throughout (no BF16 rounding of any intermediate)."""
+    t, hl, d = x.shape
+    e = lw.w_gate.shape[0] // hl
+    y = torch.zeros(t, hl, d, dtype=torch.float32, device=x.device)
+    flat = (idx + torch.arange(hl, device=x.device).view(hl, 1, 1) * e).reshape(-1)  # [Hl·T·K] flat expert ids
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=hl * e).tolist()  # one host sync: an oracle, not a kernel
+    routes = idx.shape[2]
+    start = 0
+    for fe, n in enumerate(counts):
+        if n:
+            r = order[start : start + n]
+            head, tok = r // (t * routes), (r // routes) % t
+            a = x[tok, head]
+            h = swiglu7(a @ lw.w_gate[fe].float(), a @ lw.w_up[fe].float())
+            y.index_put_((tok, head), (h @ lw.w_down[fe].float()) * probs.reshape(-1)[r, None], accumulate=True)
+        start += n
+    return y
+
+
+def oracle_layer(x: torch.Tensor, lw: Layer, p: Pack, c: Config) -> LayerTrace:
+    """The block in FP32 from the BF16 input ``x``: every op exact to FP32, nothing rounded to BF16."""
+    x32 = x.float()
+    h = m2.rmsnorm(x32, lw.norm1, modality_sizes=p.sizes, provider="reference")
+    q, k, v = (h @ lw.wqkv.float()).view(p.tokens, 3, c.attn_heads, c.head_dim).unbind(1)
+    o = m2.attention(q.contiguous(), k.contiguous(), v.contiguous(), p.cu, p.cu, max_seqlen_q=p.max_len,
+                     max_seqlen_k=p.max_len, sinks=lw.sinks, provider="reference")  # fmt: skip
+    x1 = x32 + o.reshape(p.tokens, -1) @ lw.wo.float()
+    hm = m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes, provider="reference").view(p.tokens, c.moe_heads, c.d)
+    probs, idx = m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE, provider="reference")
+    moe = oracle_experts(hm, probs, idx, lw)
+    return LayerTrace(x1 + moe.view(p.tokens, c.hidden), o, moe, idx)
+
+
+def magi2_trace(x: torch.Tensor, lw: Layer, p: Pack, c: Config) -> LayerTrace:
+    """``magi2_layer`` with its intermediates kept."""
+    h = m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes)
+    q, k, v = qkv_views(h, lw, c)
+    o = m2.attention(q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=lw.sinks)
+    x1 = x + o.reshape(p.tokens, -1) @ lw.wo
+    hm = m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes).view(p.tokens, c.moe_heads, c.d)
+    probs, idx = m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE)
+    moe = m2.moe_experts(hm, probs, idx, lw.prepared)
+    return LayerTrace(x1 + moe.view(p.tokens, c.hidden), o, moe, idx)
+
+
+def baseline_trace(
+    x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor],
+    experts: Callable[..., torch.Tensor],
+) -> LayerTrace:  # fmt: skip
+    """``baseline_layer`` with its intermediates kept."""
     h = composite_rmsnorm(x, lw.norm1, p.sizes)
     q, k, v = qkv_views(h, lw, c)
-    x = x + attn(q, k, v, p, lw.sinks).reshape(p.tokens, -1) @ lw.wo
-    hm = composite_rmsnorm(x, lw.norm2, p.sizes).view(p.tokens, c.moe_heads, c.d)
+    o = attn(q, k, v, p, lw.sinks)
+    x1 = x + o.reshape(p.tokens, -1) @ lw.wo
+    hm = composite_rmsnorm(x1, lw.norm2, p.sizes).view(p.tokens, c.moe_heads, c.d)
     probs, idx = torch_route(hm, lw.router, lw.bias, c.top_k)
-    return x + experts(hm, probs, idx, lw.w_gate, lw.w_up, lw.w_down).view(p.tokens, c.hidden)
+    moe = experts(hm, probs, idx, lw.w_gate, lw.w_up, lw.w_down)
+    return LayerTrace(x1 + moe.view(p.tokens, c.hidden), o, moe, idx)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> float:
+    """||a - b|| / ||b|| in FP64, over the token rows selected by the boolean ``rows`` when given."""
+    a, b = a.double(), b.double()
+    if rows is not None:
+        a, b = a[rows], b[rows]
+    return float((a - b).norm() / b.norm()) if b.numel() else 0.0
+
+
+def same_sets(idx: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """[Hl, T] True where a (head, token) row selected the same experts as ``ref`` (any order)."""
+    return (idx.sort(dim=-1).values == ref.sort(dim=-1).values).all(dim=-1)
+
+
+def trace_errors(tr: LayerTrace, orc: LayerTrace, x: torch.Tensor) -> dict[str, float]:
+    """A path's errors against the oracle on the same layer input ``x`` (all relative L2)."""
+    agree = same_sets(tr.idx, orc.idx)
+    clean = agree.all(dim=0)  # tokens whose every head picked the oracle's experts
+    increment = orc.y.double() - x.double()
+    return {
+        "layer_increment": float((tr.y.double() - orc.y.double()).norm() / increment.norm()),
+        "layer_increment_clean_rows": float(
+            (tr.y.double() - orc.y.double())[clean].norm() / increment[clean].norm()) if clean.any() else 0.0,
+        "layer_output": _rel(tr.y, orc.y),
+        "attention": _rel(tr.attn, orc.attn),
+        "moe": _rel(tr.moe, orc.moe),
+        "moe_clean_rows": _rel(tr.moe, orc.moe, clean),
+        "route_rows_other_experts": float(1.0 - agree.double().mean()),
+    }
+
+
+def oracle_errors(lengths: tuple[int, ...], c: Config, layers: list[Layer], dev: str) -> dict[str, Any]:
+    """Per layer, on one input: magi2's and the baseline's errors against the FP32 oracle.
+
+    The layers' inputs are the oracle's own stream rounded to BF16, so every layer's three results
+    come from the same input and no path's earlier errors reach a later layer. Besides the whole
+    layer, the attention and MoE outputs are compared, the routes are checked against the oracle's
+    (rows where another set of experts won: routing is discontinuous, so a perturbation of the order
+    of BF16 rounding flips near-tied rows), and the errors are also given on the token rows whose
+    routes all agree with the oracle ("clean rows", where only rounding differs).
+    """
+    from magi2_backend_triton.moe.native import grouped_mm_moe_experts
+
+    p = make_pack(lengths, dev)
+    g = torch.Generator(device=dev).manual_seed(2000 + p.tokens)
+    x = torch.randn(p.tokens, c.hidden, device=dev, generator=g).bfloat16()
+    _, attn = baseline_attention(dev)
+    per_layer, drift = [], []
+    own = {"magi2": x, "baseline": x}  # each stack on its own stream, for the drift
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # the oracle's GEMMs are FP32, not TF32
+    try:
+        for lw in layers:
+            orc = oracle_layer(x, lw, p, c)
+            m, b = magi2_trace(x, lw, p, c), baseline_trace(x, lw, p, c, attn, grouped_mm_moe_experts)
+            per_layer.append({"magi2": trace_errors(m, orc, x), "baseline": trace_errors(b, orc, x),
+                              "input_norm": float(x.double().norm()),
+                              "increment_norm": float((orc.y.double() - x.double()).norm())})  # fmt: skip
+            x = orc.y.bfloat16()
+            own = {"magi2": magi2_layer(own["magi2"], lw, p, c),
+                   "baseline": baseline_layer(own["baseline"], lw, p, c, attn, grouped_mm_moe_experts)}  # fmt: skip
+            drift.append({"magi2_vs_oracle": _rel(own["magi2"], orc.y), "baseline_vs_oracle": _rel(own["baseline"], orc.y),
+                          "magi2_vs_baseline": _rel(own["magi2"], own["baseline"])})  # fmt: skip
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return {"segments": list(lengths), "tokens": p.tokens, "layers": per_layer, "stack_drift": drift}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +547,10 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
                     t[f"{name}: {mode} <= 1.10 x graph"] = blk[mode]["p50"] / graph <= TARGETS["mode_vs_graph"]
     for key in report["errors"]:
         t[f"{key} ran"] = False
+    for name, orc in report.get("oracle", {}).items():
+        for i, row in enumerate(orc["layers"]):
+            mine, base = row["magi2"]["layer_increment"], row["baseline"]["layer_increment"]
+            t[f"{name}: layer {i} error vs the FP32 oracle <= the baseline's"] = mine <= base
     for r in report.get("route_vs_experts", []):
         t[f"route <= 10% of experts at T={r['tokens']}"] = r["route_over_experts_eager"] <= TARGETS["route_vs_experts"]
         t[f"route ids equal the reference at T={r['tokens']}"] = r["ids_equal_reference"]
@@ -442,6 +585,20 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"  {op:18s} {ms:9.4f} {ops['magi2_share'][op]:6.1%} {b:9.4f} {ops['baseline_share'].get(op, 0):6.1%}")
     for key, err in report["errors"].items():
         print(f"\n{key} FAILED: {err}")
+    for name, orc in report.get("oracle", {}).items():
+        print(f"\n[{name}] per-layer error against the FP32 oracle on the same input (rel-L2 of the layer increment; "
+              "clean = tokens routed as the oracle; flips = rows with other experts)")  # fmt: skip
+        print(f"  {'layer':>5} {'magi2':>9} {'clean':>9} {'flips':>8}   {'baseline':>9} {'clean':>9} {'flips':>8}"
+              f"   {'attn m2':>8} {'attn base':>9} {'moe m2':>8} {'moe base':>8}")  # fmt: skip
+        for i, row in enumerate(orc["layers"]):
+            m, b = row["magi2"], row["baseline"]
+            print(f"  {i:>5} {m['layer_increment']:9.2e} {m['layer_increment_clean_rows']:9.2e} "
+                  f"{m['route_rows_other_experts']:8.2e}   {b['layer_increment']:9.2e} "
+                  f"{b['layer_increment_clean_rows']:9.2e} {b['route_rows_other_experts']:8.2e}   "
+                  f"{m['attention']:8.2e} {b['attention']:9.2e} {m['moe']:8.2e} {b['moe']:8.2e}")  # fmt: skip
+        print("  each stack on its own stream, after each layer (rel-L2): "
+              + "; ".join(f"{i}: m2-oracle {d['magi2_vs_oracle']:.3f}, base-oracle {d['baseline_vs_oracle']:.3f}, "
+                          f"m2-base {d['magi2_vs_baseline']:.3f}" for i, d in enumerate(orc["stack_drift"])))  # fmt: skip
     print(f"\n{'T':>6} {'route ms':>9} {'experts ms':>10} {'ratio':>6} {'graph ratio':>11} ids==ref")
     for r in report.get("route_vs_experts", []):
         e = r["eager_ms"]
@@ -502,6 +659,13 @@ def main() -> None:
         report["packs"][name] = bench_pack(name, lengths, c, layers, dev, modes, c.iters)
         dump()
     report["errors"] = {}
+    report["oracle"] = {}
+    for name, lengths in c.packs.items():
+        try:
+            report["oracle"][name] = oracle_errors(lengths, c, layers, dev)
+        except Exception as exc:  # reported; the timings above stay valid
+            report["errors"][f"oracle {name}"] = _error(exc)
+        dump()
     for key, measure in (("route_vs_experts", route_vs_experts), ("deterministic", deterministic_vs_default)):
         try:
             report[key] = measure(c, layers[0], dev, c.iters)

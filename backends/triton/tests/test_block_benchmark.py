@@ -33,7 +33,19 @@ def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
     assert report["config"]["layers"] >= 4 and report["strict"] is True
     (pack,) = report["packs"].values()
     assert pack["errors"] == {} and set(pack["block_ms"]) == {"eager", "baseline_eager"}
-    assert pack["magi2_vs_baseline_rel_l2"] < 2e-2  # the two stacks compute the same block
+    # Both stacks against the FP32 oracle, layer by layer on the same input. (The two stacks' outputs
+    # after several layers are not compared with a tolerance: routing is discontinuous, so rounding
+    # differences flip near-tied routes and the stacks drift apart by design; docs/moe-notes.md.)
+    orc = report["oracle"][next(iter(report["packs"]))]
+    assert len(orc["layers"]) == report["config"]["layers"]
+    for row in orc["layers"]:
+        for path in ("magi2", "baseline"):
+            err = row[path]
+            assert 0 < err["layer_increment_clean_rows"] < 2e-2  # BF16 rounding, not a wrong layer
+            assert 0 <= err["route_rows_other_experts"] < 0.1
+            assert err["attention"] < 1e-2
+    assert len(orc["stack_drift"]) == len(orc["layers"])
+    assert "40: layer 0 error vs the FP32 oracle <= the baseline's" in report["targets"]
     ops = pack["ops"]
     assert abs(sum(ops["magi2_share"].values()) - 1.0) < 1e-9
     assert set(ops["magi2"]) == set(ops["baseline"])

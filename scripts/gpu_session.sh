@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Runs the GPU test suite, the conformance kit and the benchmarks on an NVIDIA machine that has a
+# CUDA torch and Triton but may have no network. Everything it needs beyond those comes from a
+# wheelhouse made elsewhere by scripts/gpu_wheelhouse.sh; it is installed into a private prefix, and
+# the checkout's distributions are installed editable on top.
+#
+#   MAGI2_OUT=DIR [MAGI2_WHEELHOUSE=DIR] [MAGI2_PREFIX=DIR] [MAGI2_STEPS=tests,block,...] \
+#     [MAGI2_GIT_COMMIT=<sha>] bash scripts/gpu_session.sh
+#
+# MAGI2_OUT: where logs, JUnit XML and benchmark JSON go. MAGI2_WHEELHOUSE: the wheelhouse (default:
+# none, for a machine that already has pydantic and the kernel libraries). MAGI2_PREFIX: the install
+# prefix for the wheelhouse (default: $MAGI2_OUT/.prefix). MAGI2_STEPS: the steps below to run (all
+# when unset). MAGI2_GIT_COMMIT: recorded in every result (default: git rev-parse, when .git exists).
+# A vllm-omni wheel found in the wheelhouse is handed to the integration tests and benchmarks through
+# MAGI2_VLLM_OMNI_WHEEL.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${MAGI2_OUT:?set MAGI2_OUT to the output directory}
+mkdir -p "$OUT"
+prefix=${MAGI2_PREFIX:-$OUT/.prefix}
+if [ -n "${MAGI2_WHEELHOUSE:-}" ]; then
+  mkdir -p "$prefix"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$prefix" \
+    "$MAGI2_WHEELHOUSE"/*.whl --find-links "$MAGI2_WHEELHOUSE" > "$OUT/wheelhouse.log" 2>&1 \
+    || { tail -20 "$OUT/wheelhouse.log"; exit 1; }
+  # PYTHONPATH entries do not process .pth files (the CuTe DSL adds its packages through one).
+  extra=$(cat "$prefix"/*.pth 2>/dev/null | grep -v '^import' | sed "s|^\([^/]\)|$prefix/\1|" | paste -sd: -)
+  export PYTHONPATH="$prefix${extra:+:$extra}${PYTHONPATH:+:$PYTHONPATH}"
+  wheel=$(ls "$MAGI2_WHEELHOUSE"/vllm_omni-*.whl 2>/dev/null | head -1)
+  [ -n "$wheel" ] && export MAGI2_VLLM_OMNI_WHEEL=$wheel
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e backends/reference -e backends/triton \
+  -e backends/cuda_fa3 -e backends/cuda_fa4 -e backends/musa_mate -e tests/plugins/example -e . > "$OUT/install.log" 2>&1 \
+  || { tail -20 "$OUT/install.log"; exit 1; }
+export MAGI2_GIT_COMMIT=${MAGI2_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+# Result files are named after the GPU (NVIDIA H200 -> *_h200.json); MAGI2_DEVICE_TAG overrides.
+tag=${MAGI2_DEVICE_TAG:-$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")}
+python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
+step() { echo "=== $1 ($(date +%T))"; }
+want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those
+counts() {  # $1: JUnit XML -> "N passed, N failed, N errors, N skipped"
+python3 - "$1" <<'PY'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+print(f"{passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
+PY
+}
+gpu_tests() {  # $1: name; rest: pytest paths. Never stops at the first failure.
+  local name=$1; shift
+  python3 -m pytest -q -p no:cacheprovider -m gpu "$@" -rfEs --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
+  echo "commit $MAGI2_GIT_COMMIT; flash-attn-4: $(python3 -c 'import flash_attn.cute' 2>/dev/null && echo installed || echo absent)" >> "$OUT/$name.log"
+  grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | head -40
+  echo "$name: $(counts "$OUT/$name.xml")"
+}
+if want tests; then
+step "gpu tests (the whole GPU suite; skips listed with their reasons)"
+gpu_tests gpu_tests tests backends
+fi
+if want fa_tests; then
+step "gpu tests of the attention backends"
+gpu_tests gpu_tests_attention backends/cuda_fa4/tests backends/cuda_fa3/tests tests/test_torch_native_gpu.py
+fi
+if want conformance; then
+step "conformance on cuda"
+python3 -m pytest -q -p no:cacheprovider -p magi2_core.testing.plugin --magi2-conformance --magi2-only \
+  --magi2-device cuda -rs > "$OUT/conformance_cuda.log" 2>&1
+tail -3 "$OUT/conformance_cuda.log"
+fi
+if want fingerprint; then
+step "fingerprints of every op x provider (MAGI2_FP_COMPARE=<earlier file>: compare, exit status in the log)"
+python3 scripts/fingerprint.py --out "$OUT/fingerprint_$MAGI2_GIT_COMMIT.json" ${MAGI2_FP_COMPARE:+--compare "$MAGI2_FP_COMPARE"} \
+  > "$OUT/fingerprint.log" 2>&1; echo "fingerprint exit $?" >> "$OUT/fingerprint.log"
+grep -vE "quarantined|took [0-9.]+ s|^  |^provid|For further" "$OUT/fingerprint.log" | tail -12
+fi
+if want route; then
+step "routing pieces"
+python3 -m benchmarks.route_profile --out "$OUT/route_profile_${tag}.json" > "$OUT/route.log" 2>&1; tail -3 "$OUT/route.log"
+fi
+if want demo; then
+step "demo"
+python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -9
+fi
+if want norm; then
+step "rmsnorm + sink benchmarks (final default tiles)"
+python3 -m benchmarks.rmsnorm --json "$OUT/rmsnorm_${tag}.json" > "$OUT/rmsnorm.log" 2>&1; tail -8 "$OUT/rmsnorm.log"
+python3 -m benchmarks.sink_correction --json "$OUT/sink_correction_${tag}.json" > "$OUT/sink.log" 2>&1; tail -6 "$OUT/sink.log"
+fi
+if want attention; then
+step "attention benchmark (final rule)"
+python3 -m benchmarks.attention --quick --out "$OUT/attention_${tag}.json" > "$OUT/attention.log" 2>&1; tail -22 "$OUT/attention.log"
+fi
+if want block; then
+step "block benchmark (4-layer MAGI-2 stack, strict)"
+python3 -m benchmarks.block --out "$OUT/block_${tag}.json" > "$OUT/block.log" 2>&1; tail -70 "$OUT/block.log"
+fi
+if want fa4; then
+step "FA4 benchmark (resolved vs raw FA3, FA3 + correction, FA4 native sink; JIT latency)"
+python3 -m benchmarks.attention_fa4 --quick --out "$OUT/attention_fa4_${tag}.json" > "$OUT/attention_fa4.log" 2>&1; tail -40 "$OUT/attention_fa4.log"
+fi
+if want vllm_omni; then
+step "vllm-omni integration MoE stack"
+python3 -m benchmarks.vllm_omni_moe --out "$OUT/vllm_omni_moe_${tag}.json" > "$OUT/vllm_omni_moe.log" 2>&1; tail -30 "$OUT/vllm_omni_moe.log"
+fi
+if want sweep; then
+step "MoE kernel variants sweep"
+python3 -m benchmarks.moe_sweep --out "$OUT/moe_sweep_${tag}.json" ${MAGI2_SWEEP_ARGS:-} > "$OUT/moe_sweep.log" 2>&1; tail -40 "$OUT/moe_sweep.log"
+fi
+if want cli; then
+step "CLI on the GPU machine"
+( time python3 -m magi2_core.cli --help > /dev/null ) 2>&1 | grep real
+python3 -m magi2_core.cli env > "$OUT/env.txt" 2>&1; head -40 "$OUT/env.txt"
+python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -12
+fi
+if want dispatch; then
+step "dispatch overhead against a no-op provider, on this host's CPU and with GPU inputs"
+python3 -m benchmarks.dispatch --out "$OUT/dispatch_cpu_${tag}host.json" 2>&1 | tail -6
+python3 -m benchmarks.dispatch --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -6
+fi
+if want moe; then
+step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
+python3 -m benchmarks.moe --out "$OUT/moe_${tag}.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
+fi
+if want moe_align; then
+step "MoE route alignment: atomic vs stable kernels vs torch; the call in default and deterministic mode"
+python3 -m benchmarks.moe_align --out "$OUT/moe_align_${tag}.json" > "$OUT/moe_align.log" 2>&1; tail -6 "$OUT/moe_align.log"
+fi
+if want moe_tests; then
+step "MoE GPU tests only"
+gpu_tests gpu_tests_moe backends/triton/tests/test_moe_fused.py backends/triton/tests/test_moe_gluon.py backends/triton/tests/test_moe_prepared.py
+fi
+if want moe_layers; then
+step "MoE: N distinct layers in turn through the public op"
+python3 -m benchmarks.moe --out "$OUT/moe_layers_${tag}.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"
+fi
+step "done"
+# One archive of the logs beside the JSON results (MAGI2_PACK_LOGS=1), for copying them off the machine.
+if [ "${MAGI2_PACK_LOGS:-0}" = 1 ]; then
+  ( cd "$OUT" && tar czf logs.tar.gz ./*.log ./*.xml ./*.txt 2>/dev/null && rm -f ./*.log ./*.xml ./*.txt )
+fi
