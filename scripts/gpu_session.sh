@@ -9,7 +9,7 @@
 #
 # MAGI2_OUT: where logs, JUnit XML and benchmark JSON go. MAGI2_WHEELHOUSE: the wheelhouse (default:
 # none, for a machine that already has pydantic and the kernel libraries). MAGI2_PREFIX: the install
-# prefix for the wheelhouse (default: $MAGI2_OUT/.prefix). MAGI2_STEPS: the steps below to run (all
+# prefix for the wheelhouse (default: ${TMPDIR:-/tmp}/magi2-prefix, kept for later runs). MAGI2_STEPS: the steps below to run (all
 # when unset). MAGI2_GIT_COMMIT: recorded in every result (default: git rev-parse, when .git exists).
 # A vllm-omni wheel found in the wheelhouse is handed to the integration tests and benchmarks through
 # MAGI2_VLLM_OMNI_WHEEL.
@@ -17,7 +17,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${MAGI2_OUT:?set MAGI2_OUT to the output directory}
 mkdir -p "$OUT"
-prefix=${MAGI2_PREFIX:-$OUT/.prefix}
+prefix=${MAGI2_PREFIX:-${TMPDIR:-/tmp}/magi2-prefix}
 if [ -n "${MAGI2_WHEELHOUSE:-}" ]; then
   mkdir -p "$prefix"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$prefix" \
