@@ -44,8 +44,9 @@ def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
             assert 0 < err["layer_increment_clean_rows"] < 2e-2  # BF16 rounding, not a wrong layer
             assert 0 <= err["route_rows_other_experts"] < 0.1
             assert err["attention"] < 1e-2
+        assert 0 < row["clean_token_fraction"] <= 1 and row["magi2_vs_baseline"]["route_rows_differ"] >= 0
     assert len(orc["stack_drift"]) == len(orc["layers"])
-    assert "40: layer 0 error vs the FP32 oracle <= the baseline's" in report["targets"]
+    assert any(k.startswith("40: layer 0 error vs the FP32 oracle <= the baseline's") for k in report["targets"])
     ops = pack["ops"]
     assert abs(sum(ops["magi2_share"].values()) - 1.0) < 1e-9
     assert set(ops["magi2"]) == set(ops["baseline"])
