@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.contracts.acceptance import accept_attention
+from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
+from magi2_core.provider import SinkRescale
 from magi2_core.sinks import sink_correction
 
 INF = math.inf
@@ -168,3 +170,46 @@ def test_empty_sinks_through_the_api_equal_no_sinks(make: oracles.MakeTensor) ->
 def test_shape_checks(o_shape: tuple[int, ...], lse_shape: tuple[int, ...], sink_shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="sink_correction"):
         sink_correction(torch.randn(o_shape), torch.randn(lse_shape), torch.randn(sink_shape), rescale="fp32")
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream's sink kinds through the public op: -inf adds nothing, +inf zeroes its head (LSE +inf)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_upstream_sink_kinds_follow_the_correction(
+    make: oracles.MakeTensor, kind: SinkKind, n_sinks: int, rescale: SinkRescale, dtype: torch.dtype
+) -> None:
+    # GQA, an empty query segment and a query segment without keys (its rows: o = 0, L = -inf)
+    q, k, v = make((40, 4, 32), dtype), make((45, 2, 32), dtype), make((45, 2, 32), dtype)
+    cu_q = torch.tensor([0, 13, 13, 20, 40], dtype=torch.int32)
+    cu_k = torch.tensor([0, 17, 24, 24, 45], dtype=torch.int32)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
+    before = sinks.clone()
+    o, lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True)
+    assert torch.equal(sinks, before)
+    ref = oracles.attention(q, k, v, cu_q, cu_k, sinks=sinks)
+    assert accept_attention(o, ref.o.to(dtype)), accept_attention(o, ref.o.to(dtype))
+    assert accept_lse(lse, ref.lse.float(), dtype), accept_lse(lse, ref.lse.float(), dtype)
+    assert bool(torch.isfinite(o).all())
+    plain_o, plain_lse = m2.attention(q, k, v, cu_q, cu_k, return_lse=True)
+    mass = torch.logsumexp(sinks, dim=0)  # per head: +inf, finite, or -inf (no sink mass)
+    for h in range(4):
+        if mass[h] == INF:
+            assert torch.equal(o[:, h], torch.zeros_like(o[:, h])) and bool((lse[h] == INF).all())
+        elif mass[h] == -INF:  # exactly the call without sinks, bit for bit
+            assert torch.equal(o[:, h], plain_o[:, h]) and torch.equal(lse[h], plain_lse[h])
+    if kind == "all_neg_inf":
+        assert bool((mass == -INF).all())
+
+
+def test_nan_sinks_are_rejected_and_infinite_ones_accepted_on_the_host() -> None:
+    q = torch.randn(6, 2, 8)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    for value in (INF, -INF):
+        m2.attention(q, q, q, cu, cu, sinks=torch.tensor([[value, 0.5]]))
+    with pytest.raises(m2.InvalidValueError, match=r"'sinks' must be .*without NaN.*1 NaN of 4") as err:
+        m2.attention(q, q, q, cu, cu, sinks=torch.tensor([[0.5, -INF], [NAN, INF]]))
+    assert err.value.arg == "sinks"
