@@ -24,6 +24,7 @@ __all__ = [
     "moe_experts",
     "moe_route",
     "rmsnorm",
+    "sink_kind_violations",
     "sink_scale",
     "swiglu7",
     "ulps_off",
@@ -117,6 +118,36 @@ def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     m = s.max(dim=0).values
     ls = m + torch.log(torch.exp(s - m).sum(dim=0))
     return 1.0 / (1.0 + torch.exp(-(lse.to(F64) - ls[:, None])))
+
+
+def sink_kind_violations(
+    o: torch.Tensor, lse: torch.Tensor | None, sinks: torch.Tensor, plain_o: torch.Tensor,
+    plain_lse: torch.Tensor | None, *, exact: bool = True,
+) -> list[str]:
+    """What breaks the rules for infinite sink mass, per head ``h`` of ``o [T, H, D]`` / ``lse [H, T]``:
+    ``logsumexp(sinks[:, h]) = +inf`` -> output exactly 0 and LSE ``+inf``; ``-inf`` (every sink of the
+    head ``-inf``) -> the call without sinks (``plain_o``, ``plain_lse``): bit for bit where the sinks
+    are applied by the LSE correction (its scale is exactly 1), within BF16 rounding (``exact=False``)
+    where a kernel takes them natively and so runs another code path."""
+    mass = torch.logsumexp(sinks.detach().cpu().double(), dim=0)
+    o, plain_o = o.detach().cpu(), plain_o.detach().cpu()
+
+    def same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+        return torch.equal(a, b) if exact else torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+
+    bad = []
+    for h in range(o.shape[1]):
+        if mass[h] == math.inf:
+            if not bool((o[:, h] == 0).all()):
+                bad.append(f"head {h} (+inf sink): output not 0")
+            if lse is not None and not bool((lse[h].cpu() == math.inf).all()):
+                bad.append(f"head {h} (+inf sink): LSE not +inf")
+        elif mass[h] == -math.inf:
+            if not same(o[:, h], plain_o[:, h], 1e-2):
+                bad.append(f"head {h} (-inf sinks only): output differs from the call without sinks")
+            if lse is not None and plain_lse is not None and not same(lse[h].cpu(), plain_lse[h].cpu(), 3e-3):
+                bad.append(f"head {h} (-inf sinks only): LSE differs from the call without sinks")
+    return bad
 
 
 # ---------------------------------------------------------------------------------------------

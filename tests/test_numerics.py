@@ -22,7 +22,6 @@ from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_special
 from magi2_core.registry import Registry
 from magi2_core.resolver import Dispatcher
 
-
 INF = float("inf")
 
 
@@ -305,3 +304,29 @@ def test_dispatcher_caches_per_device() -> None:
     for device in (torch.device("cpu"), torch.device("cpu", 0), torch.device("cpu")):
         disp.kernel(Recording(), base._replace(device=device), None)
     assert [p.device_index for p in built] == [None, 0]  # the third call hit the first one's entry
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nan_device_sinks_and_bias_are_checked_only_with_device_value_checks() -> None:
+    q, k, v, cu, _ = (t.cuda() for t in _attn_inputs(6))
+    nan_sinks = torch.tensor([[0.5, float("nan")]], device="cuda")
+    inf_sinks = torch.tensor([[float("inf"), float("-inf")]], device="cuda")
+    x, w, b = (t.cuda() for t in _route_inputs())
+    nan_bias, inf_bias = b.clone(), b.clone()
+    nan_bias[2] = float("nan")
+    inf_bias[2], inf_bias[5] = float("inf"), float("-inf")
+    m2.attention(q, k, v, cu, cu, sinks=nan_sinks, max_seqlen_q=6, max_seqlen_k=6)  # no sync, no check
+    m2.moe_route(x, w, nan_bias, top_k=2)
+    previous = m2.set_device_value_checks(True)
+    try:
+        with pytest.raises(m2.InvalidValueError, match="'sinks' must be values without NaN"):
+            m2.attention(q, k, v, cu, cu, sinks=nan_sinks, max_seqlen_q=6, max_seqlen_k=6)
+        with pytest.raises(m2.InvalidValueError, match="'bias' must be values without NaN"):
+            m2.moe_route(x, w, nan_bias, top_k=2)
+        o = m2.attention(q, k, v, cu, cu, sinks=inf_sinks, max_seqlen_q=6, max_seqlen_k=6)  # ±inf pass
+        assert bool((o[:, 0] == 0).all())
+        _, idx = m2.moe_route(x, w, inf_bias, top_k=2)
+        assert bool((idx[0, :, 0] == 2).all()) and not bool((idx[1] == 1).any())
+    finally:
+        m2.set_device_value_checks(previous)
