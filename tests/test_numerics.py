@@ -171,6 +171,24 @@ def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
         m2.rmsnorm(x, w, eps=-1e-6)
 
 
+@pytest.mark.parametrize(
+    ("shape", "weight_shape", "sizes"),
+    [((3, 0), (1, 1, 0), None), ((0, 0), (1, 1, 0), None), ((0, 4), (2, 1, 4), [0, 0]),
+     ((4, 3, 0), (2, 3, 0), [1, 3]), ((5, 2, 0), (0,), [2, 3]), ((0, 2, 3, 0), (1, 3, 0), None)],
+    ids=["width0", "t0-width0", "t0-modalities", "patterns-width0", "flat-weight-width0", "4d-t0-width0"],
+)
+@pytest.mark.parametrize("provider", [None, "reference"])
+def test_rmsnorm_of_an_empty_input_is_the_empty_result(
+    shape: tuple[int, ...], weight_shape: tuple[int, ...], sizes: list[int] | None, provider: str | None
+) -> None:
+    """As upstream (mean over an empty width is NaN, times nothing): the empty result, never a crash."""
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    w = torch.randn(weight_shape)
+    for out_dtype in (None, torch.float32):
+        y = m2.rmsnorm(x, w, modality_sizes=sizes, out_dtype=out_dtype, provider=provider)
+        assert y.shape == x.shape and y.dtype == (out_dtype or x.dtype) and y.numel() == 0
+
+
 def test_reference_rmsnorm_does_not_overflow_to_zeros() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 64, generator=g) * 1e30

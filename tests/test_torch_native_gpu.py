@@ -165,3 +165,14 @@ def test_upstream_sink_kinds_on_cuda(
     assert lse_verdict, str(lse_verdict)
     plain_o, plain_lse = m2.attention(q, k, v, cu_q, cu_k, provider=provider, **kw)
     assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 0), (0, 0), (0, 3, 64)], ids=str)
+@pytest.mark.parametrize("provider", ["torch_native", "reference"])
+def test_rmsnorm_of_an_empty_input_is_the_empty_result_on_cuda(provider: str, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape, device=CUDA).to(torch.bfloat16)
+    w = torch.randn(2, shape[1] if len(shape) == 3 else 1, shape[-1], device=CUDA)
+    sizes = [shape[0] // 2, shape[0] - shape[0] // 2]
+    _require("rmsnorm", provider, x, w, modality_sizes=sizes)
+    y = m2.rmsnorm(x, w, modality_sizes=sizes, provider=provider)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device.type == "cuda"
