@@ -4,8 +4,10 @@
 ``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only); scores
 are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
 :func:`magi2_core.contracts.moe.router_scores`; the ids are the ``top_k`` largest ``score + bias`` in
-descending order, equal values in ascending expert id (NaN ranks highest); the weights are the
-selected unbiased scores, L1-normalised unless ``route_norm=False``, times ``route_scale``.
+descending order, equal values in ascending expert id (NaN ranks highest, ``-inf`` lowest, as
+upstream's ``torch.topk``: :func:`route_specials`); the weights are the selected unbiased scores,
+L1-normalised unless ``route_norm=False``, times ``route_scale``. A NaN bias is rejected on the host
+(and on a device with device value checks); ``±inf`` are accepted.
 """
 
 from __future__ import annotations
