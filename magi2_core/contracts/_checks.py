@@ -86,7 +86,7 @@ def nan_free_parameter(op: str, arg: str, t: torch.Tensor) -> None:
 
     Called on every call with a host parameter, cached call layout or not: a version counter cannot
     say whether the values changed (``.data.copy_``, ``.data =`` and numpy writes leave it alone), and
-    the check costs about 1.5 µs on a host tensor of the sizes these parameters have (one ``max``,
+    the check costs about 2 µs on a host tensor of the sizes these parameters have (one ``max``,
     which is NaN exactly when a value is; ``isnan().any()`` takes twice as long). Host parameters
     come only with host inputs (they must share the inputs' device), so GPU calls never pay it."""
     if t.numel() and (t.is_cpu or device_value_checks()) and math.isnan(t.max().item()):
