@@ -176,7 +176,7 @@ def test_torch_compile_matches_eager(registered):
 def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
     """Upstream's sink kinds through the public op: FA3 + the CUDA sink correction (the fused Triton one
     where magi2-backend-triton is installed), or the build's native sink where it takes them."""
-    cu_q = [*RAGGED, RAGGED[-1] + LONG_TAIL]
+    cu_q = [0, 37, 60, 300, 300 + LONG_TAIL]
     cu_k = [0, 41, 41, 330, 330 + LONG_TAIL]  # the second segment has queries but no keys
     q, k, v, cq, ck, _ = _inputs(cu_q, cu_k, 6, 2, 0, torch.bfloat16, 11)
     sinks = sink_logits(kind, n_sinks, 6, torch.Generator().manual_seed(n_sinks)).cuda()
@@ -187,7 +187,7 @@ def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
     assert accept_attention(o, ro), accept_attention(o, ro)
     if return_lse:
         assert accept_lse(lse, rlse, torch.bfloat16), accept_lse(lse, rlse, torch.bfloat16)
-    plain_o, plain_lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=max(263, LONG_TAIL),
+    plain_o, plain_lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=max(240, LONG_TAIL),
                                        max_seqlen_k=max(289, LONG_TAIL), softmax_scale=D**-0.5, softcap=0.0,
                                        sinks=None, sink_rescale=rescale, deterministic=False, return_lse=True)
     # a native sink (tokenspeed-fa3: one row, FP32, no LSE) is another kernel: equal within the contract
