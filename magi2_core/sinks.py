@@ -8,8 +8,9 @@ output ``o`` and log-sum-exp ``L [H, T]`` of attention *without* sinks::
     δ       = L - L'            (δ not finite -> -inf, so the scale is 0)
     o'      = o · exp(δ)        (= o · sigmoid(L - Ls) where everything is finite)
 
-Non-finite rules (bit-exact with upstream): L = -inf -> 0; Ls = +inf -> 0; L = +inf with a finite
-sink -> NaN -> 0; NaN L -> 0.
+Non-finite rules (bit-exact with upstream): L = -inf -> 0; Ls = +inf (a +inf sink) -> 0, with
+L' = +inf; L = +inf with a finite sink -> NaN -> 0; NaN L -> 0. A -inf sink adds nothing to Ls, and
+a head whose sinks are all -inf has Ls = -inf, L' = L and scale exactly 1: the call without sinks.
 
 Rescale precision: ``"fp32"`` promotes o to FP32, multiplies by the FP32 scale and casts once (the
 MUSA path of vllm-omni #7307, and the most exact); ``"activation"`` casts the scale to o's dtype and

@@ -24,6 +24,7 @@ __all__ = [
     "moe_experts",
     "moe_route",
     "rmsnorm",
+    "sink_kind_violations",
     "sink_scale",
     "swiglu7",
     "ulps_off",
@@ -40,7 +41,8 @@ def bf16_round(t: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Te
 
 
 # ---------------------------------------------------------------------------------------------
-# attention (operators.md §2.2): sinks as extra denominator logits, softcap on the scaled scores only
+# attention (operators.md §2.2): sinks as extra denominator logits, softcap on the scaled scores only;
+# a -inf sink adds nothing, a +inf sink makes its head's output 0 and its LSE +inf (the limit)
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionResult:
@@ -82,9 +84,19 @@ def attention(
             s = (q64[rows, h, :] @ k64[cols, kv, :].T) * scale  # [Lq, Lk]
             if softcap > 0:
                 s = softcap * torch.tanh(s / softcap)
+            if s.shape[1] > 0:
+                ms = s.max(dim=1, keepdim=True).values
+                lse_keys[h, rows] = (ms + torch.log(torch.exp(s - ms).sum(dim=1, keepdim=True))).squeeze(1)
             logits = s
             if sink64 is not None:  # raw (uncapped) sink logits join every row's denominator
-                logits = torch.cat([s, sink64[:, h].expand(n_rows, -1)], dim=1)
+                sink_h = sink64[:, h]
+                if bool(torch.isposinf(sink_h).any()):
+                    # A +inf sink takes all the mass: o = 0 and L = +inf, the limit, which upstream's sink
+                    # correction gives too (its packed CPU oracle's softmax computes inf - inf: NaN).
+                    lse[h, rows] = math.inf
+                    continue
+                sink_h = sink_h[~torch.isneginf(sink_h)]  # exp(-inf) = 0: a -inf sink adds nothing
+                logits = torch.cat([s, sink_h.expand(n_rows, -1)], dim=1)
             if logits.shape[1] == 0:
                 continue  # no keys and no sinks: o = 0, lse = -inf
             m = logits.max(dim=1, keepdim=True).values
@@ -93,9 +105,6 @@ def attention(
             p_keys = e[:, : s.shape[1]] / z
             o[rows, h, :] = p_keys @ v64[cols, kv, :]
             lse[h, rows] = (m + torch.log(z)).squeeze(1)
-            if s.shape[1] > 0:
-                ms = s.max(dim=1, keepdim=True).values
-                lse_keys[h, rows] = (ms + torch.log(torch.exp(s - ms).sum(dim=1, keepdim=True))).squeeze(1)
     return AttentionResult(o, lse, lse_keys)
 
 
@@ -111,6 +120,36 @@ def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-(lse.to(F64) - ls[:, None])))
 
 
+def sink_kind_violations(
+    o: torch.Tensor, lse: torch.Tensor | None, sinks: torch.Tensor, plain_o: torch.Tensor,
+    plain_lse: torch.Tensor | None, *, exact: bool = True,
+) -> list[str]:
+    """What breaks the rules for infinite sink mass, per head ``h`` of ``o [T, H, D]`` / ``lse [H, T]``:
+    ``logsumexp(sinks[:, h]) = +inf`` -> output exactly 0 and LSE ``+inf``; ``-inf`` (every sink of the
+    head ``-inf``) -> the call without sinks (``plain_o``, ``plain_lse``): bit for bit where the sinks
+    are applied by the LSE correction (its scale is exactly 1), within BF16 rounding (``exact=False``)
+    where a kernel takes them natively and so runs another code path."""
+    mass = torch.logsumexp(sinks.detach().cpu().double(), dim=0)
+    o, plain_o = o.detach().cpu(), plain_o.detach().cpu()
+
+    def same(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+        return torch.equal(a, b) if exact else torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+
+    bad = []
+    for h in range(o.shape[1]):
+        if mass[h] == math.inf:
+            if not bool((o[:, h] == 0).all()):
+                bad.append(f"head {h} (+inf sink): output not 0")
+            if lse is not None and not bool((lse[h].cpu() == math.inf).all()):
+                bad.append(f"head {h} (+inf sink): LSE not +inf")
+        elif mass[h] == -math.inf:
+            if not same(o[:, h], plain_o[:, h], 1e-2):
+                bad.append(f"head {h} (-inf sinks only): output differs from the call without sinks")
+            if lse is not None and plain_lse is not None and not same(lse[h].cpu(), plain_lse[h].cpu(), 3e-3):
+                bad.append(f"head {h} (-inf sinks only): LSE differs from the call without sinks")
+    return bad
+
+
 # ---------------------------------------------------------------------------------------------
 # MoE routing (operators.md §3.2)
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +163,8 @@ def moe_route(
     route_norm: bool = True,
     score_func: Literal["sigmoid", "softmax"] = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(probs [Hl, T, K] float64, ids [Hl, T, K] int64)``; ties break toward the lower expert id."""
+    """``(probs [Hl, T, K] float64, ids [Hl, T, K] int64)``; ties break toward the lower expert id, NaN
+    ranks first and ``-inf`` last (a ``-inf`` bias is picked only when a head has too few other experts)."""
     t, hl, _ = x.shape
     e = router_weight.shape[0] // hl
     probs = torch.zeros(hl, t, top_k, dtype=F64)
@@ -142,7 +182,8 @@ def moe_route(
                 ez = torch.exp(z - z.max())
                 sigma = ez / ez.sum()
             sel = sigma if b64 is None else sigma + b64[h * e : (h + 1) * e]
-            chosen = sorted(range(e), key=lambda j: (-float(sel[j]), j))[:top_k]
+            # descending, NaN first (as torch's sort and topk rank it), equal values in ascending id
+            chosen = sorted(range(e), key=lambda j: (not math.isnan(sel[j]), -float(sel[j]), j))[:top_k]
             p = sigma[chosen]  # the unbiased scores: the bias only selects
             if route_norm:
                 p = p / max(float(p.abs().sum()), 1e-12)

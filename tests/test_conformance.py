@@ -170,9 +170,9 @@ def test_unknown_provider_lists_the_installed_ones() -> None:
 def test_pytest_plugin_passes_the_reference(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "magi2_core.testing.plugin", "--magi2-provider", "reference",
                                 "--magi2-op", "rmsnorm", "--magi2-seed", "11", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=39)
+    result.assert_outcomes(passed=49)
     result.stdout.fnmatch_lines(["magi2 conformance: seed 11 (reproduce with --magi2-seed 11)",
-                                 "magi2 conformance: 39 cases for rmsnorm[[]reference[]]@cpu; 0 provider(s) skipped"])
+                                 "magi2 conformance: 49 cases for rmsnorm[[]reference[]]@cpu; 0 provider(s) skipped"])
 
 
 @pytest.mark.usefixtures("bad_backend")

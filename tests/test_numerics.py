@@ -14,11 +14,15 @@ import torch
 import magi2_core as m2
 from magi2_core import Capability, Condition, Problem, Rule
 from magi2_core.capability import Provenance
+from magi2_core.contracts.acceptance import accept_moe_route
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionKey, AttentionSpec
 from magi2_core.ops.attention import validate as validate_attention
+from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 from magi2_core.registry import Registry
 from magi2_core.resolver import Dispatcher
+
+INF = float("inf")
 
 
 def _attn_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -69,19 +73,92 @@ def test_meta_tensors_are_rejected_before_any_kernel() -> None:
 
 
 # -- defect 5: NaN parameters, overflow, eps = 0 ---------------------------------------------------------------
-def test_nan_sinks_on_the_host_are_rejected() -> None:
+def test_nan_sinks_on_the_host_are_rejected_infinite_ones_accepted() -> None:
     sinks = torch.tensor([[0.5, float("nan")]])
-    with pytest.raises(m2.InvalidValueError, match=r"'sinks' must be finite values.*1 NaN/inf of 2"):
+    with pytest.raises(m2.InvalidValueError, match=r"'sinks' must be values without NaN.*1 NaN of 2"):
         m2.attention(*_attn_inputs(), sinks=sinks)
-    with pytest.raises(m2.InvalidValueError, match="'sinks'"):
-        m2.attention(*_attn_inputs(), sinks=torch.tensor([[float("inf"), 0.0]]))
+    o = m2.attention(*_attn_inputs(), sinks=torch.tensor([[float("inf"), float("-inf")]]))
+    assert bool((o[:, 0] == 0).all()) and torch.equal(o[:, 1], m2.attention(*_attn_inputs())[:, 1])
 
 
-def test_nan_router_bias_on_the_host_is_rejected() -> None:
+def test_nan_router_bias_on_the_host_is_rejected_infinite_accepted() -> None:
     x, w, b = _route_inputs()
     b[3] = float("nan")
-    with pytest.raises(m2.InvalidValueError, match="'bias' must be finite"):
+    with pytest.raises(m2.InvalidValueError, match="'bias' must be values without NaN") as err:
         m2.moe_route(x, w, b, top_k=2)
+    assert err.value.arg == "bias"
+    b[3], b[5] = float("inf"), float("-inf")
+    _, idx = m2.moe_route(x, w, b, top_k=2)
+    assert bool((idx[0, :, 0] == 3).all()) and not bool((idx[1] == 1).any())  # bias 5 = head 1, expert 1
+
+
+# -- a cached call layout still checks host sinks and router bias: writes that leave _version alone ---------
+def _nan_writes() -> list[tuple[str, object]]:
+    def copy(t: torch.Tensor) -> None:
+        t.data.copy_(torch.full_like(t, float("nan")))
+
+    def assign(t: torch.Tensor) -> None:
+        t.data = torch.full_like(t, float("nan"))
+
+    def numpy(t: torch.Tensor) -> None:
+        t.numpy()[...] = float("nan")
+
+    return [("data.copy_", copy), ("data =", assign), ("numpy", numpy)]
+
+
+@pytest.mark.parametrize(("how", "write"), _nan_writes(), ids=[w[0] for w in _nan_writes()])
+def test_writes_behind_the_version_counter_are_caught(how: str, write: object) -> None:
+    if how == "numpy":
+        pytest.importorskip("numpy")
+    q, k, v, cu, _ = _attn_inputs(4)
+    sinks = torch.randn(1, 2)
+    m2.attention(q, k, v, cu, cu, sinks=sinks)
+    m2.attention(q, k, v, cu, cu, sinks=sinks)  # a cached layout, sinks found NaN-free
+    version = sinks._version
+    write(sinks)  # type: ignore[operator]
+    assert sinks._version == version or how == "data ="  # the counter cannot tell
+    with pytest.raises(m2.InvalidValueError, match="'sinks' must be values without NaN"):
+        m2.attention(q, k, v, cu, cu, sinks=sinks)
+    x, w, bias = _route_inputs()
+    m2.moe_route(x, w, bias, top_k=2)
+    m2.moe_route(x, w, bias, top_k=2)
+    write(bias)  # type: ignore[operator]
+    with pytest.raises(m2.InvalidValueError, match="'bias' must be values without NaN"):
+        m2.moe_route(x, w, bias, top_k=2)
+
+
+# -- non-finite router inputs follow upstream (torch.topk on score + bias) -------------------------------------
+@pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("kind", ROUTE_SPECIALS)
+def test_non_finite_routes_follow_upstream(score_func: str, kind: RouteSpecial) -> None:
+    g = torch.Generator().manual_seed(5)
+    t, hl, e, k = 9, 2, 8, 3
+    x = torch.randn(t, hl, 16, generator=g)
+    w = torch.randn(hl * e, 16, generator=g) / 4
+    bias = torch.randn(hl * e, generator=g) * 0.1
+    x, bias = route_specials(kind, x, bias, top_k=k)
+    probs, idx = m2.moe_route(x, w, bias, top_k=k, score_func=score_func, provider="reference")
+    ref_p, ref_i = oracles.moe_route(x, w, bias, top_k=k, route_scale=4.9, score_func=score_func)
+    assert accept_moe_route(probs, idx, ref_p.float(), ref_i), accept_moe_route(probs, idx, ref_p.float(), ref_i)
+    assert bool(((idx >= 0) & (idx < e)).all())
+    assert all(len(set(row)) == k for row in idx.reshape(-1, k).tolist())  # distinct experts per route
+    # upstream: torch.topk(score + bias); its order of equal values is unspecified, ours ascending id
+    logits = torch.einsum("thd,hed->hte", x, w.view(hl, e, 16))
+    scores = torch.sigmoid(logits) if score_func == "sigmoid" else torch.softmax(logits, dim=-1)
+    select = scores + bias.view(hl, 1, e)
+    upstream = torch.topk(select, k, dim=-1).indices
+    picked = select.gather(-1, idx).sort(dim=-1).values
+    torch.testing.assert_close(picked, select.gather(-1, upstream).sort(dim=-1).values, rtol=0, atol=0,
+                               equal_nan=True)  # the same selected values: ties are the only freedom
+    chosen = select.gather(-1, idx)
+    special = {"neg_inf_bias": not bool((chosen == -INF).any()), "exhausted": bool((chosen[0, :, -1] == -INF).all()),
+               "pos_inf_bias": idx[-1, :, :2].tolist() == [[1, e - 1]] * t, "nan_logits": bool(chosen.isnan().any())}
+    assert special[kind], (kind, idx)
+    for row, ids in zip(select.reshape(-1, e), idx.reshape(-1, k), strict=True):
+        chose_neg_inf = bool((row[ids] == -INF).any())
+        assert not chose_neg_inf or int((row != -INF).sum()) < k  # a -inf expert only fills an exhausted row
+        nan = torch.nonzero(row.isnan()).flatten()[:k]
+        assert ids[: nan.numel()].tolist() == nan.tolist()  # NaN first, in id order
 
 
 def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
@@ -92,6 +169,24 @@ def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
     assert bool(out[1].isnan().all()) and bool(torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all())
     with pytest.raises(m2.InvalidValueError, match="'eps' must be a finite float >= 0"):
         m2.rmsnorm(x, w, eps=-1e-6)
+
+
+@pytest.mark.parametrize(
+    ("shape", "weight_shape", "sizes"),
+    [((3, 0), (1, 1, 0), None), ((0, 0), (1, 1, 0), None), ((0, 4), (2, 1, 4), [0, 0]),
+     ((4, 3, 0), (2, 3, 0), [1, 3]), ((5, 2, 0), (0,), [2, 3]), ((0, 2, 3, 0), (1, 3, 0), None)],
+    ids=["width0", "t0-width0", "t0-modalities", "patterns-width0", "flat-weight-width0", "4d-t0-width0"],
+)
+@pytest.mark.parametrize("provider", [None, "reference"])
+def test_rmsnorm_of_an_empty_input_is_the_empty_result(
+    shape: tuple[int, ...], weight_shape: tuple[int, ...], sizes: list[int] | None, provider: str | None
+) -> None:
+    """As upstream (mean over an empty width is NaN, times nothing): the empty result, never a crash."""
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    w = torch.randn(weight_shape)
+    for out_dtype in (None, torch.float32):
+        y = m2.rmsnorm(x, w, modality_sizes=sizes, out_dtype=out_dtype, provider=provider)
+        assert y.shape == x.shape and y.dtype == (out_dtype or x.dtype) and y.numel() == 0
 
 
 def test_reference_rmsnorm_does_not_overflow_to_zeros() -> None:
@@ -227,3 +322,29 @@ def test_dispatcher_caches_per_device() -> None:
     for device in (torch.device("cpu"), torch.device("cpu", 0), torch.device("cpu")):
         disp.kernel(Recording(), base._replace(device=device), None)
     assert [p.device_index for p in built] == [None, 0]  # the third call hit the first one's entry
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nan_device_sinks_and_bias_are_checked_only_with_device_value_checks() -> None:
+    q, k, v, cu, _ = (t.cuda() for t in _attn_inputs(6))
+    nan_sinks = torch.tensor([[0.5, float("nan")]], device="cuda")
+    inf_sinks = torch.tensor([[float("inf"), float("-inf")]], device="cuda")
+    x, w, b = (t.cuda() for t in _route_inputs())
+    nan_bias, inf_bias = b.clone(), b.clone()
+    nan_bias[2] = float("nan")
+    inf_bias[2], inf_bias[5] = float("inf"), float("-inf")
+    m2.attention(q, k, v, cu, cu, sinks=nan_sinks, max_seqlen_q=6, max_seqlen_k=6)  # no sync, no check
+    m2.moe_route(x, w, nan_bias, top_k=2)
+    previous = m2.set_device_value_checks(True)
+    try:
+        with pytest.raises(m2.InvalidValueError, match="'sinks' must be values without NaN"):
+            m2.attention(q, k, v, cu, cu, sinks=nan_sinks, max_seqlen_q=6, max_seqlen_k=6)
+        with pytest.raises(m2.InvalidValueError, match="'bias' must be values without NaN"):
+            m2.moe_route(x, w, nan_bias, top_k=2)
+        o = m2.attention(q, k, v, cu, cu, sinks=inf_sinks, max_seqlen_q=6, max_seqlen_k=6)  # ±inf pass
+        assert bool((o[:, 0] == 0).all())
+        _, idx = m2.moe_route(x, w, inf_bias, top_k=2)
+        assert bool((idx[0, :, 0] == 2).all()) and not bool((idx[1] == 1).any())
+    finally:
+        m2.set_device_value_checks(previous)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.contracts.acceptance import accept_attention
+from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
+from magi2_core.provider import SinkRescale
 from magi2_core.sinks import sink_correction
 
 INF = math.inf
@@ -168,3 +170,84 @@ def test_empty_sinks_through_the_api_equal_no_sinks(make: oracles.MakeTensor) ->
 def test_shape_checks(o_shape: tuple[int, ...], lse_shape: tuple[int, ...], sink_shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="sink_correction"):
         sink_correction(torch.randn(o_shape), torch.randn(lse_shape), torch.randn(sink_shape), rescale="fp32")
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream's sink kinds through the public op: -inf adds nothing, +inf zeroes its head (LSE +inf)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_upstream_sink_kinds_follow_the_correction(
+    make: oracles.MakeTensor, kind: SinkKind, n_sinks: int, rescale: SinkRescale, dtype: torch.dtype
+) -> None:
+    # GQA, an empty query segment and a query segment without keys (its rows: o = 0, L = -inf)
+    q, k, v = make((40, 4, 32), dtype), make((45, 2, 32), dtype), make((45, 2, 32), dtype)
+    cu_q = torch.tensor([0, 13, 13, 20, 40], dtype=torch.int32)
+    cu_k = torch.tensor([0, 17, 24, 24, 45], dtype=torch.int32)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
+    before = sinks.clone()
+    o, lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True)
+    assert torch.equal(sinks, before)
+    ref = oracles.attention(q, k, v, cu_q, cu_k, sinks=sinks)
+    assert accept_attention(o, ref.o.to(dtype)), accept_attention(o, ref.o.to(dtype))
+    assert accept_lse(lse, ref.lse.float(), dtype), accept_lse(lse, ref.lse.float(), dtype)
+    assert bool(torch.isfinite(o).all())
+    plain_o, plain_lse = m2.attention(q, k, v, cu_q, cu_k, return_lse=True)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []
+    if kind == "all_neg_inf":
+        assert torch.equal(o, plain_o) and torch.equal(lse, plain_lse)
+    if kind == "pos_inf":
+        assert bool((o[:, 0] == 0).all()) and bool((lse[0] == INF).all())
+
+
+def test_nan_sinks_are_rejected_and_infinite_ones_accepted_on_the_host() -> None:
+    q = torch.randn(6, 2, 8)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    for value in (INF, -INF):
+        m2.attention(q, q, q, cu, cu, sinks=torch.tensor([[value, 0.5]]))
+    with pytest.raises(m2.InvalidValueError, match=r"'sinks' must be .*without NaN.*1 NaN of 4") as err:
+        m2.attention(q, q, q, cu, cu, sinks=torch.tensor([[0.5, -INF], [NAN, INF]]))
+    assert err.value.arg == "sinks"
+
+
+class _FakeAux:
+    def __init__(self, lse: bool) -> None:
+        self.lse = lse
+
+
+def _fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux, scale, enable_gqa=False):  # type: ignore[no-untyped-def]
+    """torch's varlen_attn on a CPU: the sink-free reference, rows without keys marked LSE = +inf as FA2 does."""
+    from magi2_backend_reference.attention import reference_attention
+
+    assert return_aux.lse and enable_gqa == (q.shape[1] != k.shape[1])
+    o, lse = reference_attention(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale,
+                                 softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=True)
+    assert lse is not None
+    return o, lse.masked_fill(lse == -INF, INF)
+
+
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_torch_varlen_follows_the_upstream_sink_kinds(
+    make: oracles.MakeTensor, kind: SinkKind, n_sinks: int, rescale: SinkRescale
+) -> None:
+    """The ``torch_varlen`` provider object over a fake ``varlen_attn``: its LSE fix-up, then the correction."""
+    from magi2_backend_reference.torch_attention import TorchVarlenAttention
+
+    provider = TorchVarlenAttention()
+    provider.__dict__["_api"] = (_fake_varlen_attn, _FakeAux, frozenset({"scale", "enable_gqa", "return_aux"}))
+    q, k, v = make((30, 4, 32), torch.bfloat16), make((33, 2, 32), torch.bfloat16), make((33, 2, 32), torch.bfloat16)
+    cu_q = torch.tensor([0, 11, 18, 30], dtype=torch.int32)
+    cu_k = torch.tensor([0, 14, 14, 33], dtype=torch.int32)  # the second segment has no keys
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(7 + n_sinks))
+    kw = {"max_seqlen_q": 12, "max_seqlen_k": 19, "softmax_scale": 32**-0.5, "softcap": 0.0,
+          "sink_rescale": rescale, "deterministic": False, "return_lse": True}
+    o, lse = provider(q, k, v, cu_q, cu_k, sinks=sinks, **kw)
+    ref_o, ref_lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True,
+                                  provider="reference")
+    assert lse is not None and accept_attention(o, ref_o) and accept_lse(lse, ref_lse, q.dtype)
+    plain_o, plain_lse = provider(q, k, v, cu_q, cu_k, sinks=None, **kw)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []

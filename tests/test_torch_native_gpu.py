@@ -16,6 +16,7 @@ import torch
 import magi2_core as m2
 from magi2_core import ProviderNotEligibleError
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, accept_rmsnorm
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.resolution import Reason, ReasonCode
 
 pytestmark = [
@@ -138,3 +139,40 @@ def test_torch_native_rmsnorm_matches_oracle(
     assert y.device.type == "cuda" and y.dtype == od
     verdict = accept_rmsnorm(y.cpu(), expected.to(od))
     assert verdict, str(verdict)
+
+
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("sink_rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+@pytest.mark.parametrize("provider", ["torch_varlen", "reference"])
+def test_upstream_sink_kinds_on_cuda(
+    make: oracles.MakeTensor, provider: str, kind: SinkKind, sink_rescale: str, n_sinks: int
+) -> None:
+    """Upstream's sink kinds (normal, large, -inf, +inf, all -inf) on CUDA against the float64 oracle."""
+    lq, lk = (5, 1, 77, 30, 200), (7, 3, 0, 30, 250)  # the third segment has queries but no keys
+    q = make((sum(lq), 4, 64), torch.bfloat16).to(CUDA)
+    k = make((sum(lk), 2, 64), torch.bfloat16).to(CUDA)
+    v = make((sum(lk), 2, 64), torch.bfloat16).to(CUDA)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks)).to(CUDA)
+    cu_q, cu_k = _cu(*lq), _cu(*lk)
+    kw = {"max_seqlen_q": max(lq), "max_seqlen_k": max(lk), "sink_rescale": sink_rescale, "return_lse": True}
+    _require("attention", provider, q, k, v, cu_q, cu_k, sinks=sinks, **kw)
+    o, lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, provider=provider, **kw)
+    ref = oracles.attention(q, k, v, cu_q.cpu(), cu_k.cpu(), sinks=sinks)
+    verdict = accept_attention(o.cpu(), ref.o.to(torch.bfloat16))
+    assert verdict, str(verdict)
+    lse_verdict = accept_lse(lse.cpu(), ref.lse.float(), torch.bfloat16)
+    assert lse_verdict, str(lse_verdict)
+    plain_o, plain_lse = m2.attention(q, k, v, cu_q, cu_k, provider=provider, **kw)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 0), (0, 0), (0, 3, 64)], ids=str)
+@pytest.mark.parametrize("provider", ["torch_native", "reference"])
+def test_rmsnorm_of_an_empty_input_is_the_empty_result_on_cuda(provider: str, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape, device=CUDA).to(torch.bfloat16)
+    w = torch.randn(2, shape[1] if len(shape) == 3 else 1, shape[-1], device=CUDA)
+    sizes = [shape[0] // 2, shape[0] - shape[0] // 2]
+    _require("rmsnorm", provider, x, w, modality_sizes=sizes)
+    y = m2.rmsnorm(x, w, modality_sizes=sizes, provider=provider)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device.type == "cuda"

@@ -53,6 +53,11 @@ def _route(**over: Any) -> Any:
     return m2.moe_route(*pos, **a)
 
 
+def _prepare(dtype: torch.dtype) -> Any:
+    w = torch.ones(2 * 4, 8, 12, dtype=dtype)
+    return m2.prepare_moe_weights(w, w.clone(), torch.ones(2 * 4, 12, 8, dtype=dtype))
+
+
 def _experts(**over: Any) -> Any:
     t, hl, d, inter, k, e = 5, 2, 8, 12, 2, 4
     bf = torch.bfloat16
@@ -387,6 +392,9 @@ CASES: list[tuple[str, Callable[[], Any], type[InvalidInputError], str, str]] = 
     ("norm-patterns-2d-x", lambda: _norm(x=torch.randn(7, 16)), InvalidShapeError, "x", "[tokens, ..., 4, 16]"),
     ("norm-eps-negative", lambda: _norm(eps=-1e-6), InvalidValueError, "eps", "finite float >= 0"),
     ("norm-eps-nan", lambda: _norm(eps=math.nan), InvalidValueError, "eps", "finite float >= 0"),
+    ("prepare-fp64", lambda: _prepare(torch.float64), InvalidDTypeError, "w_gate", "bfloat16 or float16 or float32"),
+    ("prepare-int32", lambda: _prepare(torch.int32), InvalidDTypeError, "w_gate", "bfloat16 or float16 or float32"),
+    ("prepare-bool", lambda: _prepare(torch.bool), InvalidDTypeError, "w_gate", "moe_experts' activation dtypes"),
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -13,7 +13,8 @@ from magi2_core.ops._spec import ExplainError
 from magi2_core.problem import Feature, OpName, Problem
 from magi2_core.testing.case import Case, clamp, make_case, randn
 
-__all__ = ["moe_case_problem", "moe_cases", "moe_explain", "router_inputs"]
+__all__ = ["ROUTE_SPECIALS", "RouteSpecial", "moe_case_problem", "moe_cases", "moe_explain", "route_specials",
+           "router_inputs"]
 
 
 def moe_cases(op: OpName, cap: Capability, device: str, *, tokens: int, extra: Mapping[str, Any],
@@ -62,6 +63,43 @@ def router_inputs(
     w = randn(g, (p["hl"] * p["e"], p["d"]), torch.float32, 1.0 / math.sqrt(p["d"]))
     bias = randn(g, (p["hl"] * p["e"],), torch.float32, 0.1) if p["bias"] else None
     return x, w, bias
+
+
+RouteSpecial = Literal["neg_inf_bias", "exhausted", "pos_inf_bias", "nan_logits"]
+ROUTE_SPECIALS: tuple[RouteSpecial, ...] = ("neg_inf_bias", "exhausted", "pos_inf_bias", "nan_logits")
+
+
+def route_specials(
+    kind: RouteSpecial, x: torch.Tensor, bias: torch.Tensor, *, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of router inputs ``x [T, Hl, d]``, ``bias [Hl·E]`` with the non-finite values whose routes
+    upstream defines (``torch.topk`` of ``score + bias``); ``E > top_k`` and ``T >= 3`` expected:
+
+    * ``neg_inf_bias``: ``-inf`` on every other expert of every head: never selected while a head has
+      ``top_k`` other experts;
+    * ``exhausted``: head 0 keeps ``top_k - 1`` finite biases, the others ``-inf``: its last pick is the
+      lowest ``-inf`` expert id, and the ids stay distinct;
+    * ``pos_inf_bias``: ``+inf`` on experts 1 and E-1 of the last head: picked first (lower id first);
+    * ``nan_logits``: token 1 is ``+inf`` everywhere and token 2 has a ``+inf`` and a ``-inf`` feature on
+      head 0, so their logits are NaN (``inf - inf``) or ``±inf`` by the signs of the router weights: NaN
+      ranks first (in id order), ids stay in range. (Inputs with ``±inf`` rather than NaN, so that an
+      unchanged input still compares equal to itself.)
+    """
+    hl = x.shape[1]
+    e = bias.numel() // hl
+    x, b = x.clone(), bias.clone().view(hl, e)
+    if kind == "neg_inf_bias":
+        b[:, 1::2] = -math.inf
+    elif kind == "exhausted":
+        b[0, top_k - 1 :] = -math.inf
+    elif kind == "pos_inf_bias":
+        b[-1, [1, e - 1]] = math.inf
+    elif kind == "nan_logits":
+        x[1] = math.inf
+        x[2, 0, 0], x[2, 0, 1] = math.inf, -math.inf
+    else:
+        raise ValueError(f"unknown route special {kind!r}; one of {', '.join(ROUTE_SPECIALS)}")
+    return x, b.view(-1)
 
 
 def moe_explain(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.testing.case import Call, Case, boundary_lengths, clamp, dtype_of, make_case, prefix_sums, randn
 
-__all__ = ["ACTIVATION_DTYPES", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention", "validate"]
+__all__ = ["ACTIVATION_DTYPES", "SINK_KINDS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "SinkKind",
+           "attention", "sink_logits", "validate"]
 
 OP: Literal["attention"] = "attention"
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -220,7 +221,7 @@ def validate(
         if sink_t.dim() != 2 or sink_t.shape[1] != hq:
             raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
         ck.same_device(OP, "q", q, sinks=sink_t)
-        ck.finite_parameter(OP, "sinks", sink_t)
+        ck.nan_free_parameter(OP, "sinks", sink_t)
         if sink_t.shape[0] == 0:
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
@@ -258,9 +259,8 @@ class _Bound(NamedTuple):
     return_lse: bool
     drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
     convert: bool  # a prefix sum needs the int32-on-q's-device conversion
-    finite_sinks: bool  # host sinks: their values are checked (once per tensor version, see finite_memo)
+    host_sinks: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
     key: AttentionKey
-    finite_memo: ck.FiniteMemo
 
 
 def _bind(
@@ -309,18 +309,17 @@ def _bind(
         # the full validation below says what is wrong
         layout, hit = None, None
     if hit is not None:
-        if hit.finite_sinks:
-            ck.finite_parameter_once(OP, "sinks", sinks, hit.finite_memo)  # type: ignore[arg-type]
+        if hit.host_sinks:
+            ck.nan_free_parameter(OP, "sinks", sinks)  # type: ignore[arg-type]
         return hit
     call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                     softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
                     deterministic=deterministic, return_lse=return_lse, compiling=False)
     kernel, name = d.kernel(SPEC, call.key, provider)
-    finite = sinks is not None and sinks.numel() > 0 and sinks.device.type == "cpu"
+    host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
     hit = _Bound(kernel, name, call.max_seqlen_q, call.max_seqlen_k, call.softmax_scale, call.softcap,
                  call.deterministic, call.return_lse, sinks is not None and call.sinks is None,
-                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, finite, call.key,
-                 ck.checked_finite(sinks if finite else None))
+                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, host_sinks, call.key)
     # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
     # with device-value checks on, every call is checked in full.
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(
@@ -471,6 +470,40 @@ def _(
 
 
 # ---------------------------------------------------------------------------------------------
+# the kinds of sink logits upstream's tests draw (normal, large and the non-finite ones)
+# ---------------------------------------------------------------------------------------------
+SinkKind = Literal["normal", "large", "neg_inf", "pos_inf", "all_neg_inf"]
+SINK_KINDS: tuple[SinkKind, ...] = ("normal", "large", "neg_inf", "pos_inf", "all_neg_inf")
+
+
+def sink_logits(kind: SinkKind, n: int, heads: int, g: torch.Generator) -> torch.Tensor:
+    """FP32 sinks ``[n, heads]`` of one of the kinds vllm-omni's MAGI-2 sink tests use; what each gives:
+
+    * ``normal``: N(0, 2²) draws, comparable to the LSE of a few dozen keys;
+    * ``large``: finite logits of magnitude 90 to 100 (beyond FP32 ``exp``'s range), positive on even
+      heads (their output is tiny but not NaN), negative on odd heads (their output is as without sinks);
+    * ``neg_inf``: normal, with ``-inf`` in the first row of the even heads: a ``-inf`` logit contributes
+      nothing (with one row, those heads have no sink at all);
+    * ``pos_inf``: normal, with ``+inf`` in the first row of head 0: that head's output is 0 and its
+      LSE ``+inf``;
+    * ``all_neg_inf``: every logit ``-inf``: the same output and LSE as no sinks.
+    """
+    out = randn(g, (n, heads), torch.float32, 2.0)
+    if kind == "large":
+        sign = torch.tensor([1.0 if h % 2 == 0 else -1.0 for h in range(heads)])
+        out = sign * (90.0 + 2.5 * out.abs().clamp(max=4.0))
+    elif kind == "neg_inf":
+        out[0, 0::2] = -math.inf
+    elif kind == "pos_inf":
+        out[0, 0] = math.inf
+    elif kind == "all_neg_inf":
+        out.fill_(-math.inf)
+    elif kind != "normal":
+        raise ValueError(f"unknown sink kind {kind!r}; one of {', '.join(SINK_KINDS)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # the spec: what the generic machinery asks of this op
 # ---------------------------------------------------------------------------------------------
 _LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -551,6 +584,15 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
             variants["sinks1"] = {"sinks": 1}
             variants["sinks2"] = {"sinks": 2}
             variants["sinks1-activation-rescale"] = {"sinks": 1, "sink_rescale": "activation"}
+            # upstream's other sink kinds, in the three sink paths a provider may take: one row in FP32
+            # without an LSE (where a native sink may serve), two rows with the LSE, the activation rescale
+            lse = Feature.LSE in feats
+            for kind in SINK_KINDS[1:]:
+                label = kind.replace("_", "-")
+                variants[f"sinks1-{label}"] = {"sinks": 1, "sink_kind": kind}
+                variants[f"sinks2-{label}" + "-lse" * lse] = {"sinks": 2, "sink_kind": kind, "lse": lse}
+                variants[f"sinks1-{label}-activation-rescale"] = {"sinks": 1, "sink_kind": kind, "lse": lse,
+                                                                  "sink_rescale": "activation"}
         gqa = {"hq": clamp(4, cap, "num_heads_q"), "hkv": clamp(1, cap, "num_heads_kv")}
         if Feature.GQA in feats and gqa["hq"] != gqa["hkv"] and gqa["hq"] % gqa["hkv"] == 0:
             variants["gqa"] = gqa
@@ -560,7 +602,7 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
             variants["deterministic"] = {"deterministic": True}
         combined: dict[str, Any] = {}
         for name, over in variants.items():
-            if name not in ("sinks0", "sinks1-activation-rescale"):
+            if name not in ("sinks0", "sinks1-activation-rescale") and "sink_kind" not in over:
                 combined |= over
         if len([v for v in variants if v != "sinks0"]) > 1:
             variants["all-features"] = combined
@@ -600,7 +642,7 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
         v = randn(g, (tk, p["hkv"], p["d"]), dt)
         sinks: torch.Tensor | None = None
         if p["sinks"]:
-            sinks = randn(g, (p["sinks"], p["hq"]), torch.float32, 2.0)  # comparable to the score logsumexp
+            sinks = sink_logits(p.get("sink_kind", "normal"), p["sinks"], p["hq"], g)
         elif p.get("sinks_empty"):
             sinks = torch.empty((0, p["hq"]), dtype=torch.float32)
         kwargs: dict[str, Any] = {"softcap": p["softcap"], "sinks": sinks, "sink_rescale": p["sink_rescale"],

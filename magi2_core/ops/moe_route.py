@@ -4,8 +4,10 @@
 ``router_weight`` FP32 ``[Hl·E, d]`` head-major, ``bias`` FP32 ``[Hl·E]`` (selection only); scores
 are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
 :func:`magi2_core.contracts.moe.router_scores`; the ids are the ``top_k`` largest ``score + bias`` in
-descending order, equal values in ascending expert id (NaN ranks highest); the weights are the
-selected unbiased scores, L1-normalised unless ``route_norm=False``, times ``route_scale``.
+descending order, equal values in ascending expert id (NaN ranks highest, ``-inf`` lowest, as
+upstream's ``torch.topk``: :func:`route_specials`); the weights are the selected unbiased scores,
+L1-normalised unless ``route_norm=False``, times ``route_scale``. A NaN bias is rejected on the host
+(and on a device with device value checks); ``±inf`` are accepted.
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._dispatch import dispatcher
-from magi2_core.ops._moe_cases import moe_case_problem, moe_cases, moe_explain, router_inputs
+from magi2_core.ops._moe_cases import (
+    ROUTE_SPECIALS,
+    RouteSpecial,
+    moe_case_problem,
+    moe_cases,
+    moe_explain,
+    route_specials,
+    router_inputs,
+)
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.testing.case import Call, Case, dtype_of
 
-__all__ = ["SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
+__all__ = ["ROUTE_SPECIALS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "RouteSpecial", "moe_route",
+           "route_specials", "validate"]
 
 OP: Literal["moe_route"] = "moe_route"
 _COMPILING = FEATURE_BIT[Feature.COMPILING]
@@ -108,7 +119,7 @@ def validate(
             raise InvalidShapeError(op, "bias", f"FP32 [{hl * e}] (one per head·expert)", ck.describe(b))
     ck.same_device(op, "x", x, router_weight=w, bias=b)
     if b is not None:
-        ck.finite_parameter(op, "bias", b)
+        ck.nan_free_parameter(op, "bias", b)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise InvalidShapeError(op, "top_k", f"an int in [1, {e}] (experts per head)", repr(top_k))
     scale = ck.real(op, "route_scale", route_scale, "a finite float")
@@ -132,9 +143,8 @@ class _Bound(NamedTuple):
     provider: str
     route_scale: float
     score_func: ScoreFunc
-    finite_bias: bool  # a host bias: its values are checked (once per tensor version, see finite_memo)
+    host_bias: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
     key: RouteKey
-    finite_memo: ck.FiniteMemo
 
 
 def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, route_scale: float,
@@ -152,15 +162,14 @@ def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | Non
     except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
         layout, hit = None, None
     if hit is not None:
-        if hit.finite_bias:
-            ck.finite_parameter_once(OP, "bias", bias, hit.finite_memo)  # type: ignore[arg-type]
+        if hit.host_bias:
+            ck.nan_free_parameter(OP, "bias", bias)  # type: ignore[arg-type]
         return hit
     call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
                     score_func=score_func, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
-    finite = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    hit = _Bound(kernel, name, call.route_scale, call.score_func, finite, call.key,
-                 ck.checked_finite(call.bias if finite else None))
+    host_bias = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
+    hit = _Bound(kernel, name, call.route_scale, call.score_func, host_bias, call.key)
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
@@ -274,6 +283,8 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
             variants["no-norm"] = {"route_norm": False}
             if Feature.ROUTE_SOFTMAX in cap.features:
                 variants["softmax-no-norm"] = {"score_func": "softmax", "route_norm": False}
+        for kind in ROUTE_SPECIALS:  # non-finite inputs whose routes upstream defines
+            variants[kind.replace("_", "-")] = {"special": kind}
         return moe_cases(OP, cap, device, tokens=37, extra={}, variants=variants)
 
     def case_problem(self, case: Case) -> Problem:
@@ -282,6 +293,9 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
     def build(self, case: Case, g: torch.Generator) -> Call:
         p = case.p
         x, w, bias = router_inputs(g, p, dtype_of(case.dtype))
+        if p.get("special"):
+            assert bias is not None
+            x, bias = route_specials(p["special"], x, bias, top_k=p["k"])
         options = {"route_norm": p.get("route_norm", True), "score_func": p.get("score_func", "sigmoid")}
         return Call((x, w, bias), {"top_k": p["k"], "route_scale": 4.9, **options})
 

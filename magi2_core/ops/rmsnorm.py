@@ -102,9 +102,10 @@ def validate(
                                     f"{list(sizes)} (sum {sum(sizes)})")
     m = len(sizes) if sizes is not None else 1
     if w.dim() == 1:
-        if d == 0 or w.numel() % (m * d) != 0:
+        if w.numel() % max(m * d, 1) != 0 or (d == 0 and w.numel() != 0):
             raise InvalidShapeError(OP, "weight", f"[M·P·D] with M = {m} modalities and D = {d}", ck.describe(w))
-        w = w.view(m, w.numel() // (m * d), d)
+        # an empty width says nothing about P: one pattern, which broadcasts over any
+        w = w.view(m, w.numel() // (m * d) if d else 1, d)
     if w.dim() != 3 or w.shape[0] != m or w.shape[2] != d:
         raise InvalidShapeError(OP, "weight", f"[{m}, P, {d}] (modalities, patterns, width)", ck.describe(w))
     p = w.shape[1]
@@ -229,6 +230,8 @@ _NORM_LAYOUTS: dict[str, dict[str, Any]] = {
     "flat-weight": {"shape": (11, 2, 40), "sizes": (6, 5), "patterns": 2, "flat": True},
     "broadcast-pattern": {"shape": (7, 4, 32), "sizes": (3, 4), "patterns": 1},
     "t0": {"shape": (0, 64), "sizes": (0,), "patterns": 1},
+    "width0": {"shape": (6, 3, 0), "sizes": (2, 4), "patterns": 3},  # the empty result, as upstream
+    "t0-width0": {"shape": (0, 0), "sizes": None, "patterns": 1},
 }
 
 

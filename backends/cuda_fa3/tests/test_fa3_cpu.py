@@ -20,12 +20,16 @@ from magi2_backend_reference.attention import reference_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
 from magi2_core.sink_corrections import sink_correction_for, torch_correction
 from magi2_core.sinks import sink_correction
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
+import oracles  # noqa: E402
+
 D = 64
 SCALE = D**-0.5
 
@@ -385,3 +389,30 @@ def test_public_resolution_on_cpu_rejects_fa3_by_device(registered) -> None:
     res = m2.resolve("attention", q, k, v, cu, cu, sinks=sinks)
     fa3 = next(c for c in res.candidates if c.provider == "fa3")
     assert fa3.reasons[0].code == ReasonCode.DEVICE_TYPE
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream's sink kinds (normal, large, -inf, +inf, all -inf), both rescale modes, with the LSE
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize(("build", "rescale", "return_lse"),
+                         [("fa3-fwd", "fp32", True), ("fa3-fwd", "activation", True),
+                          ("tokenspeed-fa3", "fp32", False), ("tokenspeed-fa3", "activation", True)],
+                         ids=["fwd-fp32", "fwd-activation", "tokenspeed-native", "tokenspeed-activation"])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(monkeypatch, ops_registered, kind, build, rescale, return_lse, n_sinks) -> None:
+    native = build == "tokenspeed-fa3"
+    fake = FakeVarlen(sinks=native)
+    found = _build(build, f"fake_kinds_{build.replace('-', '_')}", "flash_attn_3" if native else "fa3_fwd",
+                   SOFTCAP=native)
+    p = _provider(monkeypatch, ops_registered, fake, found)
+    q, k, v, cu, mx, _ = _inputs(8, [0, 9, 9, 31], n_sinks=0)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
+    o, lse = _call(p, q, k, v, cu, mx, sinks, rescale=rescale, return_lse=return_lse)
+    assert ("sinks" in fake.calls[-1]) == (native and n_sinks == 1 and rescale == "fp32" and not return_lse)
+    ro, rlse = _ref(q, k, v, cu, mx, sinks, rescale=rescale)
+    assert accept_attention(o, ro), accept_attention(o, ro)
+    if return_lse:
+        assert accept_lse(lse, rlse, q.dtype), accept_lse(lse, rlse, q.dtype)
+    plain_o, plain_lse = _call(p, q, k, v, cu, mx, None, return_lse=return_lse)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []

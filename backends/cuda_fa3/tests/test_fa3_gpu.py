@@ -8,6 +8,9 @@ right) and their resolution is checked separately.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from magi2_backend_reference.attention import reference_attention
@@ -15,7 +18,11 @@ from magi2_backend_reference.attention import reference_attention
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.errors import ProviderNotEligibleError
+from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.resolution import ReasonCode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
+import oracles
 
 pytestmark = pytest.mark.gpu
 
@@ -160,3 +167,30 @@ def test_torch_compile_matches_eager(registered):
     eager = f(q, k, v)
     compiled = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(eager, compiled)
+
+
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize(("rescale", "return_lse"), [("fp32", True), ("fp32", False), ("activation", True)],
+                         ids=["fp32-lse", "fp32", "activation-lse"])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
+    """Upstream's sink kinds through the public op: FA3 + the CUDA sink correction (the fused Triton one
+    where magi2-backend-triton is installed), or the build's native sink where it takes them."""
+    cu_q = [0, 37, 60, 300, 300 + LONG_TAIL]
+    cu_k = [0, 41, 41, 330, 330 + LONG_TAIL]  # the second segment has queries but no keys
+    q, k, v, cq, ck, _ = _inputs(cu_q, cu_k, 6, 2, 0, torch.bfloat16, 11)
+    sinks = sink_logits(kind, n_sinks, 6, torch.Generator().manual_seed(n_sinks)).cuda()
+    kw = {"sinks": sinks, "sink_rescale": rescale, "provider": "fa3"}
+    out = m2.attention(q, k, v, cq, ck, return_lse=return_lse, **kw)
+    o, lse = out if return_lse else (out, None)
+    ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
+    assert accept_attention(o, ro), accept_attention(o, ro)
+    if return_lse:
+        assert accept_lse(lse, rlse, torch.bfloat16), accept_lse(lse, rlse, torch.bfloat16)
+    plain_o, plain_lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=max(240, LONG_TAIL),
+                                       max_seqlen_k=max(289, LONG_TAIL), softmax_scale=D**-0.5, softcap=0.0,
+                                       sinks=None, sink_rescale=rescale, deterministic=False, return_lse=True)
+    # a native sink (tokenspeed-fa3: one row, FP32, no LSE) is another kernel: equal within the contract
+    native = ABI.sinks and n_sinks == 1 and rescale == "fp32" and not return_lse
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse if return_lse else None,
+                                        exact=not native) == []

@@ -30,6 +30,7 @@ from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import Registry
 from magi2_core.resolution import ReasonCode
@@ -39,6 +40,9 @@ from magi2_core.sinks import sink_correction
 from magi2_core.testing import InProcessBackend
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
+import oracles  # noqa: E402
+
 INSTALL = FA4Install("4.0.0b36", "4.8.1")
 D = 64
 SCALE = D**-0.5
@@ -451,3 +455,25 @@ def test_warmup_runs_each_shape_through_the_resolver(registered) -> None:
     assert all(r.provider == chosen and r.first_s > 0 and r.cached_s > 0 for r in records)
     with pytest.raises(ValueError, match="segment lengths"):
         warmup([[]], device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream's sink kinds (normal, large, -inf, +inf, all -inf), both rescale modes, with the LSE
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("return_lse", [True, False], ids=["lse", "no-lse"])
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(monkeypatch, kind, n_sinks, rescale, return_lse) -> None:
+    fake = FakeFA4()
+    p = _provider(monkeypatch, fake)
+    q, k, v, cq, ck, _ = _inputs(9, [0, 9, 9, 20, 31], [0, 12, 16, 16, 30], n_sinks=0)  # rows without keys too
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
+    o, lse = _call(p, q, k, v, cq, ck, sinks, rescale=rescale, return_lse=return_lse)
+    assert (fake.calls[-1]["learnable_sink"] is not None) == (rescale == "fp32")  # native only in FP32
+    ro, rlse = _ref(q, k, v, cq, ck, sinks, rescale=rescale)
+    assert accept_attention(o, ro), accept_attention(o, ro)
+    if return_lse:
+        assert accept_lse(lse, rlse, q.dtype), accept_lse(lse, rlse, q.dtype)
+    plain_o, plain_lse = _call(p, q, k, v, cq, ck, None, return_lse=return_lse)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []

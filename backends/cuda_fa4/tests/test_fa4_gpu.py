@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,10 @@ from magi2_backend_reference.attention import reference_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
+from magi2_core.ops.attention import SINK_KINDS, sink_logits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
+import oracles
 
 pytestmark = pytest.mark.gpu
 
@@ -175,3 +181,20 @@ def test_warmup_compiles_then_hits_the_cache(registered):
     (again,) = warmup([[300, 37]], heads_q=6, heads_kv=2, sinks=1, softcap=1.25, provider="fa4")
     assert first.provider == again.provider == "fa4"
     assert again.first_s < max(first.first_s, 0.05), (first, again)  # already compiled in this process
+
+
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(registered, kind, rescale, n_sinks):
+    """Upstream's sink kinds through the public op: FA4's native sink (FP32) or FA4 + the CUDA sink
+    correction (activation rescale); the LSE as upstream's correction gives it (large sinks included)."""
+    q, k, v, cq, ck, _ = _inputs(CU_Q, CU_K, 4, 2, 0, torch.bfloat16, 12)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks)).cuda()
+    o, lse = m2.attention(q, k, v, cq, ck, sinks=sinks, sink_rescale=rescale, return_lse=True, provider="fa4")
+    ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
+    assert accept_attention(o, ro), accept_attention(o, ro)
+    assert accept_lse(lse, rlse, torch.bfloat16), accept_lse(lse, rlse, torch.bfloat16)
+    plain_o, plain_lse = _kernel(q, k, v, cq, ck, None, rescale=rescale)
+    # FP32: the native sink is another kernel configuration, equal within the contract
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse, exact=rescale != "fp32") == []

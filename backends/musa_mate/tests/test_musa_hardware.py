@@ -20,6 +20,7 @@ from magi2_backend_musa_mate.provider import MateAttention, mate_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, rel_l2
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.ops.attention import validate as validate_attention
 
 pytestmark = pytest.mark.musa
@@ -58,6 +59,25 @@ def _run_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                           max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k,
                           softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,
                           sink_rescale="fp32", deterministic=False, return_lse=True)
+
+
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_real_musa_mate_follows_the_upstream_sink_kinds(musa: str, kind: SinkKind, rescale: str) -> None:
+    """Upstream's sink kinds (normal, large, -inf, +inf, all -inf) through the public op on MUSA."""
+    g = torch.Generator().manual_seed(23)
+    q = torch.randn(70, 4, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(75, 2, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn(75, 2, 64, generator=g).to(torch.bfloat16)
+    cu_q = torch.tensor([0, 36, 70], dtype=torch.int32)  # segments past the 32-token MATE floor
+    cu_k = torch.tensor([0, 40, 75], dtype=torch.int32)
+    sinks = sink_logits(kind, 2, 4, g)
+    kw: dict[str, Any] = {"sink_rescale": rescale, "return_lse": True}
+    o_ref, lse_ref = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, provider="reference", **kw)
+    o, lse = m2.attention(q.to(musa), k.to(musa), v.to(musa), cu_q.to(musa), cu_k.to(musa), sinks=sinks.to(musa),
+                          provider="mate", **kw)
+    assert accept_attention(o.cpu(), o_ref), accept_attention(o.cpu(), o_ref)
+    assert accept_lse(lse.cpu(), lse_ref, torch.bfloat16), accept_lse(lse.cpu(), lse_ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import musa_fakes
@@ -14,9 +16,13 @@ from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeTritonSinks, FakeVarlen, 
 import magi2_core as m2
 from magi2_core import registry
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, within_ulps
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
 from magi2_core.sinks import sink_correction, sink_scale
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
+import oracles
 
 SEEDS = (3, 17, 2024)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -136,6 +142,25 @@ def test_end_to_end_matches_the_exact_reference(world: MusaWorld, generation: st
     assert accept_attention(o, o_ref)
     assert accept_lse(lse, lse_ref, dtype)
     assert o.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (6, 17)
+
+
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(world: MusaWorld, kind: SinkKind, n_sinks: int, rescale: str) -> None:
+    """Upstream's sink kinds (normal, large, -inf, +inf, all -inf) through the adapter and the correction."""
+    world.musa_with("v0.2.2")
+    c = varlen_case(torch.bfloat16, seed=23, cu_q=(0, 5, 12, 20), cu_k=(0, 6, 6, 19), heads=4, kv_heads=2)
+    sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
+    kwargs: dict[str, Any] = dict(max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=0.0,
+                                  sink_rescale=rescale, deterministic=False, return_lse=True)
+    o, lse = mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs)
+    o_ref, lse_ref = reference_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs)
+    assert lse is not None and lse_ref is not None
+    assert accept_attention(o, o_ref), accept_attention(o, o_ref)
+    assert accept_lse(lse, lse_ref, torch.bfloat16), accept_lse(lse, lse_ref, torch.bfloat16)
+    plain_o, plain_lse = mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=None, **kwargs)
+    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []
 
 
 def test_no_sinks_no_lse_returns_mates_output(world: MusaWorld) -> None:

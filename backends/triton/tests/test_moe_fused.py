@@ -36,6 +36,7 @@ from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
 
+import magi2_core as m2
 from magi2_core.errors import InvalidShapeError
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -214,6 +215,40 @@ def test_route_buffers_are_reused_and_reallocated() -> None:
     bigger = state.route_buffers(257, 2, 4, torch.device("cpu"))
     assert bigger is not first and bigger.capacity >= 257 + 2 * 3
     assert state.route_allocations == 2
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "stable"])
+@pytest.mark.parametrize("first", ["inference_mode", "no_grad"])
+def test_cached_state_serves_inference_mode_and_no_grad_in_either_order(first: str, deterministic: bool) -> None:
+    """State that one call caches (route buffers, packed banks) must be updatable by the next call in
+    the other mode: an inference tensor cannot be written outside inference mode."""
+    x, probs, idx, wg, wu, wd = make_moe(11, 2, 4, 16, 32, 2)
+    state = MoEState()
+    modes = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad}
+    order = [first, next(m for m in modes if m != first)]
+    outs = []
+    for mode in order * 2:
+        with modes[mode]():
+            outs.append(triton_fused_moe(x, probs, idx, wg, wu, wd, state=state, deterministic=deterministic))
+    assert state.route_allocations == 1
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    with torch.inference_mode():
+        lists = state.expert_lists(8, 4, torch.device(DEVICE))
+    lists.counts.zero_()  # the one-program-per-expert kernel's lists: cached the same way
+
+
+def test_public_op_and_prepared_weights_in_either_mode() -> None:
+    x, probs, idx, wg, wu, wd = make_moe(13, 2, 4, 16, 32, 2)
+    with torch.inference_mode():
+        prepared = m2.prepare_moe_weights(wg, wu, wd, provider="triton")
+        a = m2.moe_experts(x, probs, idx, prepared, provider="triton")
+    with torch.no_grad():
+        b = m2.moe_experts(x, probs, idx, prepared, provider="triton")
+        c = m2.moe_experts(x, probs, idx, wg, wu, wd, provider="triton")
+    with torch.inference_mode():
+        d = m2.moe_experts(x, probs, idx, wg, wu, wd, provider="triton")
+    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
 
 
 # ---- packing and its cache -----------------------------------------------------------------------

@@ -21,8 +21,10 @@ if not torch.cuda.is_available():
 from magi2_backend_reference.moe import reference_moe_route
 from magi2_backend_triton.moe_route import select_routes, triton_moe_route, triton_select_routes
 
+import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route
 from magi2_core.errors import InvalidShapeError
+from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 
 # The float64 oracles live with the core tests of this monorepo.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
@@ -121,6 +123,35 @@ def test_bias_selects_but_never_weights() -> None:
     probs, idx = triton_moe_route(x, w, bias, top_k=3, route_scale=1.0, route_norm=True, score_func="sigmoid")
     assert bool((idx[0, :, 0] == 1).all()) and bool((idx[1, :, 0] == 6).all())
     assert float(probs[0, :, 0].max()) < 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("kind", ROUTE_SPECIALS)
+def test_non_finite_inputs_route_like_the_reference(kind: RouteSpecial, score_func: str, dtype: torch.dtype) -> None:
+    """Upstream's non-finite routes (±inf bias, exhausted heads, NaN logits), through the public op."""
+    x, w, b = _inputs(13, 3, 8, 16, dtype, seed=61)
+    assert b is not None
+    x, b = route_specials(kind, x, b, top_k=3)
+    probs, idx = m2.moe_route(x, w, b, top_k=3, score_func=score_func, provider="triton")
+    ref_p, ref_i = m2.moe_route(x, w, b, top_k=3, score_func=score_func, provider="reference")
+    assert torch.equal(idx, ref_i), (idx, ref_i)  # the same ids, ties and NaN included
+    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    assert verdict, str(verdict)
+    assert all(len(set(r)) == 3 for r in idx.reshape(-1, 3).tolist()) and bool(((idx >= 0) & (idx < 8)).all())
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kind", ROUTE_SPECIALS)
+def test_production_shape_non_finite_inputs_route_like_the_reference(kind: RouteSpecial) -> None:
+    x, w, b = _inputs(4096, 3, 256, 256, torch.bfloat16, seed=62)
+    assert b is not None
+    x, b = route_specials(kind, x, b, top_k=6)
+    (probs, idx), (ref_p, ref_i) = _both(x, w, b)
+    assert torch.equal(idx, ref_i), f"{int((idx != ref_i).sum())} ids differ"
+    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    assert verdict, str(verdict)
 
 
 @gpu

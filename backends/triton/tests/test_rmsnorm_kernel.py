@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import magi2_core as m2
 from magi2_core.errors import InvalidShapeError
 
 if not torch.cuda.is_available():
@@ -159,6 +160,17 @@ def test_empty_tokens(out_dtype: torch.dtype | None) -> None:
     x = torch.randn(0, 4, 128).to(torch.bfloat16).to(DEVICE)
     y = triton_rmsnorm(x, weight, eps=EPS, modality_sizes=[0, 0, 0], out_dtype=out_dtype)
     assert y.shape == (0, 4, 128) and y.dtype == (out_dtype or torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 0), (0, 0), (0, 3, 0)], ids=str)
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+def test_empty_width_through_the_public_op(shape: tuple[int, ...], out_dtype: torch.dtype | None) -> None:
+    """Width 0 (and no tokens): the empty result, as upstream; the provider claims it and launches nothing."""
+    x = torch.randn(shape).to(torch.bfloat16).to(DEVICE)
+    weight = torch.randn(2, shape[1] if len(shape) == 3 else 1, 0).to(DEVICE)
+    sizes = [shape[0] // 2, shape[0] - shape[0] // 2]
+    y = m2.rmsnorm(x, weight, modality_sizes=sizes, out_dtype=out_dtype, provider="triton")
+    assert y.shape == x.shape and y.dtype == (out_dtype or torch.bfloat16) and y.device == x.device
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

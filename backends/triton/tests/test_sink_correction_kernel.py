@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
 
 from magi2_backend_triton.sink_correction import apply_sink_correction, triton_sink_correction
 
+from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 INF = float("inf")
@@ -152,6 +154,41 @@ def test_non_finite_rules(rescale: str, dtype: torch.dtype) -> None:
         assert_identical(out[0, head], zero)
     assert_identical(out[:, 2], torch.zeros_like(out[:, 2]))  # Ls = +inf -> 0 everywhere
     assert_identical(out[1:, 3], o[1:, 3])  # Ls = -inf: L' = L, delta = 0, scale = 1
+
+
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_upstream_sink_kinds(kind: SinkKind, n_sinks: int, rescale: str) -> None:
+    """Upstream's sink kinds (normal, large, -inf, +inf, all -inf), rows without keys (L = -inf) included."""
+    check_sink_kind(kind, n_sinks, rescale, t=40, h=4, d=64)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rescale", ["fp32", "activation"])
+@pytest.mark.parametrize("n_sinks", [1, 2])
+@pytest.mark.parametrize("kind", SINK_KINDS)
+def test_gpu_upstream_sink_kinds(kind: SinkKind, n_sinks: int, rescale: str) -> None:
+    check_sink_kind(kind, n_sinks, rescale, t=8192, h=24, d=128)
+
+
+def check_sink_kind(kind: SinkKind, n_sinks: int, rescale: str, *, t: int, h: int, d: int) -> None:
+    o, lse, _ = make_inputs(7, t, h, d, 1, torch.bfloat16)
+    lse[:, 5:9] = -INF
+    sinks = sink_logits(kind, n_sinks, h, torch.Generator().manual_seed(n_sinks)).to(DEVICE)
+    check(o, lse, sinks, rescale)
+    lse_out = torch.empty_like(lse)
+    out = triton_sink_correction(o, lse, sinks, rescale=rescale, lse_out=lse_out)
+    mass = torch.logsumexp(sinks, dim=0)
+    for head in range(h):
+        if mass[head] == INF:  # the head's output 0, its LSE +inf
+            assert_identical(out[:, head], torch.zeros_like(out[:, head]))
+            assert bool((lse_out[head] == INF).all())
+        elif mass[head] == -INF:  # no sink mass: o and L exactly as given (rows without keys: o = 0)
+            rows = lse[head] != -INF
+            assert_identical(out[rows, head], o[rows, head])
+            assert_identical(lse_out[head], lse[head])
 
 
 def test_two_sinks_equal_one_merged_sink() -> None:

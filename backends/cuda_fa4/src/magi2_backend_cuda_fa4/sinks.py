@@ -7,16 +7,22 @@ vector; FA4 adds it to the denominator after the scores were scaled and soft-cap
 never touches it, as the contract requires). Where ``Ls`` is finite, or ``-inf`` (no sink mass),
 FA4 gives the contract's output and LSE, including ``o = 0, lse = Ls`` for a row without keys.
 
-Two non-finite cases need the adapter (traced through FA4's ``Softmax.finalize``):
+Three cases need the adapter (traced through FA4's ``Softmax.finalize``):
 
 * ``Ls = NaN``: FA4's row sum becomes NaN, it then skips the normalisation and writes the
   unnormalised accumulator. The contract's scale is 0 (``δ`` is NaN, forced to ``-inf``), so the
   kernel gets ``+inf`` instead, whose scale is 0 as well.
 * ``Ls = +inf`` (or NaN turned ``+inf``) on a row without keys: FA4 computes ``inf - inf`` and
   writes ``lse = -inf``. The contract's LSE there is ``logaddexp(L, Ls) = Ls``.
+* A finite ``Ls`` more than ~88.7 above a row's largest score (upstream's "large" sinks): FA4 adds
+  ``exp(Ls - max)`` to the row sum in FP32, which overflows, so the row's output is 0 (the contract's
+  is below FP32's smallest normal: within every tolerance) and its LSE ``+inf``. The contract's LSE
+  ``logaddexp(L, Ls)`` is then ``Ls`` to FP32 rounding (``L - Ls < -88.7 + log(keys)``, and
+  ``log1p(exp(-68))`` is far below one ULP of ``Ls >= 88``).
 
 So the kernel gets :attr:`NativeSink.logit` and, when an LSE is returned, :func:`contract_lse`
-puts ``Ls`` back on the heads whose sink is ``+inf`` or NaN (both without a host sync).
+puts ``Ls`` back on the heads whose sink is ``+inf`` or NaN and on the rows whose LSE overflowed
+(without a host sync).
 """
 
 from __future__ import annotations
@@ -44,5 +50,6 @@ def native_sink(sinks: torch.Tensor) -> NativeSink:
 
 
 def contract_lse(lse: torch.Tensor, sink: NativeSink) -> torch.Tensor:
-    """FA4's ``[Hq, Tq]`` LSE with ``Ls`` on the heads whose sink is ``+inf`` or NaN (see the module doc)."""
-    return torch.where((sink.logit == _INF)[:, None], sink.exact[:, None], lse)
+    """FA4's ``[Hq, Tq]`` LSE with ``Ls`` on the heads whose sink is ``+inf`` or NaN and on the rows whose
+    row sum overflowed to an LSE of ``+inf`` (see the module doc)."""
+    return torch.where((sink.logit == _INF)[:, None] | (lse == _INF), sink.exact[:, None], lse)

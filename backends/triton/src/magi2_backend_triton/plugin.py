@@ -62,7 +62,7 @@ def providers() -> tuple[Capability, ...]:
             version=__version__,
             device_types=devices,
             dtypes=("float32", "bfloat16", "float16"),
-            ranges=(IntRange(field="width", min=1, max=32768),),
+            ranges=(IntRange(field="width", min=0, max=32768),),  # width 0: the empty result, no launch
             features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
             priority=20,
             description="one-pass multi-modality RMSNorm: FP32 sum of squares, (w[m]+1) scale, one cast",

@@ -14,8 +14,9 @@ i.e. the reference formula ``exp(L − logaddexp(L, Ls))`` evaluated step by ste
 ``sigmoid(L − Ls)``), so that every FP32 intermediate is the one the torch reference computes. The
 transcendental calls go to libdevice (CUDA's own ``expf``/``logf``/``log1pf``) with flush-to-zero off,
 which is how torch's CUDA kernels evaluate them; hence FP32-scale mode is bit-exact with the torch
-reference on CUDA. Non-finite inputs follow from the formula: L = −inf → 0; Ls = +inf → 0;
-L = +inf with a finite sink → NaN → 0; NaN L → 0.
+reference on CUDA. Non-finite inputs follow from the formula: L = −inf → 0; Ls = +inf (a +inf sink)
+→ 0 with L' = +inf; all sinks −inf → Ls = −inf, L' = L, scale 1; L = +inf with a finite sink → NaN → 0;
+NaN L → 0.
 
 Rescale precision (both as upstream):
   * ``"fp32"``: ``(o.float() · scale).to(o.dtype)``: promote, one FP32 multiply, one cast (MUSA, #7307).

@@ -39,7 +39,9 @@ class MoEState:
     """Reusable route buffers and a bounded cache of packed gate/up banks for raw weights.
 
     Prepared weights (views of a packed bank) bypass the cache. Layers called in turn share the route
-    buffers: they are rewritten by every call before they are read.
+    buffers: they are rewritten by every call before they are read, so they are allocated outside
+    inference mode: an inference tensor cannot be written by a later call under ``no_grad`` (a normal
+    tensor can be written under either).
     """
 
     def __init__(self, w13_capacity: int = 8) -> None:
@@ -59,7 +61,8 @@ class MoEState:
             or bufs.counts.numel() != num_experts
             or bufs.sorted_ids.device != device
         ):
-            bufs = RouteBuffers.allocate(capacity, block_m, num_experts, device)
+            with torch.inference_mode(False):
+                bufs = RouteBuffers.allocate(capacity, block_m, num_experts, device)
             self._routes = bufs
             self.route_allocations += 1
         return bufs
@@ -73,7 +76,8 @@ class MoEState:
             or lists.counts.numel() != num_experts
             or lists.lists.device != device
         ):
-            lists = ExpertLists.allocate(num_experts, stride, device)
+            with torch.inference_mode(False):
+                lists = ExpertLists.allocate(num_experts, stride, device)
             self._lists = lists
             self.route_allocations += 1
         return lists
