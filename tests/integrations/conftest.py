@@ -13,6 +13,7 @@ configuration.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,8 @@ def vllm_omni_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     cache = _cache_dir(request, tmp_path_factory)
     given = os.environ.get(WHEEL_ENV)
     try:
+        if importlib.util.find_spec("triton") is None:
+            raise RuntimeError("vllm-omni's MAGI-2 modules import Triton, which is not installed (pip install triton)")
         if given:
             source = Path(given)
             _say(request, f"vllm-omni {stubs.VERSION}: using {source} ({WHEEL_ENV})")
@@ -52,7 +55,7 @@ def vllm_omni_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
             source = stubs.download(cache)
         return stubs.unpack(source, cache)
     except (OSError, RuntimeError, ValueError) as exc:
-        reason = f"vllm-omni {stubs.VERSION}'s wheel is not available: {exc}"
+        reason = f"vllm-omni {stubs.VERSION}'s modules are not available: {exc}"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{reason} ({REQUIRE_ENV}=1: these tests may not be skipped)", pytrace=False)
         pytest.skip(reason)

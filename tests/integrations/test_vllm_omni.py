@@ -546,23 +546,24 @@ def test_swapped_layers_match_upstream_layer_by_layer(
     upstream = modeling.Magi2PreviewTransformer(cfg)
     ckpt = _random_checkpoint(upstream)
     upstream.load_state_dict(ckpt, strict=True)
-    integ.register()
-    ours = modeling.Magi2PreviewTransformer(cfg)
-    ours.load_state_dict(ckpt, strict=True)
-
     t = 29
     coords, modality = _coords_and_modalities(t)
     dispatcher = layers.ModalityDispatcher(modality.clamp(max=2), 3)
     rope = upstream.pre_adapter.rope(coords)
     cu = torch.tensor([0, 7, 8, 20, t], dtype=torch.int32)
     varlen = _mod("attention").VarlenHandler(cu, cu)
-    x = dispatcher.permute(torch.randn(t, cfg.virtual_width, dtype=torch.float64).to(dtype))
-    for i, (theirs, mine) in enumerate(zip(upstream.block.layers, ours.block.layers, strict=True)):
-        want, got = theirs(x, rope, varlen, dispatcher, [t]), mine(x, rope, varlen, dispatcher, [t])
+    steps = [dispatcher.permute(torch.randn(t, cfg.virtual_width, dtype=torch.float64).to(dtype))]
+    for layer in upstream.block.layers:  # before the swap: vllm-omni's attention function too
+        steps.append(layer(steps[-1], rope, varlen, dispatcher, [t]))
+    integ.register()
+    ours = modeling.Magi2PreviewTransformer(cfg)
+    ours.load_state_dict(ckpt, strict=True)
+    for i, layer in enumerate(ours.block.layers):
+        x, want = steps[i], steps[i + 1]
+        got = layer(x, rope, varlen, dispatcher, [t])
         assert got.dtype == want.dtype and got.shape == want.shape, i
         err = float((got.double() - want.double()).norm() / (want.double() - x.double()).norm())
         assert err < tol, f"layer {i}: relative error of the layer's update {err:.2e} (tolerance {tol:.0e})"
-        x = want
 
 
 @pytest.mark.parametrize(
@@ -578,11 +579,12 @@ def test_tiny_model_plugin_on_matches_plugin_off(vllm_omni: Path, dtype: torch.d
     off = modeling.Magi2PreviewTransformer(cfg)
     ckpt = _random_checkpoint(off, seed=21, scale=0.02)
     off.load_state_dict(ckpt, strict=True)
+    want = _run_model(off, cfg)  # before the swap: vllm-omni looks its attention function up at each call
     integ.register()
     on = modeling.Magi2PreviewTransformer(cfg)
     on.load_state_dict(ckpt, strict=True)
     assert isinstance(on.block.layers[1].mlp.moe_mlp, integ.Magi2MultiHeadMoE)
-    want, got = _run_model(off, cfg), _run_model(on, cfg)
+    got = _run_model(on, cfg)
     assert want.abs().max() > 0.1  # not a vanishing output
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
 
@@ -591,20 +593,24 @@ def test_layers_cast_to_bf16_run_as_upstream(vllm_omni: Path) -> None:
     """Every layer's attention and MLP cast to BF16 (the swapped norms, sinks, router and biases
     among them) run as vllm-omni's do. A cast of the whole model or layer is not tested: vllm-omni's
     own FP32 embedders and mHC matmuls refuse BF16 weights."""
+    def cast(model: torch.nn.Module) -> torch.nn.Module:
+        for layer in model.block.layers:
+            layer.attention.to(torch.bfloat16)
+            layer.mlp.to(torch.bfloat16)
+        return model
+
     modeling = _mod("modeling_magi2")
     cfg = _small_config(torch.bfloat16)
     off = modeling.Magi2PreviewTransformer(cfg)
     ckpt = _random_checkpoint(off, seed=4, scale=0.02)
     off.load_state_dict(ckpt, strict=True)
+    want = _run_model(cast(off), cfg)
     integ.register()
     on = modeling.Magi2PreviewTransformer(cfg)
     on.load_state_dict(ckpt, strict=True)
-    for model in (off, on):
-        for layer in model.block.layers:
-            layer.attention.to(torch.bfloat16)
-            layer.mlp.to(torch.bfloat16)
+    cast(on)
     assert on.block.layers[1].mlp.moe_mlp.gate.dtype == on.block.layers[0].attention.sinks.dtype == torch.bfloat16
-    want, got = _run_model(off, cfg), _run_model(on, cfg)
+    got = _run_model(on, cfg)
     assert want.abs().max() > 0.1
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
