@@ -50,6 +50,7 @@ No third-party package beyond torch and Triton is needed by the modules imported
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import logging
@@ -214,7 +215,9 @@ class Attention(nn.Module):
         return self.attention(query, key, value, attn_metadata)
 
 
+@functools.cache
 def _fa3() -> Any:
+    """The FA3 build (found once: vLLM's bundled kernel costs no lookup per call either)."""
     from magi2_backend_cuda_fa3.abi import load_fa3
 
     found = load_fa3()

@@ -239,7 +239,12 @@ def run(source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: i
     }
     with torch.inference_mode():
         packs = {t: make_pack(off.model, cfg, t, dev) for t in tokens}
-        report["providers"] = {str(t): providers(on.model, cfg, p) for t, p in packs.items()}
+        report["providers"] = {}
+        for t, pack in packs.items():
+            try:
+                report["providers"][str(t)] = providers(on.model, cfg, pack)
+            except m2.Magi2Error as exc:  # strict mode: a GPU call the reference would serve
+                report["errors"].append({"tokens": t, "mode": "resolution", "error": f"{type(exc).__name__}: {exc}"})
         for mode in modes:
             if mode == "compiled":
                 for variant in (off, on):

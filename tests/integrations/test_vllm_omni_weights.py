@@ -369,7 +369,7 @@ def test_gpu_layerwise_offload_device_memory_is_upstreams(vllm_omni: Path) -> No
             layer.register_forward_hook(lambda *_, seen=seen: seen.append(torch.cuda.memory_allocated()))
         t = 4096
         coords = torch.ones(t, 9, device="cuda")
-        modality = torch.zeros(t, dtype=torch.long, device="cuda")
+        modality = torch.tensor([0] * 3500 + [1] * 400 + [2] * (t - 3900), device="cuda")
         cu = torch.tensor([0, t], dtype=torch.int32, device="cuda")
         x = torch.randn(t, 4, device="cuda")
         varlen = _mod("attention").VarlenHandler(cu, cu, t, t)

@@ -187,7 +187,8 @@ class _Layout:
                     "a view of the storage of W_gate, W_up or W_down (which the layer re-seats onto it)",
                     "a tensor of its own, which the layer would have to keep alive beside the parameters",
                 )
-            views.append(_View(owner, tuple(t.shape), t.stride(), t.storage_offset() - params[owner].storage_offset()))
+            offset = int(t.storage_offset()) - int(params[owner].storage_offset())
+            views.append(_View(owner, tuple(t.shape), t.stride(), offset))
         return cls(prepared.provider, prepared.layout, tuple(views), _key(params))
 
     def weights(self, params: tuple[torch.Tensor, ...]) -> PreparedMoEWeights:
@@ -210,8 +211,8 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
     ``forward(x [T, H·d]) -> [T, H·d]`` (TP layout: ``[T, Hl·d]``, this rank's heads only). Routing
     and experts resolve like any magi2-core call (``magi2 explain moe_experts`` shows the choice);
     ``MAGI2_DETERMINISTIC=1`` asks for the deterministic expert schedule. The router weight and
-    biases are read in FP32 whatever their dtype (a whole-model ``.to(torch.bfloat16)`` casts them),
-    as vllm-omni does.
+    biases are read in FP32 whatever their dtype (``.to(torch.bfloat16)`` of the layer, or of a module
+    holding it, casts them), as vllm-omni does.
     """
 
     _EP_SHARDED_PARAMETER_NAMES = frozenset(
