@@ -10,39 +10,31 @@ must not import from the tests, and the installed ``magi2_core`` package must no
 
 Every stub, and why it exists:
 
-================================================  ====================================================
-module (attributes)                               why it is stubbed
-================================================  ====================================================
-``vllm`` (package, no attributes of its own)       vLLM itself; only the submodules below are provided
-``vllm.logger`` (``init_logger``)                  vLLM's logger factory: ``logging.getLogger`` here
-``vllm.triton_utils`` (``HAS_TRITON``,             vLLM's re-export of Triton: the installed ``triton``,
-``triton``, ``tl``)                                as vLLM does when Triton is installed (so vllm-omni's
-                                                   own Triton kernels run on a GPU)
-``vllm.vllm_flash_attn`` (``flash_attn_varlen_     vLLM's bundled FlashAttention, which vllm-omni's CUDA
-func``), ``...flash_attn_interface``               attention path calls: an installed FA3 build (found
-(``is_fa_version_supported``)                      by magi2-backend-cuda-fa3's loader), version 3 only;
-                                                   on the CPU vllm-omni never calls it
-``vllm_omni`` (package shell)                      its ``__init__`` imports vLLM's engine (``patch``,
-                                                   ``config``); its submodules are the wheel's files
-``vllm_omni.platforms`` (``current_omni_platform``)  vLLM's platform detection: :class:`Platform` says
-                                                   CUDA when torch sees a GPU, otherwise no platform
-                                                   (vllm-omni's native torch paths), and gives the
-                                                   streams and events of that device
-``vllm_omni.diffusion.attention.layer``            the shared attention layer needs vLLM's config and
-(``Attention``)                                    forward context; :class:`Attention` keeps the one
-                                                   path MAGI-2 uses: the model's ``custom_attention``
-                                                   kernel, held as ``.attention`` and called as is
-``vllm_omni.diffusion.hooks`` (package shell:      its ``__init__`` imports the sequence-parallel hooks,
-``HookRegistry``, ``ModelHook``)                   which need vLLM's distributed state; both names are
-                                                   re-exported from the wheel's own ``hooks/base.py``
-``vllm_omni.diffusion.offloader`` (package shell)  its ``__init__`` imports every offload backend, the
-                                                   distributed one needing vLLM's distributed state;
-                                                   ``layerwise_backend`` and its helpers are the wheel's
-``vllm_omni.diffusion.data``                       imports vLLM's config system and diffusers; the
-(``OmniDiffusionConfig``,                          offloader's ``base.py`` imports these two names for
-``validate_dlo_host_registration_options``)        ``OffloadConfig.from_od_config`` only, never called
-                                                   here: both raise if used
-================================================  ====================================================
+- ``vllm`` (a package with no attributes of its own): vLLM itself; only the submodules below exist.
+- ``vllm.logger.init_logger``: vLLM's logger factory; ``logging.getLogger`` here.
+- ``vllm.triton_utils`` (``HAS_TRITON``, ``triton``, ``tl``): vLLM's re-export of Triton; the installed
+  ``triton``, as vLLM re-exports it when Triton is installed (so vllm-omni's own Triton kernels, its
+  fused MoE and mHC, run on a GPU).
+- ``vllm.vllm_flash_attn.flash_attn_varlen_func`` and ``...flash_attn_interface.is_fa_version_supported``:
+  vLLM's bundled FlashAttention, which vllm-omni's CUDA attention path calls; here an installed FA3
+  build (found by magi2-backend-cuda-fa3's loader), version 3 only. On the CPU vllm-omni never calls it.
+- ``vllm_omni`` (a package shell): its ``__init__`` imports vLLM's engine (``patch``, ``config``);
+  its submodules are the wheel's files.
+- ``vllm_omni.platforms.current_omni_platform``: vLLM's platform detection; :class:`Platform` says
+  CUDA when torch sees a GPU, otherwise no platform (vllm-omni then takes its native torch paths), and
+  gives that device's streams and events.
+- ``vllm_omni.diffusion.attention.layer.Attention``: the shared attention layer needs vLLM's config
+  and forward context; :class:`Attention` keeps the one path MAGI-2 uses, the model's own
+  ``custom_attention`` kernel, held as ``.attention`` and called with the layer's arguments.
+- ``vllm_omni.diffusion.hooks`` (a package shell with ``HookRegistry`` and ``ModelHook``): its
+  ``__init__`` imports the sequence-parallel hooks, which need vLLM's distributed state; both names
+  are re-exported from the wheel's own ``hooks/base.py``.
+- ``vllm_omni.diffusion.offloader`` (a package shell): its ``__init__`` imports every offload backend,
+  the distributed one needing vLLM's distributed state; ``layerwise_backend`` and the modules it
+  imports are the wheel's.
+- ``vllm_omni.diffusion.data`` (``OmniDiffusionConfig``, ``validate_dlo_host_registration_options``):
+  it imports vLLM's config system and diffusers; the offloader's ``base.py`` imports these two names
+  for ``OffloadConfig.from_od_config`` alone, which nothing here calls: both raise if used.
 
 No third-party package beyond torch and Triton is needed by the modules imported here.
 """

@@ -13,6 +13,7 @@ configuration.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -34,8 +35,12 @@ def _cache_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def _say(request: pytest.FixtureRequest, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    """One line on the terminal now, past pytest's output capture."""
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
         reporter.write_line(line)
 
 
