@@ -46,9 +46,11 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core + reference backend, the example/broken third-party plugins, distributed (gloo)."""
-    _install(session, "hypothesis>=6", *PLUGINS)
-    session.run(*PYTEST, "tests", *session.posargs)
+    """Core + reference backend, the example/broken third-party plugins, distributed (gloo), and the
+    vllm-omni integration against vllm-omni 0.30.0's own modules: the tests download its wheel (no
+    dependencies, ~8 MB) and may not skip here; its model modules import Triton."""
+    _install(session, "hypothesis>=6", TRITON, *PLUGINS)
+    session.run(*PYTEST, "tests", *session.posargs, env={"MAGI2_REQUIRE_VLLM_OMNI": "1"})
 
 
 @nox.session(name="tests-triton")

@@ -12,17 +12,21 @@ checkpoint's), with the flattened ``(head, expert)`` axis first:
 ``router.expert_bias_ema`` FP32 [Hl·E]      selection bias, moving average ("ema", the default)
 ========================  ================  =====================================================
 
-``MAGI2_ROUTER_BIAS_SOURCE`` (``ema`` | ``main``) picks the bias, as in vllm-omni. Expert
-parallelism shards the heads: each rank holds ``Hl = ceil(H / EP)`` heads' rows
-(:func:`magi2_core.distributed.ep_slice`); heads past H are zero "phantom" heads that are never
-computed.
+``MAGI2_ROUTER_BIAS_SOURCE`` (``ema`` | ``main``) picks the bias, as in vllm-omni, but is read once
+with the rest of magi2-core's configuration (:func:`magi2_core.reload_config` reads it again), where
+vllm-omni reads it on every forward. Expert parallelism shards the heads: each rank holds
+``Hl = ceil(H / EP)`` heads' rows (:func:`magi2_core.distributed.ep_slice`); heads past H are zero
+"phantom" heads that are never computed.
 
-The expert weights are laid out once for the provider that serves them
-(:func:`magi2_core.prepare_moe_weights`): at construction, after ``load_state_dict`` and after a
-device or dtype move. ``W_gate``/``W_up`` then become views of the prepared storage, so vllm-omni's
+The expert weights are laid out for the provider that serves them
+(:func:`magi2_core.prepare_moe_weights`) when the layer is built on, loaded on or moved to an
+accelerator. ``W_gate``/``W_up``/``W_down`` then become views of the prepared storage, so vllm-omni's
 loader, which copies the checkpoint into the parameters in place, fills the prepared layout directly
-and no second copy exists. A loader that re-seats a parameter (``param.data = ...``, as mmap and
-offloading loaders may) is noticed on the next forward, which prepares again.
+and no second copy exists. The parameters are the only owners of that storage: the layer keeps the
+layout's geometry, not its tensors, so whatever frees the parameters (layer-wise offloading) frees
+the prepared bank too. A loader or offloader that re-seats a parameter (``param.data = ...``) is
+noticed on the next forward, which lays the weights out again. Weights on the CPU keep the
+checkpoint layout: there they are a host copy (what layer-wise offloading streams to the device).
 """
 
 from __future__ import annotations
@@ -43,10 +47,14 @@ from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
+from magi2_core.registry import REFERENCE
 
 __all__ = ["EPGroup", "Magi2MultiHeadMoE", "Magi2MultiHeadMoEConfig", "MoEConfigLike", "ParallelGroupLike"]
 
 _OP = "Magi2MultiHeadMoE"
+# Devices whose weights are a host copy, kept in the checkpoint layout: layer-wise offloading streams
+# them to the device that computes, where they are laid out for its provider.
+HOST_DEVICE_TYPES = frozenset({"cpu"})
 
 
 class MoEConfigLike(Protocol):
@@ -124,12 +132,87 @@ def _default_ep_group() -> ParallelGroupLike:
     return cast(ParallelGroupLike, parallel.get_magi2_ep_group())
 
 
-class Magi2MultiHeadMoE(nn.Module):
+class _StandsIn(type):
+    """``isinstance(obj, cls)`` also holds for instances of ``cls.stands_in_for``.
+
+    The plugin binds the layer class to the name vllm-omni's model code builds its MoE layers with;
+    ``load_weights`` reads the same name in its isinstance checks, and a model built before the swap
+    holds vllm-omni's own layers, which must still be found there.
+    """
+
+    stands_in_for: tuple[type, ...] = ()
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        return type.__instancecheck__(cls, instance) or isinstance(instance, cls.stands_in_for)
+
+
+@dataclass(frozen=True)
+class _View:
+    """One tensor of a prepared layout as a view of a parameter's storage (offset relative to it)."""
+
+    param: int  # index into (W_gate, W_up, W_down)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+# What the prepared views depend on: each parameter's address and strides (and the bank's dtype and
+# device). Two live storages never overlap, so equal addresses and strides mean the views still
+# cover exactly the parameters' elements, whichever allocation holds them.
+_Key = tuple[object, ...]
+
+
+def _key(params: tuple[torch.Tensor, ...]) -> _Key:
+    return (params[0].dtype, params[0].device, *((p.data_ptr(), p.stride()) for p in params))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A prepared layout, kept as geometry: the parameters stay the only owners of its storage."""
+
+    provider: str
+    layout: str
+    views: tuple[_View, ...]
+    key: _Key
+
+    @classmethod
+    def of(cls, prepared: PreparedMoEWeights, params: tuple[torch.Tensor, ...]) -> _Layout:
+        views = []
+        for i, t in enumerate(prepared.tensors):
+            owner = next((j for j, p in enumerate(params) if _same_storage(p, t)), None)
+            if owner is None:
+                raise InvalidValueError(
+                    f"{_OP}.prepare_weights",
+                    f"the {prepared.layout!r} tensor {i} of provider {prepared.provider!r}",
+                    "a view of the storage of W_gate, W_up or W_down (which the layer re-seats onto it)",
+                    "a tensor of its own, which the layer would have to keep alive beside the parameters",
+                )
+            offset = int(t.storage_offset()) - int(params[owner].storage_offset())
+            views.append(_View(owner, tuple(t.shape), t.stride(), offset))
+        return cls(prepared.provider, prepared.layout, tuple(views), _key(params))
+
+    def weights(self, params: tuple[torch.Tensor, ...]) -> PreparedMoEWeights:
+        """The prepared weights as fresh views of the parameters (valid while ``key`` holds)."""
+        tensors = tuple(
+            params[v.param].as_strided(v.size, v.stride, params[v.param].storage_offset() + v.offset)
+            for v in self.views
+        )
+        w_gate, w_up, w_down = params  # the parameters are the layout's checkpoint views
+        return PreparedMoEWeights(self.provider, self.layout, tensors, w_gate, w_up, w_down)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
     """Checkpoint-compatible with vllm-omni 0.30.0's ``mh_moe.Magi2MultiHeadMoE``.
 
     ``forward(x [T, H·d]) -> [T, H·d]`` (TP layout: ``[T, Hl·d]``, this rank's heads only). Routing
     and experts resolve like any magi2-core call (``magi2 explain moe_experts`` shows the choice);
-    ``MAGI2_DETERMINISTIC=1`` asks for the deterministic expert schedule.
+    ``MAGI2_DETERMINISTIC=1`` asks for the deterministic expert schedule. The router weight and
+    biases are read in FP32 whatever their dtype (``.to(torch.bfloat16)`` of the layer, or of a module
+    holding it, casts them), as vllm-omni does.
     """
 
     _EP_SHARDED_PARAMETER_NAMES = frozenset(
@@ -183,52 +266,71 @@ class Magi2MultiHeadMoE(nn.Module):
         for name in self._EP_SHARDED_PARAMETER_NAMES:
             # vllm-omni's direct-mmap loader slices each checkpoint tensor through this hook.
             self.get_parameter(name).mmap_weight_transform = self.ep_slice  # type: ignore[attr-defined]
-        self._prepared: PreparedMoEWeights | None = None
-        self._prepared_ptrs: tuple[int, ...] = ()
+        self._layout: _Layout | None = None
         self.prepare_weights()
         self.register_load_state_dict_post_hook(_prepare_after_load)  # type: ignore[no-untyped-call]
         self._register_state_dict_hook(_checkpoint_layout)  # type: ignore[no-untyped-call]
 
-    def _weight_ptrs(self) -> tuple[int, ...]:
-        return (self.W_gate.data_ptr(), self.W_up.data_ptr(), self.W_down.data_ptr())
+    def _experts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.W_gate.detach(), self.W_up.detach(), self.W_down.detach()
 
     def prepare_weights(self) -> PreparedMoEWeights | None:
         """Lay ``W_gate``/``W_up``/``W_down`` out for the provider that serves them, in their place.
 
         Runs by itself at construction, after ``load_state_dict``, after ``.to()`` and whenever a
-        forward finds a parameter re-seated; in-place updates need no call. Returns None on the
-        meta device (nothing to lay out until the weights are materialised).
+        forward finds a parameter re-seated; in-place updates need no call. On the CPU
+        (:data:`HOST_DEVICE_TYPES`) the weights keep the checkpoint layout, for the reference.
+        Returns the real heads' prepared weights, or None on the meta device (nothing to lay out
+        until the weights exist).
         """
         if self.W_gate.device.type == "meta":
-            self._prepared, self._prepared_ptrs = None, ()
+            self._layout = None
             return None
-        prepared = ops.prepare_moe_weights(self.W_gate, self.W_up, self.W_down)
+        if self.W_gate.device.type in HOST_DEVICE_TYPES:
+            prepared = PreparedMoEWeights.from_layout(REFERENCE, CHECKPOINT, self._experts())
+        else:
+            prepared = ops.prepare_moe_weights(self.W_gate, self.W_up, self.W_down)
         if prepared.layout != CHECKPOINT:
             # The parameters (same objects) now live on the prepared storage as views of it: the old
             # tensors are freed, so no second copy of gate/up stays alive.
             self.W_gate.data, self.W_up.data, self.W_down.data = prepared.w_gate, prepared.w_up, prepared.w_down
-        if self._real_rows != self.local_flatten_num_experts:
-            # Phantom heads' rows are never computed: keep views of the real rows only (dim 0 is the
-            # flattened (head, expert) axis in every layout).
-            prepared = PreparedMoEWeights.from_layout(
-                prepared.provider, prepared.layout, tuple(t[: self._real_rows] for t in prepared.tensors)
-            )
-        self._prepared, self._prepared_ptrs = prepared, self._weight_ptrs()
-        return prepared
+        self._layout = _Layout.of(prepared, self._experts())
+        return self._real(prepared)
 
     def prepared_weights(self) -> PreparedMoEWeights:
-        """The prepared expert weights the forward uses (of the real heads' rows), prepared again
-        first if a parameter was re-seated since."""
-        prepared = self._prepared
-        if prepared is None or self._weight_ptrs() != self._prepared_ptrs:
-            prepared = self.prepare_weights()
-            if prepared is None:
-                raise InvalidValueError(_OP, "weights", "materialised (not on the meta device)", "meta tensors")
+        """The prepared expert weights the forward uses (of the real heads' rows), laid out again
+        first if a parameter was re-seated since. Fresh views of the parameters on every call:
+        whoever holds them keeps the parameters' storage alive."""
+        experts = self._experts()
+        layout = self._current_layout(experts)
+        if layout is not None:
+            return self._real(layout.weights(experts))
+        prepared = self.prepare_weights()
+        if prepared is None:
+            raise InvalidValueError(_OP, "weights", "materialised (not on the meta device)", "meta tensors")
         return prepared
+
+    def _current_layout(self, experts: tuple[torch.Tensor, ...]) -> _Layout | None:
+        """The layout, if every parameter is still where it was made."""
+        layout = self._layout
+        return layout if layout is not None and _key(experts) == layout.key else None
+
+    def _real(self, prepared: PreparedMoEWeights) -> PreparedMoEWeights:
+        if self._real_rows == self.local_flatten_num_experts:
+            return prepared
+        # Phantom heads' rows are never computed: views of the real rows only (dim 0 is the
+        # flattened (head, expert) axis in every layout).
+        return PreparedMoEWeights.from_layout(
+            prepared.provider, prepared.layout, tuple(t[: self._real_rows] for t in prepared.tensors)
+        )
+
+    def _refresh(self) -> None:
+        if self._current_layout(self._experts()) is None:
+            self.prepare_weights()
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Magi2MultiHeadMoE:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        self.prepare_weights()  # a move turns the views into plain tensors: lay them out again
+        self._refresh()  # a move or cast makes new, plain tensors: lay them out again
         return self
 
     def ep_slice(self, checkpoint_tensor: torch.Tensor) -> torch.Tensor:
@@ -268,8 +370,8 @@ class Magi2MultiHeadMoE(nn.Module):
             return torch.empty_like(x_heads)
         probs, idx = ops.moe_route(
             x_heads,
-            self._rows(self.gate),
-            self._rows(self._router_bias()),
+            self._rows(self.gate).float(),
+            self._rows(self._router_bias()).float(),
             top_k=self.top_k,
             route_scale=self.config.route_scale,
             route_norm=self.config.route_norm,
@@ -311,7 +413,7 @@ class Magi2MultiHeadMoE(nn.Module):
 
 def _prepare_after_load(module: nn.Module, _incompatible: object) -> None:
     assert isinstance(module, Magi2MultiHeadMoE)
-    module.prepare_weights()  # a plain load copied into the prepared views; assign=True replaced them
+    module._refresh()  # a plain load copied into the prepared views; assign=True replaced them
 
 
 def _checkpoint_layout(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Mapping[str, Any]) -> None:

@@ -6,7 +6,8 @@ that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
   ``load_weights``' isinstance checks (``modeling_magi2`` imported the class by name, so patching
-  ``mh_moe`` would change nothing);
+  ``mh_moe`` would change nothing). Those checks must keep finding the MoE layers of a model built
+  before the swap (vllm-omni's own), so while swapped, vllm-omni's class counts as ours in them;
 - ``modeling_magi2.MultiModalityRMSNorm``: read when every norm of the model is constructed;
 - ``attention.packed_attention_with_sink``: read on every call by the Ulysses attention wrapper,
   after its own head exchange.
@@ -65,13 +66,15 @@ class _Swap:
     attr: str
     origin: str  # the upstream module that defines the original
     replacement: Callable[..., Any]
+    # isinstance(obj, replacement) also holds for the original's instances (see Magi2MultiHeadMoE)
+    stands_in: bool = False
 
 
 _SWAPS: tuple[_Swap, ...] = (
     _Swap(
         "attention", f"{_PKG}.attention", "packed_attention_with_sink", f"{_PKG}.attention", packed_attention_with_sink
     ),
-    _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE),
+    _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE, stands_in=True),
     _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
 )
 # The originals this process replaced, per (module, attribute), so unregister() can put them back.
@@ -119,7 +122,8 @@ def register() -> None:
 def unregister() -> None:
     """Remove the import hook and put vllm-omni's originals back in modules already imported.
 
-    Models built while the patch was in place keep magi2-core's layers.
+    Models built while the patch was in place keep magi2-core's layers; vllm-omni's ``load_weights``
+    no longer recognises their MoE layers, so load them before unregistering.
     """
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
     for (module_name, attr), original in list(_ORIGINALS.items()):
@@ -127,6 +131,9 @@ def unregister() -> None:
         if module is not None and any(getattr(module, attr, None) is s.replacement for s in _SWAPS):
             setattr(module, attr, original)
         del _ORIGINALS[(module_name, attr)]
+    for swap in _SWAPS:
+        if swap.stands_in:
+            swap.replacement.stands_in_for = ()  # type: ignore[attr-defined]
 
 
 def _supported(installed: str) -> bool:
@@ -205,6 +212,8 @@ def _patch(modeling: ModuleType) -> None:
             )
             continue
         _ORIGINALS[(swap.module, swap.attr)] = current
+        if swap.stands_in:
+            swap.replacement.stands_in_for = (current,)  # type: ignore[attr-defined]
         setattr(module, swap.attr, swap.replacement)
         logger.info(
             "magi2-core: vllm-omni MAGI-2 %s (%s.%s) now runs on magi2-core; %s",

@@ -1,0 +1,24 @@
+"""benchmarks/vllm_omni_stack.py on the CPU (``--smoke``): builds the stack from vllm-omni's own
+modules, runs every variant, and writes the record the GPU run writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import vllm_omni_stack as stack
+
+
+def test_stack_benchmark_smoke_writes_every_variant(vllm_omni_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stack.json"
+    argv = ["--wheel", str(vllm_omni_root), "--smoke", "--layers", "2", "--tokens", "24", "--iters", "1"]
+    assert stack.main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["errors"] == []
+    assert report["vllm_omni"] == "0.30.0" and report["device"] == "cpu" and report["git_commit"]
+    assert report["config"]["moe_layers"] == 2 and report["compile_regions"]["fullgraph"] is True
+    assert report["providers"]["24"] == dict.fromkeys(("attention", "moe_route", "moe_experts", "rmsnorm"), "reference")
+    assert [(r["mode"], r["tokens"]) for r in report["results"]] == [("eager", 24), ("compiled", 24)]
+    for r in report["results"]:
+        assert r["finite"] and 0 < r["rel_l2_on_vs_off"] < 0.1  # BF16: the swapped ops round differently
+        assert r["speedup"] == r["ms_per_layer"]["off"]["p50"] / r["ms_per_layer"]["on"]["p50"] > 0

@@ -1,1 +1,0 @@
-"""Stand-in for ``vllm_omni.diffusion.models`` (vllm-omni 0.30.0)."""
