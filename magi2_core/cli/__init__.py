@@ -13,6 +13,7 @@ import typer
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.cli import backends, bench, check, demo, env, explain
+from magi2_core.cli._output import typed_errors
 
 app = typer.Typer(
     name="magi2",
@@ -42,12 +43,9 @@ def _root(
     """MAGI-2 kernel-backend registry."""
 
 
-app.command("backends")(backends.backends)
-app.command("env")(env.env)
-app.command("explain")(explain.explain)
-app.command("demo")(demo.demo)
-app.command("check")(check.check)
-app.command("bench")(bench.bench)
+for _name, _command in (("backends", backends.backends), ("env", env.env), ("explain", explain.explain),
+                         ("demo", demo.demo), ("check", check.check), ("bench", bench.bench)):
+    app.command(_name)(typed_errors(_name)(_command))
 
 
 def main() -> None:
