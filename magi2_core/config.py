@@ -217,7 +217,8 @@ _DECLARED: tuple[Variable[Any], ...] = (
     Variable(
         "MAGI2_DETERMINISTIC",
         False,
-        "Default of the ops' `deterministic=None`: ask providers for run-to-run identical results.",
+        "What `deterministic=None`, the default of `attention` and `moe_experts`, means: ask providers for "
+        "run-to-run identical results. An explicit `deterministic=True/False` wins.",
         boolean,
     ),
     Variable(

@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple, Protocol, overload
 
 import torch
 
+from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.capability import Capability
 from magi2_core.contracts import _checks as ck
@@ -345,7 +346,7 @@ def attention(
     softmax_scale: float | None = ...,
     softcap: float = ...,
     sinks: torch.Tensor | None = ...,
-    deterministic: bool = ...,
+    deterministic: bool | None = ...,
     return_lse: Literal[False] = ...,
     sink_rescale: SinkRescale = ...,
     provider: str | None = ...,
@@ -363,7 +364,7 @@ def attention(
     softmax_scale: float | None = ...,
     softcap: float = ...,
     sinks: torch.Tensor | None = ...,
-    deterministic: bool = ...,
+    deterministic: bool | None = ...,
     return_lse: Literal[True],
     sink_rescale: SinkRescale = ...,
     provider: str | None = ...,
@@ -380,7 +381,7 @@ def attention(
     softmax_scale: float | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
-    deterministic: bool = False,
+    deterministic: bool | None = None,
     return_lse: bool = False,
     sink_rescale: SinkRescale = "fp32",
     provider: str | None = None,
@@ -392,8 +393,10 @@ def attention(
     cap. ``sinks`` FP32 ``[S, Hq]`` are extra softmax logits (never rounded to the activation dtype).
     ``sink_rescale``: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (scale cast to
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
-    prefix sums live on the GPU.
+    prefix sums live on the GPU. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
+    if deterministic is None:
+        deterministic = config.get("MAGI2_DETERMINISTIC")
     try:  # attribute reads, not getattr with a default: this runs on every call
         asks_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     except AttributeError:  # not tensors: validation says which
@@ -507,10 +510,11 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
     def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AttentionCall:
         kw = dict(kwargs)
+        det = kw.pop("deterministic", None)
         return validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
                         softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
                         sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
-                        deterministic=kw.pop("deterministic", False), return_lse=kw.pop("return_lse", False),
+                        deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det, return_lse=kw.pop("return_lse", False),
                         compiling=False, **kw)
 
     def run(self, kernel: Any, call: AttentionCall) -> Any:
