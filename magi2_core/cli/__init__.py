@@ -7,6 +7,7 @@ imports typer and rich only: each command imports torch and the registry when it
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated
 
 import typer
@@ -14,6 +15,10 @@ import typer
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.cli import backends, bench, check, demo, env, explain
 from magi2_core.cli._output import typed_errors
+
+# torch warns at import when numpy is missing; magi2 does not use numpy (it is no dependency), so the
+# warning names nothing a user of the command line could or should do.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 app = typer.Typer(
     name="magi2",

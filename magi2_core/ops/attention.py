@@ -630,19 +630,28 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
         }
 
     def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        # Segments of equal length unless --max-seqlen-* say otherwise; keys lay out like the queries
+        # unless --max-seqlen-k is given. Zero tokens is an empty call, not the default size.
         tokens, segments, heads_q = opts["tokens"], opts["segments"], opts["heads_q"]
-        mq = opts["max_seqlen_q"] if opts["max_seqlen_q"] is not None else (tokens or 4096)
+        if opts["max_seqlen_q"] is not None:
+            mq = opts["max_seqlen_q"]
+        else:
+            mq = 4096 if tokens is None else -(-tokens // segments)
+        tq = mq * segments if tokens is None else tokens
+        if mq > tq:
+            raise ExplainError(f"--max-seqlen-q {mq} exceeds --tokens {tq}")
+        if mq * segments < tq:
+            raise ExplainError(f"--tokens {tq} do not fit in --segments {segments} of at most --max-seqlen-q {mq}")
         mk = opts["max_seqlen_k"] if opts["max_seqlen_k"] is not None else mq
+        tk = tq if opts["max_seqlen_k"] is None else mk * segments
         hkv = opts["heads_kv"] or heads_q
         if heads_q % hkv:
             raise ExplainError(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} "
                                "(grouped-query attention needs it)")
-        if mq > (tokens or mq * segments):
-            raise ExplainError(f"--max-seqlen-q {mq} exceeds --tokens {tokens}")
         features |= {f for f, on in ((Feature.SOFTCAP, opts["softcap"]), (Feature.SINKS, opts["sinks"]),
                                      (Feature.LSE, opts["lse"]), (Feature.DETERMINISTIC, opts["deterministic"]),
                                      (Feature.GQA, hkv != heads_q)) if on}
-        return dict(tokens=tokens or mq * segments, tokens_k=mk * segments, max_seqlen_q=mq, max_seqlen_k=mk,
+        return dict(tokens=tq, tokens_k=tk, max_seqlen_q=mq, max_seqlen_k=mk,
                     num_segments=segments, head_dim=opts["head_dim"], num_heads_q=heads_q, num_heads_kv=hkv)
 
 
