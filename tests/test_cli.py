@@ -130,3 +130,34 @@ def test_explain_on_a_device_this_host_lacks_says_so_the_same_way_for_every_op()
             assert reasons[key] == absent, key
     text = runner.invoke(app, ["explain", "rmsnorm", "--device", "cuda"]).stdout
     assert "note: there is no cuda device on this host" in text
+
+
+def test_check_failure_hint_reruns_that_case_alone_and_piped_output_has_a_line_per_provider() -> None:
+    """A failing case prints the ``magi2 check`` command that reruns it (it once printed pytest's ``-k``,
+    which ``magi2 check`` did not accept), and piped output (a CI log, nox) says as each provider's cases
+    finish what passed: it once printed nothing for minutes, then everything at the end."""
+    import re
+
+    import bad_provider.plugin as bad_plugin
+
+    import magi2_core as m2
+
+    m2.get_registry().register(bad_plugin, name="bad_example")
+    try:
+        result = runner.invoke(app, ["check", "--provider", "bad_attention", "--provider", "reference",
+                                     "--op", "attention", "--seed", "3", "--max-tokens", "64"])
+        assert result.exit_code == 1, result.output
+        lines = result.stdout.splitlines()
+        done = [line for line in lines if re.match(r"attention\[(bad_attention|reference)\] on cpu: \d+ passed", line)]
+        assert len(done) == 2 and lines.index(done[0]) < lines.index(done[1]), result.stdout[:3000]
+        assert any(line.startswith("FAILED attention[bad_attention]-cpu-") for line in lines)
+        rerun = re.search(r'reproduce: magi2 check --seed 3 -k "([^"]+)"', result.stdout)
+        assert rerun is not None, result.stdout[-3000:]
+        again = runner.invoke(app, ["check", "--seed", "3", "-k", rerun.group(1).upper()])
+        assert again.exit_code == 1, again.output
+        assert "attention[bad_attention] on cpu: 0 passed, 1 failed" in again.stdout
+        assert "1 failed" in again.stdout.splitlines()[-1]
+        none = runner.invoke(app, ["check", "-k", "no-such-case"])
+        assert none.exit_code == 2 and "no case id contains 'no-such-case'" in none.stderr
+    finally:
+        m2.get_registry().unregister("bad_example")
