@@ -34,6 +34,7 @@ __all__ = [
     "on_reload",
     "provider_name",
     "reload_config",
+    "seconds",
 ]
 
 T = TypeVar("T")
@@ -93,6 +94,16 @@ def _fraction(raw: str) -> float:
 
 
 fraction: _Parser[float] = _Parser("a number in [0, 1]", _fraction)
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)  # ValueError for text
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError("not a finite number >= 0")
+    return value
+
+
+seconds: _Parser[float] = _Parser("a number of seconds >= 0 (0: no limit)", _seconds)
 
 
 def _names(raw: str) -> frozenset[str]:
@@ -171,6 +182,15 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "reference is the yardstick of `magi2 check` and shadow verification and cannot be disabled.",
         _Parser("comma-separated entry-point names, none empty, not `reference`", _deny_list),
     ),
+    Variable(
+        "MAGI2_PLUGIN_IMPORT_TIMEOUT",
+        30.0,
+        "Seconds a backend's entry point may take to import. One that takes longer (a hung network "
+        "filesystem, a driver that waits for a device) is quarantined with that reason and the registry "
+        "goes on without it; its import keeps running in a background thread. Descriptors are meant to "
+        "import in well under a second; 0 waits for ever.",
+        seconds,
+    ),
     *(
         Variable(f"MAGI2_{key.upper()}_PROVIDER", None, _PROVIDER_DOC.format(what=what), provider_name)
         for key, what in _PROVIDER_KEYS
@@ -197,7 +217,8 @@ _DECLARED: tuple[Variable[Any], ...] = (
     Variable(
         "MAGI2_DETERMINISTIC",
         False,
-        "Default of the ops' `deterministic=None`: ask providers for run-to-run identical results.",
+        "What `deterministic=None`, the default of `attention` and `moe_experts`, means: ask providers for "
+        "run-to-run identical results. An explicit `deterministic=True/False` wins.",
         boolean,
     ),
     Variable(

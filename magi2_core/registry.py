@@ -9,7 +9,14 @@ point of ``magi2-backend-reference`` (the core's own dependency) loads first, an
 that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
 (a name collision always quarantines the newcomer). Readers see the registry through one immutable
 :class:`RegistryState` that every change rebuilds aside and swaps in as one reference, with a new
-``generation``. A backend that takes over :data:`SLOW_LOAD_S` seconds to load is logged as a warning.
+``generation``. A backend that takes over :data:`SLOW_LOAD_S` seconds to load is logged as a warning
+that says how to drop it. An entry point is imported in a helper thread and waited for at most
+``MAGI2_PLUGIN_IMPORT_TIMEOUT`` seconds: one that hangs is quarantined with that reason instead of
+blocking the first op call for as long as it hangs (its import goes on in the background).
+
+Every ``MAGI2_*`` variable is parsed before the first backend loads: a bad value is a
+:class:`ConfigError` for the caller (the CLI prints it in one line), never a backend quarantined
+because its import happened to read the variable first.
 
 ``MAGI2_PLUGINS`` (comma-separated entry-point names) is an allow-list, ``MAGI2_DISABLE_PLUGINS`` a
 deny-list (both read through :mod:`magi2_core.config`); neither can remove the ``reference`` backend, and
@@ -130,10 +137,13 @@ class Registry:
         self._state = _EMPTY
         self._loading = False
         self._plugin_lists: tuple[frozenset[str] | None, frozenset[str]] | None = None
+        # Threads importing an entry point for this registry: a plugin that asks for the registry while
+        # it is imported sees the state so far (the loading thread holds the lock while it waits).
+        self._importers: set[int] = set()
 
     # -- loading -------------------------------------------------------------------------------
     def _ensure_loaded(self) -> None:
-        if self._loaded:
+        if self._loaded or threading.get_ident() in self._importers:
             return
         with self._lock:
             # Another thread loaded meanwhile, or a plugin being imported asked for the registry (the
@@ -150,6 +160,7 @@ class Registry:
                 self._loading = False
 
     def _load_entry_points(self) -> None:
+        config.effective()  # parse every MAGI2_* variable first: a bad one is the caller's ConfigError
         allow: frozenset[str] | None = config.get("MAGI2_PLUGINS")
         deny: frozenset[str] = config.get("MAGI2_DISABLE_PLUGINS") or frozenset()
         self._plugin_lists = (allow, deny)
@@ -168,12 +179,43 @@ class Registry:
                                  f"{REFERENCE_DIST}; rename this backend's entry point")
                 continue
             start = time.perf_counter()
-            try:
-                plugin = ep.load()
-            except Exception as exc:
-                self._quarantine(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}")
+            # The genuine reference is always loaded (it is the fallback of every op): never on a timer.
+            plugin, failure = self._import(ep, None if _is_reference(ep) else config.get("MAGI2_PLUGIN_IMPORT_TIMEOUT"))
+            if failure is not None:
+                self._quarantine(ep.name, ep.value, dist, failure)
                 continue
             self._add(plugin, ep.name, ep.value, dist, start)
+
+    def _import(self, ep: Any, limit: float | None) -> tuple[object, str | None]:
+        """``ep.load()`` in a helper thread, waited for at most ``limit`` seconds (``None`` or 0: no limit).
+
+        Returns ``(plugin, None)``, or ``(None, why)`` for an import that raised or did not finish. A
+        thread cannot be stopped: a hung import goes on in the background (a daemon thread, which does
+        not keep the process alive) and its eventual result is dropped.
+        """
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            self._importers.add(threading.get_ident())
+            try:
+                outcome["plugin"] = ep.load()
+            except BaseException as exc:  # re-raised below as a direct import would have raised it
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"magi2-import-{ep.name}", daemon=True)
+        worker.start()
+        worker.join(limit or None)
+        if worker.is_alive():
+            return None, (f"import did not finish within {limit:g} s (MAGI2_PLUGIN_IMPORT_TIMEOUT={limit:g}): "
+                          f"set a larger MAGI2_PLUGIN_IMPORT_TIMEOUT if this backend needs longer, or "
+                          f"MAGI2_DISABLE_PLUGINS={ep.name} to stop loading it")
+        self._importers.discard(worker.ident or 0)
+        error = outcome.get("error")
+        if isinstance(error, Exception):
+            return None, f"import failed: {type(error).__name__}: {error}"
+        if error is not None:  # SystemExit, KeyboardInterrupt: not the registry's to swallow
+            raise error
+        return outcome["plugin"], None
 
     def register(self, plugin: object, name: str) -> None:
         """Register a backend object or module directly (tests, or a plugin outside entry points)."""
@@ -236,8 +278,15 @@ class Registry:
             return
         seconds = time.perf_counter() - start
         if seconds > SLOW_LOAD_S:
-            log.warning("magi2_core: backend %r (%s) took %.1f s to import and describe itself; every process "
-                        "pays this on its first op call", name, dist, seconds)
+            # Something to act on for a third-party backend (drop it); the reference cannot be dropped,
+            # so a slow reference is a bug of this project, logged for a report rather than warned about.
+            if name == REFERENCE:
+                log.info("magi2_core: the reference backend took %.1f s to import and describe itself", seconds)
+            else:
+                log.warning("magi2_core: backend %r (%s) took %.1f s to import and describe itself, which every "
+                            "process pays on its first op call; if you do not use it, set "
+                            "MAGI2_DISABLE_PLUGINS=%s (or list the backends you use in MAGI2_PLUGINS)",
+                            name, dist, seconds, name)
         self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds, corrections)
         for cap in spec.providers:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
@@ -264,7 +313,11 @@ class Registry:
         return tuple(out)
 
     def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
-        log.warning("magi2_core: backend %r (%s) quarantined: %s", name, dist, reason)
+        installed = not dist.startswith("(")  # not a plugin registered in process
+        todo = f"; fix or uninstall {dist}" if installed else ""
+        if installed and name != REFERENCE:  # the deny list cannot name the reference's entry point
+            todo += f", or set MAGI2_DISABLE_PLUGINS={name} to skip it"
+        log.warning("magi2_core: backend %r (%s) quarantined, everything else works: %s%s", name, dist, reason, todo)
         self._quarantined.append(QuarantinedPlugin(entry_point=name, value=value, distribution=dist, reason=reason))
 
     def _changed(self) -> None:

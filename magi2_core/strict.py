@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from magi2_core import config
-from magi2_core.errors import StrictModeError
+from magi2_core.errors import InvalidValueError, StrictModeError
 from magi2_core.resolution import Resolution, Verdict
 
 __all__ = ["LOGGER", "REFERENCE", "check_resolution", "is_strict", "set_strict"]
@@ -29,16 +29,22 @@ REFERENCE = "reference"
 _STRICT: bool | None = None
 
 
-def set_strict(enabled: bool) -> None:
-    """Turn strict mode on or off for the process (overrides ``MAGI2_STRICT``).
+def set_strict(enabled: bool | None) -> bool | None:
+    """Turn strict mode on (``True``) or off (``False``) for the process, over ``MAGI2_STRICT``;
+    ``None`` follows the variable again. Returns the previous setting (passing it back restores it).
 
-    Clears the op dispatcher's cache, so that a decision cached before the switch is judged again.
+    Only ``True``, ``False`` and ``None`` are accepted: a string such as ``"no"`` is truthy, and
+    ``bool("no")`` would have turned strict mode on. Clears the op dispatcher's cache, so that a
+    decision cached before the switch is judged again.
     """
     global _STRICT
-    _STRICT = bool(enabled)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidValueError("set_strict", "enabled", "True, False or None", repr(enabled))
+    previous, _STRICT = _STRICT, enabled
     from magi2_core.ops import dispatcher
 
     dispatcher().clear()
+    return previous
 
 
 def is_strict() -> bool:

@@ -79,3 +79,85 @@ def test_explain_generic_feature_and_field_options() -> None:
     assert wrong.exit_code != 0 and "num_experts=3" in wrong.output and "width" in wrong.output
     unknown = runner.invoke(app, ["explain", "rmsnorm", "--feature", "flying"])
     assert unknown.exit_code != 0 and "unknown feature 'flying'" in unknown.output
+
+
+def _problem(*args: str) -> dict[str, object]:
+    result = runner.invoke(app, ["explain", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    problem: dict[str, object] = json.loads(result.stdout)["problem"]
+    return problem
+
+
+def test_explain_zero_tokens_is_an_empty_call_not_the_default_size() -> None:
+    p = _problem("attention", "--tokens", "0")
+    assert (p["tokens"], p["tokens_k"], p["max_seqlen_q"], p["max_seqlen_k"]) == (0, 0, 0, 0)
+    assert _problem("rmsnorm", "--tokens", "0")["tokens"] == 0
+
+
+@pytest.mark.parametrize(("tokens", "segments"), [(2, 3), (10, 3), (8192, 2), (1, 1)])
+def test_explain_segments_and_tokens_describe_one_consistent_layout(tokens: int, segments: int) -> None:
+    """Keys lay out like the queries unless --max-seqlen-k is given (``--segments 3 --tokens 2`` once
+    described 2 query tokens against 6 key tokens)."""
+    p = _problem("attention", "--tokens", str(tokens), "--segments", str(segments))
+    mq = p["max_seqlen_q"]
+    assert isinstance(mq, int) and p["num_segments"] == segments
+    assert p["tokens"] == p["tokens_k"] == tokens and p["max_seqlen_k"] == mq
+    assert mq <= tokens <= mq * segments  # segments of at most mq tokens that add up to tokens
+    k = _problem("attention", "--tokens", str(tokens), "--segments", str(segments), "--max-seqlen-k", "64")
+    assert k["tokens_k"] == 64 * segments and k["tokens"] == tokens
+
+
+def test_explain_on_a_device_this_host_lacks_says_so_the_same_way_for_every_op() -> None:
+    """``explain rmsnorm --device cuda`` on a host without CUDA once chose torch_native, while attention
+    rejected torch_varlen as needing a CUDA device: every torch-native and Triton provider now gives the
+    same reason, every op falls to the reference, and the table says why."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    reasons: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for op in ("attention", "moe_route", "moe_experts", "rmsnorm"):
+        result = runner.invoke(app, ["explain", op, "--device", "cuda", "--json"])
+        data = json.loads(result.stdout)
+        assert result.exit_code == 0 and data["chosen"] == "reference", (op, data["chosen"])
+        for c in data["candidates"]:
+            reasons[(op, c["provider"])] = [{k: r[k] for k in ("code", "field", "expected", "actual")}
+                                            for r in c["reasons"]]
+    absent = [{"code": "unavailable", "field": "cuda", "expected": "a CUDA device", "actual": "none visible"}]
+    assert reasons[("attention", "torch_varlen")] == reasons[("rmsnorm", "torch_native")] == absent
+    for key in [("rmsnorm", "triton"), ("moe_route", "triton"), ("moe_experts", "triton")]:
+        if key in reasons:  # magi2-backend-triton installed
+            assert reasons[key] == absent, key
+    text = runner.invoke(app, ["explain", "rmsnorm", "--device", "cuda"]).stdout
+    assert "note: there is no cuda device on this host" in text
+
+
+def test_check_failure_hint_reruns_that_case_alone_and_piped_output_has_a_line_per_provider() -> None:
+    """A failing case prints the ``magi2 check`` command that reruns it (it once printed pytest's ``-k``,
+    which ``magi2 check`` did not accept), and piped output (a CI log, nox) says as each provider's cases
+    finish what passed: it once printed nothing for minutes, then everything at the end."""
+    import re
+
+    import bad_provider.plugin as bad_plugin
+
+    import magi2_core as m2
+
+    m2.get_registry().register(bad_plugin, name="bad_example")
+    try:
+        result = runner.invoke(app, ["check", "--provider", "bad_attention", "--provider", "reference",
+                                     "--op", "attention", "--seed", "3", "--max-tokens", "64"])
+        assert result.exit_code == 1, result.output
+        lines = result.stdout.splitlines()
+        done = [line for line in lines if re.match(r"attention\[(bad_attention|reference)\] on cpu: \d+ passed", line)]
+        assert len(done) == 2 and lines.index(done[0]) < lines.index(done[1]), result.stdout[:3000]
+        assert any(line.startswith("FAILED attention[bad_attention]-cpu-") for line in lines)
+        rerun = re.search(r'reproduce: magi2 check --seed 3 -k "([^"]+)"', result.stdout)
+        assert rerun is not None, result.stdout[-3000:]
+        again = runner.invoke(app, ["check", "--seed", "3", "-k", rerun.group(1).upper()])
+        assert again.exit_code == 1, again.output
+        assert "attention[bad_attention] on cpu: 0 passed, 1 failed" in again.stdout
+        assert "1 failed" in again.stdout.splitlines()[-1]
+        none = runner.invoke(app, ["check", "-k", "no-such-case"])
+        assert none.exit_code == 2 and "no case id contains 'no-such-case'" in none.stderr
+    finally:
+        m2.get_registry().unregister("bad_example")

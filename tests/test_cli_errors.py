@@ -31,6 +31,10 @@ def _rejected(args: list[str], needle: str) -> str:
         (["explain", "moe_route", "--experts", "8", "--top-k", "9"], "--top-k 9 exceeds --experts 8"),
         (["explain", "moe_experts", "--experts", "4", "--top-k", "6"], "--top-k 6 exceeds --experts 4"),
         (["explain", "attention", "--tokens", "10", "--max-seqlen-q", "20"], "exceeds --tokens 10"),
+        (["explain", "attention", "--tokens", "100", "--segments", "2", "--max-seqlen-q", "10"],
+         "--tokens 100 do not fit in --segments 2 of at most --max-seqlen-q 10"),
+        (["explain", "rmsnorm", "--out-dtype", "int8"], "--out-dtype int8: rmsnorm writes bfloat16, float16 or float32"),
+        (["explain", "attention", "--dtype", "int8"], "--dtype int8: the ops take bfloat16, float16, float32"),
         (["explain", "rmsnorm", "--width", "0"], "--width must be at least 1"),
         (["explain", "attention", "--head-dim", "-8"], "--head-dim must be at least 1"),
         (["explain", "convolution"], "unknown op 'convolution'"),
@@ -104,3 +108,51 @@ def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
         pytest.skip("the example plugin (tests/plugins/example, device 'fpga') is not installed")
     result = runner.invoke(app, ["explain", "rmsnorm", "--device", "fpga", "--dtype", "float32"])
     assert result.exit_code == 0, result.output  # the example plugin's made-up device is known to the registry
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["demo", "--json"], {"MAGI2_ATTENTION_PROVIDER": "nope"},
+         "UnknownProviderError: attention: no provider named 'nope' (env override); installed: ["),
+        (["demo", "--json"], {"MAGI2_MOE_PROVIDER": "not_installed"}, "no provider named 'not_installed'"),
+        (["demo"], {"MAGI2_SHADOW": "2"}, "ConfigError: MAGI2_SHADOW='2' is not valid (outside [0, 1]); accepted"),
+        (["demo"], {"MAGI2_PLUGINS": "nope"}, "MAGI2_PLUGINS='nope' is not valid (not installed: ['nope']"),
+        (["demo"], {"MAGI2_CHECK_DEVICE_VALUES": "maybe"}, "MAGI2_CHECK_DEVICE_VALUES='maybe' is not valid"),
+        (["demo"], {"MAGI2_STRICT": "banana"}, "MAGI2_STRICT='banana' is not valid (not a boolean); accepted: 1"),
+        (["backends"], {"MAGI2_SHADOW": "abc"}, "MAGI2_SHADOW='abc' is not valid"),
+        (["env"], {"MAGI2_SHADOW_RAISE": "perhaps"}, "MAGI2_SHADOW_RAISE='perhaps'"),
+        (["explain", "rmsnorm"], {"MAGI2_DETERMINISTIC": "y"}, "MAGI2_DETERMINISTIC='y'"),
+        (["check", "--op", "rmsnorm"], {"MAGI2_ROUTER_BIAS_SOURCE": "average"}, "MAGI2_ROUTER_BIAS_SOURCE='average'"),
+        (["bench", "--iters", "1"], {"MAGI2_VLLM_OMNI": "sometimes"}, "MAGI2_VLLM_OMNI='sometimes'"),
+        (["explain", "rmsnorm"], {"MAGI2_RMSNORM_PROVIDER": "nope"}, "no provider named 'nope'"),
+    ],
+)
+def test_a_bad_magi2_variable_is_a_one_line_error_in_every_command(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    """What was wrong and what works, in one line, exit 2: no traceback, no table, no backend reported
+    quarantined for it (``MAGI2_SHADOW=abc magi2 backends`` once listed the reference as quarantined)."""
+    from magi2_core import config
+
+    monkeypatch.setattr(config, "_values", {})  # as in a fresh process: nothing read yet
+    result = runner.invoke(app, args, env=env)
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output and "quarantined" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(f"magi2 {args[0]}: error: ") and needle in lines[-1], result.stderr
+    assert all(line.startswith("  done ") for line in lines[:-1]), lines  # only the demo's progress before it
+
+
+def test_a_forced_provider_that_cannot_serve_the_demo_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from magi2_core import config
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: fa3 may serve the demo")
+    monkeypatch.setattr(config, "_values", {})
+    result = runner.invoke(app, ["demo", "--json"], env={"MAGI2_ATTENTION_PROVIDER": "fa3"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("magi2 demo: error: ProviderNotEligibleError: attention: provider 'fa3' was forced")
+    assert "[device_type] device_type: needs cuda, got cpu" in line and "magi2 explain" in line

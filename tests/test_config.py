@@ -137,3 +137,45 @@ def test_committed_configuration_page_matches_the_declarations() -> None:
     spec.loader.exec_module(module)
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == module.render(), "docs/configuration.md is stale: run python scripts/gen_config_doc.py"
+
+
+def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deterministic=None`` (the default) reads MAGI2_DETERMINISTIC in attention as in moe_experts: the
+    resolution asks for the feature and the chosen kernel is called with ``deterministic=True``."""
+    import sys
+    import types
+
+    from magi2_core import BackendSpec, Capability, Feature, hookimpl
+
+    seen: list[bool] = []
+
+    def kernel(q: torch.Tensor, *args: object, deterministic: bool, **kwargs: object) -> tuple[torch.Tensor, None]:
+        seen.append(deterministic)
+        return torch.zeros_like(q), None
+
+    module = types.ModuleType("magi2_toy_det_attention")
+    module.kernel = kernel  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    plugin = types.ModuleType("magi2_toy_det_plugin")
+    cap = Capability(op="attention", name="toy_det", impl=f"{module.__name__}:kernel", device_types=("cpu",),
+                     dtypes=("float32",), features=frozenset({Feature.DETERMINISTIC}), priority=-50)
+    plugin.magi2_backend = hookimpl(  # type: ignore[attr-defined]
+        lambda: BackendSpec(name="toy-det", version="0", core_api=">=1.0,<2", providers=(cap,)))
+    registry = m2.get_registry()
+    registry.register(plugin, "toy_det")
+    q, k, v = (torch.randn(6, 2, 8) for _ in range(3))
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    try:
+        assert Feature.DETERMINISTIC not in m2.resolve("attention", q, k, v, cu, cu).problem.features
+        m2.attention(q, k, v, cu, cu, provider="toy_det")
+        monkeypatch.setenv("MAGI2_DETERMINISTIC", "1")
+        m2.reload_config()
+        assert Feature.DETERMINISTIC in m2.resolve("attention", q, k, v, cu, cu).problem.features
+        assert Feature.DETERMINISTIC not in m2.resolve("attention", q, k, v, cu, cu, deterministic=False).problem.features
+        m2.attention(q, k, v, cu, cu, provider="toy_det")
+        m2.attention(q, k, v, cu, cu, provider="toy_det", deterministic=False)
+        assert seen == [False, True, False]
+    finally:
+        registry.unregister("toy_det")
+        monkeypatch.delenv("MAGI2_DETERMINISTIC")
+        m2.reload_config()

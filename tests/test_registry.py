@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import types
+from importlib.metadata import entry_points
 
 import pydantic
 import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, hookimpl
+from magi2_core import BackendSpec, Capability, config, hookimpl
 from magi2_core.registry import Registry
 
 
@@ -131,3 +136,72 @@ def test_descriptors_are_frozen_and_json_round_trip() -> None:
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         c.priority = 3  # type: ignore[misc]
     assert Capability.model_validate_json(c.model_dump_json()) == c
+
+
+def test_a_plugin_whose_import_hangs_is_quarantined_after_the_documented_limit() -> None:
+    """tests/plugins/broken's ``broken_hang`` sleeps 60 s at import: the registry waits for it at most
+    ``MAGI2_PLUGIN_IMPORT_TIMEOUT`` seconds, then goes on without it (in a fresh process: the import
+    goes on in a background thread, holding that module's import lock)."""
+    if "broken_hang" not in {ep.name for ep in entry_points(group="magi2_core.backends")}:
+        pytest.skip("tests/plugins/broken is not installed (pip install -e tests/plugins/broken)")
+    code = (
+        "import time, torch, magi2_core as m2\n"
+        "from magi2_core.registry import Registry\n"
+        "start = time.perf_counter(); reg = Registry(); reg.backends()\n"
+        "print(time.perf_counter() - start)\n"
+        "print({q.entry_point: q.reason for q in reg.quarantined()}['broken_hang'])\n"
+        "print(sorted(b.entry_point for b in reg.backends()))\n"
+        "print(m2.rmsnorm(torch.randn(2, 8), torch.randn(1, 1, 8)).shape)\n"
+    )
+    env = {**os.environ, "BROKEN_PLUGIN_HANG_S": "60", "MAGI2_PLUGIN_IMPORT_TIMEOUT": "3"}
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=55)
+    assert result.returncode == 0, result.stderr[-2000:]
+    seconds, reason, loaded, shape = result.stdout.strip().splitlines()
+    assert 3.0 <= float(seconds) < 30.0 and time.perf_counter() - start < 55.0
+    assert "did not finish within 3 s" in reason and "MAGI2_PLUGIN_IMPORT_TIMEOUT" in reason, reason
+    assert "'reference'" in loaded and shape == "torch.Size([2, 8])"
+
+
+def test_a_plugin_that_asks_for_the_registry_while_it_is_imported_sees_it_so_far() -> None:
+    """The import runs in a helper thread while the loading thread holds the registry's lock: the
+    helper must not wait for that lock (it would, until the import limit, and be quarantined)."""
+    reg = Registry(discover=False)
+    seen: list[int] = []
+
+    class Reentrant:
+        name, value, dist = "reentrant", "reentrant_plugin", None
+
+        def load(self) -> types.ModuleType:
+            seen.append(len(reg.providers("rmsnorm")))
+            return _plugin("reentrant", _cap("inside"))
+
+    with reg._lock:  # as _ensure_loaded holds it while it imports
+        plugin, failure = reg._import(Reentrant(), 30.0)
+    assert failure is None and seen == [0] and isinstance(plugin, types.ModuleType)
+
+
+def test_slow_backend_warning_says_how_to_drop_it(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from magi2_core import registry
+
+    monkeypatch.setattr(registry, "SLOW_LOAD_S", -1.0)  # every load counts as slow
+    reg = Registry(discover=False)
+    with caplog.at_level("INFO", logger="magi2_core"):
+        reg.register(_plugin("sloth", _cap("sloth")), name="sloth")
+    (record,) = [r for r in caplog.records if "'sloth'" in r.getMessage()]
+    assert record.levelname == "WARNING" and "MAGI2_DISABLE_PLUGINS=sloth" in record.getMessage()
+
+
+@pytest.mark.parametrize(("var", "raw"), [("MAGI2_STRICT", "banana"), ("MAGI2_SHADOW", "abc"),
+                                          ("MAGI2_CHECK_DEVICE_VALUES", "maybe")])
+def test_every_variable_is_validated_before_the_first_backend_loads(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str
+) -> None:
+    """A bad value is the caller's ConfigError, even for a variable that this process would read only
+    on an accelerator (MAGI2_STRICT) or that a backend's import reads first (MAGI2_SHADOW), never a
+    backend quarantined for it."""
+    monkeypatch.setattr(config, "_values", {})  # as in a fresh process: nothing read yet
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(m2.ConfigError, match=f"{var}={raw!r}"):
+        Registry().backends()

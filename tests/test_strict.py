@@ -152,3 +152,27 @@ def test_strict_mode_on_a_real_gpu_names_the_rejected_providers() -> None:
         assert idx.shape == (1, 64, 2)
     finally:
         m2.set_strict(False)
+
+
+@pytest.mark.parametrize("value", ["no", "yes", "false", 1, 0, 1.0])
+def test_set_strict_takes_booleans_only(monkeypatch: pytest.MonkeyPatch, value: object) -> None:
+    """``bool("no")`` is True: a string must be refused, not read as strict mode on."""
+    monkeypatch.setattr(strict, "_STRICT", None)
+    with pytest.raises(m2.InvalidValueError, match=r"'enabled' must be True, False or None"):
+        m2.set_strict(value)  # type: ignore[arg-type]
+    assert strict._STRICT is None
+
+
+def test_set_strict_returns_the_previous_setting_and_none_follows_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(strict, "_STRICT", None)
+    assert m2.set_strict(True) is None and strict.is_strict()
+    assert m2.set_strict(False) is True and not strict.is_strict()
+    monkeypatch.setenv("MAGI2_STRICT", "1")
+    m2.reload_config()
+    try:
+        assert m2.set_strict(None) is False and strict.is_strict()  # the variable rules again
+    finally:
+        monkeypatch.delenv("MAGI2_STRICT")
+        m2.reload_config()

@@ -7,12 +7,18 @@ imports typer and rich only: each command imports torch and the registry when it
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated
 
 import typer
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.cli import backends, bench, check, demo, env, explain
+from magi2_core.cli._output import typed_errors
+
+# torch warns at import when numpy is missing; magi2 does not use numpy (it is no dependency), so the
+# warning names nothing a user of the command line could or should do.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 app = typer.Typer(
     name="magi2",
@@ -42,12 +48,9 @@ def _root(
     """MAGI-2 kernel-backend registry."""
 
 
-app.command("backends")(backends.backends)
-app.command("env")(env.env)
-app.command("explain")(explain.explain)
-app.command("demo")(demo.demo)
-app.command("check")(check.check)
-app.command("bench")(bench.bench)
+for _name, _command in (("backends", backends.backends), ("env", env.env), ("explain", explain.explain),
+                         ("demo", demo.demo), ("check", check.check), ("bench", bench.bench)):
+    app.command(_name)(typed_errors(_name)(_command))
 
 
 def main() -> None:

@@ -30,14 +30,25 @@ def _backend_json(b: LoadedBackend, status: dict[tuple[str, str], ProviderStatus
 
 
 def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
-    """The learned-sink correction each device type gets: present ones and those a correction declares."""
+    """The learned-sink correction each device type gets: present ones and those a correction declares.
+
+    For a device type this host lacks, what would be tried, in order, without importing a kernel for it
+    (describing stays cheap: the Triton correction imports Triton)."""
     from magi2_core.errors import ConfigError
     from magi2_core.registry import get_registry
-    from magi2_core.sink_corrections import sink_correction_for
+    from magi2_core.sink_corrections import FORCED_BY, TORCH, sink_correction_for
 
-    declared = {d for c in get_registry().state().sink_corrections for d in c.device_types}
+    corrections = get_registry().state().sink_corrections  # priority descending
+    declared = {d for c in corrections for d in c.device_types}
     out: dict[str, dict[str, str]] = {}
     for device_type in sorted(set(device_types) | declared):
+        if device_type not in device_types:
+            var = FORCED_BY.get(device_type)
+            forced = config.get(var) if var is not None else None
+            order = [forced] if forced else [*(c.name for c in corrections if device_type in c.device_types), TORCH]
+            how = f"forced by {var}" if forced else "the first that imports of " + ", ".join(order)
+            out[device_type] = {"name": order[0], "detail": f"{how} (not imported: no {device_type} device here)"}
+            continue
         try:
             chosen = sink_correction_for(device_type)
             out[device_type] = {"name": chosen.name, "detail": chosen.detail}

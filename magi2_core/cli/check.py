@@ -1,7 +1,14 @@
-"""``magi2 check``: run the conformance kit against installed providers; non-zero exit on any failure."""
+"""``magi2 check``: run the conformance kit against installed providers; non-zero exit on any failure.
+
+On a terminal a progress bar; piped (CI logs, ``nox -s conformance``) one line as each provider's cases
+finish, so that a long run is never silent.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -9,9 +16,11 @@ import typer
 from magi2_core.cli._output import console, print_json, usage_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.table import Table
 
-    from magi2_core.testing.runner import CaseResult, KitReport
+    from magi2_core.testing.runner import AnyCase, CaseResult, KitReport
 
 
 def _table(report: KitReport) -> Table:
@@ -36,6 +45,9 @@ def check(
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated inputs")] = 0,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens",
                                                    help="longest boundary layout generated [default: 256]")] = None,
+    keyword: Annotated[list[str] | None, typer.Option(
+        "-k", help="only cases whose id contains this text, ignoring case (repeatable); a failure prints the "
+        "command that reruns it alone")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run the conformance kit: generated cases per provider, compared with the reference provider."""
@@ -64,9 +76,17 @@ def check(
     if not kit.cases:
         why = "; ".join(f"{s.op}[{s.provider}]: {s.reason}" for s in kit.skipped) or "no provider selected"
         usage_error("check", f"nothing to check here: {why}", json_out=json_out)
+    if keyword:
+        wanted = [k.lower() for k in keyword]
+        kit = dataclasses.replace(kit, cases=[c for c in kit.cases if any(k in c.id.lower() for k in wanted)])
+        if not kit.cases:
+            usage_error("check", f"no case id contains {' or '.join(map(repr, keyword))} (a failing case "
+                        "prints its id)", json_out=json_out)
     if json_out:
         report = run_kit(kit_plan=kit)
         print_json(report.as_dict())
+    elif not console.is_terminal:  # piped: a live progress bar would print nothing until the end
+        report = run_kit(kit_plan=kit, on_result=_line_per_provider(kit.cases))
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
@@ -78,6 +98,7 @@ def check(
                     progress.console.print(f"[red]FAILED[/red] {result.case.id}")
 
             report = run_kit(kit_plan=kit, on_result=advance)
+    if not json_out:
         for failure in report.failed:
             console.rule(f"[red]{failure.case.id}")
             console.print(failure.report, markup=False, highlight=False)
@@ -85,3 +106,24 @@ def check(
         console.print(report.format().rsplit("\n\n", 1)[-1], markup=False, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _line_per_provider(cases: list[AnyCase]) -> Callable[[CaseResult, int, int], None]:
+    """A progress callback that prints one line when all the cases of an (op, provider, device) are done."""
+    planned = Counter((c.op, c.provider, c.device) for c in cases)
+    seen: dict[tuple[str, str, str], Counter[str]] = {}
+    start = time.monotonic()
+
+    def advance(result: CaseResult, done: int, total: int) -> None:
+        c = result.case
+        group = (c.op, c.provider, c.device)
+        counts = seen.setdefault(group, Counter())
+        counts[result.status] += 1
+        if result.status == "failed":
+            console.print(f"FAILED {c.id}", markup=False, highlight=False)
+        if counts.total() == planned[group]:
+            console.print(f"{c.op}[{c.provider}] on {c.device}: {counts['passed']} passed, {counts['failed']} failed, "
+                          f"{counts['ineligible']} ineligible ({done}/{total} cases, {time.monotonic() - start:.0f} s)",
+                          markup=False, highlight=False)
+
+    return advance

@@ -18,7 +18,8 @@ def explain(
     tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,
     max_seqlen_q: Annotated[int | None, typer.Option(help="longest query segment")] = None,
     max_seqlen_k: Annotated[int | None, typer.Option(help="longest key segment (default: = q)")] = None,
-    segments: Annotated[int, typer.Option(help="number of segments")] = 1,
+    segments: Annotated[int, typer.Option(help="number of segments (of equal length unless --max-seqlen-q/k "
+                                                "say otherwise)")] = 1,
     head_dim: Annotated[int, typer.Option(help="attention head dim")] = 128,
     heads_q: Annotated[int, typer.Option(help="query heads")] = 24,
     heads_kv: Annotated[int | None, typer.Option(help="kv heads (default: = q heads)")] = None,
@@ -44,6 +45,7 @@ def explain(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
+    from magi2_core.environment import present_device_types
     from magi2_core.errors import ResolutionError
     from magi2_core.ops import SPECS
     from magi2_core.ops._spec import ExplainError
@@ -59,6 +61,9 @@ def explain(
     if device not in known:
         reject(f"unknown device type {device!r}; known here: {', '.join(sorted(known))}")
     dt = _DTYPES.get(dtype, dtype)
+    floats = ("bfloat16", "float16", "float32")  # the activation dtypes every op's contract takes
+    if dt not in floats:
+        reject(f"--dtype {dtype}: the ops take {', '.join(floats)} activations (or bf16, fp16, fp32)")
     sizes = dict(tokens=tokens, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, segments=segments,
                  head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv, moe_heads=moe_heads, experts=experts,
                  top_k=top_k, hidden=hidden, intermediate=intermediate, width=width, modalities=modalities,
@@ -96,6 +101,10 @@ def explain(
         print_json(res.model_dump(mode="json"))
     else:
         console.print(res.explain(), highlight=False, markup=False)
+        if device not in present_device_types():
+            console.print(f"note: there is no {device} device on this host, so every provider that needs one at "
+                          f"run time is rejected as unavailable; on a machine with one the choice may differ",
+                          highlight=False, markup=False)
     if not res.ok:
         raise typer.Exit(1)
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple, Protocol, overload
 
 import torch
 
+from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.capability import Capability
 from magi2_core.contracts import _checks as ck
@@ -344,7 +345,7 @@ def attention(
     softmax_scale: float | None = ...,
     softcap: float = ...,
     sinks: torch.Tensor | None = ...,
-    deterministic: bool = ...,
+    deterministic: bool | None = ...,
     return_lse: Literal[False] = ...,
     sink_rescale: SinkRescale = ...,
     provider: str | None = ...,
@@ -362,7 +363,7 @@ def attention(
     softmax_scale: float | None = ...,
     softcap: float = ...,
     sinks: torch.Tensor | None = ...,
-    deterministic: bool = ...,
+    deterministic: bool | None = ...,
     return_lse: Literal[True],
     sink_rescale: SinkRescale = ...,
     provider: str | None = ...,
@@ -379,7 +380,7 @@ def attention(
     softmax_scale: float | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
-    deterministic: bool = False,
+    deterministic: bool | None = None,
     return_lse: bool = False,
     sink_rescale: SinkRescale = "fp32",
     provider: str | None = None,
@@ -391,8 +392,10 @@ def attention(
     cap. ``sinks`` FP32 ``[S, Hq]`` are extra softmax logits (never rounded to the activation dtype).
     ``sink_rescale``: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (scale cast to
     q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
-    prefix sums live on the GPU.
+    prefix sums live on the GPU. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
     """
+    if deterministic is None:
+        deterministic = config.get("MAGI2_DETERMINISTIC")
     try:  # attribute reads, not getattr with a default: this runs on every call
         asks_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     except AttributeError:  # not tensors: validation says which
@@ -540,10 +543,11 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
     def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AttentionCall:
         kw = dict(kwargs)
+        det = kw.pop("deterministic", None)
         return validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
                         softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
                         sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
-                        deterministic=kw.pop("deterministic", False), return_lse=kw.pop("return_lse", False),
+                        deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det, return_lse=kw.pop("return_lse", False),
                         compiling=False, **kw)
 
     def run(self, kernel: Any, call: AttentionCall) -> Any:
@@ -668,19 +672,28 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
         }
 
     def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+        # Segments of equal length unless --max-seqlen-* say otherwise; keys lay out like the queries
+        # unless --max-seqlen-k is given. Zero tokens is an empty call, not the default size.
         tokens, segments, heads_q = opts["tokens"], opts["segments"], opts["heads_q"]
-        mq = opts["max_seqlen_q"] if opts["max_seqlen_q"] is not None else (tokens or 4096)
+        if opts["max_seqlen_q"] is not None:
+            mq = opts["max_seqlen_q"]
+        else:
+            mq = 4096 if tokens is None else -(-tokens // segments)
+        tq = mq * segments if tokens is None else tokens
+        if mq > tq:
+            raise ExplainError(f"--max-seqlen-q {mq} exceeds --tokens {tq}")
+        if mq * segments < tq:
+            raise ExplainError(f"--tokens {tq} do not fit in --segments {segments} of at most --max-seqlen-q {mq}")
         mk = opts["max_seqlen_k"] if opts["max_seqlen_k"] is not None else mq
+        tk = tq if opts["max_seqlen_k"] is None else mk * segments
         hkv = opts["heads_kv"] or heads_q
         if heads_q % hkv:
             raise ExplainError(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} "
                                "(grouped-query attention needs it)")
-        if mq > (tokens or mq * segments):
-            raise ExplainError(f"--max-seqlen-q {mq} exceeds --tokens {tokens}")
         features |= {f for f, on in ((Feature.SOFTCAP, opts["softcap"]), (Feature.SINKS, opts["sinks"]),
                                      (Feature.LSE, opts["lse"]), (Feature.DETERMINISTIC, opts["deterministic"]),
                                      (Feature.GQA, hkv != heads_q)) if on}
-        return dict(tokens=tokens or mq * segments, tokens_k=mk * segments, max_seqlen_q=mq, max_seqlen_k=mk,
+        return dict(tokens=tq, tokens_k=tk, max_seqlen_q=mq, max_seqlen_k=mk,
                     num_segments=segments, head_dim=opts["head_dim"], num_heads_q=heads_q, num_heads_kv=hkv)
 
 

@@ -20,7 +20,7 @@ from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._dispatch import dispatcher
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import ExplainError, OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.testing.case import Call, Case, dtype_of, make_case, randn
@@ -309,10 +309,13 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
     def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
         tokens, dt = opts["tokens"], opts["dtype"]
-        out = opts["out_dtype"] or dt
+        out = opts["dtype_names"].get(opts["out_dtype"], opts["out_dtype"]) or dt
+        if out not in {ck.dtype_name(d) for d in ck.FLOATS}:
+            raise ExplainError(f"--out-dtype {opts['out_dtype']}: rmsnorm writes bfloat16, float16 or float32 "
+                               "(the call raises for any other out_dtype)")
         return dict(tokens=tokens if tokens is not None else 4096, width=opts["width"],
                     num_modalities=opts["modalities"], num_patterns=opts["patterns"],
-                    out_dtype=opts["dtype_names"].get(out, out))
+                    out_dtype=out)
 
 
 SPEC = RMSNormSpec()

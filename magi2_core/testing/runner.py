@@ -246,7 +246,8 @@ def _header(case: AnyCase, seed: int, kit_seed: int, cap: Capability | None) -> 
     backend = f" (backend {cap.backend} {cap.version})" if cap is not None and cap.backend else ""
     return (f"magi2 conformance: {case.op} provider '{case.provider}'{backend} on {case.device}, {case.dtype}\n"
             f"case: {case.id}\n"
-            f"seed: case {seed} (reproduce: --magi2-seed {kit_seed} -k \"{case.id}\")")
+            f"seed: case {seed} (reproduce: magi2 check --seed {kit_seed} -k \"{case.id}\", "
+            f"or pytest --magi2-seed {kit_seed} -k \"{case.id}\")")
 
 
 def _run_validation(case: ValidationCase, seed: int) -> list[str]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import inspect
+from pathlib import Path
 
 from magi2_backend_reference import __version__
 from magi2_core.capability import Capability
@@ -13,20 +16,42 @@ _ALL_FEATURES = frozenset(Feature)
 _PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
+_VARLEN = "torch.nn.attention.varlen"
+
+
+def _varlen_parameters() -> frozenset[str]:
+    """The parameter names of this torch's ``varlen_attn``, read from its source without importing it:
+    the import pulls in torch._dynamo (2.6 s of every process's start on a CPU), and describing a
+    provider must stay cheap. Empty when torch has no such module (``check()`` then reports the
+    provider unavailable, with the reason); the import itself only where the source is not readable."""
+    try:
+        spec = importlib.util.find_spec(_VARLEN)
+    except (ImportError, ValueError):
+        return frozenset()
+    if spec is None:
+        return frozenset()
+    try:
+        tree = ast.parse(Path(str(spec.origin)).read_text(encoding="utf-8"))
+        (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "varlen_attn"]
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):  # no source, or defined elsewhere
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+
+            return frozenset(inspect.signature(varlen_attn).parameters)
+        except (ImportError, ValueError, TypeError):
+            return frozenset()
+    args = fn.args
+    return frozenset(a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
 
 
 def _varlen_features() -> frozenset[Feature]:
-    """GQA only where this torch's varlen_attn takes ``enable_gqa`` (torch 2.11 does not: the
-    conformance kit caught the over-claim on the H200). A signature read, no kernel import."""
+    """GQA only where this torch's varlen_attn takes ``enable_gqa`` (torch 2.11's does not: the
+    conformance kit caught the over-claim on the H200)."""
     feats = {Feature.SINKS, Feature.LSE, Feature.COMPILING}
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-
-        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
-            feats.add(Feature.GQA)
-    except (ImportError, ValueError, TypeError):
-        pass  # no varlen_attn at all: check() reports the provider unavailable with the reason
+    if "enable_gqa" in _varlen_parameters():
+        feats.add(Feature.GQA)
     return frozenset(feats)
+
 
 # Priorities: reference 0 (always eligible, last resort), torch-native 10, Triton 20, vendor kernels 30.
 PROVIDERS = (

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from magi2_backend_reference.device import absent_device
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
@@ -33,6 +34,9 @@ class TorchVarlenAttention:
         return varlen_attn, AuxRequest, frozenset(inspect.signature(varlen_attn).parameters)
 
     def check(self, problem: Problem) -> Sequence[Reason]:
+        absent = absent_device(problem.device_type)
+        if absent:  # before _api: a host without the device never imports varlen (and torch._dynamo)
+            return absent
         api = self._api
         if isinstance(api, str):
             return [
@@ -44,8 +48,6 @@ class TorchVarlenAttention:
                     detail=api,
                 )
             ]
-        if problem.device_type == "cuda" and not torch.cuda.is_available():
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none")]
         params = api[2]
         out: list[Reason] = []
         if Feature.GQA in problem.features and "enable_gqa" not in params:

@@ -10,18 +10,29 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from magi2_backend_reference.device import absent_device
 from magi2_backend_reference.rmsnorm import broadcast_scale
+from magi2_core.problem import Problem
+from magi2_core.resolution import Reason
 
-__all__ = ["torch_rmsnorm"]
+__all__ = ["TorchRMSNorm", "torch_rmsnorm"]
 
 
-def torch_rmsnorm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    eps: float,
-    modality_sizes: Sequence[int] | None,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    n = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
-    return (n * broadcast_scale(x, weight, modality_sizes)).to(out_dtype)
+class TorchRMSNorm:
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        return absent_device(problem.device_type)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        eps: float,
+        modality_sizes: Sequence[int] | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        n = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+        return (n * broadcast_scale(x, weight, modality_sizes)).to(out_dtype)
+
+
+torch_rmsnorm = TorchRMSNorm()

@@ -1,0 +1,87 @@
+"""The documentation against the repository: links resolve, no machine's paths, every doc listed.
+
+README.md, docs/*.md and the backends' READMEs are read by users on their own machines: a link must
+reach a file of the repository, and a path must be one the user has (a path of the repository,
+relative), never a directory of the machine where a measurement or a session ran.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS, *sorted(ROOT.glob("backends/*/README.md"))]
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target) and ![alt](target)
+# An absolute path: "/" then a name, at the start of a token (not inside a URL, k/v, 1/L or a relative path).
+_ABSOLUTE = re.compile(r"(?:^|(?<=[\s`'\"(=,;\[]))(/[A-Za-z_.][\w.+-]*(?:/[\w.+-]*)*)")
+# What a session of the project's own machines left behind, never something a user has or runs.
+_MACHINE = re.compile(r"\$OUT\b|\$\{OUT\}|\blent\b|(?<![\w-])device calls?\b|\bpayload\b|nvidia-h200-x\d|\bcarry `")
+
+
+def _rel(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+
+def _broken_links(text: str, where: Path, root: Path = ROOT) -> list[str]:
+    broken = []
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):  # a URL, mailto:, an anchor
+            continue
+        path = (where / target.split("#", 1)[0]).resolve()
+        if not path.exists() or root not in path.parents:
+            broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_relative_link_resolves_to_a_file_of_the_repository(page: Path) -> None:
+    broken = _broken_links(page.read_text(encoding="utf-8"), page.parent)
+    assert not broken, f"{_rel(page)}: links that do not resolve to a file of the repository: {broken}"
+
+
+def test_the_link_check_catches_a_missing_file_and_a_file_outside_the_repository() -> None:
+    text = ("[ok](api.md) [anchor](operators.md#32-routing) [gone](no-such.md) [up](../../README.md) "
+            "[web](https://example.org/x.md) ![plot](img/nope.svg)")
+    assert _broken_links(text, ROOT / "docs") == ["no-such.md", "../../README.md", "img/nope.svg"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_no_absolute_or_machine_specific_path(page: Path) -> None:
+    found = []
+    for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        found += [f"line {n}: {m}" for m in _ABSOLUTE.findall(line)]
+        found += [f"line {n}: {m.group(0)!r}" for m in _MACHINE.finditer(line)]
+    assert not found, f"{_rel(page)} names paths or machinery a user does not have: {found}"
+
+
+def test_the_readme_layout_names_every_doc() -> None:
+    text = README.read_text(encoding="utf-8")
+    layout = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    missing = [p.name for p in DOCS if p.name not in layout]
+    assert not missing, f"README's Layout section does not list {missing}"
+    assert "img/" in layout  # docs/img holds the generated plots
+
+
+@pytest.mark.parametrize(
+    ("text", "bad"),
+    [
+        ("python3 -m pip install --target /tmp/site .whl/*.whl", ["/tmp/site"]),
+        ("--out $OUT/distributed_h200x2.json", ["$OUT"]),
+        ("see /work/main/README.md", ["/work/main/README.md"]),
+        ("the lent H200", ["lent"]),
+        ("(carry `.whl`)", ["carry `"]),
+        ("its payload travels in two device calls", ["payload", "device calls"]),
+        ("k/v, 1/L, https://docs.python.org/3/, backends/reference/src, eager / graph, $TMPDIR/$USER, "
+         "a plain single-device call", []),
+    ],
+)
+def test_the_path_checks_catch_what_they_are_for(text: str, bad: list[str]) -> None:
+    got = _ABSOLUTE.findall(text) + [m.group(0) for m in _MACHINE.finditer(text)]
+    assert got == bad
