@@ -30,7 +30,7 @@ from magi2_core.registry import get_registry
 from magi2_core.sinks import sink_correction
 
 H, D = 24, 128
-MATMUL_TFLOPS = 679.0  # H200 bf16 matmul ceiling, measured on the lent H200 on 2026-11-30
+MATMUL_TFLOPS = 679.0  # H200 bf16 matmul ceiling, measured on one H200 on 2026-11-30
 LOOP = 20
 LONG = {"32768": [32768], "8192x4": [8192] * 4, "14601x2": [14601] * 2}
 SHORT = {

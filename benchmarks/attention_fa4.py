@@ -194,7 +194,7 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
 
 
 def _commit() -> str:
-    for var in ("MAGI2_GIT_COMMIT", "GIT_COMMIT"):  # scripts/h200_session.sh sets the first
+    for var in ("MAGI2_GIT_COMMIT", "GIT_COMMIT"):  # scripts/gpu_session.sh sets the first
         if os.environ.get(var, "unknown") != "unknown":
             return os.environ[var]
     try:

@@ -37,9 +37,10 @@ import torch.multiprocessing as mp
 
 from benchmarks._common import git_commit, stats
 
-# NVLink multicast must stay off on the shared H200 hosts (device KINDS.md): forced, not defaulted.
+# NVLink multicast off: on a host whose GPUs other jobs share, a multicast fault can take them all down, so this
+# benchmark never uses it (forced, not defaulted).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on the lent H200 on 2026-11-30
+COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on one H200 on 2026-11-30
 MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
 
 

@@ -36,7 +36,7 @@ from benchmarks import _common
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the names of docs/operators.md §3
 DEV = "cuda"
-COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on the lent H200 on 2026-11-30
+COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on one H200 on 2026-11-30
 MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
 
 

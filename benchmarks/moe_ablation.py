@@ -1,7 +1,7 @@
 """Where the Gluon fused-MoE kernel spends its time, by leaving pieces out (no hardware counters here).
 
-The lent H200 runs under gVisor, where Nsight Compute cannot read counters, so time is placed inside
-the kernel the way the device notes suggest: time the kernel with one piece of its work removed
+Where no hardware counters can be read (Nsight Compute needs them, and some virtualised GPU hosts
+refuse them), time is placed inside the kernel by differences: time the kernel with one piece of its work removed
 (`kernels_gluon.py`, ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
 8 the weight refills in the slice loop, 16 the loop itself, 32 the activation gather, 64 the store)
 and take differences against the whole kernel, all in one run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k

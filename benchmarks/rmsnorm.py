@@ -27,7 +27,7 @@ from magi2_backend_triton.rmsnorm import triton_rmsnorm
 
 from benchmarks._common import env_record, stats, time_alternating
 
-COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (measured on the lent H200, 2026-11-30)
+COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (measured on one H200, 2026-11-30)
 EPS = 1e-6
 
 def summarize(ms: Sequence[float], nbytes: int) -> dict[str, float]:
