@@ -246,14 +246,14 @@ def tally_route_ids(idx: torch.Tensor, truth: RouteTruth) -> RouteIdTally:
     hl, t, e = sel.shape
     k = truth.top_k
     rows = hl * t
+    if rows == 0:
+        return RouteIdTally(0, 0, 0, 0, 0, 0, 0, 0, 0)
     sel = sel.reshape(rows, e)
-    got = idx.to(sel.device).long().reshape(rows, -1)
+    got = idx.to(sel.device).long().reshape(rows, k)
     checked = (truth.finite | truth.all_nan).reshape(rows)
     out = ((got < 0) | (got >= e)).any(dim=-1)
     srt = torch.sort(got, dim=-1).values
-    repeated = (srt[:, 1:] == srt[:, :-1]).any(dim=-1) if k > 1 else torch.zeros_like(out)
-    if rows == 0:
-        return RouteIdTally(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    repeated = (srt[:, 1:] == srt[:, :-1]).any(dim=-1)
     values, order = torch.sort(sel, dim=-1, descending=True, stable=True)
     near = _ties(values[:, 1:], values[:, :-1]) | ((values[:, :-1] - values[:, 1:]) <= ROUTE_GAP)
     m = min(k + 1, e)
