@@ -219,8 +219,11 @@ def moe_route(
     (eps 1e-12) unless ``route_norm=False``, times ``route_scale``. ``router_weight`` may be the
     :class:`~magi2_core.moe_weights.PreparedRouterWeight` of :func:`prepare_router_weight` (same result).
     """
-    prepared = router_weight if isinstance(router_weight, PreparedRouterWeight) else None
-    w = router_weight if prepared is None else prepared.weight
+    prepared: PreparedRouterWeight | None = None
+    if isinstance(router_weight, PreparedRouterWeight):
+        prepared, w = router_weight, router_weight.weight
+    else:
+        w = router_weight
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(w, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):  # fmt: skip
         forward_only(OP, x=x, router_weight=w, bias=bias)
