@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from magi2_backend_reference.moe import reference_moe_route
 
 import magi2_core as m2
-from magi2_backend_reference.moe import reference_moe_route
 from magi2_core.capability import Capability
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.integrations import vllm_omni as integ
