@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from magi2_backend_reference.moe import reference_moe_route
-from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, fused_route
+from magi2_backend_triton.moe_route_fused import CANDIDATES, DEFAULTS, SHARED_BUDGET, RouteConfig, fused_route
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth, tally_route_ids
@@ -180,6 +180,13 @@ def test_configs_give_the_contract(config: RouteConfig) -> None:
     x, w, b = _inputs(20, 2, 8, 48, seed=9)
     probs, idx = fused_route(x, w, b, config=config, **_opts(top_k=3))  # type: ignore[arg-type]
     assert accept_moe_route(probs, idx, route_truth(x, w, b, **_opts(top_k=3)))  # type: ignore[arg-type]
+
+
+def test_every_config_fits_the_shared_memory_and_the_dot() -> None:
+    for cfg in {*CANDIDATES, *(c for _, c in DEFAULTS)}:
+        assert cfg.shared_bytes(256) <= SHARED_BUDGET, cfg
+        assert cfg.block_t >= 16 and cfg.block_d >= 16 and cfg.num_warps in (4, 8, 16), cfg
+    assert DEFAULTS[-1][0] is None
 
 
 def test_public_op_resolves_and_prepared_weights_give_the_same_bits() -> None:

@@ -43,7 +43,7 @@ from magi2_core.moe_weights import ROUTER_BF16X3, PreparedRouterWeight, split_ro
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
-__all__ = ["CANDIDATES", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
+__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
            "triton_fused_moe_route"]
 
 
@@ -61,28 +61,38 @@ class RouteConfig(NamedTuple):
     def name(self) -> str:
         return f"t{self.block_t}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}" + ("" if self.split_acc else "_1acc")
 
+    def shared_bytes(self, block_e: int = 256) -> int:
+        """Shared memory of the software pipeline: per stage an x slice and the three BF16 planes' slices."""
+        return self.num_stages * (self.block_t * self.block_d * 2 + 3 * self.block_d * block_e * 2)
 
-# What benchmarks/route_profile.py times, at E = 256 (BLOCK_E = 256 logits per token row). Register
-# budget per thread, per [BLOCK_T, 256] FP32 tile: BLOCK_T * 256 / (32 * num_warps); the GEMM holds two
-# tiles (split_acc), the selection two (scores and keys), so 64 x 256 needs 8 warps and 128 x 256 16.
+
+# What one program may take of the H200's 227 KiB of shared memory per block, the rest left to the
+# reductions' scratch: every candidate fits it at E = 256 (a test checks).
+SHARED_BUDGET = 220 * 1024
+
+# What benchmarks/route_profile.py times, at E = 256 (BLOCK_E = 256 logits per token row). Registers per
+# thread per [BLOCK_T, 256] FP32 tile: BLOCK_T * 256 / (32 * num_warps); the GEMM holds two tiles
+# (split_acc), the selection two (scores and keys): 64 rows want 8 warps, 128 rows 16. Shared memory:
+# the planes' slices are 3 * BLOCK_D * 256 * 2 bytes per stage (48 KiB at BLOCK_D = 32).
 CANDIDATES: tuple[RouteConfig, ...] = (
-    RouteConfig(16, 64, 4, 3),
-    RouteConfig(32, 64, 4, 3),
-    RouteConfig(32, 128, 4, 2),
-    RouteConfig(64, 64, 4, 3),
-    RouteConfig(64, 64, 8, 3),
-    RouteConfig(64, 128, 8, 2),
-    RouteConfig(128, 64, 8, 3),
-    RouteConfig(128, 64, 16, 2),
-    RouteConfig(64, 64, 8, 3, split_acc=False),
-    RouteConfig(128, 64, 16, 2, split_acc=False),
+    RouteConfig(16, 32, 4, 3),
+    RouteConfig(32, 32, 4, 3),
+    RouteConfig(32, 64, 4, 2),
+    RouteConfig(64, 16, 8, 4),
+    RouteConfig(64, 32, 4, 3),
+    RouteConfig(64, 32, 8, 3),
+    RouteConfig(64, 64, 8, 2),
+    RouteConfig(128, 32, 8, 3),
+    RouteConfig(128, 32, 16, 3),
+    RouteConfig(64, 32, 8, 3, split_acc=False),
+    RouteConfig(128, 32, 16, 3, split_acc=False),
 )
 
 # The default, by local token count: (largest T served, config), the last row for every larger T.
 # Not yet measured on a GPU: the benchmark's sweep picks these; edit the table, nothing else.
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
-    (1024, RouteConfig(32, 64, 4, 3)),
-    (None, RouteConfig(64, 64, 8, 3)),
+    (1024, RouteConfig(32, 32, 4, 3)),
+    (None, RouteConfig(64, 32, 8, 3)),
 )
 
 # The interpreter pays per program, not per warp: a bigger token block keeps the CPU tests fast.
@@ -143,6 +153,7 @@ def _route_kernel(
     SPLIT_ACC: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
+    WIDE_W: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -154,7 +165,10 @@ def _route_kernel(
     cols = tl.arange(0, BLOCK_E)
     col_ok = cols < E
     dd = tl.arange(0, BLOCK_D)
-    w_rows = (head * E + cols) * D  # element offset of each expert's router row
+    w_rows = tl.program_id(1) * E + cols  # each expert's router row
+    if WIDE_W:  # the planes past 2**31 elements: int64 offsets (int32 is cheaper on every weight tile)
+        w_rows = w_rows.to(tl.int64)
+    w_rows = w_rows * D
     x_rows = x_ptr + toks * stride_xt + head * stride_xh
 
     # ---- logits z [BLOCK_T, BLOCK_E] = x · w^T, FP32-accurate, in registers -------------------------
@@ -300,9 +314,10 @@ def fused_route(
         SPLIT_ACC=cfg.split_acc,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
+        WIDE_W=3 * w.numel() >= 2**31,
         BLOCK_T=block_t,
         BLOCK_D=block_d,
-        BLOCK_E=triton.next_power_of_2(e),
+        BLOCK_E=max(16, triton.next_power_of_2(e)),  # a dot's N of 16 at least (older Triton, Triton-MUSA)
         BLOCK_K=triton.next_power_of_2(top_k),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
