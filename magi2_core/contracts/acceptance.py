@@ -173,7 +173,7 @@ def route_truth(
     """The float64 truth of one ``moe_route`` call, on the inputs' device."""
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
-    w = router_weight.detach().view(hl, e, d)
+    w = router_weight.detach().reshape(hl, e, d)
     z = torch.bmm(x.detach().double().permute(1, 0, 2), w.double().transpose(1, 2))
     # A BLAS may sum two equal columns in different orders; equal router rows must tie exactly.
     first = torch.stack([_first_equal_row(w[h]) for h in range(hl)]) if hl else torch.zeros(0, e, dtype=torch.long)
