@@ -519,6 +519,30 @@ def route_profile_rows(d: Data) -> list[Row]:
     return rows
 
 
+def route_fused_rows(d: Data) -> list[Row]:
+    """`benchmarks/route_profile.py` since the fused router: the route's share of the experts, same run."""
+    at = f"{d['device']}, {d['git_commit']}"
+    rows: list[Row] = []
+    for r in d["rows"]:
+        ms = {k: v["p50"] for k, v in r["ms"].items()}
+        acc = r["accuracy"]
+        wrong = sum(v["clear_rows_wrong"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
+        ok = all(v["contract_ok"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
+        rows.append(
+            (
+                "moe_route, fused router (graph p50)",
+                f"T = {r['tokens']}, {r['heads']} heads x 256 experts, top-6",
+                f"fused {_ms(ms['fused'])} ms = {r['share_of_experts']['fused']:.1%} of the experts "
+                f"({_ms(ms['experts'])} ms); vllm-omni main {_ms(ms['vllm_omni_main'])} ms",
+                f"best config {r['best_config']} {_ms(ms[r['best_config']])} ms; without preparation "
+                f"{_ms(ms['fused_unprepared'])} ms; current triton {_ms(ms['triton'])} ms",
+                ("routing contract holds" if ok else "ROUTING CONTRACT VIOLATED")
+                + f", {wrong} clear-row id differences (random and planted inputs); {at}",
+            )
+        )
+    return rows
+
+
 # The newest `benchmarks/moe.py` run (the table's kernel, the previous kernel and `_grouped_mm`; also plotted).
 MOE_BENCH = "moe_h200_cabdec4.json"
 
@@ -540,6 +564,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_layers_h200_73cdf12.json": moe_layers_rows,
     "moe_align_h200_cabdec4.json": moe_align_rows,
     "route_profile_h200.json": route_profile_rows,
+    "route_fused_h200.json": route_fused_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
     "moe_ablation_h200.json": moe_ablation_rows,
     "moe_sweep_pdl_h200.json": moe_sweep_rows,

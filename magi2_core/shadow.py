@@ -198,7 +198,7 @@ def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out
     try:
         with torch.no_grad():
             ref = spec.run(_reference_kernel(op), call)
-            verdicts = spec.accept(call.key, spec.outputs(out), spec.outputs(ref))
+            verdicts = spec.accept(call.key, spec.outputs(out), spec.outputs(ref), call)
     except Exception as exc:  # the shadow must never take the serving call down with it
         with _lock:
             _stats.bump(key, "errors")

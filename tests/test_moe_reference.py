@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.contracts.acceptance import accept_moe_experts, accept_moe_route, rel_l2
+from magi2_core.contracts.acceptance import accept_moe_experts, accept_moe_route, rel_l2, route_truth
 
 
 def _router(hl: int, e: int, d: int, *, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -49,7 +49,8 @@ def test_route_matches_oracle(
     assert probs.dtype == torch.float32 and probs.shape == (hl, t, k) and idx.shape == (hl, t, k)
     assert torch.equal(idx.long(), ref_i)
     assert torch.allclose(probs.double(), ref_p, rtol=0, atol=1e-6)
-    verdict = accept_moe_route(probs, idx, ref_p.float(), ref_i)
+    verdict = accept_moe_route(probs, idx, route_truth(x, w, b, top_k=k, route_scale=4.9, route_norm=True,
+                                                       score_func="sigmoid"))
     assert verdict, str(verdict)
     if t:  # weights sum to route_scale (all sigmoid scores are positive)
         assert torch.allclose(probs.double().sum(-1), torch.full((hl, t), 4.9, dtype=torch.float64), atol=1e-5)

@@ -1,7 +1,7 @@
-"""Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.8, §4.4).
+"""Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.2, §3.8, §4.4).
 
-Each rule compares a provider's output with the reference provider's output on the same inputs and
-returns an :class:`Acceptance` (ok, the metric that decided, a readable detail). Tests, the
+Each rule compares a provider's output with the reference provider's output on the same inputs (the
+routing rule: with the float64 truth of the inputs, :func:`route_truth`) and returns an :class:`Acceptance` (ok, the metric that decided, a readable detail). Tests, the
 conformance kit, ``magi2 check`` and shadow verification all use these functions, so a tolerance is
 stated once.
 """
@@ -12,16 +12,25 @@ from dataclasses import dataclass
 
 import torch
 
+from magi2_core.contracts.moe import ScoreFunc, router_scores
+
 __all__ = [
     "ATTENTION_TOL",
     "Acceptance",
     "accept_attention",
     "accept_lse",
     "accept_moe_experts",
+    "ROUTE_GAP",
+    "ROUTE_WEIGHT_TOL",
+    "RouteIdTally",
+    "RouteTruth",
     "accept_moe_route",
     "accept_rmsnorm",
     "allclose",
+    "expected_route_weights",
     "rel_l2",
+    "route_truth",
+    "tally_route_ids",
     "within_ulps",
 ]
 
@@ -121,13 +130,197 @@ def accept_lse(actual: torch.Tensor, expected: torch.Tensor, activation_dtype: t
     return allclose(actual, expected, rtol, atol, "attention lse")
 
 
-def accept_moe_route(
-    probs: torch.Tensor, idx: torch.Tensor, ref_probs: torch.Tensor, ref_idx: torch.Tensor
-) -> Acceptance:
-    if not torch.equal(idx.cpu().long(), ref_idx.cpu().long()):
-        n = int((idx.cpu().long() != ref_idx.cpu().long()).sum())
-        return Acceptance(False, "moe_route ids", f"{n} expert ids differ from the reference selection")
-    return allclose(probs, ref_probs, 1e-5, 1e-6, "moe_route probs")
+# ---------------------------------------------------------------------------------------------
+# moe_route (operators.md §3.2): ids against the float64 truth, weights against the reference's FP32
+# ---------------------------------------------------------------------------------------------
+ROUTE_GAP = 1e-5
+"""Selection scores (float64) closer than this are a near-tie: their order is not promised."""
+ROUTE_WEIGHT_TOL = 1e-6
+"""rtol = atol of the routing weights against the reference's FP32 weights on the provider's ids."""
+
+
+@dataclass(frozen=True)
+class RouteTruth:
+    """What the routing contract compares a provider with, for one call (:func:`route_truth`).
+
+    ``selection``: float64 ``score + bias`` ``[Hl, T, E]`` (logits, sigmoid/softmax and bias in float64;
+    experts with bitwise-equal router rows get bitwise-equal logits). ``scores32``: the reference's FP32
+    scores (:func:`magi2_core.contracts.moe.router_scores`), from which the expected weights of any
+    ids are formed. ``finite`` / ``all_nan`` ``[Hl, T]``: every float64 logit of the row is finite /
+    NaN (NaN in x); the other rows (some logits infinite or NaN: an infinite x) are held to the
+    non-finite clause only.
+    """
+
+    selection: torch.Tensor
+    scores32: torch.Tensor
+    finite: torch.Tensor
+    all_nan: torch.Tensor
+    top_k: int
+    route_scale: float
+    route_norm: bool
+
+
+def route_truth(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    route_scale: float,
+    route_norm: bool,
+    score_func: ScoreFunc,
+) -> RouteTruth:
+    """The float64 truth of one ``moe_route`` call, on the inputs' device."""
+    t, hl, d = x.shape
+    e = router_weight.shape[0] // hl
+    w = router_weight.detach().reshape(hl, e, d)
+    z = torch.bmm(x.detach().double().permute(1, 0, 2), w.double().transpose(1, 2))
+    # A BLAS may sum two equal columns in different orders; equal router rows must tie exactly.
+    first = torch.stack([_first_equal_row(w[h]) for h in range(hl)]) if hl else torch.zeros(0, e, dtype=torch.long)
+    z = torch.gather(z, 2, first.view(hl, 1, e).expand(hl, t, e))
+    s = torch.sigmoid(z) if score_func == "sigmoid" else torch.softmax(z, dim=-1)
+    sel = s if bias is None else s + bias.detach().double().view(hl, 1, e)
+    finite = torch.isfinite(z).all(dim=-1)
+    all_nan = torch.isnan(z).all(dim=-1) & (e > 0)
+    scores32 = router_scores(x.detach(), router_weight.detach(), score_func)
+    return RouteTruth(sel, scores32, finite, all_nan, top_k, float(route_scale), route_norm)
+
+
+def _first_equal_row(w: torch.Tensor) -> torch.Tensor:
+    """``[E]``: for each row of ``w [E, d]``, the lowest index of a row with the same bits."""
+    _, inverse = torch.unique(w.contiguous().view(torch.int32), dim=0, return_inverse=True)
+    e = w.shape[0]
+    rows = torch.arange(e, device=w.device)
+    lowest = torch.full((e,), e, dtype=torch.long, device=w.device).scatter_reduce(0, inverse, rows, "amin")
+    return lowest[inverse]
+
+
+def _ties(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
+
+
+@dataclass(frozen=True)
+class RouteIdTally:
+    """The ids clause of the routing contract, counted over (head, token) rows.
+
+    ``clear_rows``: rows whose float64 selection scores among the top k+1 are all more than
+    :data:`ROUTE_GAP` apart (their ids must equal the truth's, in order); ``near_tie_rows``: the other
+    rows with finite (or all-NaN) logits; ``nonfinite_rows``: rows with some infinite or NaN logits.
+    The counts after them are violations (all must be 0): ``clear_rows_wrong`` (a clear row whose ids
+    differ from the truth), ``group_violations`` (position j holds an expert outside the near-tie
+    group of the truth's j-th expert; includes ``clear_rows_wrong``), ``tie_order_violations`` (an
+    expert chosen before, or instead of, a lower-id expert with exactly the same selection score),
+    ``out_of_range`` and ``repeated`` (rows with an id outside [0, E) or an expert twice).
+    """
+
+    rows: int
+    clear_rows: int
+    near_tie_rows: int
+    nonfinite_rows: int
+    clear_rows_wrong: int
+    group_violations: int
+    tie_order_violations: int
+    out_of_range: int
+    repeated: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.group_violations or self.tie_order_violations or self.out_of_range or self.repeated)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.__dict__.items()}
+
+
+def tally_route_ids(idx: torch.Tensor, truth: RouteTruth) -> RouteIdTally:
+    """Count the ids clause over every row (operators.md §3.2: the routing contract).
+
+    Near-tie groups: sort a row's float64 selection scores descending (stable: equal scores in
+    ascending expert id, NaN first); consecutive experts whose scores are equal or at most
+    :data:`ROUTE_GAP` apart share a group (chains: a group may span more than ROUTE_GAP). Position j of
+    the provider's ids must hold an expert of the group of the truth's j-th expert: inside a group any
+    order, and any members where a group straddles the k-th place; everywhere else the truth's expert.
+    Exact ties (equal float64 scores, equal router rows included) go to the lowest id: a chosen expert's
+    lower-id equals must be chosen before it.
+    """
+    sel = truth.selection
+    hl, t, e = sel.shape
+    k = truth.top_k
+    rows = hl * t
+    if rows == 0:
+        return RouteIdTally(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    sel = sel.reshape(rows, e)
+    got = idx.to(sel.device).long().reshape(rows, k)
+    checked = (truth.finite | truth.all_nan).reshape(rows)
+    out = ((got < 0) | (got >= e)).any(dim=-1)
+    srt = torch.sort(got, dim=-1).values
+    repeated = (srt[:, 1:] == srt[:, :-1]).any(dim=-1)
+    values, order = torch.sort(sel, dim=-1, descending=True, stable=True)
+    near = _ties(values[:, 1:], values[:, :-1]) | ((values[:, :-1] - values[:, 1:]) <= ROUTE_GAP)
+    m = min(k + 1, e)
+    clear = checked & ~near[:, : m - 1].any(dim=-1)
+    group = torch.cat([torch.zeros(rows, 1, dtype=torch.long, device=sel.device), (~near).long().cumsum(-1)], -1)
+    group_of = torch.empty_like(group).scatter_(1, order, group)  # expert -> its group
+    safe = got.clamp(0, max(e - 1, 0))
+    wrong_place = (group_of.gather(1, safe) != group[:, :k]).any(dim=-1)
+    clear_wrong = clear & (got != order[:, :k]).any(dim=-1)
+    # exact ties: for a chosen b, every a < b with sel[a] == sel[b] is chosen at an earlier position
+    sb = sel.gather(1, safe)  # [R, K]
+    lower_equal = (_ties(sel[:, None, :], sb[:, :, None])
+                   & (torch.arange(e, device=sel.device)[None, None, :] < safe[:, :, None])).sum(-1)
+    pos = torch.arange(k, device=sel.device)
+    earlier = (_ties(sb[:, :, None], sb[:, None, :]) & (safe[:, None, :] < safe[:, :, None])
+               & (pos[None, :] < pos[:, None])[None]).sum(-1)  # fmt: skip
+    tie_bad = (lower_equal != earlier).any(dim=-1)
+    valid = ~out & ~repeated
+
+    def n(mask: torch.Tensor) -> int:
+        return int(mask.sum())
+
+    return RouteIdTally(
+        rows=rows,
+        clear_rows=n(clear),
+        near_tie_rows=n(checked & ~clear),
+        nonfinite_rows=n(~checked),
+        clear_rows_wrong=n(clear & valid & clear_wrong),
+        group_violations=n(checked & valid & wrong_place),
+        tie_order_violations=n(checked & valid & tie_bad),
+        out_of_range=n(out),
+        repeated=n(repeated & ~out),
+    )
+
+
+def expected_route_weights(idx: torch.Tensor, truth: RouteTruth) -> torch.Tensor:
+    """The reference's FP32 weights of the experts ``idx`` names: its scores gathered at those ids,
+    L1-normalised (eps 1e-12) unless ``route_norm=False``, times ``route_scale`` (ids must be in range)."""
+    p = torch.gather(truth.scores32, -1, idx.to(truth.scores32.device).long())
+    if truth.route_norm:
+        p = p / p.abs().sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    return p * truth.route_scale
+
+
+def accept_moe_route(probs: torch.Tensor, idx: torch.Tensor, truth: RouteTruth) -> Acceptance:
+    """The routing contract (operators.md §3.2): the ids clause of :func:`tally_route_ids`, then the
+    weights within rtol = atol = 1e-6 of :func:`expected_route_weights` on the provider's own ids, on
+    every row with finite (or all-NaN) logits."""
+    hl, t, _ = truth.selection.shape
+    shape = [hl, t, truth.top_k]
+    if list(idx.shape) != shape or list(probs.shape) != shape:
+        return Acceptance(False, "moe_route shape", f"got probs {list(probs.shape)}, idx {list(idx.shape)}; "
+                                                    f"expected {shape}")
+    if probs.dtype != torch.float32:
+        return Acceptance(False, "moe_route dtype", f"probs are {probs.dtype}, expected torch.float32")
+    tally = tally_route_ids(idx, truth)
+    counts = (f"{tally.rows} rows: {tally.clear_rows} clear, {tally.near_tie_rows} near-tie, "
+              f"{tally.nonfinite_rows} non-finite")
+    if not tally.ok:
+        bad = {k: v for k, v in tally.as_dict().items() if k in (
+            "clear_rows_wrong", "group_violations", "tie_order_violations", "out_of_range", "repeated") and v}
+        return Acceptance(False, "moe_route ids", f"{counts}; violations {bad}")
+    rows = (truth.finite | truth.all_nan).cpu()
+    got = probs.cpu()[rows]
+    want = expected_route_weights(idx, truth).cpu()[rows]
+    close = allclose(got, want, ROUTE_WEIGHT_TOL, ROUTE_WEIGHT_TOL, "moe_route weights")
+    return Acceptance(close.ok, close.metric, f"{counts}; ids within the contract; {close.detail}")
 
 
 def accept_moe_experts(actual: torch.Tensor, expected: torch.Tensor, intermediate: int) -> Acceptance:

@@ -119,9 +119,10 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
         """A public or provider result as named tensors (an output not asked for is left out)."""
 
     @abstractmethod
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
-               ) -> list[Acceptance]:
-        """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)."""
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
+               call: CallT) -> list[Acceptance]:
+        """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)
+        for the validated ``call`` that produced both (a rule may judge against a truth of the inputs)."""
 
     # -- conformance ---------------------------------------------------------------------------
     @abstractmethod

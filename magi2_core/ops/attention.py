@@ -561,8 +561,8 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
             return {"o": out}
         return {"o": out[0]} if out[1] is None else {"o": out[0], "lse": out[1]}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
-               ) -> list[acc.Acceptance]:
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
+               call: Any) -> list[acc.Acceptance]:
         results = [acc.accept_attention(got["o"], ref["o"])]
         if "lse" in ref and "lse" in got:
             results.append(acc.accept_lse(got["lse"], ref["lse"], ref["o"].dtype))

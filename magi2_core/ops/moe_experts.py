@@ -336,8 +336,8 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
-               ) -> list[acc.Acceptance]:
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
+               call: Any) -> list[acc.Acceptance]:
         return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
 
     def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:

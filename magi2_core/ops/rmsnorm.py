@@ -254,8 +254,8 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]
-               ) -> list[acc.Acceptance]:
+    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
+               call: Any) -> list[acc.Acceptance]:
         return [acc.accept_rmsnorm(got["y"], ref["y"])]
 
     def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:

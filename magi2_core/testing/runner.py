@@ -229,8 +229,10 @@ def _check_layout(case: Case, call: Call, got: dict[str, torch.Tensor]) -> None:
             raise _Failure(f"output '{name}' is on {t.device}, inputs on {case.device}")
 
 
-def _accept(case: Case, problem: Problem, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[str]:
-    results = SPECS[case.op].accept(problem, got, ref)
+def _accept(case: Case, problem: Problem, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+            call: Call) -> list[str]:
+    spec = SPECS[case.op]
+    results = spec.accept(problem, got, ref, spec.validate_arguments(call.args, call.kwargs))
     for r in results:
         if not r.ok:
             raise _Failure(f"disagrees with the reference beyond the contract: {r}")
@@ -303,8 +305,9 @@ def _run_case(case: Case, cap: Capability, seed: int) -> tuple[Status, list[str]
     if case.provider == REFERENCE and case.device == "cpu":
         checks.append("oracle is this provider itself on the CPU: agreement holds by construction")
     else:
-        ref = _run_provider(case, call.to("cpu"), REFERENCE)
-        checks += _accept(case, problem, {k: v.cpu() for k, v in got.items()}, ref)
+        on_cpu = call.to("cpu")
+        ref = _run_provider(case, on_cpu, REFERENCE)
+        checks += _accept(case, problem, {k: v.cpu() for k, v in got.items()}, ref, on_cpu)
     if case.p.get("deterministic"):
         again = _run_provider(case, call, case.provider)
         for name, t in got.items():

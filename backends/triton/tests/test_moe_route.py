@@ -1,9 +1,10 @@
-"""The Triton ``moe_route`` provider: the reference's expert ids exactly, weights against a float64 oracle.
+"""The ``triton`` ``moe_route`` provider (torch scores + one selection kernel): the reference's expert ids
+exactly, and the routing contract against the float64 truth.
 
 CPU: the selection kernel runs under TRITON_INTERPRET=1. GPU (`gpu` marker): production-local
 shapes. Ids are compared for equality with the reference provider (ties included: both order equal
-scores by expert id) and with the float64 oracle where no two selection scores are within FP32
-rounding of each other; weights within 1e-6 of the oracle (the contract allows 1e-5 relative).
+scores by expert id: the same torch scores) and held to the routing contract (``accept_moe_route``);
+weights within 1e-6 of the float64 oracle where no two selection scores are within FP32 rounding.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from magi2_backend_reference.moe import reference_moe_route
 from magi2_backend_triton.moe_route import select_routes, triton_moe_route, triton_select_routes
 
 import magi2_core as m2
-from magi2_core.contracts.acceptance import accept_moe_route
+from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.errors import InvalidShapeError
 from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 
@@ -46,9 +47,17 @@ def _inputs(
     return x.to(DEVICE), w.to(DEVICE), None if b is None else b.to(DEVICE)
 
 
+def _opts(**kw: object) -> dict[str, object]:
+    return {"top_k": 6, "route_scale": 4.9, "route_norm": True, "score_func": "sigmoid"} | kw
+
+
 def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object) -> tuple[tuple[torch.Tensor, ...], ...]:
-    opts: dict[str, object] = {"top_k": 6, "route_scale": 4.9, "route_norm": True, "score_func": "sigmoid"} | kw
+    opts = _opts(**kw)
     return triton_moe_route(x, w, b, **opts), reference_moe_route(x, w, b, **opts)  # type: ignore[arg-type]
+
+
+def _truth(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object):  # type: ignore[no-untyped-def]
+    return route_truth(x, w, b, **_opts(**kw))  # type: ignore[arg-type]
 
 
 def _distinct_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, score_func: str) -> torch.Tensor:
@@ -74,10 +83,10 @@ def test_matches_reference_and_oracle(
     t: int, hl: int, e: int, d: int, k: int, dtype: torch.dtype, score_func: str, route_norm: bool, with_bias: bool
 ) -> None:
     x, w, b = _inputs(t, hl, e, d, dtype, seed=t * 31 + e, bias=with_bias)
-    (probs, idx), (ref_p, ref_i) = _both(x, w, b, top_k=k, route_norm=route_norm, score_func=score_func)
+    (probs, idx), (_ref_p, ref_i) = _both(x, w, b, top_k=k, route_norm=route_norm, score_func=score_func)
     assert probs.dtype == torch.float32 and idx.dtype == torch.int64 and probs.shape == (hl, t, k)
     assert torch.equal(idx, ref_i)
-    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    verdict = accept_moe_route(probs, idx, _truth(x, w, b, top_k=k, route_norm=route_norm, score_func=score_func))
     assert verdict, str(verdict)
     or_p, or_i = oracles.moe_route(x, w, b, top_k=k, route_scale=4.9, route_norm=route_norm, score_func=score_func)
     ok = _distinct_rows(x, w, b, score_func)
@@ -97,10 +106,10 @@ def test_ties_follow_the_expert_id_like_the_reference() -> None:
     bias = torch.zeros(hl * e)
     bias[[3, 6, 9, 12]] = 2.0  # the tied experts win the first slots; a fifth competes at the boundary
     x, w, bias = x.to(DEVICE), w.to(DEVICE), bias.to(DEVICE)
-    (probs, idx), (ref_p, ref_i) = _both(x, w, bias, top_k=k)
+    (probs, idx), (_ref_p, ref_i) = _both(x, w, bias, top_k=k)
     assert torch.equal(idx, ref_i)
     assert idx[0, :, :4].cpu().tolist() == [[3, 6, 9, 12]] * 13  # equal scores in expert-id order
-    assert accept_moe_route(probs, idx, ref_p, ref_i)
+    assert accept_moe_route(probs, idx, _truth(x, w, bias, top_k=k))
     sat = (idx[1, :, :2].cpu() == torch.tensor([4, 11])).all(dim=-1)
     assert bool(sat.any())  # the saturated pair really tied at 1.0 somewhere, and 4 came first
 
@@ -136,7 +145,8 @@ def test_non_finite_inputs_route_like_the_reference(kind: RouteSpecial, score_fu
     probs, idx = m2.moe_route(x, w, b, top_k=3, score_func=score_func, provider="triton")
     ref_p, ref_i = m2.moe_route(x, w, b, top_k=3, score_func=score_func, provider="reference")
     assert torch.equal(idx, ref_i), (idx, ref_i)  # the same ids, ties and NaN included
-    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    assert torch.equal(probs.isnan(), ref_p.isnan())
+    verdict = accept_moe_route(probs, idx, _truth(x, w, b, top_k=3, score_func=score_func))
     assert verdict, str(verdict)
     assert all(len(set(r)) == 3 for r in idx.reshape(-1, 3).tolist()) and bool(((idx >= 0) & (idx < 8)).all())
 
@@ -150,7 +160,8 @@ def test_production_shape_non_finite_inputs_route_like_the_reference(kind: Route
     x, b = route_specials(kind, x, b, top_k=6)
     (probs, idx), (ref_p, ref_i) = _both(x, w, b)
     assert torch.equal(idx, ref_i), f"{int((idx != ref_i).sum())} ids differ"
-    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    assert torch.equal(probs.isnan(), ref_p.isnan())
+    verdict = accept_moe_route(probs, idx, _truth(x, w, b))
     assert verdict, str(verdict)
 
 
@@ -160,9 +171,9 @@ def test_production_shape_non_finite_inputs_route_like_the_reference(kind: Route
 @pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
 def test_production_shape_ids_equal_the_reference(t: int, score_func: str) -> None:
     x, w, b = _inputs(t, 3, 256, 256, torch.bfloat16, seed=t)
-    (probs, idx), (ref_p, ref_i) = _both(x, w, b, score_func=score_func)
+    (probs, idx), (_ref_p, ref_i) = _both(x, w, b, score_func=score_func)
     assert torch.equal(idx, ref_i), f"{int((idx != ref_i).sum())} ids differ"
-    verdict = accept_moe_route(probs, idx, ref_p, ref_i)
+    verdict = accept_moe_route(probs, idx, _truth(x, w, b, score_func=score_func))
     assert verdict, str(verdict)
 
 

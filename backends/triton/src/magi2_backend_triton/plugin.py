@@ -40,6 +40,25 @@ def providers() -> tuple[Capability, ...]:
             description="fused routed MoE: on-device route alignment, GEMM1+SwiGLU7, GEMM2 x weight, top-k sum; "
             "gate/up packed once by prepare_moe_weights",
         ),
+        # The fused router holds a whole expert bank's logits for its token block in registers: 256
+        # experts per head at most (the production bank; more would spill). Wider banks resolve to
+        # "triton" below, which reads the torch GEMM's scores from memory instead.
+        Capability(
+            op="moe_route",
+            name="triton_fused",
+            impl="magi2_backend_triton.moe_route_fused:triton_fused_moe_route",
+            version=__version__,
+            device_types=devices,
+            dtypes=("bfloat16", "float16", "float32"),
+            ranges=(IntRange(field="num_experts", min=1, max=256),),
+            features=frozenset(
+                {Feature.DETERMINISTIC, Feature.COMPILING, Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
+            ),
+            priority=25,
+            description="one kernel per head group: the router GEMM as exact BF16x3 tensor-core dots (FP32-accurate "
+            "logits, never stored), sigmoid/softmax, biased top-k, unbiased weights, L1 norm, route_scale; the "
+            "router split once by prepare_router_weight",
+        ),
         Capability(
             op="moe_route",
             name="triton",
