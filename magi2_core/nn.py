@@ -4,9 +4,9 @@ Each layer holds its parameters in MAGI-2's checkpoint layout and calls the publ
 resolution, overrides and explanations apply. :class:`HeadRoutedMoE` prepares its expert weights for
 the serving provider once (at construction, after ``load_state_dict`` and after a device or dtype
 move); its gate/up parameters are then views of the prepared storage, so in-place updates reach the
-kernel and no second copy exists. Its router weight is prepared alongside
-(:func:`magi2_core.prepare_router_weight`), and again before a forward that finds it written in place or
-replaced since. Its ``state_dict`` stays in checkpoint layout.
+kernel and no second copy exists. Its router weight is routed with as it is (the fused router splits
+it for its tensor cores in registers, so there is no derived copy that a write could leave stale).
+Its ``state_dict`` stays in checkpoint layout.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from magi2_core import ops
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, PreparedRouterWeight
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 
 __all__ = ["MultiModalityRMSNorm", "PackedAttentionWithSinks", "HeadRoutedMoE"]
 
@@ -68,7 +68,6 @@ class HeadRoutedMoE(nn.Module):
         self.w_down = nn.Parameter(torch.empty(f, intermediate, head_dim, dtype=dtype))
         self._prepared: PreparedMoEWeights | None = None
         self._prepared_for: tuple[nn.Parameter, ...] = ()
-        self._prepared_router: PreparedRouterWeight | None = None
         self.reset_parameters()
         self.register_load_state_dict_post_hook(_prepare_after_load)  # type: ignore[no-untyped-call]
         self.register_state_dict_post_hook(_checkpoint_layout)  # type: ignore[no-untyped-call]
@@ -92,19 +91,6 @@ class HeadRoutedMoE(nn.Module):
             # views of it, so the old tensors are freed and no second copy of gate/up stays alive.
             self.w_gate.data, self.w_up.data, self.w_down.data = prepared.w_gate, prepared.w_up, prepared.w_down
         self._prepared, self._prepared_for = prepared, (self.w_gate, self.w_up, self.w_down)
-        self._prepared_router = ops.prepare_router_weight(self.router, num_heads=self.num_heads,
-                                                          dtype=self.w_gate.dtype)
-        return prepared
-
-    def prepared_router(self) -> PreparedRouterWeight:
-        """The router weight prepared for ``moe_route``'s provider, prepared again first if the parameter
-        was written in place or replaced since (inside ``torch.compile`` it is used as it is: the op
-        itself then falls back to the plain weight, same result, if the preparation is stale)."""
-        prepared = self._prepared_router
-        if prepared is not None and (torch.compiler.is_compiling() or prepared.current_for(self.router)):
-            return prepared
-        prepared = self._prepared_router = ops.prepare_router_weight(self.router, num_heads=self.num_heads,
-                                                                     dtype=self.w_gate.dtype)
         return prepared
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> HeadRoutedMoE:
@@ -115,7 +101,7 @@ class HeadRoutedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], self.num_heads, self.head_dim)
         bias = self.get_buffer("expert_bias")
-        probs, idx = ops.moe_route(heads, self.prepared_router(), bias, top_k=self.top_k,
+        probs, idx = ops.moe_route(heads, self.router, bias, top_k=self.top_k,
                                    route_scale=self.route_scale)
         was = self._prepared_for
         if self._prepared is not None and was[0] is self.w_gate and was[1] is self.w_up and was[2] is self.w_down:

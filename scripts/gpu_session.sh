@@ -76,9 +76,22 @@ python3 scripts/fingerprint.py --out "$OUT/fingerprint_$MAGI2_GIT_COMMIT.json" $
   > "$OUT/fingerprint.log" 2>&1; echo "fingerprint exit $?" >> "$OUT/fingerprint.log"
 grep -vE "quarantined|took [0-9.]+ s|^  |^provid|For further" "$OUT/fingerprint.log" | tail -12
 fi
+if want route_tests; then
+step "routing GPU tests (fused router, Triton selection provider)"
+gpu_tests gpu_tests_route backends/triton/tests/test_moe_route_fused.py backends/triton/tests/test_moe_route.py
+fi
 if want route; then
-step "routing pieces"
-python3 -m benchmarks.route_profile --out "$OUT/route_profile_${tag}.json" > "$OUT/route.log" 2>&1; tail -3 "$OUT/route.log"
+step "routing: fused router configs, the selection provider, vllm-omni's route rebuilt, torch; the contract check"
+python3 -m benchmarks.route_profile --out "$OUT/route_fused_${tag}.json" > "$OUT/route.log" 2>&1; tail -40 "$OUT/route.log"
+fi
+if want integration_tests; then
+step "vllm-omni integration GPU tests (real vllm-omni modules from the wheel)"
+gpu_tests gpu_tests_integration tests/integrations
+fi
+if want vllm_stack; then
+step "vllm-omni MAGI-2 layer stack, plugin off vs on (MAGI2_STACK_ARGS: extra arguments)"
+python3 -m benchmarks.vllm_omni_stack --wheel "${MAGI2_VLLM_OMNI_WHEEL:?no vllm-omni wheel in the wheelhouse}" \
+  --out "$OUT/vllm_omni_stack_${tag}.json" ${MAGI2_STACK_ARGS:-} > "$OUT/vllm_stack.log" 2>&1; tail -30 "$OUT/vllm_stack.log"
 fi
 if want demo; then
 step "demo"

@@ -135,42 +135,26 @@ def test_preparation_checks_its_arguments() -> None:
 
 
 @pytest.mark.usefixtures("preparer")
-def test_head_routed_moe_keeps_its_router_prepared() -> None:
+def test_layers_route_with_the_parameter_itself_so_no_write_goes_unseen() -> None:
+    """The layers hold no derived copy of the router: a write that bypasses the version counter
+    (``.data.copy_``, as weight loaders may do) still routes with the new values."""
     torch.manual_seed(0)
     moe = HeadRoutedMoE(num_heads=2, head_dim=16, num_experts=8, intermediate=32, top_k=3, dtype=torch.float32)
-    first = moe.prepared_router()
-    assert first.provider == "preparing" and first.current_for(moe.router)
-    x = torch.randn(5, 32)
-    with torch.no_grad():
-        moe(x)
-        assert SEEN[-1] is first.tensors[1]
-        moe.router.mul_(1.5)  # e.g. an optimizer step: prepared again before the next forward
-        y = moe(x)
-    second = moe.prepared_router()
-    assert second is not first and second.current_for(moe.router) and SEEN[-1] is second.tensors[1]
-    with torch.no_grad():
-        probs, idx = m2.moe_route(x.view(5, 2, 16), moe.router.detach(), moe.expert_bias, top_k=3)
-        assert torch.equal(y, m2.moe_experts(x.view(5, 2, 16), probs, idx, moe.w_gate, moe.w_up,
-                                             moe.w_down).view(5, 32))
-    state = {k: v.clone() * 0.5 if k == "router" else v for k, v in moe.state_dict().items()}
-    moe.load_state_dict(state)  # the post-load hook prepares again
-    assert moe._prepared_router is not None and moe._prepared_router.current_for(moe.router)
-
-
-@pytest.mark.usefixtures("preparer")
-def test_vllm_omni_layer_prepares_after_an_in_place_load() -> None:
     cfg = integ.Magi2MultiHeadMoEConfig(32, 2, 8, 2, 24, torch.float32, route_scale=4.9)
     layer = integ.Magi2MultiHeadMoE(cfg, ep_group=integ.EPGroup())
     for p in layer.parameters():
         with torch.no_grad():
-            p.copy_(torch.randn_like(p) * 0.1)  # vllm-omni's loader: copy_ into the parameters
-    before = layer._prepared_router
+            p.copy_(torch.randn_like(p) * 0.1)
     x = torch.randn(7, 32)
-    with torch.no_grad():
-        y = layer(x)
-    now = layer._prepared_router
-    assert now is not None and now is not before and now.current_for(layer.gate)
-    assert SEEN[-1] is now.tensors[1]
-    with torch.no_grad():
-        assert torch.equal(layer(x), y)  # current: nothing prepared again
-    assert layer._prepared_router is now
+    for module, router in ((moe, moe.router), (layer, layer.gate)):
+        with torch.no_grad():
+            module(x)
+            assert SEEN[-1] is None  # the plain weight reached the provider
+            router.data.copy_(torch.randn_like(router))  # the version counter does not move
+            y = module(x)
+            heads = x.view(7, 2, 16)
+            bias = moe.expert_bias if module is moe else layer._router_bias()
+            probs, idx = m2.moe_route(heads, router.detach(), bias, top_k=module.top_k, route_scale=4.9,
+                                      provider="reference")
+            w = (moe.w_gate, moe.w_up, moe.w_down) if module is moe else (layer.W_gate, layer.W_up, layer.W_down)
+            assert torch.equal(y, m2.moe_experts(heads, probs, idx, *w).view(7, 32))

@@ -46,7 +46,7 @@ from magi2_core import ops
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, PreparedRouterWeight
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.registry import REFERENCE
 
 __all__ = ["EPGroup", "Magi2MultiHeadMoE", "Magi2MultiHeadMoEConfig", "MoEConfigLike", "ParallelGroupLike"]
@@ -283,7 +283,6 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
         Returns the real heads' prepared weights, or None on the meta device (nothing to lay out
         until the weights exist).
         """
-        self._prepare_router()
         if self.W_gate.device.type == "meta":
             self._layout = None
             return None
@@ -366,33 +365,13 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
         return t if self._real_rows == t.shape[0] else t[: self._real_rows]
 
     # -- the router weight, prepared for moe_route's provider like the experts (issue 28) --------------
-    def _prepare_router(self) -> None:
-        """Prepare the real heads' router rows for the provider that routes them (nothing on meta)."""
-        w = self._rows(self.gate)
-        self._prepared_router: PreparedRouterWeight | None = None
-        if self.real_local_heads and w.device.type != "meta" and w.dtype == torch.float32:
-            self._prepared_router = ops.prepare_router_weight(w, num_heads=self.real_local_heads,
-                                                              dtype=self.W_gate.dtype)
-
-    def _router_weight(self) -> torch.Tensor | PreparedRouterWeight:
-        """What the forward routes with: the prepared router, prepared again first when the weight was
-        written in place or re-seated since (vllm-omni's loader copies the checkpoint in place)."""
-        w = self._rows(self.gate)
-        if w.dtype != torch.float32:  # cast with the model (.to(torch.bfloat16)): read in FP32, as vllm-omni does
-            return w.float()
-        prepared = self._prepared_router
-        if not torch.compiler.is_compiling() and (prepared is None or not prepared.current_for(w)):
-            self._prepare_router()
-            prepared = self._prepared_router
-        return w if prepared is None else prepared
-
     def _local_forward(self, x_heads: torch.Tensor) -> torch.Tensor:
         """Route and run this rank's real heads: ``[T, real_local_heads, d]`` -> same shape."""
         if x_heads.shape[0] == 0:
             return torch.empty_like(x_heads)
         probs, idx = ops.moe_route(
             x_heads,
-            self._router_weight(),
+            self._rows(self.gate).float(),
             self._rows(self._router_bias()).float(),
             top_k=self.top_k,
             route_scale=self.config.route_scale,

@@ -89,10 +89,12 @@ CANDIDATES: tuple[RouteConfig, ...] = (
 )
 
 # The default, by local token count: (largest T served, config), the last row for every larger T.
-# Not yet measured on a GPU: the benchmark's sweep picks these; edit the table, nothing else.
+# Measured on one H200 (route_fused_h200.json at 4556481, graph p50): t16 0.0175 ms at T = 512 x 3 heads
+# (t32 0.0223); t32_d32_w4 the fastest at 4096 and 14601 x 3 heads and 4096 x 12 (0.046 / 0.137 / 0.149 ms);
+# larger token blocks spill their two [T, 256] accumulators (t64_d32_w4 0.50 ms at 14601).
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
-    (1024, RouteConfig(32, 32, 4, 3)),
-    (None, RouteConfig(64, 32, 8, 3)),
+    (1024, RouteConfig(16, 32, 4, 3)),
+    (None, RouteConfig(32, 32, 4, 3)),
 )
 
 # The interpreter pays per program, not per warp: a bigger token block keeps the CPU tests fast.
