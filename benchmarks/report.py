@@ -44,6 +44,7 @@ SUPERSEDED = {
     "moe_h200_run3.json": "moe_h200_954e8b5.json",
     "distributed_tiny_h200x2.json": "distributed_h200x2.json",
     "route_profile_h200_3d65876.json": "route_profile_h200.json",
+    "route_fused_h200_4556481.json": "route_fused_h200.json",
     # the Gluon kernel's first sweep, before its wgmmas stopped being serialized (docs/moe-notes.md)
     "moe_sweep_gluon_serialized_h200.json": "moe_sweep_gluon_h200.json",
     # the same benchmarks at 954e8b5 (the Gluon kernel in the table); the earlier files keep the
@@ -226,10 +227,12 @@ def block_rows(d: Data) -> list[Row]:
             "experts (graph) " + " / ".join(_ms(r["graph_ms"]["experts"]["p50"]) for r in route) + " ms",
             f"target <= {limit:.2f}: "
             + (f"MISSED at T = {', '.join(str(t) for t in missed_t)}" if missed_t else "met")
-            + ("; ids equal the reference" if all(r["ids_equal_reference"] for r in route) else "; IDS DIFFER")
+            + _route_check(route)
             + f"; {at}",
         )
     )
+    for name, orc in d.get("oracle", {}).items():
+        rows.append(_oracle_row(name, orc, c, at))
     det, targets = d["deterministic"], d["targets"]
     missed = [k for k, ok in targets.items() if not ok]
     rows.append(
@@ -244,6 +247,59 @@ def block_rows(d: Data) -> list[Row]:
             + f"; {at}",
         )
     )
+    return rows
+
+
+def _route_check(route: list[Data]) -> str:
+    if all("route_contract_ok" in r for r in route):  # runs after the routing contract moved to float64 truth
+        return "; routes hold the routing contract" if all(r["route_contract_ok"] for r in route) else "; CONTRACT BROKEN"
+    return "; ids equal the reference" if all(r["ids_equal_reference"] for r in route) else "; IDS DIFFER"
+
+
+def _oracle_row(name: str, orc: Data, c: Data, at: str) -> Row:
+    """Per-layer error of both stacks against the FP32 oracle on the same input (benchmarks/block.py)."""
+    layers = orc["layers"]
+
+    def span(path: str, key: str) -> str:
+        vals = [row[path][key] for row in layers]
+        return f"{min(vals):.2e}-{max(vals):.2e}"
+
+    drift = orc["stack_drift"][-1]
+    wins = sum(row["magi2"]["layer_increment_clean_rows"] <= row["baseline"]["layer_increment_clean_rows"]
+               for row in layers)
+    return (
+        f"MAGI-2 block accuracy, {len(layers)} layers",
+        f"{name}: each layer against an FP32 oracle on the same input (rel-L2 of the layer increment)",
+        f"magi2 {span('magi2', 'layer_increment_clean_rows')} on tokens routed as the oracle; "
+        f"{span('magi2', 'layer_increment')} on all",
+        f"user stack {span('baseline', 'layer_increment_clean_rows')} / {span('baseline', 'layer_increment')}; "
+        f"rows routed other than the oracle {span('magi2', 'route_rows_other_experts')} (magi2), "
+        f"{span('baseline', 'route_rows_other_experts')} (user stack)",
+        f"magi2 <= user stack on {wins} of {len(layers)} layers (tokens routed as the oracle); after "
+        f"{len(layers)} layers each on its own stream: magi2 vs oracle {drift['magi2_vs_oracle']:.3f}, user stack "
+        f"vs oracle {drift['baseline_vs_oracle']:.3f}, magi2 vs user stack {drift['magi2_vs_baseline']:.3f} "
+        f"(route flips, docs/moe-notes.md); {at}",
+    )
+
+
+def vllm_omni_stack_rows(d: Data) -> list[Row]:
+    """vllm-omni's own MAGI-2 layers, plugin off vs on (benchmarks/vllm_omni_stack.py)."""
+    c = d["config"]
+    at = f"{d['device']}, {_short(d['git_commit'])}"
+    rows: list[Row] = []
+    for mode in ("eager", "compiled"):
+        runs = [r for r in d["results"] if r["mode"] == mode]
+        if not runs:
+            continue
+        ts = " / ".join(str(r["tokens"]) for r in runs)
+        rows.append((
+            f"vllm-omni MAGI-2 layers, {mode}" + (" (`compile_regions`)" if mode == "compiled" else ""),
+            f"vllm-omni {d['vllm_omni']}'s transformer blocks, {c['moe_layers']} layers, hidden {c['hidden']}, "
+            f"{c['heads_q']} x {c['head_dim']} attention, MoE {c['moe_heads']} heads x {c['experts']} experts; T = {ts}",
+            "plugin on " + " / ".join(_ms(r["ms_per_layer"]["on"]["p50"]) for r in runs) + " ms per layer",
+            "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms per layer",
+            "speed-up " + " / ".join(f"{r['speedup']:.2f}x" for r in runs) + f"; {at}",
+        ))
     return rows
 
 
@@ -566,6 +622,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "route_profile_h200.json": route_profile_rows,
     "route_fused_h200.json": route_fused_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
+    "vllm_omni_stack_h200.json": vllm_omni_stack_rows,
     "moe_ablation_h200.json": moe_ablation_rows,
     "moe_sweep_pdl_h200.json": moe_sweep_rows,
     "moe_sweep_ws_persistent_h200.json": moe_sweep_rows,
