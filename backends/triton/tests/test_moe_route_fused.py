@@ -2,8 +2,8 @@
 
 CPU: the kernel runs under TRITON_INTERPRET=1 on small shapes, against the float64 truth
 (``accept_moe_route``): planted near-ties, exact ties, +-inf bias, NaN logits, softmax,
-route_norm=False, FP16/FP32 activations, E not a power of two, d not a multiple of 16, T = 0 and 1;
-the prepared BF16x3 planes give the same bits as the split the kernel forms itself. GPU (`gpu`
+route_norm=False, FP16/FP32 activations, E not a power of two, d not a multiple of 16, T = 0 and 1.
+GPU (`gpu`
 marker): production shapes against the float64 truth, every candidate config, CUDA-graph replay,
 torch.compile(fullgraph=True) and run-to-run bit equality.
 """
@@ -23,7 +23,6 @@ from magi2_backend_triton.moe_route_fused import CANDIDATES, DEFAULTS, SHARED_BU
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth, tally_route_ids
-from magi2_core.moe_weights import ROUTER_BF16X3, split_router_bf16x3
 from magi2_core.testing.route import plant_near_ties
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -52,11 +51,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object) -> tuple[torch.Tensor, ...]:
-    """Route with the kernel (in-kernel split and prepared planes: the same bits), hold it to the contract."""
+    """Route with the kernel, hold it to the contract."""
     opts = _opts(**kw)
     probs, idx = fused_route(x, w, b, **opts)  # type: ignore[arg-type]
-    planned = fused_route(x, w, b, planes=split_router_bf16x3(w), **opts)  # type: ignore[arg-type]
-    assert _same(probs, planned[0]) and _same(idx, planned[1])
     assert probs.dtype == torch.float32 and idx.dtype == torch.int64
     assert probs.shape == idx.shape == (x.shape[1], x.shape[0], opts["top_k"])
     truth = route_truth(x, w, b, **opts)  # type: ignore[arg-type]
@@ -189,23 +186,15 @@ def test_every_config_fits_the_shared_memory_and_the_dot() -> None:
     assert DEFAULTS[-1][0] is None
 
 
-def test_public_op_resolves_and_prepared_weights_give_the_same_bits() -> None:
+def test_public_op_resolves_to_the_fused_router_and_follows_weight_writes() -> None:
     x, w, b = _inputs(11, 2, 16, 32, seed=6)
     assert m2.resolve("moe_route", x, w, b, top_k=4).chosen == "triton_fused"
-    plain = m2.moe_route(x, w, b, top_k=4)
-    prepared = m2.prepare_router_weight(w, num_heads=2)
-    assert prepared.layout == ROUTER_BF16X3 and prepared.provider == "triton_fused" and prepared.current()
-    assert torch.equal(prepared.tensors[1], split_router_bf16x3(w))
-    for got, want in zip(m2.moe_route(x, prepared, b, top_k=4), plain, strict=True):
+    direct = fused_route(x, w, b, **_opts(top_k=4))  # type: ignore[arg-type]
+    for got, want in zip(m2.moe_route(x, w, b, top_k=4), direct, strict=True):
         assert torch.equal(got, want)
-    w.mul_(1.5)  # an in-place write: the planes are stale, the op routes with the weight itself
-    assert not prepared.current()
-    fresh = m2.moe_route(x, w, b, top_k=4)
-    for got, want in zip(m2.moe_route(x, prepared, b, top_k=4), fresh, strict=True):
-        assert torch.equal(got, want)
-    # another provider takes the prepared object too (its weight)
-    ref = m2.moe_route(x, prepared, b, top_k=4, provider="reference")
-    assert accept_moe_route(*ref, route_truth(x, w, b, **_opts(top_k=4)))  # type: ignore[arg-type]
+    w.data.copy_(torch.randn_like(w))  # a write the version counter does not see: the kernel reads w itself
+    probs, idx = m2.moe_route(x, w, b, top_k=4)
+    assert accept_moe_route(probs, idx, route_truth(x, w, b, **_opts(top_k=4)))  # type: ignore[arg-type]
 
 
 def test_the_descriptor_leaves_wide_banks_to_the_selection_provider() -> None:
@@ -276,8 +265,7 @@ def test_production_contract_other_activations(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("config", CANDIDATES, ids=lambda c: c.name)
 def test_every_candidate_config(config: RouteConfig) -> None:
     x, w, b = _inputs(4096, 3, 256, 256, seed=2)
-    planes = split_router_bf16x3(w)
-    probs, idx = fused_route(x, w, b, config=config, planes=planes, **_opts())  # type: ignore[arg-type]
+    probs, idx = fused_route(x, w, b, config=config, **_opts())  # type: ignore[arg-type]
     verdict = accept_moe_route(probs, idx, route_truth(x, w, b, **_opts()))  # type: ignore[arg-type]
     assert verdict, str(verdict)
 
@@ -286,27 +274,26 @@ def test_every_candidate_config(config: RouteConfig) -> None:
 @needs_cuda
 def test_graph_capture_compile_and_determinism() -> None:
     x, w, b = _inputs(4096, 3, 256, 256, seed=3)
-    prepared = m2.prepare_router_weight(w, num_heads=3)
-    assert prepared.provider == "triton_fused"
-    eager = m2.moe_route(x, prepared, b)
-    again = m2.moe_route(x, prepared, b)
+    assert m2.resolve("moe_route", x, w, b, top_k=6).chosen == "triton_fused"
+    eager = m2.moe_route(x, w, b)
+    again = m2.moe_route(x, w, b)
     assert torch.equal(eager[0], again[0]) and torch.equal(eager[1], again[1])  # deterministic
 
     static_x = x.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        m2.moe_route(static_x, prepared, b)
+        m2.moe_route(static_x, w, b)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = m2.moe_route(static_x, prepared, b)
+        out = m2.moe_route(static_x, w, b)
     x2, _, _ = _inputs(4096, 3, 256, 256, seed=4)
     static_x.copy_(x2)
     graph.replay()
-    want = m2.moe_route(x2, prepared, b)
+    want = m2.moe_route(x2, w, b)
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
     torch._dynamo.reset()
-    compiled = torch.compile(lambda t: m2.moe_route(t, prepared, b), fullgraph=True)(x)
+    compiled = torch.compile(lambda t: m2.moe_route(t, w, b), fullgraph=True)(x)
     assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])

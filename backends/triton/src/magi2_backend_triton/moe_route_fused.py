@@ -5,9 +5,10 @@ softmax, the bias (selection only), the top-k in descending order with equal val
 expert id, the gather of the unbiased scores, the L1 normalisation and ``route_scale``. The logits
 live in the program's accumulator registers and are never written to memory.
 
-FP32-accurate logits from BF16 tensor-core dots ("BF16x3"). The FP32 router weight is split exactly
-into three BF16 planes, ``w = hi + mid + lo`` (:func:`magi2_core.moe_weights.split_router_bf16x3`:
-truncation, so the split is a function of the bits). A BF16 activation times a BF16 plane is exact
+FP32-accurate logits from BF16 tensor-core dots ("BF16x3"). The kernel reads the FP32 router weight and
+splits it exactly, in registers, into three BF16 planes, ``w = hi + mid + lo`` (truncation: ``hi`` is
+the top 16 bits, ``mid`` the top 16 bits of the rest, ``lo`` the rest, at most 8 significant bits; exact
+for ``|w| >= 2**-110``). A BF16 activation times a BF16 plane is exact
 in FP32, so ``x·lo + x·mid + x·hi`` summed in FP32 is the FP32 GEMM up to summation order. ``x·hi``
 has its own accumulator (``split_acc``): tensor cores may truncate when they add into the
 accumulator, and keeping the small terms apart keeps that error at the FP32 GEMM's level (the
@@ -15,10 +16,9 @@ CPU emulation in ``benchmarks/route_split_accuracy.py``). FP16 and FP32 activati
 same way (into 2 and 3 BF16 terms) and every product whose order is below ``2**-24`` is kept, so
 they too get FP32-accurate logits on tensor cores (5 and 6 dots instead of 3).
 
-The planes come from the :class:`~magi2_core.moe_weights.PreparedRouterWeight` that
-``prepare_router_weight`` made at load time; a call without it (or after an in-place write to the
-weight) reads the FP32 weight and forms the same planes in registers (``PREPARED=False``): the same
-bits, a few integer operations per weight element more.
+No planes are kept in memory: a derived copy of the router would go stale after writes that bypass
+the version counter and would outlive the layer's storage across layer-wise offload, for at most 7%
+of the route's time (docs/moe-notes.md, "the fused router").
 
 Selection. The selection scores become int32 keys of the same order (``-0.0`` folded into ``+0.0``,
 every NaN into the one positive NaN, which ranks above ``+inf`` as in torch's sort); each of the
@@ -39,7 +39,6 @@ import triton.language as tl
 from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.providers import device_reasons
 from magi2_core.contracts.moe import ScoreFunc
-from magi2_core.moe_weights import ROUTER_BF16X3, PreparedRouterWeight, split_router_bf16x3
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
@@ -62,8 +61,10 @@ class RouteConfig(NamedTuple):
         return f"t{self.block_t}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}" + ("" if self.split_acc else "_1acc")
 
     def shared_bytes(self, block_e: int = 256) -> int:
-        """Shared memory of the software pipeline: per stage an x slice and the three BF16 planes' slices."""
-        return self.num_stages * (self.block_t * self.block_d * 2 + 3 * self.block_d * block_e * 2)
+        """Shared memory: per pipeline stage an x slice and the FP32 weight slice, and the three BF16
+        planes the dots read (formed in registers, staged once per step)."""
+        return (self.num_stages * (self.block_t * self.block_d * 2 + self.block_d * block_e * 4)
+                + 3 * self.block_d * block_e * 2)
 
 
 # What one program may take of the H200's 227 KiB of shared memory per block, the rest left to the
@@ -73,15 +74,14 @@ SHARED_BUDGET = 220 * 1024
 # What benchmarks/route_profile.py times, at E = 256 (BLOCK_E = 256 logits per token row). Registers per
 # thread per [BLOCK_T, 256] FP32 tile: BLOCK_T * 256 / (32 * num_warps); the GEMM holds two tiles
 # (split_acc), the selection two (scores and keys): 64 rows want 8 warps, 128 rows 16. Shared memory:
-# the planes' slices are 3 * BLOCK_D * 256 * 2 bytes per stage (48 KiB at BLOCK_D = 32).
+# the FP32 weight slice is BLOCK_D * 256 * 4 bytes per stage (32 KiB at BLOCK_D = 32), so BLOCK_D = 64 does
+# not fit with two stages.
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 32, 4, 3),
     RouteConfig(32, 32, 4, 3),
-    RouteConfig(32, 64, 4, 2),
     RouteConfig(64, 16, 8, 4),
     RouteConfig(64, 32, 4, 3),
     RouteConfig(64, 32, 8, 3),
-    RouteConfig(64, 64, 8, 2),
     RouteConfig(128, 32, 8, 3),
     RouteConfig(128, 32, 16, 3),
     RouteConfig(64, 32, 8, 3, split_acc=False),
@@ -135,20 +135,17 @@ def _dot(a, b, acc, UPCAST: tl.constexpr):
 def _route_kernel(
     x_ptr,
     w_ptr,
-    planes_ptr,
     bias_ptr,
     probs_ptr,
     idx_ptr,
     n_tok,
     stride_xt,
     stride_xh,
-    plane_stride,
     route_scale,
     E: tl.constexpr,
     D: tl.constexpr,
     K: tl.constexpr,
     X_TERMS: tl.constexpr,
-    PREPARED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SOFTMAX: tl.constexpr,
     NORM: tl.constexpr,
@@ -168,7 +165,7 @@ def _route_kernel(
     col_ok = cols < E
     dd = tl.arange(0, BLOCK_D)
     w_rows = tl.program_id(1) * E + cols  # each expert's router row
-    if WIDE_W:  # the planes past 2**31 elements: int64 offsets (int32 is cheaper on every weight tile)
+    if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every weight tile)
         w_rows = w_rows.to(tl.int64)
     w_rows = w_rows * D
     x_rows = x_ptr + toks * stride_xt + head * stride_xh
@@ -187,14 +184,9 @@ def _route_kernel(
             w_mask = col_ok[None, :] & (kk < D)[:, None]
         xt = tl.load(x_rows[:, None] + kk[None, :], mask=x_mask, other=0.0)
         w_off = w_rows[None, :] + kk[:, None]  # [BLOCK_D, BLOCK_E]: w^T, contiguous along d
-        if PREPARED:
-            w0 = tl.load(planes_ptr + w_off, mask=w_mask, other=0.0)
-            w1 = tl.load(planes_ptr + plane_stride + w_off, mask=w_mask, other=0.0)
-            w2 = tl.load(planes_ptr + 2 * plane_stride + w_off, mask=w_mask, other=0.0)
-        else:
-            w0, rest = _top_bf16(tl.load(w_ptr + w_off, mask=w_mask, other=0.0))
-            w1, rest = _top_bf16(rest)
-            w2, rest = _top_bf16(rest)
+        w0, rest = _top_bf16(tl.load(w_ptr + w_off, mask=w_mask, other=0.0))
+        w1, rest = _top_bf16(rest)
+        w2, rest = _top_bf16(rest)
         if X_TERMS == 1:
             x0 = xt
         else:
@@ -272,13 +264,11 @@ def fused_route(
     route_scale: float,
     route_norm: bool,
     score_func: ScoreFunc,
-    planes: torch.Tensor | None = None,
     config: RouteConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` on validated inputs (launch only).
 
-    ``planes``: the ``[3, Hl·E, d]`` BF16 split of ``router_weight`` (None: formed in registers, same
-    bits). ``config``: a :class:`RouteConfig` (None: :func:`default_config`).
+    ``config``: a :class:`RouteConfig` (None: :func:`default_config`).
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
@@ -296,27 +286,24 @@ def fused_route(
     _route_kernel[(triton.cdiv(t, block_t), hl)](
         x,
         w,
-        w if planes is None else planes,  # never read without PREPARED
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
         t,
         x.stride(0),
         x.stride(1),
-        w.numel(),
         float(route_scale),
         E=e,
         D=d,
         K=top_k,
         X_TERMS=_X_TERMS[x.dtype],
-        PREPARED=planes is not None,
         HAS_BIAS=b is not None,
         SOFTMAX=score_func == "softmax",
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
-        WIDE_W=3 * w.numel() >= 2**31,
+        WIDE_W=w.numel() >= 2**31,
         BLOCK_T=block_t,
         BLOCK_D=block_d,
         BLOCK_E=max(16, triton.next_power_of_2(e)),  # a dot's N of 16 at least (older Triton, Triton-MUSA)
@@ -335,10 +322,6 @@ class TritonFusedMoERoute:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
-    def prepare_router_weight(self, router_weight: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
-        """Split the FP32 router into its three BF16 planes once; the weight itself stays as it is."""
-        return ROUTER_BF16X3, (router_weight, split_router_bf16x3(router_weight))
-
     def __call__(
         self,
         x: torch.Tensor,
@@ -349,11 +332,9 @@ class TritonFusedMoERoute:
         route_scale: float,
         route_norm: bool,
         score_func: ScoreFunc,
-        prepared: PreparedRouterWeight | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        planes = prepared.tensors[1] if prepared is not None and prepared.layout == ROUTER_BF16X3 else None
         return fused_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                           score_func=score_func, planes=planes)
+                           score_func=score_func)
 
 
 triton_fused_moe_route = TritonFusedMoERoute()

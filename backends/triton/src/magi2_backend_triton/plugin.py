@@ -57,7 +57,7 @@ def providers() -> tuple[Capability, ...]:
             priority=25,
             description="one kernel per head group: the router GEMM as exact BF16x3 tensor-core dots (FP32-accurate "
             "logits, never stored), sigmoid/softmax, biased top-k, unbiased weights, L1 norm, route_scale; the "
-            "router split once by prepare_router_weight",
+            "router's BF16 planes formed in registers from the FP32 weight",
         ),
         Capability(
             op="moe_route",
