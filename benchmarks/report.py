@@ -581,6 +581,8 @@ def route_fused_rows(d: Data) -> list[Row]:
     rows: list[Row] = []
     for r in d["rows"]:
         ms = {k: v["p50"] for k, v in r["ms"].items()}
+        # runs at 4556481 also timed the prepared router's planes against the in-register split
+        unprepared = f"without preparation {_ms(ms['fused_unprepared'])} ms; " if "fused_unprepared" in ms else ""
         acc = r["accuracy"]
         wrong = sum(v["clear_rows_wrong"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
         ok = all(v["contract_ok"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
@@ -590,8 +592,8 @@ def route_fused_rows(d: Data) -> list[Row]:
                 f"T = {r['tokens']}, {r['heads']} heads x 256 experts, top-6",
                 f"fused {_ms(ms['fused'])} ms = {r['share_of_experts']['fused']:.1%} of the experts "
                 f"({_ms(ms['experts'])} ms); vllm-omni main {_ms(ms['vllm_omni_main'])} ms",
-                f"best config {r['best_config']} {_ms(ms[r['best_config']])} ms; without preparation "
-                f"{_ms(ms['fused_unprepared'])} ms; current triton {_ms(ms['triton'])} ms",
+                f"best config {r['best_config']} {_ms(ms[r['best_config']])} ms; {unprepared}"
+                f"current triton {_ms(ms['triton'])} ms",
                 ("routing contract holds" if ok else "ROUTING CONTRACT VIOLATED")
                 + f", {wrong} clear-row id differences (random and planted inputs); {at}",
             )

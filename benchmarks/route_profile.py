@@ -9,10 +9,9 @@ Shapes (production-local): x [T, Hl, 256] BF16, router FP32 [Hl·256, 256] (~N(0
 Hl = 12. Every variant is captured in its own CUDA graph and replayed with the L2 flushed, calls
 alternating (benchmarks/_common); p50 with p10/p90:
 
-* ``fused[<config>]``: the fused kernel with the prepared BF16x3 planes, every candidate config
-  (``magi2_backend_triton.moe_route_fused.CANDIDATES``); ``fused``: the public op on a
-  ``PreparedRouterWeight`` (provider ``triton_fused``, the default config); ``fused_unprepared``:
-  the same with the plain weight (the kernel forms the planes in registers);
+* ``fused[<config>]``: the fused kernel, every candidate config
+  (``magi2_backend_triton.moe_route_fused.CANDIDATES``); ``fused``: the public op (provider
+  ``triton_fused``, the default config);
 * ``triton``: the current provider (torch FP32 GEMM + the selection kernel); ``torch``: the
   reference provider (torch FP32 GEMM, sigmoid, stable sort, gather, L1 norm); ``gemm_fp32``: the
   FP32 router GEMM alone;
@@ -48,7 +47,6 @@ from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, defaul
 import magi2_core as m2
 from benchmarks._common import env_record, graphed, stats, time_alternating
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth, tally_route_ids
-from magi2_core.moe_weights import split_router_bf16x3
 from magi2_core.testing.route import plant_near_ties
 
 ROUTE_SCALE = 4.9
@@ -138,19 +136,15 @@ def _inputs(s: Setup, t: int, hl: int, seed: int) -> tuple[torch.Tensor, torch.T
 
 def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor) -> dict[str, Callable[[], Any]]:
     hl, k = x.shape[1], s.top_k
-    prepared = m2.prepare_router_weight(router, num_heads=hl, dtype=x.dtype, provider="triton_fused")
-    planes = split_router_bf16x3(router)
     kw: dict[str, Any] = {"top_k": k, "route_scale": ROUTE_SCALE, "route_norm": True, "score_func": "sigmoid"}
     xf = x.float()
     w = router.view(hl, -1, s.d)
     fns: dict[str, Callable[[], Any]] = {
-        f"fused[{c.name}]": (lambda c=c: fused_route(x, router, bias, planes=planes, config=c, **kw))
+        f"fused[{c.name}]": (lambda c=c: fused_route(x, router, bias, config=c, **kw))
         for c in s.configs
     }
     fns |= {
-        "fused": lambda: m2.moe_route(x, prepared, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
-        "fused_unprepared": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE,
-                                                 provider="triton_fused"),
+        "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),
         "torch": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="reference"),
         "vllm_omni_main": lambda: vllm_omni_main_route(x, router, bias, k),

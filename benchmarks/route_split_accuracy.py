@@ -11,7 +11,8 @@ truncated (``rz``: tensor cores may truncate when they normalise the sum; the pe
 Steps run in the kernel's order: hidden slices of 64, and within a slice the smallest term first.
 
 Schemes: ``fp32_gemm`` (torch's FP32 GEMM on the CPU, for scale); ``bf16x3`` (w = hi + mid + lo
-exactly, three BF16 dots, one accumulator); ``bf16x3_split`` (the same with x·hi in its own
+exactly, split by truncation as the fused router does in registers: :func:`split_bf16x3`; three BF16
+dots, one accumulator); ``bf16x3_split`` (the same with x·hi in its own
 accumulator: what the fused router does); ``bf16x2`` (hi + mid only); ``tf32x3`` (w split into two
 TF32 terms: for a BF16 x the third product of TF32x3 vanishes); ``tf32`` (one TF32 dot). Inputs:
 x ~ N(0, s²) with s = 1 and 4, router ~ N(0, 1/d), bias ~ N(0, 0.01²); random, and with planted
@@ -27,7 +28,6 @@ from collections.abc import Callable
 import torch
 
 from magi2_core.contracts.acceptance import route_truth, tally_route_ids
-from magi2_core.moe_weights import split_router_bf16x3
 from magi2_core.testing.route import plant_near_ties
 
 D, E, K, STEP, SLICE = 256, 256, 6, 16, 64
@@ -42,6 +42,18 @@ def _rz(v: torch.Tensor) -> torch.Tensor:
 def _tf32(v: torch.Tensor) -> torch.Tensor:
     """FP32 -> TF32 (10 explicit significand bits), rounded to nearest."""
     return ((v.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def split_bf16x3(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``hi, mid, lo`` FP32 tensors holding BF16 values, ``hi + mid + lo == w`` exactly: ``hi`` the top 16
+    bits of ``w``, ``mid`` the top 16 bits of the rest, ``lo`` the rest (the kernel's ``_top_bf16`` twice)."""
+    top = -(2**16)  # 0xFFFF0000 as an int32 mask
+    hi = (w.contiguous().view(torch.int32) & top).view(torch.float32)
+    rest = w - hi
+    mid = (rest.view(torch.int32) & top).view(torch.float32)
+    lo = rest - mid
+    assert torch.equal(lo.bfloat16().float(), lo)  # at most 8 significant bits left: exact in BF16
+    return hi, mid, lo
 
 
 def _mma(x: torch.Tensor, terms: list[list[torch.Tensor]], mode: str) -> torch.Tensor:
@@ -63,7 +75,7 @@ def _mma(x: torch.Tensor, terms: list[list[torch.Tensor]], mode: str) -> torch.T
 
 def schemes(x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
     """Logits [R, E] of every scheme; ``w`` is [E, d]."""
-    hi, mid, lo = (p.float().t() for p in split_router_bf16x3(w))
+    hi, mid, lo = (p.t() for p in split_bf16x3(w))
     wt = w.t().contiguous()
     big = _tf32(wt)
     small = _tf32(wt - big)

@@ -24,8 +24,6 @@ __all__ = [
     "moe_route",
     "prepare_moe_weights",
     "PreparedMoEWeights",
-    "prepare_router_weight",
-    "PreparedRouterWeight",
     "rmsnorm",
     # resolution and run-time control
     "Resolution",

@@ -22,16 +22,8 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.hookspecs import BackendSpec, hookimpl
-from magi2_core.moe_weights import PreparedMoEWeights, PreparedRouterWeight
-from magi2_core.ops import (
-    attention,
-    moe_experts,
-    moe_route,
-    prepare_moe_weights,
-    prepare_router_weight,
-    resolve,
-    rmsnorm,
-)
+from magi2_core.moe_weights import PreparedMoEWeights
+from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry

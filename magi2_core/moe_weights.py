@@ -12,14 +12,6 @@ Layouts:
 - ``"w13_interleaved"``: ``(w13 [F, 2I, d], w_down [F, I, d])`` with ``w13[f, 2i] = w_gate[f, :, i]``
   and ``w13[f, 2i+1] = w_up[f, :, i]``: each (gate, up) output channel pair is adjacent and
   contiguous over ``d``. ``w_gate``/``w_up`` are strided views of ``w13``.
-
-The router weight of ``moe_route`` is prepared the same way, by
-``magi2_core.prepare_router_weight(router_weight, num_heads=...)``, into a
-:class:`PreparedRouterWeight` that ``moe_route`` takes in place of the tensor. Layouts:
-
-- ``"checkpoint"``: ``(router_weight [F, d] FP32,)`` as loaded.
-- ``"router_bf16x3"``: ``(router_weight, planes [3, F, d] BF16)``, the planes an exact split of the weight
-  (:func:`split_router_bf16x3`) for BF16 tensor-core dots.
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ import torch
 from magi2_core.contracts import _checks as ck
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 
-__all__ = ["CHECKPOINT", "LAYOUTS", "ROUTER_BF16X3", "ROUTER_LAYOUTS", "W13_INTERLEAVED", "PreparedMoEWeights",
-           "PreparedRouterWeight", "check_weights", "checkpoint_views", "split_router_bf16x3"]
+__all__ = ["CHECKPOINT", "LAYOUTS", "W13_INTERLEAVED", "PreparedMoEWeights", "check_weights", "checkpoint_views"]
 
 CHECKPOINT = "checkpoint"
 W13_INTERLEAVED = "w13_interleaved"
@@ -109,94 +100,3 @@ def check_weights(w_gate: object, w_up: object, w_down: object) -> tuple[torch.T
             raise InvalidDTypeError(_OP, arg, f"of w_gate's dtype {ck.dtype_name(wg.dtype)}", ck.describe(w))
     ck.same_device(_OP, "w_gate", wg, w_up=wu, w_down=wd)
     return wg, wu, wd
-
-
-# ---------------------------------------------------------------------------------------------
-# the router weight (``moe_route``): prepared once at load time too
-# ---------------------------------------------------------------------------------------------
-ROUTER_BF16X3 = "router_bf16x3"
-ROUTER_LAYOUTS = (CHECKPOINT, ROUTER_BF16X3)
-_ROUTER_OP = "prepare_router_weight"
-
-
-def split_router_bf16x3(router_weight: torch.Tensor) -> torch.Tensor:
-    """``[3, F, d]`` BF16 planes ``hi, mid, lo`` with ``hi + mid + lo == router_weight`` exactly.
-
-    ``hi`` is the weight's top 16 bits (the FP32 value truncated to 8 significant bits), ``mid`` the top
-    16 bits of the rest, ``lo`` what remains (at most 8 significant bits, so exact in BF16): an FP32
-    significand has 24 bits. Exact for every ``|w| >= 2**-110``; below that ``lo`` would be a BF16
-    subnormal and loses bits (an absolute error under ``2**-133``). A BF16 activation times each plane is exact in FP32, so three BF16 dots
-    summed in FP32 give the FP32 logits on tensor cores. Truncation (not rounding) makes the split a
-    function of the bits alone: a kernel reading the FP32 weight can form the same planes in registers.
-    """
-    w = router_weight.detach().contiguous()
-    top = -(2**16)  # 0xFFFF0000 as an int32 mask
-    hi = (w.view(torch.int32) & top).view(torch.float32)
-    rest = w - hi
-    mid = (rest.view(torch.int32) & top).view(torch.float32)
-    lo = rest - mid
-    return torch.stack([hi, mid, lo]).bfloat16()
-
-
-def _weight_stamp(w: torch.Tensor) -> tuple[int, int]:
-    """(storage address, version counter); -1 for an inference tensor, which has no version counter."""
-    try:
-        return w.data_ptr(), w._version
-    except RuntimeError:
-        return w.data_ptr(), -1
-
-
-@dataclass(frozen=True, eq=False)
-class PreparedRouterWeight:
-    """One layer's FP32 router weight ``[Hl·E, d]`` with what ``provider`` derived from it for its kernel.
-
-    ``tensors[0]`` is the weight itself (not a copy): every provider routes with it, and a call given
-    this object computes exactly what the plain weight gives. The tensors after it are the layout's
-    derived data (``"router_bf16x3"``: :func:`split_router_bf16x3`), made when ``stamp`` (the weight's
-    address and version counter) was taken. The derived data is used only while :meth:`current`; after
-    an in-place write the kernel reads the weight itself (same result, the slower path), until the
-    weight is prepared again. A write that bypasses the version counter (``param.data.copy_(...)``)
-    cannot be seen: prepare again after one.
-    """
-
-    provider: str
-    layout: str
-    tensors: tuple[torch.Tensor, ...]
-    stamp: tuple[int, int]
-
-    @classmethod
-    def from_layout(cls, provider: str, layout: str, tensors: tuple[torch.Tensor, ...],
-                    stamp: tuple[int, int] | None = None) -> PreparedRouterWeight:
-        """Check ``tensors`` against ``layout`` (stamped now unless ``stamp`` is given)."""
-        if layout not in ROUTER_LAYOUTS:
-            raise InvalidValueError(_ROUTER_OP, "layout", " | ".join(repr(x) for x in ROUTER_LAYOUTS), repr(layout))
-        want = 1 if layout == CHECKPOINT else 2
-        if len(tensors) != want:
-            raise InvalidShapeError(_ROUTER_OP, "tensors", f"{want} tensors for layout {layout!r}", f"{len(tensors)}")
-        w = tensors[0]
-        if w.dtype != torch.float32 or w.dim() != 2:
-            raise InvalidShapeError(_ROUTER_OP, "router_weight", "FP32 [heads·experts, hidden]", ck.describe(w))
-        if layout == ROUTER_BF16X3:
-            planes = tensors[1]
-            if planes.dtype != torch.bfloat16 or tuple(planes.shape) != (3, *w.shape) or not planes.is_contiguous():
-                raise InvalidShapeError(_ROUTER_OP, "planes", f"contiguous BF16 [3, {w.shape[0]}, {w.shape[1]}]",
-                                        ck.describe(planes))
-            ck.same_device(_ROUTER_OP, "router_weight", w, planes=planes)
-        return cls(provider, layout, tuple(tensors), _weight_stamp(w) if stamp is None else stamp)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.tensors[0]
-
-    def current(self) -> bool:
-        """Does the derived data still describe the weight (same storage, no in-place write since)?"""
-        return self.stamp[1] >= 0 and _weight_stamp(self.weight) == self.stamp
-
-    def current_for(self, weight: torch.Tensor) -> bool:
-        """Was this object prepared from ``weight`` as it is now (same storage, shape, version)?"""
-        return (weight.shape == self.weight.shape and weight.stride() == self.weight.stride()
-                and self.stamp[1] >= 0 and _weight_stamp(weight) == self.stamp)
-
-    def __repr__(self) -> str:
-        shapes = ", ".join(f"{list(t.shape)}" for t in self.tensors)
-        return f"PreparedRouterWeight(provider={self.provider!r}, layout={self.layout!r}, tensors=[{shapes}])"

@@ -25,15 +25,15 @@ from magi2_core.ops.attention import attention
 from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
 from magi2_core.ops.moe_experts import moe_experts, prepare_moe_weights
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
-from magi2_core.ops.moe_route import moe_route, prepare_router_weight
+from magi2_core.ops.moe_route import moe_route
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM
 from magi2_core.ops.rmsnorm import rmsnorm
 from magi2_core.problem import OPS, OpName
 from magi2_core.resolution import Resolution
 from magi2_core.resolver import resolve_problem
 
-__all__ = ["SPECS", "attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights",
-           "prepare_router_weight", "resolve", "rmsnorm"]
+__all__ = ["SPECS", "attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights", "resolve",
+           "rmsnorm"]
 
 SPECS: dict[OpName, OpSpec[Any, Any]] = {s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM)}
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"

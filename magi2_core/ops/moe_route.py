@@ -8,8 +8,6 @@ descending order, equal values in ascending expert id (NaN ranks highest, ``-inf
 upstream's ``torch.topk``: :func:`route_specials`); the weights are the selected unbiased scores,
 L1-normalised unless ``route_norm=False``, times ``route_scale``. A NaN bias is rejected on the host
 (and on a device with device value checks); ``±inf`` are accepted.
-:func:`prepare_router_weight` prepares a layer's router weight once, at load time, for the provider
-that serves it (see :mod:`magi2_core.moe_weights`); ``moe_route`` takes the result in place of the tensor.
 The acceptance rule is the routing contract of operators.md §3.2 (ids against the float64 truth).
 """
 
@@ -17,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
@@ -27,7 +25,6 @@ from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.moe_weights import CHECKPOINT, PreparedRouterWeight
 from magi2_core.ops._dispatch import dispatcher
 from magi2_core.ops._moe_cases import (
     ROUTE_SPECIALS,
@@ -41,13 +38,11 @@ from magi2_core.ops._moe_cases import (
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
-from magi2_core.registry import get_registry
-from magi2_core.resolver import resolve_problem
 from magi2_core.testing.case import Call, Case, dtype_of
 from magi2_core.testing.route import plant_near_ties
 
-__all__ = ["ROUTE_SPECIALS", "SPEC", "MoERouteKernel", "MoERoutePreparer", "RouteCall", "RouteKey", "RouteSpecial",
-           "moe_route", "prepare_router_weight", "route_specials", "validate"]
+__all__ = ["ROUTE_SPECIALS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "RouteSpecial", "moe_route",
+           "route_specials", "validate"]
 
 OP: Literal["moe_route"] = "moe_route"
 _COMPILING = FEATURE_BIT[Feature.COMPILING]
@@ -76,7 +71,6 @@ class RouteCall(NamedTuple):
     route_scale: float
     route_norm: bool
     score_func: ScoreFunc
-    prepared: PreparedRouterWeight | None  # what the call passed in place of router_weight, if anything
     key: RouteKey
 
 
@@ -93,23 +87,8 @@ class MoERouteKernel(Protocol):
         score_func: Literal["sigmoid", "softmax"],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``. ``route_norm=False`` and
-        ``score_func="softmax"`` reach only providers that declare ``route_no_norm`` / ``route_softmax``.
-
-        A kernel that is also a :class:`MoERoutePreparer` receives ``prepared=`` (a keyword) when the call
-        passed a :class:`~magi2_core.moe_weights.PreparedRouterWeight` whose derived data is current;
-        ``router_weight`` is then its weight. It must give the same result with or without it."""
+        ``score_func="softmax"`` reach only providers that declare ``route_no_norm`` / ``route_softmax``."""
         ...
-
-
-@runtime_checkable
-class MoERoutePreparer(Protocol):
-    """Optional on a ``moe_route`` kernel object: derive what the kernel wants from a router weight, once.
-
-    Returns ``(layout, tensors)`` for a router layout named in :mod:`magi2_core.moe_weights`, with the
-    weight itself first. Without this method the weight is used as loaded.
-    """
-
-    def prepare_router_weight(self, router_weight: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]: ...
 
 
 def validate(
@@ -123,14 +102,8 @@ def validate(
     score_func: str = "sigmoid",
     compiling: bool,
 ) -> RouteCall:
-    """Check every argument (raising an input error that names it) and normalise the inputs.
-
-    ``router_weight`` may be a :class:`~magi2_core.moe_weights.PreparedRouterWeight`: its weight is checked.
-    """
+    """Check every argument (raising an input error that names it) and normalise the inputs."""
     op = OP
-    prepared = router_weight if isinstance(router_weight, PreparedRouterWeight) else None
-    if prepared is not None:
-        router_weight = prepared.weight
     x = ck.head_activations(op, "x", x)
     t, hl, d = x.shape
     w = ck.tensor(op, "router_weight", router_weight)
@@ -164,13 +137,12 @@ def validate(
         raise InvalidValueError(op, "score_func", "'sigmoid' or 'softmax'", repr(score_func))
     mask = (_COMPILING if compiling else 0) | (_SOFTMAX if func == "softmax" else 0) | (0 if route_norm else _NO_NORM)
     key = RouteKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d)
-    return RouteCall(x, w, b, top_k, scale, route_norm, func, prepared, key)
+    return RouteCall(x, w, b, top_k, scale, route_norm, func, key)
 
 
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
-    takes_prepared: bool  # the kernel is a MoERoutePreparer: a current prepared weight is passed to it
     route_scale: float
     score_func: ScoreFunc
     host_bias: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
@@ -199,8 +171,7 @@ def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | Non
                     score_func=score_func, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_bias = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    hit = _Bound(kernel, name, isinstance(kernel, MoERoutePreparer), call.route_scale, call.score_func, host_bias,
-                 call.key)
+    hit = _Bound(kernel, name, call.route_scale, call.score_func, host_bias, call.key)
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
@@ -210,7 +181,7 @@ def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | Non
 
 def moe_route(
     x: torch.Tensor,
-    router_weight: torch.Tensor | PreparedRouterWeight,
+    router_weight: torch.Tensor,
     bias: torch.Tensor | None,
     *,
     top_k: int = 6,
@@ -225,34 +196,22 @@ def moe_route(
     shifts the selection only. Scores are ``sigmoid`` (MAGI-2's release) or ``softmax`` over each
     head's experts. The ids are the ``top_k`` largest biased scores in descending order, equal scores
     in ascending expert id. Weights are the unbiased scores of the selected experts, L1-normalised
-    (eps 1e-12) unless ``route_norm=False``, times ``route_scale``. ``router_weight`` may be the
-    :class:`~magi2_core.moe_weights.PreparedRouterWeight` of :func:`prepare_router_weight` (same result).
+    (eps 1e-12) unless ``route_norm=False``, times ``route_scale``.
     """
-    prepared: PreparedRouterWeight | None = None
-    if isinstance(router_weight, PreparedRouterWeight):
-        prepared, w = router_weight, router_weight.weight
-    else:
-        w = router_weight
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(w, "requires_grad", False)
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                    or getattr(router_weight, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):  # fmt: skip
-        forward_only(OP, x=x, router_weight=w, bias=bias)
+        forward_only(OP, x=x, router_weight=router_weight, bias=bias)
     if torch.compiler.is_compiling():
-        # The prepared object crosses the graph as its tensors, layout and stamp; the op rebuilds it.
-        weights, layout, stamp = ([w], CHECKPOINT, []) if prepared is None else (
-            list(prepared.tensors), prepared.layout, list(prepared.stamp))
-        probs, idx = torch.ops.magi2.moe_route(x, weights, layout, stamp, bias, top_k, float(route_scale),
-                                               route_norm, score_func, provider)
+        probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), route_norm,
+                                               score_func, provider)
         return probs, idx
-    b = _bind(x, w, bias, top_k, route_scale, route_norm, score_func, provider, False)
-    if prepared is not None and b.takes_prepared and prepared.current():
-        probs, idx = b.kernel(x, w, bias, top_k=top_k, route_scale=b.route_scale, route_norm=route_norm,
-                              score_func=b.score_func, prepared=prepared)
-    else:
-        probs, idx = b.kernel(x, w, bias, top_k=top_k, route_scale=b.route_scale, route_norm=route_norm,
-                              score_func=b.score_func)
+    b = _bind(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, False)
+    probs, idx = b.kernel(x, router_weight, bias, top_k=top_k, route_scale=b.route_scale, route_norm=route_norm,
+                          score_func=b.score_func)
     scope = _shadow.sampling()
     if scope is not None:
-        call = RouteCall(x, w, bias, top_k, b.route_scale, route_norm, b.score_func, prepared, b.key)
+        call = RouteCall(x, router_weight, bias, top_k, b.route_scale, route_norm, b.score_func, b.key)
         _shadow.observe(scope, SPEC, b.provider, call, (probs, idx))
     return probs, idx
 
@@ -260,9 +219,7 @@ def moe_route(
 @torch.library.custom_op("magi2::moe_route", mutates_args=())
 def _moe_route_op(
     x: torch.Tensor,
-    router_weight: list[torch.Tensor],
-    router_layout: str,
-    router_stamp: list[int],
+    router_weight: torch.Tensor,
     bias: torch.Tensor | None,
     top_k: int,
     route_scale: float,
@@ -270,11 +227,7 @@ def _moe_route_op(
     score_func: str,
     provider: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    w: torch.Tensor | PreparedRouterWeight = router_weight[0]
-    if router_layout != CHECKPOINT or len(router_weight) != 1:
-        w = PreparedRouterWeight.from_layout("", router_layout, tuple(router_weight),
-                                             (router_stamp[0], router_stamp[1]))
-    call = validate(x, w, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
+    call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
                     score_func=score_func, compiling=True)
     kernel, name = dispatcher().kernel(SPEC, call.key, provider)
     out = SPEC.run(kernel, call)
@@ -288,9 +241,7 @@ def _moe_route_op(
 @_moe_route_op.register_fake
 def _(
     x: torch.Tensor,
-    router_weight: list[torch.Tensor],
-    router_layout: str,
-    router_stamp: list[int],
+    router_weight: torch.Tensor,
     bias: torch.Tensor | None,
     top_k: int,
     route_scale: float,
@@ -316,10 +267,8 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
                         compiling=False, **kw)
 
     def run(self, kernel: Any, call: RouteCall) -> Any:
-        p = call.prepared
-        kw = {"prepared": p} if p is not None and isinstance(kernel, MoERoutePreparer) and p.current() else {}
         return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                      route_norm=call.route_norm, score_func=call.score_func, **kw)
+                      route_norm=call.route_norm, score_func=call.score_func)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"probs": out[0], "idx": out[1]}
@@ -379,41 +328,3 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
 
 SPEC = MoERouteSpec()
 
-
-_PREPARE = "prepare_router_weight"
-
-
-def prepare_router_weight(
-    router_weight: torch.Tensor, *, num_heads: int, dtype: torch.dtype = torch.bfloat16, provider: str | None = None
-) -> PreparedRouterWeight:
-    """Prepare one layer's FP32 router weight ``[Hl·E, d]`` for the provider that routes with it; run it
-    once at load time (and again after changing the weight).
-
-    The provider is the one ``moe_route`` would pick for ``num_heads`` heads of ``dtype`` activations on
-    the weight's device (or ``provider``). The result holds the weight itself (not a copy) and what the
-    provider derives from it; a provider without a preparation step derives nothing (layout
-    ``"checkpoint"``). Pass the result to ``moe_route`` in place of the weight: any provider serves it.
-    """
-    w = ck.tensor(_PREPARE, "router_weight", router_weight)
-    ck.dtype_in(_PREPARE, "router_weight", w, (torch.float32,))
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise InvalidValueError(_PREPARE, "num_heads", "a positive int", repr(num_heads))
-    if w.dim() != 2 or w.shape[0] == 0 or w.shape[0] % num_heads != 0:
-        raise InvalidShapeError(_PREPARE, "router_weight", f"FP32 [heads·experts, hidden] with a multiple of "
-                                                           f"{num_heads} rows", ck.describe(w))
-    if dtype not in ck.FLOATS:
-        raise InvalidValueError(_PREPARE, "dtype", "the activations' dtype: " + " | ".join(
-            ck.dtype_name(t) for t in ck.FLOATS), repr(dtype))
-    problem = Problem(op=OP, device_type=w.device.type, dtype=ck.dtype_name(dtype), num_heads=num_heads,
-                      num_experts=w.shape[0] // num_heads, hidden=w.shape[1])
-    name = resolve_problem(problem, provider).chosen
-    loaded = get_registry().provider(OP, name or "")
-    assert loaded is not None and name is not None  # resolve_problem raises when nothing is chosen
-    kernel, _ = loaded.load()
-    with torch.no_grad():
-        wd = w.detach()  # shares the storage and the version counter: the stamp follows in-place writes
-        if isinstance(kernel, MoERoutePreparer):
-            layout, tensors = kernel.prepare_router_weight(wd)
-        else:
-            layout, tensors = CHECKPOINT, (wd,)
-    return PreparedRouterWeight.from_layout(name, layout, tuple(tensors))

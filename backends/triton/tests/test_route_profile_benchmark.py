@@ -30,7 +30,7 @@ def test_route_profile_runs_tiny_on_cpu(tmp_path: Path) -> None:
     assert [(r["tokens"], r["heads"]) for r in report["rows"]] == [(9, 3), (20, 2)]
     for r in report["rows"]:
         names = set(r["ms"])
-        assert {"fused", "fused_unprepared", "triton", "torch", "vllm_omni_main", "vllm_omni_0.30", "gemm_fp32",
+        assert {"fused", "triton", "torch", "vllm_omni_main", "vllm_omni_0.30", "gemm_fp32",
                 "experts"} <= names and r["best_config"] in names
         for inputs in ("random", "planted"):
             fused = r["accuracy"][inputs]["fused"]

@@ -1,30 +1,37 @@
 """The ``triton_fused`` provider of ``moe_route``: the whole routing call in one kernel per head group.
 
-One program routes ``BLOCK_T`` tokens of one head: the router GEMM on tensor cores, sigmoid or
-softmax, the bias (selection only), the top-k in descending order with equal values in ascending
-expert id, the gather of the unbiased scores, the L1 normalisation and ``route_scale``. The logits
-live in the program's accumulator registers and are never written to memory.
+One program routes ``BLOCK_T`` tokens of one head. It walks the head's experts in chunks of
+``BLOCK_N``: per chunk, the router GEMM on tensor cores into a ``[BLOCK_T, BLOCK_N]`` accumulator, the
+scores (sigmoid or softmax), the bias (selection only), and a merge of the chunk into a running top-k
+per row held in registers (``[BLOCK_T, BLOCK_K]`` keys, ids, unbiased scores); then the L1
+normalisation and ``route_scale``. The logits are never written to memory. The program reads its
+head's router once per ``BLOCK_T`` tokens (a token block of 64-128 feeds Hopper's 64-row MMAs and
+reads the weight a quarter as often as 32 tokens did) and re-reads only its x tile per chunk.
 
-FP32-accurate logits from BF16 tensor-core dots ("BF16x3"). The FP32 router weight is split exactly
-into three BF16 planes, ``w = hi + mid + lo`` (:func:`magi2_core.moe_weights.split_router_bf16x3`:
-truncation, so the split is a function of the bits). A BF16 activation times a BF16 plane is exact
-in FP32, so ``x·lo + x·mid + x·hi`` summed in FP32 is the FP32 GEMM up to summation order. ``x·hi``
-has its own accumulator (``split_acc``): tensor cores may truncate when they add into the
-accumulator, and keeping the small terms apart keeps that error at the FP32 GEMM's level (the
-CPU emulation in ``benchmarks/route_split_accuracy.py``). FP16 and FP32 activations are split the
-same way (into 2 and 3 BF16 terms) and every product whose order is below ``2**-24`` is kept, so
-they too get FP32-accurate logits on tensor cores (5 and 6 dots instead of 3).
+FP32-accurate logits from BF16 tensor-core dots ("BF16x3"). The kernel reads the FP32 router weight and
+splits it exactly, in registers, into three BF16 planes, ``w = hi + mid + lo`` (truncation: ``hi`` is
+the top 16 bits, ``mid`` the top 16 bits of the rest, ``lo`` the rest, at most 8 significant bits; exact
+for ``|w| >= 2**-110``). A BF16 activation times a BF16 plane is exact in FP32, so
+``x·lo + x·mid + x·hi`` summed in FP32 is the FP32 GEMM up to summation order. ``x·hi`` has its own
+accumulator (``split_acc``): tensor cores may truncate when they add into the accumulator, and keeping
+the small terms apart keeps that error at the FP32 GEMM's level (the CPU emulation in
+``benchmarks/route_split_accuracy.py``). FP16 and FP32 activations are split the same way (into 2 and 3
+BF16 terms) and every product whose order is below ``2**-24`` is kept, so they too get FP32-accurate
+logits on tensor cores (5 and 6 dots instead of 3).
 
-The planes come from the :class:`~magi2_core.moe_weights.PreparedRouterWeight` that
-``prepare_router_weight`` made at load time; a call without it (or after an in-place write to the
-weight) reads the FP32 weight and forms the same planes in registers (``PREPARED=False``): the same
-bits, a few integer operations per weight element more.
+No planes are kept in memory: a derived copy of the router would go stale after writes that bypass
+the version counter and would outlive the layer's storage across layer-wise offload, for at most 7%
+of the route's time (docs/moe-notes.md, "the fused router").
 
 Selection. The selection scores become int32 keys of the same order (``-0.0`` folded into ``+0.0``,
-every NaN into the one positive NaN, which ranks above ``+inf`` as in torch's sort); each of the
-``top_k`` steps takes the row's largest key, then the lowest expert id holding it, and knocks that
-expert out with a key below every real one (so a ``-inf`` bias is chosen only once the row has
-nothing else left).
+every NaN into the one positive NaN, which ranks above ``+inf`` as in torch's sort). Each chunk is
+merged into the running top-k in ``top_k`` steps: the largest key among the chunk and the running
+entries, then the lowest expert id holding it (the running entries come from earlier chunks, so they
+hold lower ids and win equal keys: exact ties go to the lowest id), which is knocked out of its side
+with a key below every real one (so a ``-inf`` bias is chosen only once the row has nothing else left).
+Softmax needs the row's normaliser before any biased selection score is known: a first pass over the
+chunks keeps the row's running max and sum, a second recomputes the logits and selects (twice the
+GEMM; sigmoid, the release's scoring, takes one pass).
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import triton.language as tl
 from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.providers import device_reasons
 from magi2_core.contracts.moe import ScoreFunc
-from magi2_core.moe_weights import ROUTER_BF16X3, PreparedRouterWeight, split_router_bf16x3
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
@@ -48,10 +54,12 @@ __all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFuse
 
 
 class RouteConfig(NamedTuple):
-    """One launch configuration: tokens per program, hidden slice per step, warps, pipeline stages, and
-    whether ``x·hi`` has its own accumulator (twice the accumulator registers, FP32-GEMM-level error)."""
+    """One launch configuration: tokens per program, experts per chunk, hidden slice per step, warps,
+    pipeline stages, and whether ``x·hi`` has its own accumulator (twice the accumulator registers,
+    FP32-GEMM-level error)."""
 
     block_t: int
+    block_n: int
     block_d: int
     num_warps: int
     num_stages: int
@@ -59,50 +67,75 @@ class RouteConfig(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"t{self.block_t}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}" + ("" if self.split_acc else "_1acc")
+        return (f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}"
+                + ("" if self.split_acc else "_1acc"))
 
-    def shared_bytes(self, block_e: int = 256) -> int:
-        """Shared memory of the software pipeline: per stage an x slice and the three BF16 planes' slices."""
-        return self.num_stages * (self.block_t * self.block_d * 2 + 3 * self.block_d * block_e * 2)
+    def shared_bytes(self, x_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Shared memory, an upper bound: per pipeline stage an x slice and the FP32 weight slice; the
+        three BF16 planes the dots read (formed in registers, staged once per step); for FP16/FP32 x
+        (split in registers too) its BF16 terms."""
+        x_terms = _X_TERMS[x_dtype] if _X_TERMS[x_dtype] > 1 else 0
+        x_bytes = torch.empty((), dtype=x_dtype).element_size()
+        return (self.num_stages * (self.block_t * self.block_d * x_bytes + self.block_d * self.block_n * 4)
+                + 3 * self.block_d * self.block_n * 2 + x_terms * self.block_t * self.block_d * 2)
+
+    def fitted(self, x_dtype: torch.dtype) -> RouteConfig:
+        """This config, its hidden slice halved (to 16 at least) until it fits :data:`SHARED_BUDGET` with
+        ``x_dtype`` activations: FP32 x doubles the x slices and adds its split terms."""
+        cfg = self
+        while cfg.shared_bytes(x_dtype) > SHARED_BUDGET and cfg.block_d > 16:
+            cfg = cfg._replace(block_d=cfg.block_d // 2)
+        return cfg
+
+    def registers(self) -> int:
+        """FP32 registers per thread of one ``[BLOCK_T, BLOCK_N]`` tile (the GEMM holds two with
+        ``split_acc``, the selection about three: logits, scores, keys)."""
+        return self.block_t * self.block_n // (32 * self.num_warps)
 
 
 # What one program may take of the H200's 227 KiB of shared memory per block, the rest left to the
-# reductions' scratch: every candidate fits it at E = 256 (a test checks).
+# reductions' scratch: every candidate fits it at BF16 and FP32 activations (a test checks).
 SHARED_BUDGET = 220 * 1024
 
-# What benchmarks/route_profile.py times, at E = 256 (BLOCK_E = 256 logits per token row). Registers per
-# thread per [BLOCK_T, 256] FP32 tile: BLOCK_T * 256 / (32 * num_warps); the GEMM holds two tiles
-# (split_acc), the selection two (scores and keys): 64 rows want 8 warps, 128 rows 16. Shared memory:
-# the planes' slices are 3 * BLOCK_D * 256 * 2 bytes per stage (48 KiB at BLOCK_D = 32).
+# What benchmarks/route_profile.py times, at E = 256. Token blocks of 64 and 128 feed Hopper's 64-row
+# MMAs (one warpgroup per 64 rows with 8 warps at 128); chunks of 64-128 experts keep a tile at 32-64
+# registers per thread (RouteConfig.registers); 256 experts in one chunk is the old whole-row program
+# (t16/t32 were the fastest of it: at T = 512 x 3 heads a 128-token block leaves 12 programs for 132 SMs).
 CANDIDATES: tuple[RouteConfig, ...] = (
-    RouteConfig(16, 32, 4, 3),
-    RouteConfig(32, 32, 4, 3),
-    RouteConfig(32, 64, 4, 2),
-    RouteConfig(64, 16, 8, 4),
-    RouteConfig(64, 32, 4, 3),
-    RouteConfig(64, 32, 8, 3),
-    RouteConfig(64, 64, 8, 2),
-    RouteConfig(128, 32, 8, 3),
-    RouteConfig(128, 32, 16, 3),
-    RouteConfig(64, 32, 8, 3, split_acc=False),
-    RouteConfig(128, 32, 16, 3, split_acc=False),
+    RouteConfig(16, 256, 32, 4, 3),
+    RouteConfig(32, 256, 32, 4, 3),
+    RouteConfig(32, 64, 32, 4, 3),
+    RouteConfig(64, 64, 32, 4, 3),
+    RouteConfig(64, 128, 32, 4, 3),
+    RouteConfig(64, 128, 64, 4, 2),
+    RouteConfig(64, 256, 32, 8, 3),
+    RouteConfig(128, 64, 32, 4, 3),
+    RouteConfig(128, 64, 32, 8, 3),
+    RouteConfig(128, 64, 64, 8, 2),
+    RouteConfig(128, 128, 32, 8, 3),
+    RouteConfig(128, 128, 64, 8, 2),
 )
 
 # The default, by local token count: (largest T served, config), the last row for every larger T.
-# Measured on one H200 (route_fused_h200.json at 4556481, graph p50): t16 0.0175 ms at T = 512 x 3 heads
-# (t32 0.0223); t32_d32_w4 the fastest at 4096 and 14601 x 3 heads and 4096 x 12 (0.046 / 0.137 / 0.149 ms);
-# larger token blocks spill their two [T, 256] accumulators (t64_d32_w4 0.50 ms at 14601).
+# A guess until the H200 sweep of CANDIDATES: small T wants many programs (the old t16 whole-row program
+# was 0.0175 ms at T = 512 x 3 heads), large T the 128-token blocks (a quarter of the weight reads of t32).
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
-    (1024, RouteConfig(16, 32, 4, 3)),
-    (None, RouteConfig(32, 32, 4, 3)),
+    (1024, RouteConfig(16, 256, 32, 4, 3)),
+    (4096, RouteConfig(64, 64, 32, 4, 3)),
+    (None, RouteConfig(128, 64, 32, 8, 3)),
 )
 
-# The interpreter pays per program, not per warp: a bigger token block keeps the CPU tests fast.
-_INTERPRETER_BLOCK_T = 32
+# The interpreter pays per program and per op, not per warp: a bigger token block keeps the CPU tests
+# fast, and chunks of 16 experts make every CPU test with E > 16 walk the chunk merge.
+_INTERPRETER = RouteConfig(32, 16, 32, 4, 1)
 # Activations split into this many BF16 terms: BF16 is one already; FP16 has 11 significant bits, FP32 24.
 _X_TERMS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
-# Below every real key: the order-mapped -inf is -2**31 + 2**23 - 1.
+# Below every real key: the order-mapped -inf is -2**31 + 2**23 - 1. Knocked-out experts, masked columns
+# and the empty running slots hold it; such an entry is picked only when nothing real is left in the
+# chunk and the running top-k together, which cannot happen at the last chunk (top_k <= E).
 _REMOVED = tl.constexpr(-(2**31))
+# Above every expert id: the min-id reduction's neutral value.
+_NO_ID = tl.constexpr(2**30)
 
 
 def default_config(tokens: int) -> RouteConfig:
@@ -131,52 +164,28 @@ def _dot(a, b, acc, UPCAST: tl.constexpr):
     return out
 
 
-@triton.jit(do_not_specialize=["n_tok"])
-def _route_kernel(
-    x_ptr,
+@triton.jit
+def _chunk_logits(
+    x_rows,
+    tok_ok,
     w_ptr,
-    planes_ptr,
-    bias_ptr,
-    probs_ptr,
-    idx_ptr,
-    n_tok,
-    stride_xt,
-    stride_xh,
-    plane_stride,
-    route_scale,
-    E: tl.constexpr,
+    w_rows,
+    col_ok,
     D: tl.constexpr,
-    K: tl.constexpr,
     X_TERMS: tl.constexpr,
-    PREPARED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SOFTMAX: tl.constexpr,
-    NORM: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
-    WIDE_W: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
 ):
-    head = tl.program_id(1).to(tl.int64)
-    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tok_ok = toks < n_tok
-    cols = tl.arange(0, BLOCK_E)
-    col_ok = cols < E
+    """``z [BLOCK_T, BLOCK_N] = x · w^T`` of one expert chunk, FP32-accurate (``w_rows``: each chunk
+    expert's router row offset)."""
     dd = tl.arange(0, BLOCK_D)
-    w_rows = tl.program_id(1) * E + cols  # each expert's router row
-    if WIDE_W:  # the planes past 2**31 elements: int64 offsets (int32 is cheaper on every weight tile)
-        w_rows = w_rows.to(tl.int64)
-    w_rows = w_rows * D
-    x_rows = x_ptr + toks * stride_xt + head * stride_xh
-
-    # ---- logits z [BLOCK_T, BLOCK_E] = x · w^T, FP32-accurate, in registers -------------------------
-    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     if SPLIT_ACC:
-        acc_small = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        acc_small = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         kk = d0 + dd
         if EVEN_D:
@@ -186,15 +195,10 @@ def _route_kernel(
             x_mask = tok_ok[:, None] & (kk < D)[None, :]
             w_mask = col_ok[None, :] & (kk < D)[:, None]
         xt = tl.load(x_rows[:, None] + kk[None, :], mask=x_mask, other=0.0)
-        w_off = w_rows[None, :] + kk[:, None]  # [BLOCK_D, BLOCK_E]: w^T, contiguous along d
-        if PREPARED:
-            w0 = tl.load(planes_ptr + w_off, mask=w_mask, other=0.0)
-            w1 = tl.load(planes_ptr + plane_stride + w_off, mask=w_mask, other=0.0)
-            w2 = tl.load(planes_ptr + 2 * plane_stride + w_off, mask=w_mask, other=0.0)
-        else:
-            w0, rest = _top_bf16(tl.load(w_ptr + w_off, mask=w_mask, other=0.0))
-            w1, rest = _top_bf16(rest)
-            w2, rest = _top_bf16(rest)
+        # [BLOCK_D, BLOCK_N]: w^T, contiguous along d
+        w0, rest = _top_bf16(tl.load(w_ptr + w_rows[None, :] + kk[:, None], mask=w_mask, other=0.0))
+        w1, rest = _top_bf16(rest)
+        w2, rest = _top_bf16(rest)
         if X_TERMS == 1:
             x0 = xt
         else:
@@ -225,42 +229,120 @@ def _route_kernel(
         z = acc + acc_small
     else:
         z = acc
+    return z
 
-    # ---- scores, selection keys ---------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["n_tok"])
+def _route_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    probs_ptr,
+    idx_ptr,
+    n_tok,
+    stride_xt,
+    stride_xh,
+    route_scale,
+    E: tl.constexpr,
+    D: tl.constexpr,
+    K: tl.constexpr,
+    X_TERMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    NORM: tl.constexpr,
+    SPLIT_ACC: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    WIDE_W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    head = tl.program_id(1).to(tl.int64)
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < n_tok
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + toks * stride_xt + head * stride_xh
+
+    # ---- softmax only: the row's max and normaliser, over every chunk (online) -----------------------
     if SOFTMAX:
-        z = tl.where(col_ok[None, :], z, float("-inf"))
-        p = tl.exp(z - tl.max(z, axis=1)[:, None])
-        s = p / tl.sum(p, axis=1)[:, None]
-    else:
-        s = 1.0 / (1.0 + tl.exp(-z))
-    sel = s
-    if HAS_BIAS:
-        sel = s + tl.load(bias_ptr + head * E + cols, mask=col_ok, other=0.0)[None, :]
-    sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
-    sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
-    bits = sel.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
-    key = tl.where(col_ok[None, :], key, _REMOVED)
+        row_max = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+        row_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for n0 in range(0, E, BLOCK_N):
+            ids = n0 + cols
+            col_ok = ids < E
+            w_rows = tl.program_id(1) * E + ids
+            if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every tile)
+                w_rows = w_rows.to(tl.int64)
+            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, D, X_TERMS, SPLIT_ACC, UPCAST_DOT,
+                              EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            z = tl.where(col_ok[None, :], z, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(z, axis=1))
+            # equal maxima (-inf included: no NaN from -inf - -inf) keep the sum as it is
+            rescale = tl.where(new_max == row_max, 1.0, tl.exp(row_max - new_max))
+            # a -inf logit adds 0, also while the row's max is still -inf
+            p = tl.where(z == float("-inf"), 0.0, tl.exp(z - new_max[:, None]))
+            row_sum = row_sum * rescale + tl.sum(p, axis=1)
+            row_max = new_max
 
-    # ---- top-k: the largest key, the lowest id holding it, its unbiased score ------------------------
+    # ---- per chunk: logits, scores, keys; merged into the running top-k ------------------------------
     kcols = tl.arange(0, BLOCK_K)
-    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
-    wts = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for k in range(K):
-        best = tl.max(key, axis=1)
-        expert = tl.min(tl.where(key == best[:, None], cols[None, :], BLOCK_E), axis=1)
-        hit = cols[None, :] == expert[:, None]
-        key = tl.where(hit, _REMOVED, key)
-        score = tl.sum(tl.where(hit, s, 0.0), axis=1)  # exactly s[expert]: one term, the rest zeros
-        ids = tl.where(kcols[None, :] == k, expert[:, None], ids)
-        wts = tl.where(kcols[None, :] == k, score[:, None], wts)
+    run_key = tl.full([BLOCK_T, BLOCK_K], _REMOVED, dtype=tl.int32)
+    run_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+    run_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    for n0 in range(0, E, BLOCK_N):
+        ids = n0 + cols
+        col_ok = ids < E
+        w_rows = tl.program_id(1) * E + ids
+        if WIDE_W:
+            w_rows = w_rows.to(tl.int64)
+        z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, D, X_TERMS, SPLIT_ACC, UPCAST_DOT, EVEN_D,
+                          BLOCK_T, BLOCK_N, BLOCK_D)
+        if SOFTMAX:
+            s = tl.exp(z - row_max[:, None]) / row_sum[:, None]
+        else:
+            s = 1.0 / (1.0 + tl.exp(-z))
+        sel = s
+        if HAS_BIAS:
+            sel = s + tl.load(bias_ptr + head * E + ids, mask=col_ok, other=0.0)[None, :]
+        sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
+        sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
+        bits = sel.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
+        key = tl.where(col_ok[None, :], key, _REMOVED)
+
+        # top_k steps over the chunk and the running entries: the largest key, the lowest id holding it
+        new_key = tl.full([BLOCK_T, BLOCK_K], _REMOVED, dtype=tl.int32)
+        new_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+        new_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        for k in tl.static_range(K):
+            best = tl.maximum(tl.max(key, axis=1), tl.max(run_key, axis=1))
+            in_chunk = tl.min(tl.where(key == best[:, None], ids[None, :], _NO_ID), axis=1)
+            in_run = tl.min(tl.where(run_key == best[:, None], run_id, _NO_ID), axis=1)
+            from_run = in_run <= in_chunk  # the running entries hold lower ids: they win equal keys
+            expert = tl.minimum(in_run, in_chunk)
+            hit = (ids[None, :] == expert[:, None]) & (~from_run)[:, None]
+            # the key too: an entry picked when nothing real was left may share a real entry's id
+            run_hit = (run_id == expert[:, None]) & (run_key == best[:, None]) & from_run[:, None]
+            key = tl.where(hit, _REMOVED, key)
+            run_key = tl.where(run_hit, _REMOVED, run_key)
+            # exactly the winner's unbiased score: one term, the rest zeros
+            score = tl.sum(tl.where(hit, s, 0.0), axis=1) + tl.sum(tl.where(run_hit, run_s, 0.0), axis=1)
+            slot = kcols[None, :] == k
+            new_key = tl.where(slot, best[:, None], new_key)
+            new_id = tl.where(slot, expert[:, None], new_id)
+            new_s = tl.where(slot, score[:, None], new_s)
+        run_key, run_id, run_s = new_key, new_id, new_s
+
+    wts = run_s
     if NORM:
         wts = wts / tl.maximum(tl.sum(tl.abs(wts), axis=1), 1e-12)[:, None]
     wts = wts * route_scale
     out = (head * n_tok + toks)[:, None] * K + kcols[None, :]
     mask = tok_ok[:, None] & (kcols < K)[None, :]
     tl.store(probs_ptr + out, wts, mask=mask)
-    tl.store(idx_ptr + out, ids.to(tl.int64), mask=mask)
+    tl.store(idx_ptr + out, run_id.to(tl.int64), mask=mask)
 
 
 def fused_route(
@@ -272,13 +354,11 @@ def fused_route(
     route_scale: float,
     route_norm: bool,
     score_func: ScoreFunc,
-    planes: torch.Tensor | None = None,
     config: RouteConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` on validated inputs (launch only).
 
-    ``planes``: the ``[3, Hl·E, d]`` BF16 split of ``router_weight`` (None: formed in registers, same
-    bits). ``config``: a :class:`RouteConfig` (None: :func:`default_config`).
+    ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
@@ -289,37 +369,36 @@ def fused_route(
     x = x if x.stride(2) == 1 else x.contiguous()
     w = router_weight.contiguous()
     b = None if bias is None else bias.contiguous()
-    cfg = config or default_config(t)
     interp = interpreting()
-    block_t = _INTERPRETER_BLOCK_T if interp else cfg.block_t
+    cfg = (config or (_INTERPRETER if interp else default_config(t))).fitted(x.dtype)
+    block_t = _INTERPRETER.block_t if interp else cfg.block_t
+    # a dot's N and K of 16 at least (older Triton, Triton-MUSA); no wider than the bank and the row
+    block_n = min(cfg.block_n, max(16, triton.next_power_of_2(e)))
     block_d = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
     _route_kernel[(triton.cdiv(t, block_t), hl)](
         x,
         w,
-        w if planes is None else planes,  # never read without PREPARED
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
         t,
         x.stride(0),
         x.stride(1),
-        w.numel(),
         float(route_scale),
         E=e,
         D=d,
         K=top_k,
         X_TERMS=_X_TERMS[x.dtype],
-        PREPARED=planes is not None,
         HAS_BIAS=b is not None,
         SOFTMAX=score_func == "softmax",
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
-        WIDE_W=3 * w.numel() >= 2**31,
+        WIDE_W=w.numel() >= 2**31,
         BLOCK_T=block_t,
+        BLOCK_N=block_n,
         BLOCK_D=block_d,
-        BLOCK_E=max(16, triton.next_power_of_2(e)),  # a dot's N of 16 at least (older Triton, Triton-MUSA)
         BLOCK_K=triton.next_power_of_2(top_k),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -335,10 +414,6 @@ class TritonFusedMoERoute:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
-    def prepare_router_weight(self, router_weight: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
-        """Split the FP32 router into its three BF16 planes once; the weight itself stays as it is."""
-        return ROUTER_BF16X3, (router_weight, split_router_bf16x3(router_weight))
-
     def __call__(
         self,
         x: torch.Tensor,
@@ -349,11 +424,9 @@ class TritonFusedMoERoute:
         route_scale: float,
         route_norm: bool,
         score_func: ScoreFunc,
-        prepared: PreparedRouterWeight | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        planes = prepared.tensors[1] if prepared is not None and prepared.layout == ROUTER_BF16X3 else None
         return fused_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                           score_func=score_func, planes=planes)
+                           score_func=score_func)
 
 
 triton_fused_moe_route = TritonFusedMoERoute()

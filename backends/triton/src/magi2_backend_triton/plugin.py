@@ -40,9 +40,9 @@ def providers() -> tuple[Capability, ...]:
             description="fused routed MoE: on-device route alignment, GEMM1+SwiGLU7, GEMM2 x weight, top-k sum; "
             "gate/up packed once by prepare_moe_weights",
         ),
-        # The fused router holds a whole expert bank's logits for its token block in registers: 256
-        # experts per head at most (the production bank; more would spill). Wider banks resolve to
-        # "triton" below, which reads the torch GEMM's scores from memory instead.
+        # The fused router walks a head's experts in chunks, so any bank fits its registers; it is tuned
+        # and tested on the GPU up to the production bank of 256 experts per head. Wider banks resolve
+        # to "triton" below, which reads the torch GEMM's scores from memory instead.
         Capability(
             op="moe_route",
             name="triton_fused",
@@ -56,8 +56,9 @@ def providers() -> tuple[Capability, ...]:
             ),
             priority=25,
             description="one kernel per head group: the router GEMM as exact BF16x3 tensor-core dots (FP32-accurate "
-            "logits, never stored), sigmoid/softmax, biased top-k, unbiased weights, L1 norm, route_scale; the "
-            "router split once by prepare_router_weight",
+            "logits, never stored) chunk by chunk of experts, sigmoid/softmax, a running biased top-k, unbiased "
+            "weights, L1 norm, route_scale; the "
+            "router's BF16 planes formed in registers from the FP32 weight",
         ),
         Capability(
             op="moe_route",
