@@ -199,7 +199,7 @@ def profile(s: Setup, t: int, hl: int, iters: int) -> dict[str, Any]:
     cands = {k: v for k, v in p50.items() if k.startswith("fused[")}
     best = min(cands, key=cands.__getitem__)
     return {
-        "tokens": t, "heads": hl, "default_config": default_config(t).name, "best_config": best,
+        "tokens": t, "heads": hl, "default_config": default_config(t * hl).name, "best_config": best,
         "ms": ms,
         "share_of_experts": {k: v / experts for k, v in p50.items() if k != "experts"},
         "fused_over_vllm_omni_main": p50["fused"] / p50["vllm_omni_main"],

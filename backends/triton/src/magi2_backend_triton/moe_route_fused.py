@@ -116,13 +116,14 @@ CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(128, 128, 64, 8, 2),
 )
 
-# The default, by local token count: (largest T served, config), the last row for every larger T.
-# A guess until the H200 sweep of CANDIDATES: small T wants many programs (the old t16 whole-row program
-# was 0.0175 ms at T = 512 x 3 heads), large T the 128-token blocks (a quarter of the weight reads of t32).
+# The default, by routed rows (local tokens x heads): (most rows served, config), the last row for every
+# larger call. Measured on one H200 (route_fused_h200.json at fd0a424, graph p50 over the CANDIDATES):
+# the whole-row programs won at every shape, t16 up to 4096 x 3 heads (0.0159 / 0.0471 ms at 512 / 4096)
+# and t32 above (0.1325 ms at 14601 x 3, 0.1441 at 4096 x 12); the best chunked program, t128_n64_w8, was
+# 0.062 / 0.170 / 0.172 ms at 4096 x 3 / 14601 x 3 / 4096 x 12 (docs/moe-notes.md, "the fused router").
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
-    (1024, RouteConfig(16, 256, 32, 4, 3)),
-    (4096, RouteConfig(64, 64, 32, 4, 3)),
-    (None, RouteConfig(128, 64, 32, 8, 3)),
+    (4096 * 3, RouteConfig(16, 256, 32, 4, 3)),
+    (None, RouteConfig(32, 256, 32, 4, 3)),
 )
 
 # The interpreter pays per program and per op, not per warp: a bigger token block keeps the CPU tests
@@ -138,9 +139,10 @@ _REMOVED = tl.constexpr(-(2**31))
 _NO_ID = tl.constexpr(2**30)
 
 
-def default_config(tokens: int) -> RouteConfig:
+def default_config(rows: int) -> RouteConfig:
+    """The DEFAULTS row for a call routing ``rows`` = tokens x heads."""
     for limit, cfg in DEFAULTS:
-        if limit is None or tokens <= limit:
+        if limit is None or rows <= limit:
             return cfg
     raise AssertionError("DEFAULTS ends with an open row")
 
@@ -370,7 +372,7 @@ def fused_route(
     w = router_weight.contiguous()
     b = None if bias is None else bias.contiguous()
     interp = interpreting()
-    cfg = (config or (_INTERPRETER if interp else default_config(t))).fitted(x.dtype)
+    cfg = (config or (_INTERPRETER if interp else default_config(t * hl))).fitted(x.dtype)
     block_t = _INTERPRETER.block_t if interp else cfg.block_t
     # a dot's N and K of 16 at least (older Triton, Triton-MUSA); no wider than the bank and the row
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(e)))
