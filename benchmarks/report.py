@@ -44,7 +44,7 @@ SUPERSEDED = {
     "moe_h200_run3.json": "moe_h200_954e8b5.json",
     "distributed_tiny_h200x2.json": "distributed_h200x2.json",
     "route_profile_h200_3d65876.json": "route_profile_h200.json",
-    "route_fused_h200_4556481.json": "route_fused_h200.json",
+    "route_fused_h200_4556481.json": "route_fused_h200_fd0a424.json",
     # the Gluon kernel's first sweep, before its wgmmas stopped being serialized (docs/moe-notes.md)
     "moe_sweep_gluon_serialized_h200.json": "moe_sweep_gluon_h200.json",
     # the same benchmarks at 954e8b5 (the Gluon kernel in the table); the earlier files keep the
@@ -622,7 +622,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_layers_h200_73cdf12.json": moe_layers_rows,
     "moe_align_h200_cabdec4.json": moe_align_rows,
     "route_profile_h200.json": route_profile_rows,
-    "route_fused_h200.json": route_fused_rows,
+    "route_fused_h200_fd0a424.json": route_fused_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
     "vllm_omni_stack_h200.json": vllm_omni_stack_rows,
     "moe_ablation_h200.json": moe_ablation_rows,
