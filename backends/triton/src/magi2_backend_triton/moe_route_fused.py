@@ -323,8 +323,9 @@ def _route_kernel(
             in_chunk = tl.min(tl.where(key == best[:, None], ids[None, :], _NO_ID), axis=1)
             in_run = tl.min(tl.where(run_key == best[:, None], run_id, _NO_ID), axis=1)
             from_run = in_run <= in_chunk  # the running entries hold lower ids: they win equal keys
+            from_chunk = in_chunk < in_run  # (not ~from_run: Triton 3.3's interpreter cannot invert an int1)
             expert = tl.minimum(in_run, in_chunk)
-            hit = (ids[None, :] == expert[:, None]) & (~from_run)[:, None]
+            hit = (ids[None, :] == expert[:, None]) & from_chunk[:, None]
             # the key too: an entry picked when nothing real was left may share a real entry's id
             run_hit = (run_id == expert[:, None]) & (run_key == best[:, None]) & from_run[:, None]
             key = tl.where(hit, _REMOVED, key)
