@@ -15,7 +15,9 @@ from functools import cache
 
 import torch
 
-__all__ = ["musa_installed", "musa_available", "cuda_available"]
+from magi2_core.resolution import Reason, ReasonCode
+
+__all__ = ["absent_device", "cuda_available", "musa_available", "musa_installed"]
 
 
 def musa_installed() -> bool:
@@ -46,3 +48,18 @@ def musa_available() -> bool:
 def cuda_available() -> bool:
     """A real CUDA device (not torchada's alias: on MUSA, torch.cuda.is_available() stays False)."""
     return bool(torch.cuda.is_available()) and getattr(torch.version, "musa", None) is None
+
+
+def absent_device(device_type: str) -> list[Reason]:
+    """One ``unavailable`` reason when ``device_type`` is CUDA or MUSA and this host has none.
+
+    Every provider that needs the device says so in these words, so that ``magi2 explain --device cuda``
+    on a host without CUDA rejects the providers of every op alike (instead of one op rejecting its
+    provider and another choosing it).
+    """
+    if device_type == "cuda" and not cuda_available():
+        return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none visible")]
+    if device_type == "musa" and not musa_available():
+        return [Reason(code=ReasonCode.UNAVAILABLE, field="musa", expected="torch_musa with a MUSA device",
+                       actual="none visible")]
+    return []

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from magi2_backend_reference.device import absent_device
+from magi2_core.platform import absent_device
 from magi2_core.problem import Feature, Problem
 from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from magi2_backend_reference.device import absent_device
 from magi2_backend_reference.rmsnorm import broadcast_scale
+from magi2_core.platform import absent_device
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 

@@ -15,6 +15,7 @@ from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.moe.fused import fused_moe_experts
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
+from magi2_core.platform import absent_device
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason, ReasonCode
 
@@ -34,20 +35,7 @@ def device_reasons(device_type: str) -> list[Reason]:
                 )
             ]
         return []
-    if device_type == "cuda" and not torch.cuda.is_available():
-        return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none visible")]
-    if device_type == "musa":
-        musa = getattr(torch, "musa", None)
-        if musa is None or not musa.is_available():
-            return [
-                Reason(
-                    code=ReasonCode.UNAVAILABLE,
-                    field="musa",
-                    expected="torch_musa with a MUSA device",
-                    actual="none visible",
-                )
-            ]
-    return []
+    return absent_device(device_type)
 
 
 class TritonMoEExperts:
