@@ -152,5 +152,7 @@ fi
 step "done"
 # One archive of the logs beside the JSON results (MAGI2_PACK_LOGS=1), for copying them off the machine.
 if [ "${MAGI2_PACK_LOGS:-0}" = 1 ]; then
-  ( cd "$OUT" && tar czf logs.tar.gz ./*.log ./*.xml ./*.txt 2>/dev/null && rm -f ./*.log ./*.xml ./*.txt )
+  # nullglob: a kind of log that this run did not write must not stop the archive (and leave the logs)
+  ( cd "$OUT" && shopt -s nullglob && logs=(./*.log ./*.xml ./*.txt) && [ ${#logs[@]} -gt 0 ] \
+      && tar czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}" )
 fi
