@@ -60,7 +60,7 @@ def ensure_backends() -> None:
     class NoRules:
         @m2.hookimpl
         def magi2_backend(self) -> m2.BackendSpec:
-            return m2.BackendSpec(name="bench-fa3-norules", version="0", core_api=">=1.0,<2", providers=(unruled,))
+            return m2.BackendSpec(name="bench-fa3-norules", version="0", core_api=">=2.0,<3", providers=(unruled,))
 
     reg.register(NoRules(), name="bench_fa3_norules")
 

@@ -74,7 +74,7 @@ def ensure_backends() -> None:
     class NoRules:
         @m2.hookimpl
         def magi2_backend(self) -> m2.BackendSpec:
-            return m2.BackendSpec(name="bench-fa-norules", version="0", core_api=">=1.0,<2",
+            return m2.BackendSpec(name="bench-fa-norules", version="0", core_api=">=2.0,<3",
                                   providers=tuple(unruled))
 
     reg.register(NoRules(), name="bench_fa_norules")

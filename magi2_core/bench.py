@@ -2,9 +2,9 @@
 
 The added cost is measured against a no-op provider of every op, registered in process for the
 measurement, so that kernel time (and its cache effects) cannot hide or inflate it: ``public`` is
-the op call with ``provider=`` naming the no-op, ``direct`` the no-op called by hand with the
-arguments a provider receives, ``added`` their difference (validation + cached resolution + argument
-plumbing). ``resolve`` times the cached resolution of the call's typed key alone.
+the op call with ``provider=`` naming the no-op, ``direct`` the no-op called by hand with the call
+record a provider receives (built once, beforehand), ``added`` their difference (validation + cached
+resolution + building the record). ``resolve`` times the cached resolution of the call's typed key alone.
 
 ``device`` places every input there and makes the no-op serve that device type. ``"cuda"`` is the
 serving path: prefix sums and expert ids on the GPU, so that (with ``max_seqlen_*`` given) no value
@@ -38,15 +38,16 @@ NOOP_PROVIDER = "bench_noop"
 DEVICES = ("cpu", "cuda")
 
 
-def _noop_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    return q, None
+def _noop_attention(call: tuple[Any, ...]) -> tuple[torch.Tensor, None]:
+    return call[0], None
 
 
-def _noop_moe_route(x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return x, x
+def _noop_moe_route(call: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    return call[0], call[0]
 
 
-def _noop_tensor(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _noop_tensor(call: tuple[Any, ...]) -> torch.Tensor:
+    x: torch.Tensor = call[0]
     return x
 
 
@@ -69,7 +70,7 @@ def noop_backend(device: str = "cpu") -> Iterator[None]:
     )  # fmt: skip
     plugin = types.ModuleType(f"{_NOOP}_plugin")  # a module: pluggy needs a hashable plugin object
     plugin.magi2_backend = hookimpl(  # type: ignore[attr-defined]
-        lambda: BackendSpec(name="magi2-bench-noop", version="0", core_api=">=1.0,<2", providers=caps)
+        lambda: BackendSpec(name="magi2-bench-noop", version="0", core_api=">=2.0,<3", providers=caps)
     )
     reg = m2.get_registry()
     reg.register(plugin, name=NOOP_PROVIDER)
@@ -110,31 +111,23 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     wg, wu, wd = on(torch.randn(8, 8, 16)), on(torch.randn(8, 8, 16)), on(torch.randn(8, 16, 8))
     xn, wn = on(torch.randn(4, 8)), on(torch.randn(1, 1, 8))
     p = NOOP_PROVIDER
-    calls: dict[str, tuple[Callable[[], object], Callable[[], object], tuple[Any, ...], dict[str, Any]]] = {
-        "attention": (
-            lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider=p),
-            lambda: _noop_attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, softmax_scale=0.35, softcap=0.0,
-                                    sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False),
-            (q, q, q, cu, cu), {"max_seqlen_q": 4, "max_seqlen_k": 4}),
-        "moe_route": (
-            lambda: m2.moe_route(x, router, bias, top_k=2, provider=p),
-            lambda: _noop_moe_route(x, router, bias, top_k=2, route_scale=4.9, route_norm=True, score_func="sigmoid"),
-            (x, router, bias), {"top_k": 2}),
-        "moe_experts": (
-            lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p),
-            lambda: _noop_tensor(x, probs, idx, wg, wu, wd),
-            (x, probs, idx, wg, wu, wd), {}),
-        "rmsnorm": (
-            lambda: m2.rmsnorm(xn, wn, provider=p),
-            lambda: _noop_tensor(xn, wn, eps=1e-6, modality_sizes=None, out_dtype=xn.dtype),
-            (xn, wn), {}),
+    calls: dict[str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...],
+                           dict[str, Any]]] = {
+        "attention": (lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider=p),
+                      _noop_attention, (q, q, q, cu, cu), {"max_seqlen_q": 4, "max_seqlen_k": 4}),
+        "moe_route": (lambda: m2.moe_route(x, router, bias, top_k=2, provider=p), _noop_moe_route,
+                      (x, router, bias), {"top_k": 2}),
+        "moe_experts": (lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p), _noop_tensor,
+                        (x, probs, idx, wg, wu, wd), {}),
+        "rmsnorm": (lambda: m2.rmsnorm(xn, wn, provider=p), _noop_tensor, (xn, wn), {}),
     }  # fmt: skip
     rows = []
     with noop_backend(device):
-        for op, (public, direct, args, kwargs) in calls.items():
+        for op, (public, noop, args, kwargs) in calls.items():
             spec = SPECS[op]  # type: ignore[index]
-            key = spec.validate_arguments(args, kwargs).key
-            rows.append(_row(op, iters, resolve=partial(disp.kernel, spec, key, None), public=public, direct=direct))
+            call = spec.validate_arguments(args, kwargs)
+            rows.append(_row(op, iters, resolve=partial(disp.kernel, spec, call.key, None), public=public,
+                             direct=partial(noop, call)))
     return rows
 
 

@@ -17,6 +17,7 @@ import torch
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import rel_l2
+from magi2_core.ops import SPECS
 from magi2_core.platform import cuda_available, musa_available
 from magi2_core.problem import OpName
 
@@ -63,13 +64,19 @@ def _time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> fl
 
 
 def _oracle(op: OpName, *args: Any, **kwargs: Any) -> Any:
-    """The reference provider's kernel on float64 copies: a float64 evaluation of the op's math."""
+    """The reference provider's kernel on the validated call with float64 copies of its floating tensors
+    (and a float64 ``out_dtype``): a float64 evaluation of the op's math."""
     provider = m2.get_registry().provider(op, "reference")
     assert provider is not None, "the reference backend is not installed"
     kernel, error = provider.load()
     assert error is None, error
-    up = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    return kernel(*up, **kwargs)
+    spec = SPECS[op]
+    call = spec.validate_arguments(args, kwargs)
+    up = {f: v.double() for f, v in zip(call._fields, call, strict=True)
+          if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if "out_dtype" in call._fields:
+        up["out_dtype"] = torch.float64
+    return spec.run(kernel, call._replace(**up))
 
 
 def run_demo(
@@ -117,7 +124,7 @@ def run_demo(
     # 1. pre-norm, three modalities
     res = m2.resolve("rmsnorm", x, norm_w, modality_sizes=sizes)
     h = m2.rmsnorm(x, norm_w, modality_sizes=sizes)
-    ref = _oracle("rmsnorm", x, norm_w, eps=1e-6, modality_sizes=sizes, out_dtype=torch.float64)
+    ref = _oracle("rmsnorm", x, norm_w, modality_sizes=sizes)
     record("rmsnorm", res.chosen or "?", h, ref, lambda: m2.rmsnorm(x, norm_w, modality_sizes=sizes))
 
     # 2. attention with one learned sink over two packed segments
@@ -126,30 +133,14 @@ def run_demo(
     kw: dict[str, Any] = dict(max_seqlen_q=160, max_seqlen_k=160, sinks=sinks)
     res = m2.resolve("attention", q, k, v, cu, cu, **kw)
     o = m2.attention(q, k, v, cu, cu, **kw)
-    ref_o, _ = _oracle(
-        "attention",
-        q,
-        k,
-        v,
-        cu.to(dev),
-        cu.to(dev),
-        max_seqlen_q=160,
-        max_seqlen_k=160,
-        softmax_scale=head_dim**-0.5,
-        softcap=0.0,
-        sinks=sinks,
-        sink_rescale="fp32",
-        deterministic=False,
-        return_lse=False,
-    )
+    ref_o, _ = _oracle("attention", q, k, v, cu, cu, **kw)
     record("attention", res.chosen or "?", o, ref_o, lambda: m2.attention(q, k, v, cu, cu, **kw))
 
     # 3. routed MoE on the attention output viewed as MoE heads
     xm = o.reshape(tokens, moe_heads, d)
     res = m2.resolve("moe_route", xm, router, bias, top_k=top_k)
     probs, idx = m2.moe_route(xm, router, bias, top_k=top_k)
-    ref_p, ref_i = _oracle("moe_route", xm, router, bias, top_k=top_k, route_scale=4.9, route_norm=True,
-                           score_func="sigmoid")
+    ref_p, ref_i = _oracle("moe_route", xm, router, bias, top_k=top_k)
     if not torch.equal(idx.cpu(), ref_i.cpu()):
         ref_p = probs  # a near-tie picked another expert: compare experts on the same routes below
     record("moe_route", res.chosen or "?", probs, ref_p, lambda: m2.moe_route(xm, router, bias, top_k=top_k))

@@ -28,7 +28,7 @@ class BackendSpec(BaseModel):
 
     name: str = Field(description="distribution name, e.g. 'magi2-backend-triton'")
     version: str
-    core_api: str = Field(description="PEP 440 specifier of supported core contract versions, e.g. '>=1.0,<2'")
+    core_api: str = Field(description="PEP 440 specifier of supported core contract versions, e.g. '>=2.0,<3'")
     providers: tuple[Capability, ...]
     description: str = ""
 

@@ -43,7 +43,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from magi2_core import config
-from magi2_core._version import CORE_API_VERSION
+from magi2_core._version import CHANGED_SINCE, CORE_API_VERSION
 from magi2_core.capability import Capability
 from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
@@ -404,10 +404,19 @@ def _check_core_api(spec: BackendSpec) -> None:
     except InvalidSpecifier as exc:
         raise ValueError(f"core_api {spec.core_api!r} is not a valid version specifier: {exc}") from exc
     if not ok:
-        raise ValueError(
+        raise ValueError(_older_contract(spec) or (
             f"backend {spec.name} implements core contract {spec.core_api}, "
             f"but this magi2-core provides contract {CORE_API_VERSION}; install a matching version"
-        )
+        ))
+
+
+def _older_contract(spec: BackendSpec) -> str | None:
+    """The one-line reason for a backend built for an earlier contract major (None: it was not)."""
+    admitted = SpecifierSet(spec.core_api)
+    for major, change in sorted(CHANGED_SINCE.items(), reverse=True):
+        if any(Version(f"{major}.{minor}") in admitted for minor in range(100)):
+            return f"built for core API {major}, this is {Version(CORE_API_VERSION).major}; {change}; upgrade the backend"
+    return None
 
 
 _REGISTRY: Registry | None = None

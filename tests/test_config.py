@@ -160,7 +160,7 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
     cap = Capability(op="attention", name="toy_det", impl=f"{module.__name__}:kernel", device_types=("cpu",),
                      dtypes=("float32",), features=frozenset({Feature.DETERMINISTIC}), priority=-50)
     plugin.magi2_backend = hookimpl(  # type: ignore[attr-defined]
-        lambda: BackendSpec(name="toy-det", version="0", core_api=">=1.0,<2", providers=(cap,)))
+        lambda: BackendSpec(name="toy-det", version="0", core_api=">=2.0,<3", providers=(cap,)))
     registry = m2.get_registry()
     registry.register(plugin, "toy_det")
     q, k, v = (torch.randn(6, 2, 8) for _ in range(3))

@@ -20,7 +20,7 @@ _RULE = Rule(id="few-experts", when=(Condition(field="num_experts", op="lt", val
 
 
 def _backend(name: str, *caps: Capability) -> InProcessBackend:
-    return InProcessBackend(BackendSpec(name=name, version="1", core_api=">=1.0,<2", providers=caps))
+    return InProcessBackend(BackendSpec(name=name, version="1", core_api=">=2.0,<3", providers=caps))
 
 
 def _attention(name: str = "attn_ok", **extra: object) -> Capability:

@@ -18,7 +18,7 @@ from magi2_core import BackendSpec, Capability, config, hookimpl
 from magi2_core.registry import Registry
 
 
-def _plugin(name: str, *caps: Capability, core_api: str = ">=1.0,<2") -> types.ModuleType:
+def _plugin(name: str, *caps: Capability, core_api: str = ">=2.0,<3") -> types.ModuleType:
     mod = types.ModuleType(f"plugin_{name}")
 
     @hookimpl
@@ -58,7 +58,7 @@ def test_broken_plugins_are_quarantined_with_reasons_and_ops_still_work() -> Non
     if not q:
         pytest.skip("tests/plugins/broken is not installed (pip install -e tests/plugins/broken)")
     assert "magi2_no_such_native_extension" in q["broken_import"]
-    assert "core contract >=9,<10" in q["broken_api"] and "provides contract 1.0" in q["broken_api"]
+    assert "core contract >=9,<10" in q["broken_api"] and "provides contract 2.0" in q["broken_api"]
     assert "validation error" in q["broken_spec"]
     x = torch.randn(3, 8)
     assert m2.rmsnorm(x, torch.zeros(1, 1, 8)).shape == (3, 8)
@@ -91,8 +91,46 @@ def test_core_api_mismatch_quarantines() -> None:
     reg = Registry(discover=False)
     reg.register(_plugin("old", _cap(), core_api="<1.0"), name="old")
     (item,) = reg.quarantined()
-    assert item.entry_point == "old" and "provides contract 1.0" in item.reason
+    assert item.entry_point == "old" and "provides contract 2.0" in item.reason
     assert reg.providers("rmsnorm") == []
+
+
+_API1 = "magi2_test_core_api_1_kernels"
+
+
+def _api1_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: object,
+                  out_dtype: torch.dtype) -> torch.Tensor:  # the core API 1 provider signature
+    raise AssertionError("a kernel of a quarantined core API 1 backend was called")
+
+
+def test_a_backend_built_for_core_api_1_is_quarantined_with_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = types.ModuleType(_API1)
+    kernels.rmsnorm = _api1_rmsnorm  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, _API1, kernels)
+    cap = Capability(op="rmsnorm", name="api1_rmsnorm", impl=f"{_API1}:rmsnorm", device_types=("cpu",),
+                     dtypes=("float32",), priority=1000)
+    reg = m2.get_registry()
+    reg.register(_plugin("magi2-backend-api1", cap, core_api=">=1.0,<2"), name="api1")
+    try:
+        (item,) = [q for q in reg.quarantined() if q.entry_point == "api1"]
+        assert item.reason == ("ValueError: built for core API 1, this is 2; providers now receive one call record "
+                               "(see docs/writing-a-backend.md); upgrade the backend")
+        assert "\n" not in item.reason
+        x, w = torch.randn(3, 8), torch.zeros(1, 1, 8)
+        assert m2.resolve("rmsnorm", x, w).chosen == "reference"  # the old provider is not considered
+        torch.testing.assert_close(m2.rmsnorm(x, w), x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))
+    finally:
+        reg.unregister("api1")
+    assert not [q for q in reg.quarantined() if q.entry_point == "api1"]
+
+
+def test_a_range_reaching_into_core_api_1_names_the_change_and_one_beyond_both_does_not() -> None:
+    reg = Registry(discover=False)
+    reg.register(_plugin("one-only", _cap(), core_api="==1.3"), name="one-only")
+    reg.register(_plugin("future", _cap("future"), core_api=">=3,<4"), name="future")
+    reasons = {q.entry_point: q.reason for q in reg.quarantined()}
+    assert "built for core API 1, this is 2" in reasons["one-only"]
+    assert "built for core API" not in reasons["future"] and "provides contract 2.0" in reasons["future"]
 
 
 def test_duplicate_provider_names_quarantine_the_later_backend() -> None:
@@ -106,7 +144,7 @@ def test_duplicate_provider_names_quarantine_the_later_backend() -> None:
 def test_an_unhashable_plugin_is_quarantined_alone_with_what_to_register_instead() -> None:
     reg = Registry(discover=False)
     unhashable = types.SimpleNamespace(magi2_backend=hookimpl(lambda: BackendSpec(
-        name="ns", version="0", core_api=">=1.0,<2", providers=(_cap("from_ns"),))))  # fmt: skip
+        name="ns", version="0", core_api=">=2.0,<3", providers=(_cap("from_ns"),))))  # fmt: skip
     reg.register(unhashable, name="ns")
     reg.register(_plugin("after", _cap("after")), name="after")
     (item,) = reg.quarantined()

@@ -57,7 +57,7 @@ def _backend(name: str, caps: tuple[Capability, ...]) -> types.ModuleType:
 
     @hookimpl
     def magi2_backend() -> BackendSpec:
-        return BackendSpec(name=name, version="0.0.0", core_api=">=1.0,<2", providers=caps)
+        return BackendSpec(name=name, version="0.0.0", core_api=">=2.0,<3", providers=caps)
 
     plugin.magi2_backend = magi2_backend  # type: ignore[attr-defined]
     return plugin

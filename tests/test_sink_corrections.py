@@ -27,7 +27,7 @@ class _Contributor:
 
     @hookimpl
     def magi2_backend(self) -> BackendSpec:
-        return BackendSpec(name=self.dist, version="0", core_api=">=1.0,<2", providers=())
+        return BackendSpec(name=self.dist, version="0", core_api=">=2.0,<3", providers=())
 
     @hookimpl
     def magi2_sink_corrections(self) -> tuple[Any, ...]:

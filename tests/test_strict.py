@@ -56,7 +56,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
 
     @hookimpl
     def magi2_backend() -> BackendSpec:
-        return BackendSpec(name="strict-toy", version="0.0.0", core_api=">=1.0,<2", providers=caps)
+        return BackendSpec(name="strict-toy", version="0.0.0", core_api=">=2.0,<3", providers=caps)
 
     plugin.magi2_backend = magi2_backend  # type: ignore[attr-defined]
     reg = Registry()  # the installed backends: the reference serves any device type

@@ -134,7 +134,7 @@ def test_unregister_during_resolution_neither_crashes_nor_leaves_a_stale_kernel(
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     cap = Capability(op="rmsnorm", name="vanishing", impl="magi2_vanishing_kernels:kernel", device_types=("cpu",),
                      dtypes=("float32",), priority=10_000)
-    spec = BackendSpec(name="vanishing", version="0", core_api=">=1.0,<2", providers=(cap,))
+    spec = BackendSpec(name="vanishing", version="0", core_api=">=2.0,<3", providers=(cap,))
     m2.get_registry().register(InProcessBackend(spec), name="vanishing")
     x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
     first = m2.rmsnorm(x, w)  # resolved from one consistent state (was: a bare AssertionError)
@@ -153,7 +153,7 @@ def test_float_threshold_on_an_integer_field_is_rejected() -> None:
          provenance=Provenance(kind="policy", source="test"))
 
 
-def _plugin(name: str, core_api: str = ">=1.0,<2") -> types.ModuleType:
+def _plugin(name: str, core_api: str = ">=2.0,<3") -> types.ModuleType:
     mod = types.ModuleType(f"plugin_{name}")
 
     @hookimpl

@@ -59,8 +59,8 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 class OpSpec(ABC, Generic[CallT, KeyT]):
     """Everything the generic machinery needs to know about one operator.
 
-    ``CallT`` is the op's validated call (a NamedTuple of normalised inputs ending in ``key``), ``KeyT``
-    its typed problem key.
+    ``CallT`` is the op's validated call record (a frozen NamedTuple of normalised inputs ending in
+    ``key``; a provider's kernel receives it whole), ``KeyT`` its typed problem key.
     """
 
     name: ClassVar[OpName]
@@ -110,9 +110,10 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallT:
         """Validate the public function's own arguments (without ``provider``), as the op does."""
 
-    @abstractmethod
     def run(self, kernel: Any, call: CallT) -> Any:
-        """Call a provider's kernel object with a validated call (what shadow re-runs on the reference)."""
+        """Call a provider's kernel object with a validated call (what shadow re-runs on the reference):
+        every provider receives the one record, ``kernel(call)``."""
+        return kernel(call)
 
     @abstractmethod
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:

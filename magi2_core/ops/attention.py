@@ -56,45 +56,42 @@ class AttentionKey(NamedTuple):
 
 
 class AttentionCall(NamedTuple):
-    """A validated call: the normalised inputs a provider receives, and the typed key."""
+    """One validated attention call: what a provider receives, whole and frozen (the core API 2 ABI).
+
+    Validation builds it once per call layout; providers, the ``torch.compile`` custom op and shadow
+    verification receive the same record. Inputs are normalised: int32 prefix sums on q's device,
+    Python int max lengths, the softmax scale resolved, ``softcap = max(softcap, 0)``, ``sinks`` ``None``
+    or FP32 ``[S, Hq]`` with ``S >= 1``. The tensors come first: a repeated layout reuses the rest.
+    """
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
+    sinks: torch.Tensor | None
     max_seqlen_q: int
     max_seqlen_k: int
     softmax_scale: float
     softcap: float
-    sinks: torch.Tensor | None
     sink_rescale: SinkRescale
     deterministic: bool
     return_lse: bool
     key: AttentionKey
 
 
-class AttentionKernel(Protocol):
-    """What an attention provider's kernel object is called with (inputs validated and normalised)."""
+_TENSORS = 6  # the leading tensor fields of AttentionCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        sinks: torch.Tensor | None,
-        sink_rescale: SinkRescale,
-        deterministic: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return ``(o [Tq, Hq, D] in q.dtype, lse [Hq, Tq] FP32 or None)``; sinks already applied."""
+
+class AttentionKernel(Protocol):
+    """What an attention provider's kernel object is called with: one :class:`AttentionCall`."""
+
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return ``(o [Tq, Hq, D] in q.dtype, lse [Hq, Tq] FP32 or None)``; sinks already applied.
+
+        ``lse`` is ``None`` unless ``call.return_lse``.
+        """
         ...
 
 
@@ -240,8 +237,8 @@ def validate(
     rq = mq if long_q is None else long_q
     rk = mk if long_k is None else long_k
     key = AttentionKey(device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
-    return AttentionCall(q, k, v, cu_q, cu_k, mq, mk, scale, cap, sink_t,
-                         sink_rescale, bool(deterministic), bool(return_lse), key)  # type: ignore[arg-type]
+    return AttentionCall(q, k, v, cu_q, cu_k, sink_t, mq, mk, scale, cap, sink_rescale,  # type: ignore[arg-type]
+                         bool(deterministic), bool(return_lse), key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,16 +249,10 @@ class _Bound(NamedTuple):
 
     kernel: Any
     provider: str
-    max_seqlen_q: int
-    max_seqlen_k: int
-    softmax_scale: float
-    softcap: float
-    deterministic: bool
-    return_lse: bool
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
     convert: bool  # a prefix sum needs the int32-on-q's-device conversion
     host_sinks: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
-    key: AttentionKey
 
 
 def _bind(
@@ -318,9 +309,8 @@ def _bind(
                     deterministic=deterministic, return_lse=return_lse, compiling=False)
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
-    hit = _Bound(kernel, name, call.max_seqlen_q, call.max_seqlen_k, call.softmax_scale, call.softcap,
-                 call.deterministic, call.return_lse, sinks is not None and call.sinks is None,
-                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, host_sinks, call.key)
+    hit = _Bound(kernel, name, call[_TENSORS:], sinks is not None and call.sinks is None,
+                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, host_sinks)
     # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
     # with device-value checks on, every call is checked in full.
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(
@@ -413,13 +403,11 @@ def attention(
         cu_seqlens_q, cu_seqlens_k = _normalised(cu_seqlens_q, q.device), _normalised(cu_seqlens_k, q.device)
     if b.drop_sinks:
         sinks = None
-    o, lse = b.kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=b.max_seqlen_q,
-                      max_seqlen_k=b.max_seqlen_k, softmax_scale=b.softmax_scale, softcap=b.softcap, sinks=sinks,
-                      sink_rescale=sink_rescale, deterministic=b.deterministic, return_lse=b.return_lse)
+    # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
+    call: AttentionCall = _record(AttentionCall, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks) + b.rest)  # noqa: RUF005
+    o, lse = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:
-        call = AttentionCall(q, k, v, cu_seqlens_q, cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k, b.softmax_scale,
-                             b.softcap, sinks, sink_rescale, b.deterministic, b.return_lse, b.key)
         _shadow.observe(scope, SPEC, b.provider, call, (o, lse))
     return (o, lse) if return_lse else o
 
@@ -549,12 +537,6 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
                         sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
                         deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det, return_lse=kw.pop("return_lse", False),
                         compiling=False, **kw)
-
-    def run(self, kernel: Any, call: AttentionCall) -> Any:
-        return kernel(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, max_seqlen_q=call.max_seqlen_q,
-                      max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale, softcap=call.softcap,
-                      sinks=call.sinks, sink_rescale=call.sink_rescale, deterministic=call.deterministic,
-                      return_lse=call.return_lse)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         if not isinstance(out, tuple):

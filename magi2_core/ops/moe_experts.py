@@ -52,32 +52,33 @@ class ExpertsKey(NamedTuple):
 
 
 class ExpertsCall(NamedTuple):
+    """One validated experts call: what a provider receives, whole and frozen (the core API 2 ABI).
+
+    The weights are checkpoint-layout views (of prepared tensors, when the caller prepared them:
+    :class:`MoEWeightPreparer`). ``deterministic=True`` reaches only providers that declare the
+    ``deterministic`` feature; their output must then be bitwise repeatable. The tensors come first:
+    a repeated layout reuses the rest.
+    """
+
     x: torch.Tensor
     probs: torch.Tensor
     idx: torch.Tensor
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
+    deterministic: bool
     key: ExpertsKey
 
 
-class MoEExpertsKernel(Protocol):
-    def __call__(
-        self,
-        x: torch.Tensor,
-        probs: torch.Tensor,
-        idx: torch.Tensor,
-        w_gate: torch.Tensor,
-        w_up: torch.Tensor,
-        w_down: torch.Tensor,
-        *,
-        deterministic: bool = False,
-    ) -> torch.Tensor:
-        """Return ``y [T, Hl, d]`` in x.dtype.
+_TENSORS = 6  # the leading tensor fields of ExpertsCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
-        ``deterministic=True`` is passed (as a keyword, and only when asked) to providers that declare
-        the ``deterministic`` feature: the output must then be bitwise repeatable.
-        """
+
+class MoEExpertsKernel(Protocol):
+    """What a ``moe_experts`` provider's kernel object is called with: one :class:`ExpertsCall`."""
+
+    def __call__(self, call: ExpertsCall) -> torch.Tensor:
+        """Return ``y [T, Hl, d]`` in x.dtype."""
         ...
 
 
@@ -151,7 +152,7 @@ def validate(
     _idx_in_range(i, e)
     mask = (_COMPILING if compiling else 0) | (_DET if deterministic else 0)
     key = ExpertsKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
-    return ExpertsCall(x, p, i, wg, wu, wd, key)
+    return ExpertsCall(x, p, i, wg, wu, wd, bool(deterministic), key)
 
 
 def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tuple[torch.Tensor, ...]]:
@@ -166,8 +167,8 @@ def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tup
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (deterministic and the key)
     check_below: int  # host ids: checked to lie in [0, check_below) on every call; 0: not checked
-    key: ExpertsKey
 
 
 def _bind(layout: tuple[Any, ...] | None, bound: dict[tuple[Any, ...], Any], x: torch.Tensor, probs: torch.Tensor,
@@ -178,7 +179,7 @@ def _bind(layout: tuple[Any, ...] | None, bound: dict[tuple[Any, ...], Any], x: 
     d = dispatcher()
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_ids = call.idx.numel() > 0 and call.idx.device.type == "cpu"
-    hit = _Bound(kernel, name, call.key.num_experts if host_ids else 0, call.key)
+    hit = _Bound(kernel, name, call[_TENSORS:], call.key.num_experts if host_ids else 0)
     if layout is not None and not ck.device_value_checks():
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
@@ -245,13 +246,12 @@ def moe_experts(
         lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
         if lo.item() < 0 or hi.item() >= b.check_below:
             _idx_in_range(idx, b.check_below)  # raises, naming the values
-    # Only providers that declare the feature are resolved for deterministic calls, and only they
-    # receive the keyword (providers without it keep the plain signature).
-    out: torch.Tensor = (b.kernel(x, probs, idx, wg, wu, wd, deterministic=True) if det
-                         else b.kernel(x, probs, idx, wg, wu, wd))
+    # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
+    call: ExpertsCall = _record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
+    out: torch.Tensor = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, ExpertsCall(x, probs, idx, wg, wu, wd, b.key), out)
+        _shadow.observe(scope, SPEC, b.provider, call, out)
     return out
 
 
@@ -268,8 +268,7 @@ def _moe_experts_op(
     w_gate, w_up, w_down = checkpoint_views(layout, tuple(weights))
     call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=True)
     kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    kw = {"deterministic": True} if deterministic else {}
-    out: torch.Tensor = kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, **kw)
+    out: torch.Tensor = SPEC.run(kernel, call)
     scope = _shadow.sampling()
     if scope is not None:
         _shadow.observe(scope, SPEC, name, call, out)
@@ -329,9 +328,6 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
         w.extend(kw.pop(n, None) for n in ("w_gate", "w_up", "w_down")[len(w):])
         wg, wu, wd = checkpoint_views(*_weights_arg(*w))
         return validate(x, probs, idx, wg, wu, wd, deterministic=det, compiling=False, **kw)
-
-    def run(self, kernel: Any, call: ExpertsCall) -> Any:
-        return kernel(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}

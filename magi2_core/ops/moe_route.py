@@ -64,6 +64,12 @@ class RouteKey(NamedTuple):
 
 
 class RouteCall(NamedTuple):
+    """One validated routing call: what a provider receives, whole and frozen (the core API 2 ABI).
+
+    ``score_func="softmax"`` and ``route_norm=False`` reach only providers that declare the
+    ``route_softmax`` / ``route_no_norm`` features. The tensors come first: a repeated layout reuses the rest.
+    """
+
     x: torch.Tensor
     router_weight: torch.Tensor
     bias: torch.Tensor | None
@@ -74,20 +80,15 @@ class RouteCall(NamedTuple):
     key: RouteKey
 
 
+_TENSORS = 3  # the leading tensor fields of RouteCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
+
+
 class MoERouteKernel(Protocol):
-    def __call__(
-        self,
-        x: torch.Tensor,
-        router_weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        *,
-        top_k: int,
-        route_scale: float,
-        route_norm: bool,
-        score_func: Literal["sigmoid", "softmax"],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``. ``route_norm=False`` and
-        ``score_func="softmax"`` reach only providers that declare ``route_no_norm`` / ``route_softmax``."""
+    """What a ``moe_route`` provider's kernel object is called with: one :class:`RouteCall`."""
+
+    def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)``."""
         ...
 
 
@@ -143,10 +144,8 @@ def validate(
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
-    route_scale: float
-    score_func: ScoreFunc
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     host_bias: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
-    key: RouteKey
 
 
 def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, route_scale: float,
@@ -171,7 +170,7 @@ def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | Non
                     score_func=score_func, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_bias = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    hit = _Bound(kernel, name, call.route_scale, call.score_func, host_bias, call.key)
+    hit = _Bound(kernel, name, call[_TENSORS:], host_bias)
     if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
@@ -207,11 +206,11 @@ def moe_route(
                                                score_func, provider)
         return probs, idx
     b = _bind(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, False)
-    probs, idx = b.kernel(x, router_weight, bias, top_k=top_k, route_scale=b.route_scale, route_norm=route_norm,
-                          score_func=b.score_func)
+    # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
+    call: RouteCall = _record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
+    probs, idx = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:
-        call = RouteCall(x, router_weight, bias, top_k, b.route_scale, route_norm, b.score_func, b.key)
         _shadow.observe(scope, SPEC, b.provider, call, (probs, idx))
     return probs, idx
 
@@ -265,10 +264,6 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
         return validate(*args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9),
                         route_norm=kw.pop("route_norm", True), score_func=kw.pop("score_func", "sigmoid"),
                         compiling=False, **kw)
-
-    def run(self, kernel: Any, call: RouteCall) -> Any:
-        return kernel(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                      route_norm=call.route_norm, score_func=call.score_func)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"probs": out[0], "idx": out[1]}

@@ -46,6 +46,13 @@ class RMSNormKey(NamedTuple):
 
 
 class RMSNormCall(NamedTuple):
+    """One validated RMSNorm call: what a provider receives, whole and frozen (the core API 2 ABI).
+
+    ``weight`` is ``[M, P, D]`` (a flat parameter viewed so), ``modality_sizes`` a tuple of host ints
+    or ``None`` (one modality), ``out_dtype`` resolved. The tensors come first: a repeated layout
+    reuses the rest.
+    """
+
     x: torch.Tensor
     weight: torch.Tensor
     eps: float
@@ -54,17 +61,15 @@ class RMSNormCall(NamedTuple):
     key: RMSNormKey
 
 
+_TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
+
+
 class RMSNormKernel(Protocol):
-    def __call__(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        *,
-        eps: float,
-        modality_sizes: Sequence[int] | None,
-        out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        """Return the normalised, scaled ``x`` cast once to ``out_dtype``."""
+    """What an ``rmsnorm`` provider's kernel object is called with: one :class:`RMSNormCall`."""
+
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        """Return the normalised, scaled ``x`` cast once to ``call.out_dtype``."""
         ...
 
 
@@ -125,11 +130,8 @@ def validate(
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
-    eps: float
-    modality_sizes: tuple[int, ...] | None
-    out_dtype: torch.dtype
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     view: torch.Size | None  # a flat weight's [M, P, D] shape
-    key: RMSNormKey
 
 
 def _bind(x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: Sequence[int] | None,
@@ -150,8 +152,7 @@ def _bind(x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: Seq
         return hit
     call = validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=compiling)
     kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call.eps, call.modality_sizes, call.out_dtype,
-                 call.weight.shape if call.weight is not weight else None, call.key)
+    hit = _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not weight else None)
     # modality sizes are kept by value only for plain ints (a bool or an int subclass must meet validation)
     plain = modality_sizes is None or all(type(s) is int for s in modality_sizes)
     if layout is not None and plain and not ck.any_tensor(eps):
@@ -184,11 +185,12 @@ def rmsnorm(
     b = _bind(x, weight, eps, modality_sizes, out_dtype, provider, False)
     if b.view is not None:
         weight = weight.view(b.view)
-    out: torch.Tensor = b.kernel(x, weight, eps=b.eps, modality_sizes=b.modality_sizes, out_dtype=b.out_dtype)
+    # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
+    call: RMSNormCall = _record(RMSNormCall, (x, weight) + b.rest)  # noqa: RUF005
+    out: torch.Tensor = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, RMSNormCall(x, weight, b.eps, b.modality_sizes, b.out_dtype, b.key),
-                        out)
+        _shadow.observe(scope, SPEC, b.provider, call, out)
     return out
 
 
@@ -247,9 +249,6 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
         kw = dict(kwargs)
         return validate(*args, eps=kw.pop("eps", DEFAULT_EPS), modality_sizes=kw.pop("modality_sizes", None),
                         out_dtype=kw.pop("out_dtype", None), compiling=False, **kw)
-
-    def run(self, kernel: Any, call: RMSNormCall) -> Any:
-        return kernel(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}

@@ -43,7 +43,7 @@ def rehost(op: OpName, provider: str, *, device_types: tuple[str, ...], name: st
 
 @contextmanager
 def registered_backend(
-    *providers: Capability, name: str = "in-process", version: str = "0", core_api: str = ">=1.0,<2"
+    *providers: Capability, name: str = "in-process", version: str = "0", core_api: str = ">=2.0,<3"
 ) -> Iterator[BackendSpec]:
     """Register ``providers`` as one backend for the duration of the block, then unregister it.
 

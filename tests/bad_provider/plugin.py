@@ -23,4 +23,4 @@ PROVIDERS = (
 
 @hookimpl
 def magi2_backend() -> BackendSpec:
-    return BackendSpec(name="magi2-backend-bad-example", version="0.0.1", core_api=">=1.0,<2", providers=PROVIDERS)
+    return BackendSpec(name="magi2-backend-bad-example", version="0.0.1", core_api=">=2.0,<3", providers=PROVIDERS)

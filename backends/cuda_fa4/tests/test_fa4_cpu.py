@@ -377,7 +377,7 @@ def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_ins
     if fa4_installed:
         caps.append(descriptor(INSTALL).model_copy(update={"impl": f"{HOST}:fa4"}))
     reg = Registry(discover=False)
-    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=1.0,<2",
+    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3",
                                                  providers=tuple(caps))), name="world")
     return reg
 

@@ -240,7 +240,7 @@ class FakeTritonSinks:
 
     @hookimpl
     def magi2_backend(self) -> BackendSpec:
-        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=1.0,<2", providers=())
+        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=2.0,<3", providers=())
 
     @hookimpl
     def magi2_sink_corrections(self) -> tuple[SinkCorrectionSpec, ...]:

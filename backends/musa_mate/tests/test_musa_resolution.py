@@ -32,7 +32,7 @@ class _CudaOnly:
         cap = Capability(op="attention", name="cuda_vendor", impl="magi2_backend_reference.attention:reference_attention",
                          device_types=("cuda",), dtypes=("bfloat16", "float16"), priority=40,
                          features=frozenset(Feature))
-        return BackendSpec(name="test-cuda-only", version="0", core_api=">=1.0,<2", providers=(cap,))
+        return BackendSpec(name="test-cuda-only", version="0", core_api=">=2.0,<3", providers=(cap,))
 
 
 @pytest.fixture

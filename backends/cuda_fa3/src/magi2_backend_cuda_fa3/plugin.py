@@ -122,7 +122,7 @@ def descriptor(build: FoundBuild | None, *, fa4: bool = False) -> Capability:
 @hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-cuda-fa3", version=__version__, core_api=">=1.0,<2",
+        name="magi2-backend-cuda-fa3", version=__version__, core_api=">=2.0,<3",
         providers=(descriptor(installed_build(), fa4=fa4_installed()),),
         description="MAGI-2 attention through FlashAttention-3 on NVIDIA Hopper",
     )  # fmt: skip

@@ -15,21 +15,23 @@ Otherwise FA3 runs without sinks and returns its LSE, and the selected correctio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from magi2_backend_cuda_fa3.abi import FA3Abi, load_fa3
 from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
 from magi2_core.problem import Feature, Problem
-from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
+
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
 
 __all__ = ["FA3Attention", "device_capability", "fa3_attention"]
 
 
 class FA3Attention(FlashAttentionProvider[FA3Abi]):
-    """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run."""
+    """An ``AttentionKernel``: called with one ``AttentionCall``; ``check`` says where it cannot run."""
 
     label = "FA3"
     default_loader = staticmethod(load_fa3)
@@ -59,32 +61,18 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
                               actual="softcap > 0 requested", detail=f"{abi.label} {why}"))
         return out
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        sinks: torch.Tensor | None,
-        sink_rescale: SinkRescale,
-        deterministic: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         abi = self._abi()
-        native = sinks is not None and abi.sinks and sinks.shape[0] == 1 and sink_rescale == "fp32" and not return_lse
+        q, sinks, return_lse = call.q, call.sinks, call.return_lse
+        native = (sinks is not None and abi.sinks and sinks.shape[0] == 1 and call.sink_rescale == "fp32"
+                  and not return_lse)  # fmt: skip
         need_lse = return_lse or (sinks is not None and not native)
         kwargs: dict[str, Any] = {
-            "q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
-            "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "softmax_scale": softmax_scale,
+            "q": q, "k": call.k, "v": call.v, "cu_seqlens_q": call.cu_seqlens_q, "cu_seqlens_k": call.cu_seqlens_k,
+            "max_seqlen_q": call.max_seqlen_q, "max_seqlen_k": call.max_seqlen_k, "softmax_scale": call.softmax_scale,
             "causal": False,
         }  # fmt: skip
-        cap = float(softcap)  # the op normalised it (>= 0); a build without softcap rejects any nonzero value
+        cap = float(call.softcap)  # the op normalised it (>= 0); a build without softcap rejects any nonzero value
         if cap > 0:
             if not abi.softcap:
                 raise NotImplementedError(f"{abi.label} cannot apply softcap={cap}: softcap is not in this build")
@@ -102,7 +90,7 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
         o, lse = self._unpack(result, q, need_lse, abi)
         if sinks is not None and not native:
             assert lse is not None
-            o, lse = self.sink_correction.apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
+            o, lse = self.sink_correction.apply(o, lse, sinks, rescale=call.sink_rescale, return_lse=return_lse)
         return o, lse if return_lse else None
 
     @staticmethod

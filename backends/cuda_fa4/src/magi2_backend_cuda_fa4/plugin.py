@@ -76,7 +76,7 @@ def descriptor(install: FA4Install | None) -> Capability:
 @hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-cuda-fa4", version=__version__, core_api=">=1.0,<2",
+        name="magi2-backend-cuda-fa4", version=__version__, core_api=">=2.0,<3",
         providers=(descriptor(installed()),),
         description="MAGI-2 attention through FlashAttention-4 on NVIDIA Hopper and Blackwell",
     )  # fmt: skip

@@ -23,7 +23,7 @@ LSE): see :func:`magi2_backend_cuda_fa4.warmup`. Run-time failures propagate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
@@ -31,8 +31,10 @@ from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capabilit
 from magi2_backend_cuda_fa4.abi import FA4Abi, load_fa4
 from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
 from magi2_core.problem import Problem
-from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
+
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
 
 __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 
@@ -65,31 +67,17 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
                                   "(Blackwell B200/GB200) kernels only")]  # fmt: skip
         return []
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        sinks: torch.Tensor | None,
-        sink_rescale: SinkRescale,
-        deterministic: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         abi = self._abi()
+        q, sinks, sink_rescale, return_lse = call.q, call.sinks, call.sink_rescale, call.return_lse
         native = native_sink(sinks) if sinks is not None and sink_rescale == "fp32" else None
         correct = sinks is not None and native is None
         need_lse = return_lse or correct
         # FA4 treats exactly 0.0 as "no cap"; the contract already clamped a disabled cap to 0.0.
         result = abi.varlen(
-            q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False, softcap=max(float(softcap), 0.0),
+            q=q, k=call.k, v=call.v, cu_seqlens_q=call.cu_seqlens_q, cu_seqlens_k=call.cu_seqlens_k,
+            max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale,
+            causal=False, softcap=max(float(call.softcap), 0.0),
             learnable_sink=None if native is None else native.logit, num_splits=1, return_lse=need_lse,
         )  # fmt: skip
         o, lse = self._unpack(result, q, need_lse, abi)

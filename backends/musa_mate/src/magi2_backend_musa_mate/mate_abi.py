@@ -32,12 +32,16 @@ import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from packaging.version import InvalidVersion, Version
 
 from magi2_backend_musa_mate.platform import import_musa_runtime, musa_installed
 from magi2_core import config
+
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
 
 __all__ = [
     "BACKENDS",
@@ -161,34 +165,24 @@ class MateVarlen:
         return why
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        deterministic: bool,
-        return_lse: bool,
-        backend: str | None,
+        self, call: AttentionCall, *, return_lse: bool, backend: str | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Non-causal varlen attention without sinks: ``(o [Tq, Hq, Dv], lse [Hq, Tq] FP32 or None)``.
+        """Non-causal varlen attention of ``call`` without its sinks: ``(o [Tq, Hq, Dv], lse [Hq, Tq] FP32 or
+        None)``. ``return_lse`` may ask for more than ``call.return_lse`` (the sinks need the LSE);
+        ``backend`` is ``MAGI2_MATE_BACKEND``'s choice.
 
         Exceptions raised by MATE propagate unchanged; a malformed result raises RuntimeError.
         """
-        cap = max(float(softcap), 0.0)  # MATE caps at |c| for a negative c; <= 0 means "off" here
+        q, deterministic = call.q, call.deterministic
+        cap = max(float(call.softcap), 0.0)  # MATE caps at |c| for a negative c; <= 0 means "off" here
         why = self.unsupported(softcap=cap > 0, lse=return_lse, deterministic=deterministic, override=backend)
         if why:
             raise NotImplementedError("; ".join(why))
         kwargs: dict[str, object] = {
-            "q": q, "k": k, "v": v,
-            "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
-            "max_seqlen_q": int(max_seqlen_q), "max_seqlen_k": int(max_seqlen_k),
-            "softmax_scale": float(softmax_scale), "causal": False, "softcap": cap,
+            "q": q, "k": call.k, "v": call.v,
+            "cu_seqlens_q": call.cu_seqlens_q, "cu_seqlens_k": call.cu_seqlens_k,
+            "max_seqlen_q": int(call.max_seqlen_q), "max_seqlen_k": int(call.max_seqlen_k),
+            "softmax_scale": float(call.softmax_scale), "causal": False, "softcap": cap,
         }
         if self.accepts("deterministic"):
             kwargs["deterministic"] = bool(deterministic)
@@ -200,7 +194,7 @@ class MateVarlen:
             assert flag is not None  # unsupported() above
             kwargs[flag] = True
         result = self.fn(**kwargs)
-        return self._split(result, q, v, return_lse)
+        return self._split(result, q, call.v, return_lse)
 
     def _split(
         self, result: object, q: torch.Tensor, v: torch.Tensor, return_lse: bool

@@ -54,6 +54,6 @@ MATE_ATTENTION = Capability(
 @hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-musa-mate", version=__version__, core_api=">=1.0,<2", providers=(MATE_ATTENTION,),
+        name="magi2-backend-musa-mate", version=__version__, core_api=">=2.0,<3", providers=(MATE_ATTENTION,),
         description="MATE attention on Moore Threads MUSA GPUs",
     )

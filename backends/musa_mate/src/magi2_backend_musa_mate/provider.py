@@ -17,6 +17,7 @@ resolver for MUSA problems only) and the first call do, through :mod:`.mate_abi`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,9 +25,11 @@ from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, reque
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
 from magi2_core.errors import ConfigError
 from magi2_core.problem import Feature, Problem
-from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
 from magi2_core.sink_corrections import FORCED_BY, sink_correction_for
+
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
 
 __all__ = ["SINK_CORRECTION_ENV", "MateAttention", "mate_attention"]
 
@@ -59,36 +62,17 @@ class MateAttention:
         return [Reason(code=ReasonCode.CHECK, field="mate", expected="a call this MATE build serves",
                        actual="unsupported", detail=w) for w in why]
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        sinks: torch.Tensor | None,
-        sink_rescale: SinkRescale,
-        deterministic: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         mate = load_mate_varlen()
         if not isinstance(mate, MateVarlen):  # only when called without resolution (check() says this)
             raise RuntimeError(f"the mate attention provider is unavailable: {mate}")
+        sinks = call.sinks
         has_sinks = sinks is not None and sinks.numel() > 0
-        o, lse = mate(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-            softmax_scale=softmax_scale, softcap=softcap, deterministic=deterministic,
-            return_lse=return_lse or has_sinks, backend=requested_backend(),
-        )
+        o, lse = mate(call, return_lse=call.return_lse or has_sinks, backend=requested_backend())
         if has_sinks:
             assert sinks is not None and lse is not None
-            return sink_correction_for(DEVICE_TYPE).apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
-        return o, lse if return_lse else None
-
+            return sink_correction_for(DEVICE_TYPE).apply(o, lse, sinks, rescale=call.sink_rescale,
+                                                          return_lse=call.return_lse)
+        return o, lse if call.return_lse else None
 
 mate_attention = MateAttention()

@@ -10,13 +10,17 @@ at most ``MAX_SCORE_ELEMENTS`` values (a 32k-token segment fits in a few hundred
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import torch
 
 from magi2_core.provider import SinkRescale
 from magi2_core.sinks import sink_correction
 
-__all__ = ["MAX_SCORE_ELEMENTS", "reference_attention"]
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
+
+__all__ = ["MAX_SCORE_ELEMENTS", "exact_attention", "reference_attention"]
 
 MAX_SCORE_ELEMENTS = 1 << 24
 
@@ -52,23 +56,30 @@ def _segment(
     return o, lse
 
 
+def reference_attention(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``reference`` provider: :func:`exact_attention` of the call (deterministic either way; the
+    max lengths only bound what the prefix sums say)."""
+    return exact_attention(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
+                           softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,
+                           sink_rescale=call.sink_rescale, return_lse=call.return_lse)
+
+
 @torch.no_grad()
-def reference_attention(
+def exact_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     *,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
     softmax_scale: float,
     softcap: float,
     sinks: torch.Tensor | None,
     sink_rescale: SinkRescale,
-    deterministic: bool,
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The contract's attention on explicit inputs (normalised as :class:`AttentionCall` says):
+    ``(o [Tq, Hq, D] in q's dtype, lse [Hq, Tq] FP32 or None)``."""
     tq, hq, d = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     o32 = q.new_zeros(tq, hq, d, dtype=acc)

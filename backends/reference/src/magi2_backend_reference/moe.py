@@ -8,15 +8,33 @@ expert, so memory stays at one expert's tokens.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from magi2_core.contracts.moe import ScoreFunc, router_scores, swiglu7
 
-__all__ = ["flat_expert_ids", "reference_moe_experts", "reference_moe_route"]
+if TYPE_CHECKING:
+    from magi2_core.ops.moe_experts import ExpertsCall
+    from magi2_core.ops.moe_route import RouteCall
+
+__all__ = ["exact_moe_experts", "exact_moe_route", "flat_expert_ids", "reference_moe_experts", "reference_moe_route"]
+
+
+def reference_moe_route(call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``reference`` routing provider: :func:`exact_moe_route` of the call."""
+    return exact_moe_route(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                           route_norm=call.route_norm, score_func=call.score_func)
+
+
+def reference_moe_experts(call: ExpertsCall) -> torch.Tensor:
+    """The ``reference`` experts provider: :func:`exact_moe_experts` of the call (deterministic either
+    way: one fixed-order pass per expert, no atomics)."""
+    return exact_moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down)
 
 
 @torch.no_grad()
-def reference_moe_route(
+def exact_moe_route(
     x: torch.Tensor,
     router_weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -46,18 +64,14 @@ def flat_expert_ids(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_moe_experts(
+def exact_moe_experts(
     x: torch.Tensor,
     probs: torch.Tensor,
     idx: torch.Tensor,
     w_gate: torch.Tensor,
     w_up: torch.Tensor,
     w_down: torch.Tensor,
-    *,
-    deterministic: bool = False,
 ) -> torch.Tensor:
-    # Deterministic either way: one fixed-order pass per expert, no atomics.
-    del deterministic
     t, hl, d = x.shape
     k = probs.shape[2]
     e = w_gate.shape[0] // hl

@@ -130,7 +130,7 @@ def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-reference",
         version=__version__,
-        core_api=">=1.0,<2",
+        core_api=">=2.0,<3",
         providers=PROVIDERS,
         description="exact references for every operator, on any device, and torch-native providers",
     )

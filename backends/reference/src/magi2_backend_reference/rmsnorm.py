@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from magi2_core.ops.rmsnorm import RMSNormCall
 
 __all__ = ["broadcast_scale", "reference_rmsnorm", "reference_rmsnorm_fp32"]
 
@@ -47,12 +51,6 @@ def reference_rmsnorm_fp32(
     return n * broadcast_scale(x, weight, modality_sizes).to(xf.dtype)
 
 
-def reference_rmsnorm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    eps: float,
-    modality_sizes: Sequence[int] | None,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    return reference_rmsnorm_fp32(x, weight, eps, modality_sizes).to(out_dtype)
+def reference_rmsnorm(call: RMSNormCall) -> torch.Tensor:
+    """The ``reference`` provider: :func:`reference_rmsnorm_fp32` of the call, cast once to its ``out_dtype``."""
+    return reference_rmsnorm_fp32(call.x, call.weight, call.eps, call.modality_sizes).to(call.out_dtype)

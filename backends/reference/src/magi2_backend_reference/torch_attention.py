@@ -11,15 +11,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from magi2_core.platform import absent_device
 from magi2_core.problem import Feature, Problem
-from magi2_core.provider import SinkRescale
 from magi2_core.resolution import Reason, ReasonCode
 from magi2_core.sink_corrections import sink_correction_for
+
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
 
 __all__ = ["TorchVarlenAttention", "torch_varlen_attention"]
 
@@ -71,30 +73,16 @@ class TorchVarlenAttention:
             )
         return out
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        *,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        softcap: float,
-        sinks: torch.Tensor | None,
-        sink_rescale: SinkRescale,
-        deterministic: bool,
-        return_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         api = self._api
         assert not isinstance(api, str), api
         varlen_attn, aux_request, _ = api
-        kwargs: dict[str, Any] = {"return_aux": aux_request(lse=True), "scale": softmax_scale}
+        q, k = call.q, call.k
+        kwargs: dict[str, Any] = {"return_aux": aux_request(lse=True), "scale": call.softmax_scale}
         if q.shape[1] != k.shape[1]:
             kwargs["enable_gqa"] = True
-        o, lse = varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+        o, lse = varlen_attn(q, k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
+                             **kwargs)
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
             raise RuntimeError(
                 f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[q.shape[1], q.shape[0]]}"
@@ -102,9 +90,10 @@ class TorchVarlenAttention:
         # FA2 inside torch marks a row with no keys by LSE = +inf; the contract (and FA3, MATE) use -inf,
         # which the sink correction needs (L' = Ls). A finite score row can never give +inf.
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
-        if sinks is not None:  # o is varlen_attn's fresh output: the correction may overwrite it
-            return sink_correction_for(o.device.type).apply(o, lse, sinks, rescale=sink_rescale, return_lse=return_lse)
-        return o, lse if return_lse else None
+        if call.sinks is not None:  # o is varlen_attn's fresh output: the correction may overwrite it
+            return sink_correction_for(o.device.type).apply(o, lse, call.sinks, rescale=call.sink_rescale,
+                                                            return_lse=call.return_lse)
+        return o, lse if call.return_lse else None
 
 
 torch_varlen_attention = TorchVarlenAttention()

@@ -6,6 +6,7 @@ This is the composite of vllm-omni #7286; on CUDA it uses torch's fused rms_norm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,9 @@ from magi2_core.platform import absent_device
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
+if TYPE_CHECKING:
+    from magi2_core.ops.rmsnorm import RMSNormCall
+
 __all__ = ["TorchRMSNorm", "torch_rmsnorm"]
 
 
@@ -22,17 +26,10 @@ class TorchRMSNorm:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return absent_device(problem.device_type)
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        *,
-        eps: float,
-        modality_sizes: Sequence[int] | None,
-        out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        n = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
-        return (n * broadcast_scale(x, weight, modality_sizes)).to(out_dtype)
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        x = call.x
+        n = F.rms_norm(x.float(), (x.shape[-1],), None, call.eps)
+        return (n * broadcast_scale(x, call.weight, call.modality_sizes)).to(call.out_dtype)
 
 
 torch_rmsnorm = TorchRMSNorm()

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from magi2_backend_triton.providers import device_reasons
-from magi2_core.contracts.moe import ScoreFunc, router_scores
+from magi2_core.contracts.moe import router_scores
+from magi2_core.ops.moe_route import RouteCall
 from magi2_core.ops.moe_route import validate as validate_route
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
@@ -171,19 +172,10 @@ class TritonMoERoute:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        router_weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        *,
-        top_k: int,
-        route_scale: float,
-        route_norm: bool,
-        score_func: ScoreFunc,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = router_scores(x, router_weight, score_func)
-        return select_routes(scores, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm)
+    def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = router_scores(call.x, call.router_weight, call.score_func)
+        return select_routes(scores, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                             route_norm=call.route_norm)
 
 
 triton_moe_route = TritonMoERoute()

@@ -37,7 +37,7 @@ GEMM; sigmoid, the release's scoring, takes one pass).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
@@ -48,6 +48,9 @@ from magi2_backend_triton.providers import device_reasons
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
+
+if TYPE_CHECKING:
+    from magi2_core.ops.moe_route import RouteCall
 
 __all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
            "triton_fused_moe_route"]
@@ -417,19 +420,9 @@ class TritonFusedMoERoute:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        router_weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        *,
-        top_k: int,
-        route_scale: float,
-        route_norm: bool,
-        score_func: ScoreFunc,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return fused_route(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                           score_func=score_func)
+    def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
+        return fused_route(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                           route_norm=call.route_norm, score_func=call.score_func)
 
 
 triton_fused_moe_route = TritonFusedMoERoute()

@@ -95,7 +95,7 @@ def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-triton",
         version=__version__,
-        core_api=">=1.0,<2",
+        core_api=">=2.0,<3",
         providers=providers(),
         description="portable Triton kernels (CUDA, MUSA through Triton-MUSA; CPU through the interpreter)",
     )

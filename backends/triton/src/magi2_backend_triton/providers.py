@@ -7,6 +7,7 @@ unavailable with that import error (a reason, not a crash).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -18,6 +19,10 @@ from magi2_backend_triton.rmsnorm import launch_rmsnorm
 from magi2_core.platform import absent_device
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason, ReasonCode
+
+if TYPE_CHECKING:
+    from magi2_core.ops.moe_experts import ExpertsCall
+    from magi2_core.ops.rmsnorm import RMSNormCall
 
 __all__ = ["TritonMoEExperts", "TritonRMSNorm", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
 
@@ -52,18 +57,9 @@ class TritonMoEExperts:
         """Pack gate/up once into the interleaved bank GEMM1 streams; w_down is read as stored."""
         return "w13_interleaved", (pack_w13(w_gate, w_up), w_down.contiguous())
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        probs: torch.Tensor,
-        idx: torch.Tensor,
-        w_gate: torch.Tensor,
-        w_up: torch.Tensor,
-        w_down: torch.Tensor,
-        *,
-        deterministic: bool = False,
-    ) -> torch.Tensor:
-        return fused_moe_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic)
+    def __call__(self, call: ExpertsCall) -> torch.Tensor:
+        return fused_moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down,
+                                 deterministic=call.deterministic)
 
 
 class TritonRMSNorm:
@@ -72,16 +68,9 @@ class TritonRMSNorm:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        *,
-        eps: float,
-        modality_sizes: Sequence[int] | None,
-        out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        return launch_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype)
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
+                              out_dtype=call.out_dtype)
 
 
 triton_moe_experts = TritonMoEExperts()

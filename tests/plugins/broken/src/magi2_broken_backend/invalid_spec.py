@@ -8,6 +8,6 @@ def magi2_backend() -> dict[str, object]:
     return {
         "name": "magi2-backend-broken-spec",
         "version": "0.0.1",
-        "core_api": ">=1.0,<2",
+        "core_api": ">=2.0,<3",
         "providers": [{"op": "convolution", "name": "bad", "impl": "x:y", "dtypes": ["float32"]}],
     }

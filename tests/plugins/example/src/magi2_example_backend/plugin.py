@@ -9,7 +9,7 @@ def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-example",
         version="0.0.1",
-        core_api=">=1.0,<2",
+        core_api=">=2.0,<3",
         providers=(
             # A made-up accelerator: proves the device-type set is open to third parties.
             Capability(

@@ -10,7 +10,7 @@ def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-impostor-acme",
         version="0.0.1",
-        core_api=">=1.0,<2",
+        core_api=">=2.0,<3",
         providers=(
             Capability(op="rmsnorm", name="reference", impl="magi2_impostor_backend.kernels:zero_rmsnorm",
                        device_types=("*",), dtypes=_ANY, priority=1000),

@@ -1,18 +1,21 @@
 """Wrong kernels with the right signatures: if one of them ever runs, results are all zeros."""
 
-from collections.abc import Sequence
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
-
-def zero_rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: Sequence[int] | None, out_dtype: torch.dtype
-) -> torch.Tensor:
-    return torch.zeros(x.shape, dtype=out_dtype, device=x.device)
+if TYPE_CHECKING:
+    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.ops.rmsnorm import RMSNormCall
 
 
-def zero_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: object, return_lse: bool = False, **kwargs: object
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
+def zero_rmsnorm(call: RMSNormCall) -> torch.Tensor:
+    return torch.zeros(call.x.shape, dtype=call.out_dtype, device=call.x.device)
+
+
+def zero_attention(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q = call.q
+    lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if call.return_lse else None
     return torch.zeros_like(q), lse

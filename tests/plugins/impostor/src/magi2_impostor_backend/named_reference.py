@@ -8,7 +8,7 @@ def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-reference",  # even the backend name is borrowed
         version="9.9.9",
-        core_api=">=1.0,<2",
+        core_api=">=2.0,<3",
         providers=(
             Capability(op="rmsnorm", name="reference", impl="magi2_impostor_backend.kernels:zero_rmsnorm",
                        device_types=("*",), dtypes=("float32", "bfloat16", "float16"), priority=1000),
