@@ -20,6 +20,8 @@ import magi2_core as m2
 from magi2_core.capability import Capability
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
+from magi2_core.ops.attention import AttentionCall
+from magi2_core.ops.moe_route import RouteCall
 from magi2_core.problem import OPS, Feature
 from magi2_core.testing import magi2_frames_at, registered_backend
 
@@ -27,11 +29,11 @@ MAX_DEPTH = 5
 _MODULE = "magi2_test_recording_kernels"
 
 
-def _recording_kernel(*args: Any, **kwargs: Any) -> Any:
-    x = args[0]
-    if "return_lse" in kwargs:
-        return x, x.new_zeros(x.shape[1], x.shape[0]) if kwargs["return_lse"] else None
-    if "route_scale" in kwargs:
+def _recording_kernel(call: Any) -> Any:
+    x = call[0]
+    if isinstance(call, AttentionCall):
+        return x, x.new_zeros(x.shape[1], x.shape[0]) if call.return_lse else None
+    if isinstance(call, RouteCall):
         return x, x
     return x
 

@@ -146,12 +146,13 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
     import types
 
     from magi2_core import BackendSpec, Capability, Feature, hookimpl
+    from magi2_core.ops.attention import AttentionCall
 
     seen: list[bool] = []
 
-    def kernel(q: torch.Tensor, *args: object, deterministic: bool, **kwargs: object) -> tuple[torch.Tensor, None]:
-        seen.append(deterministic)
-        return torch.zeros_like(q), None
+    def kernel(call: AttentionCall) -> tuple[torch.Tensor, None]:
+        seen.append(call.deterministic)
+        return torch.zeros_like(call.q), None
 
     module = types.ModuleType("magi2_toy_det_attention")
     module.kernel = kernel  # type: ignore[attr-defined]

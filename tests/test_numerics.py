@@ -16,7 +16,7 @@ from magi2_core import Capability, Condition, Problem, Rule
 from magi2_core.capability import Provenance
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.ops.attention import SPEC as ATTENTION
-from magi2_core.ops.attention import AttentionKey, AttentionSpec
+from magi2_core.ops.attention import AttentionCall, AttentionKey, AttentionSpec
 from magi2_core.ops.attention import validate as validate_attention
 from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 from magi2_core.registry import Registry
@@ -269,8 +269,8 @@ class _Tag:
     def __init__(self, tag: float) -> None:
         self.tag = tag
 
-    def __call__(self, q: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, None]:
-        return torch.full_like(q, self.tag), None
+    def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, None]:
+        return torch.full_like(call.q, self.tag), None
 
 
 def test_rule_sees_the_true_longest_segment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from magi2_backend_reference.moe import reference_moe_route
+from magi2_backend_reference.moe import exact_moe_route
 
 from magi2_core.capability import Capability
 from magi2_core.contracts.acceptance import ROUTE_GAP, accept_moe_route, route_truth, tally_route_ids
@@ -39,7 +39,7 @@ def test_reference_passes_on_random_and_planted_rows() -> None:
     x, w, b = _inputs()
     g = torch.Generator().manual_seed(1)
     for ww, bb in ((w, b), plant_near_ties(g, w, b, num_heads=2)):
-        probs, idx = reference_moe_route(x, ww, bb, **KW)  # type: ignore[arg-type]
+        probs, idx = exact_moe_route(x, ww, bb, **KW)  # type: ignore[arg-type]
         truth = _truth(x, ww, bb)
         verdict = accept_moe_route(probs, idx, truth)
         assert verdict, str(verdict)
@@ -49,7 +49,7 @@ def test_reference_passes_on_random_and_planted_rows() -> None:
 
 def test_a_wrong_expert_on_a_clear_row_fails() -> None:
     x, w, b = _inputs()
-    probs, idx = reference_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
+    probs, idx = exact_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
     truth = _truth(x, w, b)
     bad = idx.clone()
     unselected = next(e for e in range(8) if e not in bad[0, 0].tolist())
@@ -65,7 +65,7 @@ def test_a_wrong_expert_on_a_clear_row_fails() -> None:
 
 def test_weights_are_held_to_the_reference_on_the_providers_ids() -> None:
     x, w, b = _inputs()
-    probs, idx = reference_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
+    probs, idx = exact_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
     truth = _truth(x, w, b)
     off = probs.clone()
     off[0, 3, 1] += 3e-6  # beyond rtol = atol = 1e-6 of a weight below 1
@@ -119,7 +119,7 @@ def test_non_finite_clause() -> None:
     b[[1, 6]] = float("-inf")
     b[7] = float("inf")
     truth = _truth(x, w, b)
-    probs, idx = reference_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
+    probs, idx = exact_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
     assert accept_moe_route(probs, idx, truth)
     assert idx[0, 3].tolist() == [0, 1, 2] and bool(probs[0, 3].isnan().all())
     assert bool((idx[0, [0, 1, 2, 4, 5, 6, 7], 0] == 7).all())  # +inf bias first
@@ -136,7 +136,7 @@ def test_non_finite_clause() -> None:
     exhausted = torch.full((8,), float("-inf"))
     exhausted[[0, 4]] = 0.0
     t2 = _truth(x, w, exhausted)
-    p2, i2 = reference_moe_route(x, w, exhausted, **KW)  # type: ignore[arg-type]
+    p2, i2 = exact_moe_route(x, w, exhausted, **KW)  # type: ignore[arg-type]
     assert accept_moe_route(p2, i2, t2) and bool((i2[0, [0, 1, 2, 4, 5, 6, 7], 2] == 1).all())
 
 
@@ -145,7 +145,7 @@ def test_infinite_x_rows_are_held_to_range_and_distinctness_only() -> None:
     x[2, 0, 0] = float("inf")
     truth = _truth(x, w, b)
     assert not bool(truth.finite[0, 2]) and not bool(truth.all_nan[0, 2])
-    _probs, idx = reference_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
+    _probs, idx = exact_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
     any_ids = idx.clone()
     any_ids[0, 2] = torch.tensor([7, 3, 5])
     tally = tally_route_ids(any_ids, truth)
@@ -164,7 +164,7 @@ def _fake(fix: Fix) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
     def kernel(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None,
                **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
-        probs, idx = reference_moe_route(x, router_weight, bias, **kw)  # type: ignore[arg-type]
+        probs, idx = exact_moe_route(x, router_weight, bias, **kw)  # type: ignore[arg-type]
         probs, idx = probs.clone(), idx.clone()
         fix(probs, idx, route_truth(x, router_weight, bias, **kw).selection)  # type: ignore[arg-type]
         return probs, idx
@@ -224,5 +224,5 @@ def test_kit_passes_a_provider_that_reorders_near_ties_only() -> None:
 @pytest.mark.parametrize("t", [0, 1])
 def test_empty_and_single_token_calls(t: int) -> None:
     x, w, b = _inputs(t=t)
-    probs, idx = reference_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
+    probs, idx = exact_moe_route(x, w, b, **KW)  # type: ignore[arg-type]
     assert accept_moe_route(probs, idx, _truth(x, w, b))

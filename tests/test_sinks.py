@@ -219,11 +219,11 @@ class _FakeAux:
 
 def _fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux, scale, enable_gqa=False):  # type: ignore[no-untyped-def]
     """torch's varlen_attn on a CPU: the sink-free reference, rows without keys marked LSE = +inf as FA2 does."""
-    from magi2_backend_reference.attention import reference_attention
+    from magi2_backend_reference.attention import exact_attention
 
     assert return_aux.lse and enable_gqa == (q.shape[1] != k.shape[1])
-    o, lse = reference_attention(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale,
-                                 softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=True)
+    o, lse = exact_attention(q, k, v, cu_q, cu_k, softmax_scale=scale, softcap=0.0, sinks=None, sink_rescale="fp32",
+                             return_lse=True)
     assert lse is not None
     return o, lse.masked_fill(lse == -INF, INF)
 

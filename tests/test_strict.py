@@ -21,7 +21,7 @@ from magi2_core import BackendSpec, Capability, Problem, hookimpl, strict
 from magi2_core.errors import ResolutionError, StrictModeError
 from magi2_core.ops import _dispatch
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
-from magi2_core.ops.moe_route import RouteKey
+from magi2_core.ops.moe_route import RouteCall, RouteKey
 from magi2_core.registry import Registry
 from magi2_core.resolution import Reason, ReasonCode
 from magi2_core.resolver import Dispatcher
@@ -38,8 +38,8 @@ class Kernel:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="toy_driver", expected="loaded", actual="missing")]
         return []
 
-    def __call__(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        return x
+    def __call__(self, call: RouteCall) -> torch.Tensor:
+        return call.x
 
 
 @pytest.fixture

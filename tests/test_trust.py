@@ -18,6 +18,7 @@ from magi2_backend_reference.rmsnorm import reference_rmsnorm
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Condition, Rule, hookimpl, registry
 from magi2_core.capability import Provenance
+from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.registry import REFERENCE_DIST, Registry
 from magi2_core.shadow import _reference_kernel
 from magi2_core.testing import registered_backend
@@ -77,8 +78,8 @@ class _Tag:
     def __init__(self, tag: float) -> None:
         self.tag = tag
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        return torch.full(x.shape, self.tag)
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        return torch.full(call.x.shape, self.tag)
 
 
 def test_registry_changes_while_other_threads_call_ops(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,8 +123,8 @@ class _Vanishing:
         m2.get_registry().unregister("vanishing")
         return []
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        return torch.full(x.shape, -7.0)
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        return torch.full(call.x.shape, -7.0)
 
 
 def test_unregister_during_resolution_neither_crashes_nor_leaves_a_stale_kernel(

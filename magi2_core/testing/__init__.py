@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from magi2_core.testing.cases import Case, generate_cases
     from magi2_core.testing.frames import magi2_frames_at
+    from magi2_core.testing.records import call_record
     from magi2_core.testing.register import InProcessBackend, registered_backend, rehost
     from magi2_core.testing.runner import (
         CaseResult,
@@ -33,6 +34,7 @@ _MODULE_OF = {
     "Case": "cases",
     "generate_cases": "cases",
     "magi2_frames_at": "frames",
+    "call_record": "records",
     "InProcessBackend": "register",
     "registered_backend": "register",
     "rehost": "register",
@@ -56,6 +58,7 @@ __all__ = [
     "ProviderSkip",
     "ValidationCase",
     "available_device_types",
+    "call_record",
     "generate_cases",
     "magi2_frames_at",
     "plan",

@@ -25,6 +25,7 @@ from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
 from magi2_core.sink_corrections import sink_correction_for, torch_correction
 from magi2_core.sinks import sink_correction
+from magi2_core.testing import call_record
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
@@ -67,13 +68,13 @@ def _inputs(seed: int, cu: list[int], hq: int = 4, hkv: int = 2, n_sinks: int = 
 
 
 def _call(p: FA3Attention, q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
-    return p(q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap, sinks=sinks,
-             sink_rescale=rescale, deterministic=False, return_lse=return_lse)
+    return p(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap, sinks=sinks,
+             sink_rescale=rescale, deterministic=False, return_lse=return_lse))
 
 
 def _ref(q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32"):
-    return reference_attention(q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap,
-                               sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True)
+    return reference_attention(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap,
+                               sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
 
 
 # ---------------------------------------------------------------------------------------------

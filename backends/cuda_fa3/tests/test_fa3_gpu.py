@@ -20,6 +20,7 @@ from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.errors import ProviderNotEligibleError
 from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.resolution import ReasonCode
+from magi2_core.testing import call_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
 import oracles
@@ -58,9 +59,9 @@ def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, d
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
     lens_q = (cq[1:] - cq[:-1]).tolist()
     lens_k = (ck[1:] - ck[:-1]).tolist()
-    return reference_attention(q, k, v, cq, ck, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
                                softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                               deterministic=False, return_lse=True)
+                               deterministic=False, return_lse=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -100,8 +101,8 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
     dtype = torch.bfloat16
     for seed in (3, 4):
         q, k, v, cq, ck, sinks = _inputs(RAGGED, [0, 41, 41, 330], 6, 2, n_sinks, dtype, seed)
-        o, lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289, softmax_scale=D**-0.5,
-                               softcap=0.0, sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True)
+        o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289, softmax_scale=D**-0.5,
+                               softcap=0.0, sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
         ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
         assert accept_attention(o, ro), accept_attention(o, ro)
         assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)
@@ -111,8 +112,8 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
 def test_empty_key_segment_gives_zero_output_and_sink_lse():
     dtype = torch.bfloat16
     q, k, v, cq, ck, sinks = _inputs([0, 5, 40], [0, 0, 50], 4, 4, 1, dtype, 5)
-    o, lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50, softmax_scale=D**-0.5, softcap=0.0,
-                           sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True)
+    o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50, softmax_scale=D**-0.5, softcap=0.0,
+                           sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True))
     ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
     assert torch.equal(o[:5], torch.zeros_like(o[:5]))
     assert accept_attention(o, ro) and accept_lse(lse, rlse, dtype)
@@ -187,9 +188,9 @@ def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
     assert accept_attention(o, ro), accept_attention(o, ro)
     if return_lse:
         assert accept_lse(lse, rlse, torch.bfloat16), accept_lse(lse, rlse, torch.bfloat16)
-    plain_o, plain_lse = fa3_attention(q, k, v, cq, ck, max_seqlen_q=max(240, LONG_TAIL),
+    plain_o, plain_lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(240, LONG_TAIL),
                                        max_seqlen_k=max(289, LONG_TAIL), softmax_scale=D**-0.5, softcap=0.0,
-                                       sinks=None, sink_rescale=rescale, deterministic=False, return_lse=True)
+                                       sinks=None, sink_rescale=rescale, deterministic=False, return_lse=True))
     # a native sink (tokenspeed-fa3: one row, FP32, no LSE) is another kernel: equal within the contract
     native = ABI.sinks and n_sinks == 1 and rescale == "fp32" and not return_lse
     assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse if return_lse else None,

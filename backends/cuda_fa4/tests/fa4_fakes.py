@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from magi2_backend_reference.attention import reference_attention
+from magi2_backend_reference.attention import exact_attention
 
 INF = float("inf")
 
@@ -97,10 +97,10 @@ class FakeFA4:
                 lse = (torch.full((hq, q.shape[0]), -INF) if learnable_sink is None
                        else learnable_sink.float()[:, None].expand(hq, q.shape[0]).clone())
         else:
-            o32, lse32 = reference_attention(
-                q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q or 0),
-                max_seqlen_k=int(max_seqlen_k or 0), softmax_scale=float(softmax_scale or q.shape[-1] ** -0.5),
-                softcap=softcap, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=True,
+            o32, lse32 = exact_attention(
+                q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k,
+                softmax_scale=float(softmax_scale or q.shape[-1] ** -0.5), softcap=softcap, sinks=None,
+                sink_rescale="fp32", return_lse=True,
             )  # fmt: skip
             assert lse32 is not None
             if learnable_sink is not None:

@@ -37,7 +37,7 @@ from magi2_core.resolution import ReasonCode
 from magi2_core.resolver import resolve_problem
 from magi2_core.sink_corrections import torch_correction
 from magi2_core.sinks import sink_correction
-from magi2_core.testing import InProcessBackend
+from magi2_core.testing import InProcessBackend, call_record
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
@@ -72,14 +72,14 @@ def _max(cu: torch.Tensor) -> int:
 
 
 def _call(p: FA4Attention, q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
-    return p(q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE, softcap=softcap,
-             sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=return_lse)
+    return p(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE, softcap=softcap,
+             sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=return_lse))
 
 
 def _ref(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32"):
-    return reference_attention(q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE,
+    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE,
                                softcap=softcap, sinks=sinks, sink_rescale=rescale, deterministic=False,
-                               return_lse=True)
+                               return_lse=True))
 
 
 # ---------------------------------------------------------------------------------------------

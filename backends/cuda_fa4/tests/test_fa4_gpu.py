@@ -19,6 +19,7 @@ from magi2_backend_reference.attention import reference_attention
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.ops.attention import SINK_KINDS, sink_logits
+from magi2_core.testing import call_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
 import oracles
@@ -61,15 +62,15 @@ def _lens(cu: list[int]) -> int:
 
 
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
-    return reference_attention(q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
+    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
                                softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                               deterministic=False, return_lse=True)
+                               deterministic=False, return_lse=True))
 
 
 def _kernel(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32"):
-    return fa4_attention(q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
+    return fa4_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
                          softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                         deterministic=False, return_lse=True)
+                         deterministic=False, return_lse=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 from magi2_backend_musa_mate import mate_abi
-from magi2_backend_reference.attention import reference_attention
+from magi2_backend_reference.attention import exact_attention
 
 from magi2_core import config
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
@@ -90,11 +90,9 @@ class FakeVarlen:
         for name in ("learnable_sink", "sinks", "s_aux"):
             assert kwargs.get(name) is None, "the adapter must never pass native sinks"
         q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
-        o, lse = reference_attention(
-            q, k, v, kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"], max_seqlen_q=kwargs["max_seqlen_q"],
-            max_seqlen_k=kwargs["max_seqlen_k"], softmax_scale=kwargs["softmax_scale"],
-            softcap=kwargs.get("softcap") or 0.0, sinks=None, sink_rescale="fp32", deterministic=False,
-            return_lse=True,
+        o, lse = exact_attention(
+            q, k, v, kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"], softmax_scale=kwargs["softmax_scale"],
+            softcap=kwargs.get("softcap") or 0.0, sinks=None, sink_rescale="fp32", return_lse=True,
         )
         assert lse is not None
         if self.lse_layout == "th":

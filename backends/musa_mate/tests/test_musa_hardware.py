@@ -55,10 +55,7 @@ def _run_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
     call = validate_attention(q, k, v, cu_q, cu_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
                               softcap=kw.get("softcap", 0.0), sinks=kw.get("sinks"), sink_rescale="fp32",
                               deterministic=False, return_lse=True, compiling=False)
-    return mate_attention(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
-                          max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k,
-                          softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,
-                          sink_rescale="fp32", deterministic=False, return_lse=True)
+    return mate_attention(call)
 
 
 @pytest.mark.parametrize("rescale", ["fp32", "activation"])

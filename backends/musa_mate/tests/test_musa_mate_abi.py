@@ -9,6 +9,8 @@ import torch
 from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, normalise_lse
 from musa_fakes import CORE_GENERATIONS, LSE_FLAG, SIGNATURES, FakeVarlen, MusaWorld, varlen_case
 
+from magi2_core.testing import call_record
+
 _ALWAYS = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
            "softcap", "deterministic"}
 ALL_GENERATIONS = (*CORE_GENERATIONS, "wrapper-v0.2.2")
@@ -32,16 +34,16 @@ def _call(mate: MateVarlen, dtype: torch.dtype = torch.bfloat16, *, seed: int = 
           return_lse: bool = True, deterministic: bool = False,
           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate(c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5,
-                softcap=softcap, deterministic=deterministic, return_lse=return_lse, backend=backend)
+    return mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5,
+                softcap=softcap, deterministic=deterministic), return_lse=return_lse, backend=backend)
 
 
 @pytest.mark.parametrize("generation", ALL_GENERATIONS)
 def test_exact_keywords_with_lse(world: MusaWorld, generation: str) -> None:
     mate, fake = _bound(world, generation)
     c = varlen_case(torch.bfloat16, seed=11)
-    o, lse = mate(c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                  softmax_scale=64**-0.5, softcap=0.0, deterministic=True, return_lse=True, backend=None)
+    o, lse = mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
+                  softmax_scale=64**-0.5, softcap=0.0, deterministic=True), return_lse=True, backend=None)
     args, kw = fake.calls[-1]
     assert args == ()  # keywords only: positions differ between MATE generations
     assert set(kw) == _ALWAYS | {LSE_FLAG[generation]}  # no backend: MATE's default 'auto' stays in charge

@@ -20,6 +20,7 @@ from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
 from magi2_core.sinks import sink_correction, sink_scale
+from magi2_core.testing import call_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
 import oracles
@@ -41,9 +42,9 @@ def _preset(o: torch.Tensor, lse: torch.Tensor) -> Any:
 def _run(dtype: torch.dtype, *, seed: int, sinks: torch.Tensor | None, softcap: float = 0.0,
          return_lse: bool = False, rescale: str = "fp32") -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
+    return mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
                           softmax_scale=64**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,  # type: ignore[arg-type]
-                          deterministic=False, return_lse=return_lse)
+                          deterministic=False, return_lse=return_lse))
 
 
 def _sigmoid_oracle(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -136,8 +137,8 @@ def test_end_to_end_matches_the_exact_reference(world: MusaWorld, generation: st
     sinks = torch.randn(2, 6, generator=g) * 2
     kwargs: dict[str, Any] = dict(max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=3.0,
                                   sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True)
-    o, lse = mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs)
-    o_ref, lse_ref = reference_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs)
+    o, lse = mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs))
+    o_ref, lse_ref = reference_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs))
     assert lse is not None and lse_ref is not None
     assert accept_attention(o, o_ref)
     assert accept_lse(lse, lse_ref, dtype)
@@ -154,12 +155,12 @@ def test_upstream_sink_kinds(world: MusaWorld, kind: SinkKind, n_sinks: int, res
     sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
     kwargs: dict[str, Any] = dict(max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=0.0,
                                   sink_rescale=rescale, deterministic=False, return_lse=True)
-    o, lse = mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs)
-    o_ref, lse_ref = reference_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs)
+    o, lse = mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs))
+    o_ref, lse_ref = reference_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs))
     assert lse is not None and lse_ref is not None
     assert accept_attention(o, o_ref), accept_attention(o, o_ref)
     assert accept_lse(lse, lse_ref, torch.bfloat16), accept_lse(lse, lse_ref, torch.bfloat16)
-    plain_o, plain_lse = mate_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=None, **kwargs)
+    plain_o, plain_lse = mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=None, **kwargs))
     assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []
 
 

@@ -19,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_reference.moe import reference_moe_experts
+from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState, fused_moe_experts, grouped_mm_moe_experts, triton_fused_moe
 from magi2_backend_triton.moe.align import (
     ExpertLists,
@@ -273,7 +273,7 @@ def test_packed_w13_cache_reused_and_invalidated() -> None:
     wg.add_(0.25)  # in-place update bumps the version counter
     y = run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles).y
     assert state.w13.builds == 2
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
     wu2 = wu.clone()  # same values, another tensor: rebuilt (identity is part of the key)
     run_fused(x, probs, idx, wg, wu2, wd, state=state, tiles=tiles)
     assert state.w13.builds == 3
@@ -300,7 +300,7 @@ CASES = {
 def test_fused_matches_reference_schedule(case: str, variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(*CASES[case])
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=VARIANTS[variant]).y
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
@@ -308,7 +308,7 @@ def test_default_entry_point_several_seeds_int32_ids(seed: int) -> None:
     torch.manual_seed(seed)
     x, probs, idx, wg, wu, wd = make_moe(9, 3, 4, 32, 32, 2)
     y = fused_moe_experts(x, probs, idx.int(), wg, wu, wd)
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 def test_validating_entry_checks_then_launches_the_same_kernels() -> None:
@@ -327,7 +327,7 @@ def test_empty_expert_and_silent_head() -> None:
     probs[1] = 0.0
     for tiles in (VARIANTS["two_kernel_packed"], VARIANTS["single_direct"]):
         y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
-        assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+        assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
         assert (y[:, 1] == 0).all() and (y[:, 0] != 0).any()
 
 
@@ -338,7 +338,7 @@ def test_one_kernel_fallback_realigns_to_the_two_kernel_block() -> None:
     tiles = dataclasses.replace(TWO_KERNEL, single=GemmTile(32, 32, 16, 4, 1))
     run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
     assert run.inter is not None and run.buffers is not None and run.buffers.block_m == 16
-    assert_within_one_ulp(run.y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(run.y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 def test_zero_tokens() -> None:
@@ -373,7 +373,7 @@ def test_native_baseline_meets_the_contract_on_cpu() -> None:
     # On CPU it is the exact per-expert loop (on sm90 it is _grouped_mm, measured in the benchmark).
     x, probs, idx, wg, wu, wd = make_moe(7, 3, 4, 32, 48, 3, device="cpu")
     y = grouped_mm_moe_experts(x, probs, idx, wg, wu, wd)
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 def test_tile_table_per_platform() -> None:
@@ -443,7 +443,7 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
             else "pointer")),
     }[variant]  # fmt: skip
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
-    ref = reference_moe_experts(x, probs, idx, wg, wu, wd)
+    ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     assert torch.isfinite(y).all()
     assert rel_l2(y, ref) < 1e-3
     tol = (2e-2, 0.5) if inter == 1280 else (2e-2, 4e-2)

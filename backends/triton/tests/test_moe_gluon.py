@@ -18,7 +18,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_reference.moe import reference_moe_experts
+from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState
 from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.gluon import gluon_shape_reason, gluon_unsupported_reason
@@ -191,7 +191,7 @@ def test_gpu_gluon_equals_pointer_kernel(
     pointer, gluon = _pair(tile, variant)
     base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=pointer).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon).y
-    _check(y, base, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    _check(y, base, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 @pytest.mark.gpu

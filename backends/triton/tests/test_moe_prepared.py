@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_reference.moe import reference_moe_experts
+from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import fused
 from magi2_backend_triton.moe.align import (
     RouteBuffers,
@@ -98,13 +98,13 @@ def test_prepared_and_raw_give_the_same_bits_through_the_op() -> None:
     prepared = m2.prepare_moe_weights(wg, wu, wd)
     y = m2.moe_experts(x, probs, idx, prepared)
     assert torch.equal(y, m2.moe_experts(x, probs, idx, wg, wu, wd))
-    assert_within_one_ulp(y, reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
     assert m2.resolve("moe_experts", x, probs, idx, prepared).chosen == "triton"
 
 
 def test_weights_prepared_by_one_provider_are_served_correctly_by_another() -> None:
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 4, 32, 32, 3, seed=4)
-    expected = reference_moe_experts(x, probs, idx, wg, wu, wd)
+    expected = exact_moe_experts(x, probs, idx, wg, wu, wd)
     packed = m2.prepare_moe_weights(wg, wu, wd, provider="triton")
     assert_within_one_ulp(m2.moe_experts(x, probs, idx, packed, provider="reference"), expected)
     plain = m2.prepare_moe_weights(wg, wu, wd, provider="reference")
@@ -247,7 +247,7 @@ def test_deterministic_mode_is_served_by_triton_and_repeats_bitwise(monkeypatch:
     assert calls == [True, True]
     assert torch.equal(runs[0], runs[1])
     assert torch.equal(runs[0], m2.moe_experts(x, probs, idx, wg, wu, wd))  # same bits as the default path
-    assert_within_one_ulp(runs[0], reference_moe_experts(x, probs, idx, wg, wu, wd))
+    assert_within_one_ulp(runs[0], exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
 @pytest.mark.parametrize("ids", [[], [2, 0, 2, 0, 2], [3] * 9 + [0, 3, 0]], ids=["empty", "alternating", "heavy"])
@@ -274,9 +274,9 @@ def test_fp16_and_fp32_are_served_by_triton_at_the_contract(monkeypatch: pytest.
     calls = _counting(monkeypatch)
     y = m2.moe_experts(x, probs, idx, m2.prepare_moe_weights(wg, wu, wd))
     assert calls == [False] and y.dtype == dtype
-    ref = reference_moe_experts(x, probs, idx, wg, wu, wd)
+    ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     assert accept_moe_experts(y, ref, 48)
-    oracle = reference_moe_experts(*(t.double() if t.is_floating_point() else t for t in (x, probs, idx, wg, wu, wd)))
+    oracle = exact_moe_experts(*(t.double() if t.is_floating_point() else t for t in (x, probs, idx, wg, wu, wd)))
     tight = 2e-3 if dtype == torch.float16 else 1e-6  # FP16 roundings vs none at all in FP32
     assert float((y.double() - oracle).norm() / oracle.norm()) < tight
 
@@ -381,7 +381,7 @@ def test_gpu_deterministic_mode_repeats_bitwise() -> None:
     prepared = m2.prepare_moe_weights(wg, wu, wd)
     runs = [m2.moe_experts(x, probs, idx, prepared, deterministic=True) for _ in range(3)]
     assert all(torch.equal(runs[0], r) for r in runs[1:])
-    ref = reference_moe_experts(x, probs, idx, wg, wu, wd)
+    ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     assert accept_moe_experts(runs[0], ref, i)
 
 
@@ -395,5 +395,5 @@ def test_gpu_fp16_fp32_meet_the_contract(monkeypatch: pytest.MonkeyPatch, dtype:
     calls = _counting(monkeypatch)
     y = m2.moe_experts(x, probs, idx, m2.prepare_moe_weights(wg, wu, wd))
     assert calls == [False]
-    result = accept_moe_experts(y, reference_moe_experts(x, probs, idx, wg, wu, wd), i)
+    result = accept_moe_experts(y, exact_moe_experts(x, probs, idx, wg, wu, wd), i)
     assert result, str(result)

@@ -19,13 +19,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_reference.moe import reference_moe_route
+from magi2_backend_reference.moe import exact_moe_route
 from magi2_backend_triton.moe_route import select_routes, triton_moe_route, triton_select_routes
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.errors import InvalidShapeError
 from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
+from magi2_core.testing import call_record
 
 # The float64 oracles live with the core tests of this monorepo.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
@@ -53,7 +54,7 @@ def _opts(**kw: object) -> dict[str, object]:
 
 def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object) -> tuple[tuple[torch.Tensor, ...], ...]:
     opts = _opts(**kw)
-    return triton_moe_route(x, w, b, **opts), reference_moe_route(x, w, b, **opts)  # type: ignore[arg-type]
+    return triton_moe_route(call_record("moe_route", x, w, b, **opts)), exact_moe_route(x, w, b, **opts)  # type: ignore[arg-type]
 
 
 def _truth(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object):  # type: ignore[no-untyped-def]
@@ -129,7 +130,7 @@ def test_bias_selects_but_never_weights() -> None:
     x, w, _ = _inputs(9, 2, 8, 16, torch.bfloat16, seed=3)
     bias = torch.zeros(16, device=DEVICE)
     bias[[1, 14]] = 10.0
-    probs, idx = triton_moe_route(x, w, bias, top_k=3, route_scale=1.0, route_norm=True, score_func="sigmoid")
+    probs, idx = triton_moe_route(call_record("moe_route", x, w, bias, top_k=3, route_scale=1.0, route_norm=True, score_func="sigmoid"))
     assert bool((idx[0, :, 0] == 1).all()) and bool((idx[1, :, 0] == 6).all())
     assert float(probs[0, :, 0].max()) < 0.9
 
@@ -180,7 +181,7 @@ def test_production_shape_ids_equal_the_reference(t: int, score_func: str) -> No
 def test_validating_entry_checks_then_launches_the_same_kernel() -> None:
     x, w, b = _inputs(7, 2, 16, 32, torch.bfloat16, seed=41)
     probs, idx = triton_select_routes(x, w, b, top_k=4, route_scale=2.5)
-    want_probs, want_idx = triton_moe_route(x, w, b, top_k=4, route_scale=2.5, route_norm=True, score_func="sigmoid")
+    want_probs, want_idx = triton_moe_route(call_record("moe_route", x, w, b, top_k=4, route_scale=2.5, route_norm=True, score_func="sigmoid"))
     assert torch.equal(idx, want_idx) and torch.equal(probs, want_probs)
     with pytest.raises(InvalidShapeError, match="top_k"):
         triton_select_routes(x, w, b, top_k=17, route_scale=2.5)

@@ -20,7 +20,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from magi2_backend_reference.moe import reference_moe_route
+from magi2_backend_reference.moe import exact_moe_route
 from magi2_backend_triton.moe_route_fused import CANDIDATES, DEFAULTS, SHARED_BUDGET, RouteConfig, fused_route
 
 import magi2_core as m2
@@ -106,7 +106,7 @@ def test_exact_ties_go_to_the_lowest_id() -> None:
     assert idx[0, :, :4].cpu().tolist() == [[3, 6, 9, 12]] * 13
     sat = (idx[1, :, :2].cpu() == torch.tensor([4, 11])).all(dim=-1)
     assert bool(sat.any())  # the saturated pair tied at 1.0 in FP32 somewhere, and 4 came first
-    _ref_p, ref_i = reference_moe_route(x, w, bias, **_opts(top_k=k))  # type: ignore[arg-type]
+    _ref_p, ref_i = exact_moe_route(x, w, bias, **_opts(top_k=k))  # type: ignore[arg-type]
     assert torch.equal(idx, ref_i)  # FP32 ties: the reference's stable sort agrees
 
 
@@ -335,7 +335,7 @@ def test_production_softmax(t: int, hl: int) -> None:
     truth = route_truth(x, w, b, **_opts(score_func="softmax"))  # type: ignore[arg-type]
     tally = tally_route_ids(idx, truth)
     assert tally.clear_rows_wrong == 0 and tally.ok, tally
-    ref_p, ref_i = reference_moe_route(x, w, b, **_opts(score_func="softmax"))  # type: ignore[arg-type]
+    ref_p, ref_i = exact_moe_route(x, w, b, **_opts(score_func="softmax"))  # type: ignore[arg-type]
     ours = (probs.double() - _weights64(x, w, idx, "softmax")).abs().max()
     theirs = (ref_p.double() - _weights64(x, w, ref_i, "softmax")).abs().max()
     assert float(ours) <= 2 * float(theirs) + 1e-7, (float(ours), float(theirs))
