@@ -15,7 +15,7 @@ import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, hookimpl
 from magi2_core.capability import Provenance
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
-from magi2_core.ops.rmsnorm import RMSNormKey, RMSNormSpec
+from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey, RMSNormSpec
 from magi2_core.registry import Registry
 from magi2_core.resolution import Reason, ReasonCode, Verdict
 from magi2_core.resolver import Dispatcher, resolve_problem
@@ -36,10 +36,9 @@ class Tagged:
             return [Reason(code=ReasonCode.CHECK, field="dtype", expected="not " + self.refuse, actual=problem.dtype)]
         return []
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: object,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
         self.calls += 1
-        return torch.full(x.shape, self.tag, dtype=out_dtype)
+        return torch.full(call.x.shape, self.tag, dtype=call.out_dtype)
 
 
 @pytest.fixture

@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from magi2_backend_reference.moe import exact_moe_route
+from magi2_backend_reference.moe import exact_moe_route, reference_moe_route
 
 from magi2_core.capability import Capability
 from magi2_core.contracts.acceptance import ROUTE_GAP, accept_moe_route, route_truth, tally_route_ids
+from magi2_core.ops.moe_route import RouteCall
 from magi2_core.problem import Feature
 from magi2_core.testing import registered_backend, run_kit
 from magi2_core.testing.route import plant_near_ties
@@ -162,11 +163,12 @@ SWAPS: list[int] = []
 def _fake(fix: Fix) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The reference route, then ``fix`` applied to its output."""
 
-    def kernel(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None,
-               **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
-        probs, idx = exact_moe_route(x, router_weight, bias, **kw)  # type: ignore[arg-type]
+    def kernel(call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
+        probs, idx = reference_moe_route(call)
         probs, idx = probs.clone(), idx.clone()
-        fix(probs, idx, route_truth(x, router_weight, bias, **kw).selection)  # type: ignore[arg-type]
+        truth = route_truth(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
+                            route_norm=call.route_norm, score_func=call.score_func)
+        fix(probs, idx, truth.selection)
         return probs, idx
 
     return kernel

@@ -13,6 +13,7 @@ from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.provider import SinkRescale
 from magi2_core.sinks import sink_correction
+from magi2_core.testing import call_record
 
 INF = math.inf
 NAN = math.nan
@@ -245,9 +246,9 @@ def test_torch_varlen_follows_the_upstream_sink_kinds(
     sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(7 + n_sinks))
     kw = {"max_seqlen_q": 12, "max_seqlen_k": 19, "softmax_scale": 32**-0.5, "softcap": 0.0,
           "sink_rescale": rescale, "deterministic": False, "return_lse": True}
-    o, lse = provider(q, k, v, cu_q, cu_k, sinks=sinks, **kw)
+    o, lse = provider(call_record("attention", q, k, v, cu_q, cu_k, sinks=sinks, **kw))
     ref_o, ref_lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True,
                                   provider="reference")
     assert lse is not None and accept_attention(o, ref_o) and accept_lse(lse, ref_lse, q.dtype)
-    plain_o, plain_lse = provider(q, k, v, cu_q, cu_k, sinks=None, **kw)
+    plain_o, plain_lse = provider(call_record("attention", q, k, v, cu_q, cu_k, sinks=None, **kw))
     assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []

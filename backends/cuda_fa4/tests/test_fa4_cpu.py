@@ -71,15 +71,21 @@ def _max(cu: torch.Tensor) -> int:
     return max([b - a for a, b in itertools.pairwise(cu.tolist())], default=0)
 
 
+def _record(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
+    """The call record, with ``sinks`` as given: a device sinks tensor reaches a provider unchecked, NaN
+    included (host sinks with NaN are refused by validation, so they are put in after it)."""
+    call = call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck),
+                       softmax_scale=SCALE, softcap=softcap, sinks=None if sinks is None else torch.zeros_like(sinks),
+                       sink_rescale=rescale, deterministic=False, return_lse=return_lse)
+    return call._replace(sinks=call.sinks if sinks is None or call.sinks is None else sinks)
+
+
 def _call(p: FA4Attention, q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
-    return p(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE, softcap=softcap,
-             sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=return_lse))
+    return p(_record(q, k, v, cq, ck, sinks, softcap=softcap, rescale=rescale, return_lse=return_lse))
 
 
 def _ref(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32"):
-    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck), softmax_scale=SCALE,
-                               softcap=softcap, sinks=sinks, sink_rescale=rescale, deterministic=False,
-                               return_lse=True))
+    return reference_attention(_record(q, k, v, cq, ck, sinks, softcap=softcap, rescale=rescale))
 
 
 # ---------------------------------------------------------------------------------------------
