@@ -415,7 +415,8 @@ def _older_contract(spec: BackendSpec) -> str | None:
     admitted = SpecifierSet(spec.core_api)
     for major, change in sorted(CHANGED_SINCE.items(), reverse=True):
         if any(Version(f"{major}.{minor}") in admitted for minor in range(100)):
-            return f"built for core API {major}, this is {Version(CORE_API_VERSION).major}; {change}; upgrade the backend"
+            this = Version(CORE_API_VERSION).major
+            return f"built for core API {major}, this is {this}; {change}; upgrade the backend"
     return None
 
 

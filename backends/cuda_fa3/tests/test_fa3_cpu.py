@@ -68,13 +68,15 @@ def _inputs(seed: int, cu: list[int], hq: int = 4, hkv: int = 2, n_sinks: int = 
 
 
 def _call(p: FA3Attention, q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
-    return p(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap, sinks=sinks,
-             sink_rescale=rescale, deterministic=False, return_lse=return_lse))
+    return p(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE,
+                         softcap=softcap, sinks=sinks, sink_rescale=rescale, deterministic=False,
+                         return_lse=return_lse))
 
 
 def _ref(q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32"):
-    return reference_attention(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE, softcap=softcap,
-                               sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
+    return reference_attention(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx,
+                                           softmax_scale=SCALE, softcap=softcap, sinks=sinks, sink_rescale=rescale,
+                                           deterministic=False, return_lse=True))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,9 +59,9 @@ def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, d
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
     lens_q = (cq[1:] - cq[:-1]).tolist()
     lens_k = (ck[1:] - ck[:-1]).tolist()
-    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
-                               softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                               deterministic=False, return_lse=True))
+    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(lens_q),
+                                           max_seqlen_k=max(lens_k), softmax_scale=D**-0.5, softcap=softcap,
+                                           sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -101,8 +101,9 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
     dtype = torch.bfloat16
     for seed in (3, 4):
         q, k, v, cq, ck, sinks = _inputs(RAGGED, [0, 41, 41, 330], 6, 2, n_sinks, dtype, seed)
-        o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289, softmax_scale=D**-0.5,
-                               softcap=0.0, sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
+        o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289,
+                                           softmax_scale=D**-0.5, softcap=0.0, sinks=sinks, sink_rescale=rescale,
+                                           deterministic=False, return_lse=True))
         ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
         assert accept_attention(o, ro), accept_attention(o, ro)
         assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)
@@ -112,8 +113,9 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
 def test_empty_key_segment_gives_zero_output_and_sink_lse():
     dtype = torch.bfloat16
     q, k, v, cq, ck, sinks = _inputs([0, 5, 40], [0, 0, 50], 4, 4, 1, dtype, 5)
-    o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50, softmax_scale=D**-0.5, softcap=0.0,
-                           sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True))
+    o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50,
+                                       softmax_scale=D**-0.5, softcap=0.0, sinks=sinks, sink_rescale="fp32",
+                                       deterministic=False, return_lse=True))
     ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
     assert torch.equal(o[:5], torch.zeros_like(o[:5]))
     assert accept_attention(o, ro) and accept_lse(lse, rlse, dtype)

@@ -62,15 +62,15 @@ def _lens(cu: list[int]) -> int:
 
 
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
-    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
-                               softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                               deterministic=False, return_lse=True))
+    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()),
+                                           max_seqlen_k=_lens(ck.tolist()), softmax_scale=D**-0.5, softcap=softcap,
+                                           sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
 
 
 def _kernel(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32"):
-    return fa4_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()), max_seqlen_k=_lens(ck.tolist()),
-                         softmax_scale=D**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                         deterministic=False, return_lse=True))
+    return fa4_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()),
+                                     max_seqlen_k=_lens(ck.tolist()), softmax_scale=D**-0.5, softcap=softcap,
+                                     sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

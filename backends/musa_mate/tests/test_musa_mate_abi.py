@@ -34,8 +34,9 @@ def _call(mate: MateVarlen, dtype: torch.dtype = torch.bfloat16, *, seed: int = 
           return_lse: bool = True, deterministic: bool = False,
           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5,
-                softcap=softcap, deterministic=deterministic), return_lse=return_lse, backend=backend)
+    return mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
+                            softmax_scale=64**-0.5, softcap=softcap, deterministic=deterministic),
+                            return_lse=return_lse, backend=backend)
 
 
 @pytest.mark.parametrize("generation", ALL_GENERATIONS)

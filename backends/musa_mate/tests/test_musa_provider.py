@@ -42,9 +42,9 @@ def _preset(o: torch.Tensor, lse: torch.Tensor) -> Any:
 def _run(dtype: torch.dtype, *, seed: int, sinks: torch.Tensor | None, softcap: float = 0.0,
          return_lse: bool = False, rescale: str = "fp32") -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                          softmax_scale=64**-0.5, softcap=softcap, sinks=sinks, sink_rescale=rescale,  # type: ignore[arg-type]
-                          deterministic=False, return_lse=return_lse))
+    return mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q,
+                                      max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=softcap, sinks=sinks,
+                                      sink_rescale=rescale, deterministic=False, return_lse=return_lse))
 
 
 def _sigmoid_oracle(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -130,7 +130,8 @@ def test_bias_selects_but_never_weights() -> None:
     x, w, _ = _inputs(9, 2, 8, 16, torch.bfloat16, seed=3)
     bias = torch.zeros(16, device=DEVICE)
     bias[[1, 14]] = 10.0
-    probs, idx = triton_moe_route(call_record("moe_route", x, w, bias, top_k=3, route_scale=1.0, route_norm=True, score_func="sigmoid"))
+    probs, idx = triton_moe_route(call_record("moe_route", x, w, bias, top_k=3, route_scale=1.0, route_norm=True,
+                                              score_func="sigmoid"))
     assert bool((idx[0, :, 0] == 1).all()) and bool((idx[1, :, 0] == 6).all())
     assert float(probs[0, :, 0].max()) < 0.9
 
@@ -181,7 +182,8 @@ def test_production_shape_ids_equal_the_reference(t: int, score_func: str) -> No
 def test_validating_entry_checks_then_launches_the_same_kernel() -> None:
     x, w, b = _inputs(7, 2, 16, 32, torch.bfloat16, seed=41)
     probs, idx = triton_select_routes(x, w, b, top_k=4, route_scale=2.5)
-    want_probs, want_idx = triton_moe_route(call_record("moe_route", x, w, b, top_k=4, route_scale=2.5, route_norm=True, score_func="sigmoid"))
+    want_probs, want_idx = triton_moe_route(call_record("moe_route", x, w, b, top_k=4, route_scale=2.5, route_norm=True,
+                                                        score_func="sigmoid"))
     assert torch.equal(idx, want_idx) and torch.equal(probs, want_probs)
     with pytest.raises(InvalidShapeError, match="top_k"):
         triton_select_routes(x, w, b, top_k=17, route_scale=2.5)
