@@ -398,7 +398,7 @@ def _is_reference_module(plugin: object) -> bool:
 def _check_core_api(spec: BackendSpec) -> None:
     if not spec.core_api.strip():
         raise ValueError("core_api is empty, which would claim compatibility with every core contract; "
-                         f"declare the range this backend implements, e.g. '>={CORE_API_VERSION},<2'")
+                         f"declare the range this backend implements, e.g. '>={CORE_API_VERSION},<{Version(CORE_API_VERSION).major + 1}'")
     try:
         ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
     except InvalidSpecifier as exc:

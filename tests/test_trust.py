@@ -169,7 +169,7 @@ def test_empty_core_api_is_refused() -> None:
     reg = Registry(discover=False)
     reg.register(_plugin("vague", core_api=""), name="vague")
     (q,) = reg.quarantined()
-    assert q.entry_point == "vague" and "core_api is empty" in q.reason
+    assert q.entry_point == "vague" and "core_api is empty" in q.reason and "'>=2.0,<3'" in q.reason
 
 
 def test_slow_plugin_is_timed_and_warned(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -31,6 +31,7 @@ import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_experts
 from magi2_core.nn import HeadRoutedMoE
 from magi2_core.ops import dispatcher
+from magi2_core.ops.moe_experts import ExpertsCall
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -215,9 +216,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     calls: list[bool] = []
     original = TritonMoEExperts.__call__
 
-    def counted(self: TritonMoEExperts, *args: torch.Tensor, **kwargs: bool) -> torch.Tensor:
-        calls.append(bool(kwargs.get("deterministic", False)))
-        return original(self, *args, **kwargs)
+    def counted(self: TritonMoEExperts, call: ExpertsCall) -> torch.Tensor:
+        calls.append(call.deterministic)
+        return original(self, call)
 
     monkeypatch.setattr(TritonMoEExperts, "__call__", counted)
     dispatcher().clear()
