@@ -28,6 +28,7 @@ import magi2_core as m2
 from benchmarks._common import env_record, stats, time_alternating, time_loop
 from magi2_core.registry import get_registry
 from magi2_core.sinks import sink_correction
+from magi2_core.testing import call_record
 
 H, D = 24, 128
 MATMUL_TFLOPS = 679.0  # H200 bf16 matmul ceiling, measured on one H200 on 2026-11-30
@@ -100,13 +101,14 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool)
         return {"chosen": res.chosen, "fa3_reasons": [str(r) for r in fa3.reasons]}
 
     res_sink = resolution(sink)
+    record = call_record("attention", q, k, v, cu, cu, **kw)  # what the kernel object receives, built once
     fns: dict[str, Callable[[], Any]] = {
         "resolved_sink": api(sink),
         "api_fa3_sink": api(sink, "fa3_norules"),
         "raw_fa3": lambda: abi.varlen(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
                                       max_seqlen_k=mx, softmax_scale=scale, causal=False),
-        "kernel_fa3_sink": lambda: fa3_attention(q, k, v, cu, cu, **kw),
-        "kernel_fa3_sink_torchfix": lambda: fa3_torchfix(q, k, v, cu, cu, **kw),
+        "kernel_fa3_sink": lambda: fa3_attention(record),
+        "kernel_fa3_sink_torchfix": lambda: fa3_torchfix(record),
     }  # fmt: skip
     varlen_ok = get_registry().provider("attention", "torch_varlen") is not None
     if varlen_ok:

@@ -41,6 +41,7 @@ from benchmarks._common import stats, time_alternating, time_loop
 from benchmarks.attention import LOOP, rel_l2
 from magi2_core.registry import get_registry
 from magi2_core.sinks import sink_correction
+from magi2_core.testing import call_record
 
 H, D = 24, 128
 OUT = "benchmarks/results/attention_fa4_h200.json"
@@ -147,14 +148,15 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
         rejected = {c.provider: [str(r) for r in c.reasons] for c in res.candidates if c.verdict.value == "rejected"}
         return {"chosen": res.chosen, "rejected": rejected}
 
+    record = call_record("attention", q, k, v, cu, cu, **kw)  # what the kernel objects receive, built once
     fns: dict[str, Callable[[], Any]] = {
         "resolved_sink": api(sink), "resolved_nosink": api(None),
         "raw_fa3": lambda: fa3.varlen(**common),
-        "fa3_fused_sink": lambda: fa3_attention(q, k, v, cu, cu, **kw),
+        "fa3_fused_sink": lambda: fa3_attention(record),
         "api_fa3_sink": api(sink, "fa3_norules"),
         "raw_fa4_sink": lambda: fa4.varlen(**common, softcap=0.0, learnable_sink=ls, num_splits=1, return_lse=False),
         "raw_fa4": lambda: fa4.varlen(**common, softcap=0.0, learnable_sink=None, num_splits=1, return_lse=False),
-        "fa4_sink": lambda: fa4_attention(q, k, v, cu, cu, **kw),
+        "fa4_sink": lambda: fa4_attention(record),
         "api_fa4_sink": api(sink, "fa4_norules"),
     }  # fmt: skip
     if short and get_registry().provider("attention", "torch_varlen") is not None:
@@ -168,7 +170,7 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
     # correctness in the same run: against raw FA3 + the torch FP32 correction
     o_raw, lse_raw = fa3.varlen(**common, **{fa3.lse_flag: True})[:2]
     o_ref, lse_ref = sink_correction(o_raw, lse_raw, sink, rescale="fp32")
-    o_fa4, lse_fa4 = fa4_attention(q, k, v, cu, cu, **{**kw, "return_lse": True})
+    o_fa4, lse_fa4 = fa4_attention(call_record("attention", q, k, v, cu, cu, **{**kw, "return_lse": True}))
     assert lse_fa4 is not None
     correctness = {
         "fa4_sink_vs_fa3_plus_fp32_correction_rel_l2": rel_l2(o_fa4, o_ref),
