@@ -44,7 +44,7 @@ CC_MAJORS = (9, 10)
 
 
 class FA4Attention(FlashAttentionProvider[FA4Abi]):
-    """Callable with the core's ``AttentionKernel`` signature; ``check`` says where it cannot run.
+    """An ``AttentionKernel``: called with one ``AttentionCall``; ``check`` says where it cannot run.
 
     Its :attr:`sink_correction` serves ``sink_rescale="activation"`` (see the module doc)."""
 
