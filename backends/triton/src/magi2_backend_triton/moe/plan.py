@@ -48,7 +48,7 @@ from magi2_core.problem import Feature, Problem
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason
-from .tiles import Alignment, Launch, Variant, launch_of
+from .tiles import ONE_KERNEL, Alignment, Launch, Variant, launch_of
 from .tma import tma_device_reason
 
 __all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", "PlanRow", "alignment_for",
@@ -331,19 +331,19 @@ def candidates_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], 
     kernels = _kernels_align(device)
     out = [chosen]
     seen = {(chosen.variant, tuple(sorted(chosen.tile.items())), chosen.align)}
+    aligned: tuple[Alignment, ...] = (("stable_kernels",) if kernels else ("stable_torch",)) if det else \
+        (("stable_kernels", "atomic") if kernels else ("atomic",))
     for i, row in enumerate(rows, 1):
-        if row.plan.variant == "gluon_routed":
-            aligns: tuple[Alignment, ...] = ("lists",)
-        elif det:
-            aligns = ("stable_kernels",) if kernels else ("stable_torch",)
-        else:
-            aligns = ("stable_kernels", "atomic") if kernels else ("atomic",)
-        for align in aligns:
-            key = (row.plan.variant, tuple(sorted(row.plan.tile.items())), align)
-            if key in seen or variant_reason(row.launch(align), problem, device) is not None:
-                continue
-            seen.add(key)
-            out.append(Plan(variant=row.plan.variant, tile=dict(row.plan.tile), align=align,
-                            why=f"candidate: the kernel and tile of {source}, row {i}, align {align}"))
+        # a one-kernel row's tile with each one-kernel variant (they share the tile vocabulary)
+        variants = (row.plan.variant,) if row.plan.variant == "two_kernel" else ONE_KERNEL
+        for variant in variants:
+            for align in ("lists",) if variant == "gluon_routed" else aligned:
+                key = (variant, tuple(sorted(row.plan.tile.items())), align)
+                plan = Plan(variant=variant, tile=dict(row.plan.tile), align=align,
+                            why=f"candidate: the tile of {source}, row {i}, with {variant} and align {align}")
+                if key in seen or variant_reason(launch_of(plan), problem, device) is not None:
+                    continue
+                seen.add(key)
+                out.append(plan)
     return out
 
