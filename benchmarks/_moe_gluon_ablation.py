@@ -1,4 +1,7 @@
-"""Hopper one-kernel fused MoE in Gluon, with the slice loop software-pipelined by hand.
+"""benchmarks/moe_ablation.py's copy of the production Gluon kernel (`magi2_backend_triton/moe/kernels_gluon.py`)
+with the ABLATE knobs, which the production kernel does not carry. Keep its body in step with that file.
+
+Hopper one-kernel fused MoE in Gluon, with the slice loop software-pipelined by hand.
 
 Same math, rounding schedule, row-block contract and operands as `kernels_tma.fused_expert_tma_kernel`:
 per row block of one flat expert, the [BM, d] activation block stays in shared memory; for each
@@ -39,7 +42,7 @@ result file was not kept: `docs/moe-notes.md` says so).
 GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
 the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.
 
-ABLATE (a bit set, 0 in every launch of the provider) removes one piece of the work so that
+ABLATE (a bit set; 0 is the production kernel) removes one piece of the work so that
 `benchmarks/moe_ablation.py` can time the rest: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the
 down-projection MMAs, 8 the weight refills inside the loop (the first STAGES slices are reused),
 16 the slice loop (with 8: only the first and last slices run), 32 the activation gather (zeros),
