@@ -325,3 +325,30 @@ def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
     else:
         assert "plan (triton): two_kernel (BLOCK_M=16, " in result.output
         assert "why: generic rows generic-cpu" in " ".join(result.output.split())
+
+
+def test_the_moe_modules_import_one_another_without_a_cycle() -> None:
+    # Every import between the package's modules, at module level or inside a function, relative or
+    # absolute: the graph must be acyclic (tiles.py once imported gluon.py, which imports tiles.py).
+    import ast
+    import graphlib
+    from pathlib import Path
+
+    import magi2_backend_triton.moe as pkg
+
+    folder = Path(pkg.__file__).parent
+    names = {p.stem for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level == 1 or mod.startswith("magi2_backend_triton.moe"):
+                    head = mod.removeprefix("magi2_backend_triton.moe").lstrip(".").split(".")[0]
+                    deps |= {head} if head else {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+                deps |= {a.value.lstrip(".") for a in node.args if isinstance(a, ast.Constant)} & names
+        graph[path.stem] = deps & names - {path.stem}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+    assert "gluon" not in graph["tiles"] and "plan" in graph["fused"]
