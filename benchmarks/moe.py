@@ -3,7 +3,7 @@
 Production-local shape (Hl=3, E=256, top-6, d=256, I=1280) at T in {512, 4096, 14601} plus the
 12-head shape at 4096. Calls alternate between providers, a 512 MiB buffer is zeroed before every
 call (L2 flush, outside the timed region), each call is timed with device events. `--tune` sweeps
-the fused tiles first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
+the fused plans (kernel and tile) first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
 `--layers N` times N distinct layers called in turn through the public op (`m2.moe_experts`, prepared
 and raw weights; eager, CUDA graph and torch.compile) against one layer repeated, with re-pack counts.
 
@@ -20,19 +20,20 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 import triton
 from magi2_backend_triton.moe.align import align_routes_device
-from magi2_backend_triton.moe.fused import MoEState, run_fused
+from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
 from magi2_backend_triton.moe.native import grouped_mm_moe_experts, grouped_mm_syncs_host, loop_moe_experts
 from magi2_backend_triton.moe.pack import pack_count, pack_w13
-from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
+from magi2_backend_triton.moe.plan import choose_alignment, device_id
+from magi2_backend_triton.providers import triton_moe_experts
 from torch import Tensor
 
 from benchmarks import _common
+from magi2_core.plan import Plan
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the names of docs/operators.md §3
 DEV = "cuda"
@@ -76,22 +77,40 @@ def time_alternating(fns: dict[str, Callable[[], Any]], iters: int, warmup: int 
 stats = _common.stats
 
 
-def two_kernel_candidates(tokens: int) -> list[MoETiles]:
+def _align() -> str:
+    """The alignment the plan rows give this benchmark's shape in the default mode (3 heads)."""
+    return choose_alignment(device_id(DEV, None), 3 * E, False)
+
+
+def _two(g1: tuple[int, ...], g2: tuple[int, ...], packed: bool = True) -> Plan:
+    """A two-kernel plan: per GEMM (block_m, block_n, block_k, warps, stages), GROUP_M 8."""
+    tile = {"BLOCK_M": g1[0], "PACKED_W13": int(packed)}
+    for g, (_, n, k, w, st) in ((1, g1), (2, g2)):
+        tile |= {f"BLOCK_N{g}": n, f"BLOCK_K{g}": k, f"GROUP_M{g}": 8, f"num_warps{g}": w, f"num_stages{g}": st}
+    return Plan(variant="two_kernel", tile=tile, align=_align(), why="benchmark candidate")
+
+
+def table_plan(x: Tensor, idx: Tensor, wg: Tensor) -> Plan:
+    """The plan the provider runs for this call (its device's plan rows)."""
+    return triton_moe_experts.plan(call_problem(x, idx, wg, False))
+
+
+def two_kernel_candidates(tokens: int) -> list[Plan]:
     """GEMM1/GEMM2 configs, the per-BM winners of the first H200 sweep (moe_h200_run1.json)."""
     if tokens * K / E < 40:
         return [
-            MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4), packed_w13=False),
-            MoETiles(GemmTile(32, 64, 128, 4, 2), GemmTile(32, 128, 128, 8, 2), packed_w13=False),
-            MoETiles(GemmTile(64, 32, 64, 4, 4), GemmTile(64, 128, 64, 4, 3)),
+            _two((16, 32, 64, 4, 4), (16, 64, 64, 4, 4), packed=False),
+            _two((32, 64, 128, 4, 2), (32, 128, 128, 8, 2), packed=False),
+            _two((64, 32, 64, 4, 4), (64, 128, 64, 4, 3)),
         ]
     return [
-        MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), packed_w13=False),
-        MoETiles(GemmTile(64, 64, 64, 4, 3), GemmTile(64, 256, 64, 8, 3)),
-        MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3)),
+        _two((64, 128, 32, 4, 4), (64, 128, 64, 4, 3), packed=False),
+        _two((64, 64, 64, 4, 3), (64, 256, 64, 8, 3)),
+        _two((128, 128, 32, 8, 4), (128, 256, 64, 8, 3)),
     ]
 
 
-def single_candidates(tokens: int) -> list[MoETiles]:
+def single_candidates(tokens: int) -> list[Plan]:
     """One-kernel configs: (block_m, intermediate slice, warps, stages, bank) with bank 0 = w_gate/w_up
     as given, 1 = packed with two dots, 2 = packed with one interleaved dot."""
     cfgs = (
@@ -101,9 +120,10 @@ def single_candidates(tokens: int) -> list[MoETiles]:
         else [(128, 32, 8, 3, 1), (128, 32, 8, 3, 0), (128, 32, 8, 3, 2), (128, 16, 8, 4, 2), (64, 64, 4, 2, 2),
               (64, 32, 4, 3, 2), (32, 32, 4, 3, 1)]
     )  # fmt: skip
-    base = GemmTile(16, 64, 64, 4, 3)
     return [
-        MoETiles(base, base, packed_w13=b > 0, single=GemmTile(bm, bi, 64, w, st), interleaved_dot=b == 2)
+        Plan(variant="pointer", tile={"BLOCK_M": bm, "BLOCK_I": bi, "num_warps": w, "num_stages": st,
+                                      "PACKED_W13": int(b > 0), "INTERLEAVED": int(b == 2)},
+             align=_align(), why="benchmark candidate")
         for bm, bi, w, st, b in cfgs
     ]
 
@@ -112,31 +132,32 @@ def tune(tokens: int, heads: int, iters: int) -> dict[str, Any]:
     x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
     state = MoEState()
     rows: list[dict[str, Any]] = []
-    for tiles in single_candidates(tokens) + two_kernel_candidates(tokens)[:1]:
+    for plan in single_candidates(tokens) + two_kernel_candidates(tokens)[:1]:
         try:
-            fn = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, tiles=tiles)
+            fn = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, plan=plan)
             ms = stats(time_alternating({"f": fn}, iters)["f"])["p50"]
         except Exception as e:  # an illegal config (shared memory) is a data point
-            rows.append({"tiles": asdict(tiles), "error": repr(e)[:300]})
+            rows.append({"tiles": plan.model_dump(), "error": repr(e)[:300]})
             continue
-        rows.append({"tiles": asdict(tiles), "p50_ms": ms})
+        rows.append({"tiles": plan.model_dump(), "p50_ms": ms})
     ok = [r for r in rows if "p50_ms" in r]
+    one = [r for r in ok if r["tiles"]["variant"] != "two_kernel"]
     best = {
-        "single": min((r for r in ok if r["tiles"]["single"]), key=lambda r: r["p50_ms"], default=None),
-        "two_kernel": min((r for r in ok if not r["tiles"]["single"]), key=lambda r: r["p50_ms"], default=None),
+        "single": min(one, key=lambda r: r["p50_ms"], default=None),
+        "two_kernel": min((r for r in ok if r not in one), key=lambda r: r["p50_ms"], default=None),
     }
     return {"tokens": tokens, "heads": heads, "sweep": rows, "combined": {k: v for k, v in best.items() if v}}
 
 
-def stage_times(tokens: int, heads: int, tiles: MoETiles | None, iters: int) -> dict[str, Any]:
+def stage_times(tokens: int, heads: int, tiles: Plan | None, iters: int) -> dict[str, Any]:
     """Where the time goes: the route alignment alone, the whole call eager, and the whole call
     replayed from a CUDA graph (GPU time without Python launch gaps); L2 flushed before each."""
     x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
     state = MoEState()
-    t = tiles or select_tiles("cuda", torch.cuda.get_device_capability(), tokens * K / E)
-    call = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, tiles=t)
+    t = tiles or table_plan(x, idx, wg)
+    call = functools.partial(run_fused, x, probs, idx, wg, wu, wd, state=state, plan=t)
     call()
-    bufs = state.route_buffers(heads * tokens * K, heads * E, t.block_m, x.device)
+    bufs = state.route_buffers(heads * tokens * K, heads * E, t.tile["BLOCK_M"], x.device)
     fns: dict[str, Callable[[], Any]] = {"align": functools.partial(align_routes_device, idx, E, bufs), "eager": call}
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -149,20 +170,20 @@ def stage_times(tokens: int, heads: int, tiles: MoETiles | None, iters: int) -> 
         call()
     fns["graph"] = graph.replay
     res = {k: stats(v)["p50"] for k, v in time_alternating(fns, iters).items()}
-    return {"tokens": tokens, "heads": heads, "tiles": asdict(t), **res}
+    return {"tokens": tokens, "heads": heads, "tiles": t.model_dump(), **res}
 
 
-def check(tokens: int, heads: int, state: MoEState, seed: int, tiles: MoETiles | None = None) -> dict[str, Any]:
+def check(tokens: int, heads: int, state: MoEState, seed: int, tiles: Plan | None = None) -> dict[str, Any]:
     x, probs, idx, wg, wu, wd = make_inputs(tokens, heads, seed)
     ref = loop_moe_experts(x, probs, idx, wg, wu, wd)
-    y = run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles).y
+    y = run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles).y
     nat = grouped_mm_moe_experts(x, probs, idx, wg, wu, wd)
     return {
         "tokens": tokens, "heads": heads, "seed": seed,
         "fused_rel_l2": rel_l2(y, ref), "fused_finite": bool(torch.isfinite(y).all()),
         "fused_max_abs": float((y.float() - ref.float()).abs().max()),
         "native_rel_l2": rel_l2(nat, ref),
-        "single_kernel": bool(tiles and tiles.single),
+        "single_kernel": tiles is not None and tiles.variant != "two_kernel",
     }  # fmt: skip
 
 
@@ -177,8 +198,8 @@ def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any] | None, str | Non
         return None, f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles | None) -> dict[str, Any]:
-    """The table's fused kernel against the previous kernel (the same tiles through the pointer
+def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: Plan | None) -> dict[str, Any]:
+    """The plan's fused kernel against the previous kernel (the same tile through the pointer
     kernel, the one-kernel path before the Hopper variants) and torch's `_grouped_mm` pipeline, each
     eager and replayed from a CUDA graph, in one run on the same inputs. The fused calls read the
     prepared-weight layout (views of one packed bank, as `m2.prepare_moe_weights` makes), so the graph
@@ -187,13 +208,14 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles
     x, probs, idx, wg, wu, wd = make_inputs(tokens, heads)
     bank = pack_w13(wg, wu)
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
-    cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
-    table = tiles or select_tiles(DEV, cap, tokens * K / E)
-    previous = replace(table, variant="pointer") if table.single is not None else table
+    table = tiles or table_plan(x, idx, wg)
+    pointer_align = choose_alignment(device_id(DEV, None), heads * E, False) if table.align == "lists" else table.align
+    previous = table if table.variant == "two_kernel" else table.model_copy(
+        update={"variant": "pointer", "align": pointer_align, "why": "the plan's tile through the pointer kernel"})
     state, prev_state = MoEState(), MoEState()
     fns: dict[str, Callable[[], Any]] = {
-        "fused": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, tiles=table),
-        "previous": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=prev_state, tiles=previous),
+        "fused": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, plan=table),
+        "previous": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=prev_state, plan=previous),
         "native": functools.partial(grouped_mm_moe_experts, x, probs, idx, wg, wu, wd),
     }
     y = fns["fused"]().y
@@ -231,8 +253,8 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: MoETiles
     res["fused_rel_l2"] = rel_l2(y, ref)
     res["previous_rel_l2"] = rel_l2(y_prev, ref)
     res["fused_bit_equal_previous"] = bool(torch.equal(y, y_prev))
-    res["tiles"] = asdict(table)
-    res["previous_tiles"] = asdict(previous)
+    res["tiles"] = table.model_dump()
+    res["previous_tiles"] = previous.model_dump()
     return res
 
 
@@ -353,10 +375,10 @@ def main() -> None:
             dump()
             for k, v in report["tune"][-1]["combined"].items():
                 print(f"tune T={t} {k}: {v['p50_ms']:.3f} ms {v['tiles']}", flush=True)
-    best: dict[int, MoETiles] = {}
+    best: dict[int, Plan] = {}
     for r in report.get("tune", []):
         top = min(r["combined"].values(), key=lambda c: c["p50_ms"])
-        best[r["tokens"]] = _tiles_from(top["tiles"])
+        best[r["tokens"]] = Plan.model_validate(top["tiles"])
     if a.stages and cuda:
         report["stages"] = [stage_times(t, 3, best.get(t), 15) for t in a.tokens]
         for r in report["stages"]:
@@ -405,11 +427,6 @@ def main() -> None:
             f"layers T={r['tokens']} x{r['layers']} ({r['provider']}), ms per call: {modes}; "
             f"re-packs after first pass {r['repacks_after_first_pass']}; bytes/layer {r['bytes_per_layer']}"
         )
-
-
-def _tiles_from(d: dict[str, Any]) -> MoETiles:
-    single = GemmTile(**d["single"]) if d.get("single") else None
-    return MoETiles(GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]), d["packed_w13"], single, d["interleaved_dot"])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Where no hardware counters can be read (Nsight Compute needs them, and some virtualised GPU hosts
 refuse them), time is placed inside the kernel by differences: time the kernel with one piece of its work removed
-(`kernels_gluon.py`, ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
+(`benchmarks/_moe_gluon_ablation.py`: this benchmark's copy of `kernels_gluon.py` with ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
 8 the weight refills in the slice loop, 16 the loop itself, 32 the activation gather, 64 the store)
 and take differences against the whole kernel, all in one run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k
 sum), each variant captured in its own CUDA graph, replayed in rotation with L2 flushed; graph p50
@@ -48,40 +48,58 @@ ABLATIONS = {
 SHAPES = [(14601, 3), (4096, 3), (512, 3)]
 
 
+def _launch_ablated(x: Any, w13: Any, w_down: Any, probs_flat: Any, routed: Any, bufs: Any, *, topk: int, tile: Any,
+                    bits: int) -> None:
+    """`gluon.launch_fused_gluon` with this benchmark's copy of the kernel and its ABLATE bits."""
+    from magi2_backend_triton.moe import gluon
+
+    from benchmarks import _moe_gluon_ablation as kernels
+
+    w13_desc, wd_desc = gluon._descriptors(x, w13, w_down, tile)
+    kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
+        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
+        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
+        **gluon._meta(x, w13, topk, tile), ABLATE=bits, num_warps=tile.num_warps, launch_pdl=True,
+    )  # fmt: skip
+
+
 def ablate_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
-    from magi2_backend_triton.moe.fused import MoEState, run_fused
-    from magi2_backend_triton.moe.gluon import launch_fused_gluon
+    from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
     from magi2_backend_triton.moe.pack import pack_w13
-    from magi2_backend_triton.moe.tiles import select_tiles
+    from magi2_backend_triton.moe.plan import choose_alignment, device_id
+    from magi2_backend_triton.moe.tiles import launch_of
+    from magi2_backend_triton.providers import triton_moe_experts
 
     x, probs, idx, wg, wu, wd = bm.make_inputs(tokens, heads, seed=9100 + tokens)
     bank = pack_w13(wg, wu)
     del wg, wu
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
-    tiles = select_tiles("cuda", torch.cuda.get_device_capability(), tokens * bm.K / bm.E, shape=(bm.D, bm.I))
-    assert tiles.variant.startswith("gluon") and tiles.single is not None, f"the table does not pick Gluon here: {tiles}"
-    tiles = dataclasses.replace(tiles, variant="gluon")  # the row-block kernel: the ablation bits are its own
+    plan = triton_moe_experts.plan(call_problem(x, idx, gate, False))
+    assert plan.variant.startswith("gluon"), f"the plan is not a Gluon kernel here: {plan}"
+    # the row-block kernel (the ablation bits are its own) with the plan's tile, and the pointer kernel
+    align = choose_alignment(device_id("cuda", None), heads * bm.E, False)
+    plan = plan.model_copy(update={"variant": "gluon", "align": align})
+    tile = launch_of(plan).single
+    assert tile is not None
     state = MoEState()
-    run = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=tiles)
+    run = run_fused(x, probs, idx, gate, up, wd, state=state, plan=plan)
     assert run.routed is not None and run.buffers is not None
     bufs, routed = run.buffers, run.routed
-    pointer = run_fused(
-        x, probs, idx, gate, up, wd, state=MoEState(), tiles=dataclasses.replace(tiles, variant="pointer")
-    )
+    pointer = run_fused(x, probs, idx, gate, up, wd, state=MoEState(), plan=plan.model_copy(update={"variant": "pointer"}))
     assert pointer.routed is not None
     probs_flat = probs.reshape(-1).float()
     out: dict[str, Any] = {
-        "tokens": tokens, "heads": heads, "tile": dataclasses.asdict(tiles.single), "num_blocks": None,
+        "tokens": tokens, "heads": heads, "tile": dataclasses.asdict(tile), "num_blocks": None,
         "whole_bit_equal_pointer": bool(torch.equal(routed, pointer.routed)),
         **bm.floors(tokens, heads),
     }  # fmt: skip
     num_padded = int(bufs.num_padded.item())
-    out["num_blocks"] = num_padded // tiles.single.block_m
+    out["num_blocks"] = num_padded // tile.block_m
     out["executed_rows"] = num_padded
     fns = {}
     for name, bits in ABLATIONS.items():
         call = functools.partial(
-            launch_fused_gluon, x, bank, wd, probs_flat, routed, bufs, topk=bm.K, tile=tiles.single, ablate=bits
+            _launch_ablated, x, bank, wd, probs_flat, routed, bufs, topk=bm.K, tile=tile, bits=bits
         )
         call()
         torch.cuda.synchronize()

@@ -27,9 +27,9 @@ from magi2_backend_triton.moe.align import (
     flat_route_experts,
     route_capacity,
 )
-from magi2_backend_triton.moe.fused import MoEState, run_fused
+from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
 from magi2_backend_triton.moe.pack import pack_w13
-from magi2_backend_triton.moe.tiles import select_tiles
+from magi2_backend_triton.providers import triton_moe_experts
 
 from benchmarks import _common
 from benchmarks import moe as bm
@@ -41,8 +41,11 @@ def one_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
     x, probs, idx, wg, wu, wd = bm.make_inputs(tokens, heads)
     num_experts = heads * bm.E
     rid = flat_route_experts(idx, bm.E)
-    tiles = select_tiles("cuda", torch.cuda.get_device_capability(), tokens * bm.K / bm.E)
-    block_m = tiles.single.block_m if tiles.single is not None else tiles.gemm1.block_m
+    # the plan of each mode (the per-expert kernel's route lists are not an alignment: its
+    # aligned twin with the same tile serves deterministic mode, as the plan rows say)
+    plan = triton_moe_experts.plan(call_problem(x, idx, wg, False))
+    det_plan = triton_moe_experts.plan(call_problem(x, idx, wg, True))
+    block_m = det_plan.tile["BLOCK_M"]
     capacity = route_capacity(rid.numel(), num_experts, block_m)
     bufs = {n: RouteBuffers.allocate(capacity, block_m, num_experts, x.device) for n in ("atomic", "kernels", "torch")}
     aligns: dict[str, Callable[[], Any]] = {
@@ -63,9 +66,9 @@ def one_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
     del wg, wu
     calls: dict[str, Callable[[], Any]] = {
-        "op_default": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=MoEState(), tiles=tiles),
+        "op_default": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=MoEState(), plan=plan),
         "op_deterministic": functools.partial(
-            run_fused, x, probs, idx, gate, up, wd, state=MoEState(), tiles=tiles, deterministic=True
+            run_fused, x, probs, idx, gate, up, wd, state=MoEState(), plan=det_plan, deterministic=True
         ),
     }
     y1, y2 = calls["op_deterministic"]().y, calls["op_deterministic"]().y
@@ -79,7 +82,7 @@ def one_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
         "experts": num_experts,
         "block_m": block_m,
         "chunk": got.chunk,
-        "tiles_variant": tiles.variant,
+        "tiles_variant": plan.variant,
         "stable_kernels_equal_torch": bool(equal),
         "deterministic_repeats_bitwise": bool(torch.equal(y1, y2)),
         "deterministic_max_abs_vs_default": float((y1.float() - y0.float()).abs().max()),

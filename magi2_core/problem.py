@@ -60,6 +60,9 @@ class Problem(BaseModel):
     top_k: int | None = None
     hidden: int | None = None
     intermediate: int | None = None
+    # moe, derived: ceil(tokens * top_k / num_experts), the routes an expert receives on average. Only a
+    # provider's plan rows read it (the Triton MoE's tiles follow it); the resolver leaves it None.
+    routes_per_expert: int | None = None
     # rmsnorm
     width: int | None = None
     num_modalities: int | None = None

@@ -11,6 +11,9 @@ cached per problem bucket. Size limits belong in the descriptor (``ranges``, ``r
 The record's inputs are validated and normalised by the op's spec: prefix sums are int32 on
 q's device, ``max_seqlen_*`` are Python ints, ``softcap`` is ``max(softcap, 0.0)``, ``sinks`` is
 ``None`` or FP32 ``[S, Hq]`` with ``S >= 1``.
+
+A kernel object that chooses among kernels of its own may also implement :class:`Planned`: its plan
+for a problem (shown by ``magi2 explain``) and the alternatives ``magi2 tune`` may time.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
+from magi2_core.plan import Plan
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason
 
-__all__ = ["Checkable", "SinkRescale"]
+__all__ = ["Checkable", "Planned", "SinkRescale"]
 
 SinkRescale = Literal["fp32", "activation"]
 
@@ -30,4 +34,17 @@ SinkRescale = Literal["fp32", "activation"]
 class Checkable(Protocol):
     def check(self, problem: Problem) -> Sequence[Reason]:
         """Reasons this provider cannot serve ``problem`` here (empty: it can)."""
+        ...
+
+
+@runtime_checkable
+class Planned(Protocol):
+    """Optional on a kernel object: how it would run a problem, and what else it could run correctly."""
+
+    def plan(self, problem: Problem) -> Plan:
+        """The plan a call of ``problem`` runs here (on this host's device of ``problem.device_type``)."""
+        ...
+
+    def plan_candidates(self, problem: Problem) -> Sequence[Plan]:
+        """Every plan worth timing for ``problem``, each one correct for it; the chosen plan first."""
         ...

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from magi2_core.cli._output import console, print_json, usage_error
+
+if TYPE_CHECKING:
+    from magi2_core.plan import Plan
+    from magi2_core.problem import Problem
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 
@@ -97,16 +101,32 @@ def explain(
         if exc.resolution is None:  # an unknown provider name: nothing was resolved
             reject(str(exc))
         res = exc.resolution
+    plan = _plan(res.problem, res.chosen)
     if json_out:
-        print_json(res.model_dump(mode="json"))
+        data = res.model_dump(mode="json")
+        if plan is not None:
+            data["plan"] = plan.model_dump(mode="json")
+        print_json(data)
     else:
         console.print(res.explain(), highlight=False, markup=False)
+        if plan is not None:
+            console.print(f"plan ({res.chosen}): {plan.describe()}\n  why: {plan.why}", highlight=False, markup=False)
         if device not in present_device_types():
             console.print(f"note: there is no {device} device on this host, so every provider that needs one at "
                           f"run time is rejected as unavailable; on a machine with one the choice may differ",
                           highlight=False, markup=False)
     if not res.ok:
         raise typer.Exit(1)
+
+
+def _plan(problem: Problem, chosen: str | None) -> Plan | None:
+    """The chosen provider's plan for ``problem`` when its kernel object is :class:`Planned`, else None."""
+    from magi2_core.provider import Planned
+    from magi2_core.registry import get_registry
+
+    loaded = get_registry().provider(problem.op, chosen) if chosen else None
+    kernel = loaded.load()[0] if loaded is not None else None
+    return kernel.plan(problem) if isinstance(kernel, Planned) else None
 
 
 def _known_device_types() -> set[str]:

@@ -9,7 +9,6 @@ GPU (`gpu` marker): real widths, rel-L2 < 1e-3 against the FP32-reduced referenc
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 
@@ -34,24 +33,40 @@ from magi2_backend_triton.moe.align import (
 )
 from magi2_backend_triton.moe.fused import run_fused
 from magi2_backend_triton.moe.pack import pack_w13
-from magi2_backend_triton.moe.tiles import GemmTile, MoETiles, select_tiles
+from magi2_backend_triton.moe.tiles import SliceTile
 
 import magi2_core as m2
-from magi2_core.errors import InvalidShapeError
+from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.plan import Plan
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Small-shape tests run under the interpreter on CPU, and natively when a GPU is present.
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 needs_cuda = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-_T16 = GemmTile(16, 16, 16, 4, 1)
-TWO_KERNEL = MoETiles(_T16, _T16, packed_w13=True)
+
+
+def one_kernel_plan(variant: str, tile: SliceTile, align: str = "atomic", **flags: int) -> Plan:
+    """A plan for a one-kernel variant (tiles.py's vocabulary), as a test names it."""
+    sizes = {"BLOCK_M": tile.block_m, "BLOCK_I": tile.block_i, "num_warps": tile.num_warps,
+             "num_stages": tile.num_stages}
+    return Plan(variant=variant, tile=sizes | flags, align=align, why="test")
+
+
+def two_kernel_plan(bm: int = 16, n: int = 16, k: int = 16, align: str = "atomic", **flags: int) -> Plan:
+    gemm = {"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": 4, "num_stages": 1}
+    sizes = {"BLOCK_M": bm} | {f"{key}{g}": v for g in (1, 2) for key, v in gemm.items()}
+    return Plan(variant="two_kernel", tile=sizes | flags, align=align, why="test")
+
+
+_T16 = SliceTile(16, 16, 4, 1)
+TWO_KERNEL = two_kernel_plan()
 VARIANTS = {
     "two_kernel_packed": TWO_KERNEL,
-    "two_kernel_direct": dataclasses.replace(TWO_KERNEL, packed_w13=False),
-    "single_packed": dataclasses.replace(TWO_KERNEL, single=_T16),
-    "single_direct": dataclasses.replace(TWO_KERNEL, packed_w13=False, single=_T16),
-    "single_interleaved": dataclasses.replace(TWO_KERNEL, single=_T16, interleaved_dot=True),
+    "two_kernel_direct": two_kernel_plan(PACKED_W13=0),
+    "single_packed": one_kernel_plan("pointer", _T16, INTERLEAVED=0),
+    "single_direct": one_kernel_plan("pointer", _T16, PACKED_W13=0, INTERLEAVED=0),
+    "single_interleaved": one_kernel_plan("pointer", _T16),
 }
 
 
@@ -152,10 +167,13 @@ def test_stable_device_alignment_equals_the_torch_statement(
      ("musa", False, 768, True, "stable_torch"), ("cpu", True, 768, False, "atomic"),
      ("cpu", True, 768, True, "stable_torch")],
 )  # fmt: skip
-def test_alignment_choice(device: str, interpreting: bool, experts: int, deterministic: bool, expected: str) -> None:
-    from magi2_backend_triton.moe.fused import choose_alignment
+def test_alignment_choice(
+    monkeypatch: pytest.MonkeyPatch, device: str, interpreting: bool, experts: int, deterministic: bool, expected: str
+) -> None:
+    from magi2_backend_triton.moe import plan
 
-    assert choose_alignment(device, interpreting, experts, deterministic) == expected
+    monkeypatch.setattr(plan, "interpreting", lambda: interpreting)
+    assert plan.choose_alignment(plan.DeviceId(device, None, None), experts, deterministic) == expected
 
 
 def test_route_buffers_take_power_of_two_chunks() -> None:
@@ -267,20 +285,20 @@ def test_packed_w13_cache_reused_and_invalidated() -> None:
     x, probs, idx, wg, wu, wd = make_moe(5, 2, 4, 32, 32, 2)
     state = MoEState()
     tiles = VARIANTS["single_packed"]
-    run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles)
-    run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles)
+    run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles)
+    run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles)
     assert state.w13.builds == 1  # no per-call repack
     wg.add_(0.25)  # in-place update bumps the version counter
-    y = run_fused(x, probs, idx, wg, wu, wd, state=state, tiles=tiles).y
+    y = run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles).y
     assert state.w13.builds == 2
     assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
     wu2 = wu.clone()  # same values, another tensor: rebuilt (identity is part of the key)
-    run_fused(x, probs, idx, wg, wu2, wd, state=state, tiles=tiles)
+    run_fused(x, probs, idx, wg, wu2, wd, state=state, plan=tiles)
     assert state.w13.builds == 3
     with torch.inference_mode():  # inference tensors have no version counter; still cached
         wi, ui = wg.clone(), wu.clone()
-        run_fused(x, probs, idx, wi, ui, wd, state=state, tiles=tiles)
-        run_fused(x, probs, idx, wi, ui, wd, state=state, tiles=tiles)
+        run_fused(x, probs, idx, wi, ui, wd, state=state, plan=tiles)
+        run_fused(x, probs, idx, wi, ui, wd, state=state, plan=tiles)
     assert state.w13.builds == 4
 
 
@@ -299,7 +317,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_matches_reference_schedule(case: str, variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(*CASES[case])
-    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=VARIANTS[variant]).y
+    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=VARIANTS[variant]).y
     assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
@@ -326,19 +344,22 @@ def test_empty_expert_and_silent_head() -> None:
     idx[0] = torch.tensor([0, 1], device=DEVICE)
     probs[1] = 0.0
     for tiles in (VARIANTS["two_kernel_packed"], VARIANTS["single_direct"]):
-        y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
+        y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=tiles).y
         assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
         assert (y[:, 1] == 0).all() and (y[:, 0] != 0).any()
 
 
-def test_one_kernel_fallback_realigns_to_the_two_kernel_block() -> None:
-    # I=48 is not a multiple of the 32-wide slice: the launcher takes the two-kernel path, whose
-    # row block (16) differs from the one-kernel block (32); alignment must follow the path taken.
+def test_the_plan_takes_the_two_kernel_path_where_the_one_kernel_path_cannot() -> None:
+    # I=48 is not a multiple of the 32-wide slice of the CPU's one-kernel row: its plan is the next row,
+    # the two-kernel path, whose row block (16) the alignment follows. Asked for anyway, the one-kernel
+    # path refuses the shape (no silent fallback).
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 48, 2)
-    tiles = dataclasses.replace(TWO_KERNEL, single=GemmTile(32, 32, 16, 4, 1))
-    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
+    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
+    assert run.plan is not None and run.plan.variant == "two_kernel" and "row 1 (pointer)" in run.plan.why
     assert run.inter is not None and run.buffers is not None and run.buffers.block_m == 16
     assert_within_one_ulp(run.y, exact_moe_experts(x, probs, idx, wg, wu, wd))
+    with pytest.raises(InvalidValueError, match="two_kernel here"):
+        run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=one_kernel_plan("pointer", SliceTile(32, 32, 4, 1)))
 
 
 def test_zero_tokens() -> None:
@@ -352,7 +373,7 @@ def test_stage_outputs_follow_the_rounding_schedule() -> None:
     from magi2_core.contracts.moe import swiglu7
 
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 32, 48, 2)
-    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=TWO_KERNEL)
+    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=TWO_KERNEL)
     assert run.inter is not None and run.routed is not None and run.buffers is not None
     num_routes = idx.numel()
     slots = run.buffers.sorted_ids[: int(run.buffers.num_padded)]
@@ -376,43 +397,6 @@ def test_native_baseline_meets_the_contract_on_cpu() -> None:
     assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
-def test_tile_table_per_platform() -> None:
-    musa = select_tiles("musa", None, 100.0)
-    assert (musa.gemm1.block_k, musa.gemm1.num_warps, musa.gemm1.num_stages) == (64, 16, 1)
-    upstream = select_tiles("cuda", (8, 0), 100.0)
-    assert (upstream.block_m, upstream.gemm1.block_n, upstream.gemm1.block_k) == (128, 128, 32)
-    assert (upstream.gemm1.num_warps, upstream.gemm1.num_stages) == (4, 3)
-    small, large = select_tiles("cuda", (9, 0), 12.0), select_tiles("cuda", (9, 0), 342.0)
-    assert small.block_m < large.block_m  # fewer routes per expert -> smaller row blocks
-    from magi2_backend_triton.moe import tiles as tiles_mod
-
-    # the measured H200 table: the Gluon kernel where this Triton builds it, else TMA, else pointers
-    # (the per-expert Gluon kernel over route lists at T <= 2048, the row-block one above)
-    mid = select_tiles("cuda", (9, 0), 40.0)  # T = 2048
-    if tiles_mod._has_gluon():
-        assert (small.variant, mid.variant, large.variant) == ("gluon_routed", "gluon_routed", "gluon_ws")
-    else:
-        assert (small.variant, mid.variant) == ("pointer", "pointer")
-        assert large.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")
-    # a shape the Gluon kernel does not take gets the next tiles of its row, never a refusal
-    odd = select_tiles("cuda", (9, 0), 342.0, shape=(32, 48))
-    assert odd.variant == ("tma" if tiles_mod._has_descriptors() else "pointer")
-    assert select_tiles("cuda", (9, 0), 12.0, shape=(32, 48)).variant == "pointer"
-    assert select_tiles("cuda", (9, 0), 342.0, shape=(256, 1280)).variant == large.variant
-
-
-def test_tile_table_falls_back_per_missing_feature(monkeypatch: pytest.MonkeyPatch) -> None:
-    from magi2_backend_triton.moe import tiles as tiles_mod
-
-    monkeypatch.setattr(tiles_mod, "_has_gluon", lambda: False)  # a Triton without Gluon's Hopper API
-    small, large = select_tiles("cuda", (9, 0), 12.0), select_tiles("cuda", (9, 0), 342.0)
-    assert small.variant == "pointer" and small.block_m == 16
-    assert large.variant == ("tma" if tiles_mod._has_descriptors() else "pointer") and large.block_m == 128
-    monkeypatch.setattr(tiles_mod, "_has_descriptors", lambda: False)  # and before 3.4
-    large = select_tiles("cuda", (9, 0), 342.0)
-    assert large.variant == "pointer" and large.single is not None
-
-
 # ---- GPU ---------------------------------------------------------------------------------------
 
 
@@ -430,19 +414,18 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 )  # fmt: skip
 @pytest.mark.parametrize("variant", ["table", "two_kernel", "single"])
 def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
+    from magi2_backend_triton.moe.fused import call_problem, run_plan
+    from magi2_backend_triton.providers import triton_moe_experts
+
     tokens, heads, d, inter, topk, experts = shape
     x, probs, idx, wg, wu, wd = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
-    table = select_tiles("cuda", torch.cuda.get_device_capability(), tokens * topk / experts)
-    tiles = {
-        "table": table,
-        "two_kernel": dataclasses.replace(table, single=None),
-        # 4 warps: a tile the 128-row Gluon kernels (one warp per 16 rows, or two 64-row consumers) do
-        # not take; the kernel the table used before them (TMA for 128-row blocks, else pointers) runs it
-        "single": dataclasses.replace(table, single=GemmTile(table.block_m, 32, 64, 4, 3), variant=(
-            table.variant if not table.variant.startswith("gluon") else "tma" if table.block_m == 128
-            else "pointer")),
-    }[variant]  # fmt: skip
-    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles).y
+    # the plan, and the first two-kernel / Triton one-kernel (pointer, tma) alternative of the device's rows
+    kinds = {"table": (), "two_kernel": ("two_kernel",), "single": ("pointer", "tma")}[variant]
+    candidates = triton_moe_experts.plan_candidates(call_problem(x, idx, wg, False))
+    plan = next((c for c in candidates if not kinds or c.variant in kinds), None)
+    if plan is None:
+        pytest.skip(f"no {variant} plan can run this shape here")
+    y = run_plan(x, probs, idx, wg, wu, wd, plan, state=MoEState())
     ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     assert torch.isfinite(y).all()
     assert rel_l2(y, ref) < 1e-3

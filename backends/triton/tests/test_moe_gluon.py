@@ -20,18 +20,23 @@ if not torch.cuda.is_available():
 
 from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState
-from magi2_backend_triton.moe.fused import run_fused
+from magi2_backend_triton.moe.fused import run_fused, run_plan
 from magi2_backend_triton.moe.gluon import gluon_shape_reason, gluon_unsupported_reason
 from magi2_backend_triton.moe.pack import pack_w13
-from magi2_backend_triton.moe.tiles import GemmTile, MoETiles
-from test_moe_fused import INTERPRET, make_moe, rel_l2
+from magi2_backend_triton.moe.tiles import SliceTile
+from test_moe_fused import INTERPRET, make_moe, one_kernel_plan, rel_l2
 
 from magi2_core.errors import InvalidValueError
+from magi2_core.plan import Plan
 
-TILE128 = GemmTile(128, 32, 64, 8, 3)
+TILE128 = SliceTile(128, 32, 8, 3)
 # per aligned row block; per expert over route lists; per aligned row block, warp-specialised
 VARIANTS = ("gluon", "gluon_routed", "gluon_ws")
-TILE64 = GemmTile(64, 32, 64, 4, 3)
+TILE64 = SliceTile(64, 32, 4, 3)
+
+
+def gluon_plan(variant: str, tile: SliceTile, align: str = "atomic") -> Plan:
+    return one_kernel_plan(variant, tile, "lists" if variant == "gluon_routed" else align)
 
 
 @pytest.mark.parametrize(
@@ -46,10 +51,10 @@ TILE64 = GemmTile(64, 32, 64, 4, 3)
         (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, block_m=16, num_warps=1), "one warp per 16 rows"),
         (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, num_stages=1), "at least 2 stages"),
         (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, num_stages=4), "shared memory"),
-        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, block_n=64), "shared memory"),
+        (256, 1280, torch.bfloat16, dataclasses.replace(TILE128, block_i=64), "shared memory"),
     ],
 )
-def test_shape_gate_names_the_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, why: str) -> None:
+def test_shape_gate_names_the_reason(d: int, inter: int, dtype: torch.dtype, tile: SliceTile, why: str) -> None:
     for variant in VARIANTS:
         reason = gluon_shape_reason(d, inter, dtype, tile, variant)
         assert reason is not None and why in reason
@@ -63,9 +68,9 @@ def test_shape_gate_of_the_warp_specialised_kernel() -> None:
     assert gluon_shape_reason(256, 1280, torch.bfloat16, TILE64, "gluon") is None
 
 
-@pytest.mark.parametrize("tile", [TILE128, TILE64, dataclasses.replace(TILE64, block_n=16)])
+@pytest.mark.parametrize("tile", [TILE128, TILE64, dataclasses.replace(TILE64, block_i=16)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_shape_gate_takes_the_table_tiles(tile: GemmTile, dtype: torch.dtype) -> None:
+def test_shape_gate_takes_the_table_tiles(tile: SliceTile, dtype: torch.dtype) -> None:
     assert gluon_shape_reason(256, 1280, dtype, tile) is None
     assert gluon_shape_reason(128, 96, dtype, tile) is None
 
@@ -82,70 +87,31 @@ def test_device_gate_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_asking_for_it_where_it_cannot_run_raises(variant: str) -> None:
     # No silent fallback: the caller named the variant, so the refusal says why.
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
+    plan = gluon_plan(variant, TILE128)
     with pytest.raises(InvalidValueError, match="interpreter cannot run Gluon"):
-        run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles)
+        run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=plan)  # the launcher refuses
+    with pytest.raises(InvalidValueError, match="interpreter cannot run Gluon"):
+        run_plan(x, probs, idx, wg, wu, wd, plan)  # and the plan is refused before any launch
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
 @pytest.mark.parametrize("variant", ["gluon", "gluon_ws"])
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_dependent_launch_only_after_the_scatter(
-    monkeypatch: pytest.MonkeyPatch, variant: str, deterministic: bool
-) -> None:
-    # The row-block kernels read the padded count before griddepcontrol.wait: programmatic dependent
-    # launch is safe right after an alignment's scatter kernel only, never after the torch statement
-    # of the stable alignment (what deterministic mode runs here, on the interpreter).
-    from magi2_backend_triton.moe import fused
-
-    seen: list[bool] = []
-
-    def record(*args: object, pdl: bool, **kwargs: object) -> None:
-        seen.append(pdl)
-
-    monkeypatch.setattr(fused, "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon", record)
-    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant=variant)  # type: ignore[arg-type]
-    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=deterministic)
-    assert seen == [not deterministic]
-
-
-@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
 @pytest.mark.parametrize(("alignment", "pdl"), [("atomic", True), ("stable_kernels", True), ("stable_torch", False)])
 def test_dependent_launch_follows_the_alignment_that_ran(
-    monkeypatch: pytest.MonkeyPatch, alignment: str, pdl: bool
+    monkeypatch: pytest.MonkeyPatch, variant: str, alignment: str, pdl: bool
 ) -> None:
-    # On CUDA deterministic mode runs the stable alignment kernels, which end with a scatter kernel.
+    # The row-block kernels read the padded count before griddepcontrol.wait: programmatic dependent
+    # launch is safe right after an alignment's scatter kernel only (the atomic and the stable
+    # kernels end with one), never after the torch statement of the stable alignment.
     from magi2_backend_triton.moe import fused
 
-    seen: list[bool] = []
-    monkeypatch.setattr(fused, "align", lambda *a, **k: alignment)
-    monkeypatch.setattr(fused, "launch_fused_gluon_ws", lambda *a, pdl, **k: seen.append(pdl))
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr(fused, "_align", lambda *a: seen.append(("align", a[-1] == alignment)))
+    monkeypatch.setattr(fused, "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon",
+                        lambda *a, pdl, **k: seen.append(("pdl", pdl)))
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE128, TILE128, single=TILE128, interleaved_dot=True, variant="gluon_ws")
-    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=alignment != "atomic")
-    assert seen == [pdl]
-
-
-@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
-@pytest.mark.parametrize(("budget", "deterministic", "expected"), [
-    (2**30, False, "routed"), (2**30, True, "aligned"), (100, False, "aligned"),
-])  # fmt: skip
-def test_route_lists_within_budget_else_the_aligned_kernel(
-    monkeypatch: pytest.MonkeyPatch, budget: int, deterministic: bool, expected: str
-) -> None:
-    # 7 tokens x 2 heads x top-2 over 2 x 3 experts: lists of 6 x 14 int32 = 336 B
-    from magi2_backend_triton.moe import fused
-
-    called: list[str] = []
-    monkeypatch.setattr(fused, "LIST_BUDGET", budget)
-    monkeypatch.setattr(fused, "launch_fused_gluon_routed", lambda *a, **k: called.append("routed"))
-    monkeypatch.setattr(fused, "launch_fused_gluon", lambda *a, **k: called.append("aligned"))
-    x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
-    tiles = MoETiles(TILE64, TILE64, single=TILE64, interleaved_dot=True, variant="gluon_routed")
-    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=tiles, deterministic=deterministic)
-    assert called == [expected]
-    assert fused._list_bytes(6, 14) == 336
+    run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon_plan(variant, TILE128, alignment))
+    assert seen == [("align", True), ("pdl", pdl)]
 
 
 # ---- GPU ---------------------------------------------------------------------------------------
@@ -158,11 +124,10 @@ def _hopper() -> bool:
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.x)")
 
 
-def _pair(tile: GemmTile, variant: str = "gluon") -> tuple[MoETiles, MoETiles]:
+def _pair(tile: SliceTile, variant: str = "gluon") -> tuple[Plan, Plan]:
     if variant == "gluon_ws" and tile.block_m != 128:
         pytest.skip("the warp-specialised kernel takes 128-row blocks only (its refusal is a CPU test)")
-    pointer = MoETiles(tile, tile, single=tile, interleaved_dot=True)
-    return pointer, dataclasses.replace(pointer, variant=variant)
+    return one_kernel_plan("pointer", tile, "stable_kernels"), gluon_plan(variant, tile, "stable_kernels")
 
 
 def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
@@ -182,15 +147,15 @@ def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gpu_gluon_equals_pointer_kernel(
-    shape: tuple[int, ...], tile: GemmTile, dtype: torch.dtype, variant: str
+    shape: tuple[int, ...], tile: SliceTile, dtype: torch.dtype, variant: str
 ) -> None:
     # (300, 1, 4, ...): 225 routes per expert, so the per-expert kernel walks several row blocks.
     tokens, heads, experts, d, inter, topk = shape
     x, probs, idx, *w = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
     x, wg, wu, wd = x.to(dtype), *(t.to(dtype) for t in w)
     pointer, gluon = _pair(tile, variant)
-    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=pointer).y
-    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon).y
+    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=pointer).y
+    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon).y
     _check(y, base, exact_moe_experts(x, probs, idx, wg, wu, wd))
 
 
@@ -200,7 +165,7 @@ def test_gpu_gluon_equals_pointer_kernel(
 def test_gpu_gluon_deterministic_runs_repeat_bitwise(variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(1000, 3, 64, 256, 1280, 6, device="cuda")
     _, gluon = _pair(TILE128, variant)
-    runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), tiles=gluon, deterministic=True).y
+    runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon, deterministic=True).y
             for _ in range(2)]  # fmt: skip
     assert torch.equal(runs[0], runs[1])
 
@@ -216,12 +181,12 @@ def test_gpu_gluon_prepared_weights_in_cuda_graph(variant: str) -> None:
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
     _, gluon = _pair(TILE128 if variant == "gluon_ws" else TILE64, variant)
     state = MoEState()
-    run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon)  # compile outside the capture
+    run_fused(x, probs, idx, gate, up, wd, state=state, plan=gluon)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = run_fused(x, probs, idx, gate, up, wd, state=state, tiles=gluon).y
+        y = run_fused(x, probs, idx, gate, up, wd, state=state, plan=gluon).y
     x2, probs2, idx2, *_ = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")  # fresh draws
     x.copy_(x2), probs.copy_(probs2), idx.copy_(idx2)
     graph.replay()
-    assert torch.equal(y, run_fused(x, probs, idx, gate, up, wd, state=MoEState(), tiles=gluon).y)
+    assert torch.equal(y, run_fused(x, probs, idx, gate, up, wd, state=MoEState(), plan=gluon).y)
     assert state.w13.builds == 0

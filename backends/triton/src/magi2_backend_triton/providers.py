@@ -13,9 +13,11 @@ import torch
 import triton
 
 from magi2_backend_triton.interpret import interpreting
-from magi2_backend_triton.moe.fused import fused_moe_experts
+from magi2_backend_triton.moe import plan as moe_plan
+from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
+from magi2_core.plan import Plan
 from magi2_core.platform import absent_device
 from magi2_core.problem import Problem
 from magi2_core.resolution import Reason, ReasonCode
@@ -44,12 +46,43 @@ def device_reasons(device_type: str) -> list[Reason]:
 
 
 class TritonMoEExperts:
-    """The fused head-routed MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum)."""
+    """The fused head-routed MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum).
+
+    Implements :class:`magi2_core.provider.Planned`: which kernel, tile and alignment serve a problem
+    (`moe/plan.py`), the alternatives worth timing, and `run_plan` to run a call with one of them.
+    """
 
     version = triton.__version__
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
+
+    def plan(self, problem: Problem) -> Plan:
+        """The plan a call of ``problem`` runs on this host's device of its type (outside a CUDA-graph capture)."""
+        device = moe_plan.device_id(problem.device_type, problem.device_index)
+        return moe_plan.plan_for(problem, device, *moe_plan.rows_for(device))[0]
+
+    def plan_candidates(self, problem: Problem) -> Sequence[Plan]:
+        """The plan first, then the other kernels, tiles and alignments of the device's rows that can run
+        ``problem`` correctly here."""
+        device = moe_plan.device_id(problem.device_type, problem.device_index)
+        return moe_plan.candidates_for(problem, device, *moe_plan.rows_for(device))
+
+    def run_plan(
+        self,
+        plan: Plan,
+        x: torch.Tensor,
+        probs: torch.Tensor,
+        idx: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+        *,
+        deterministic: bool = False,
+    ) -> torch.Tensor:
+        """A call with an explicit ``plan`` (one of `plan_candidates`); refused, with the reason, where the
+        plan cannot run it correctly here."""
+        return run_plan(x, probs, idx, w_gate, w_up, w_down, plan, deterministic=deterministic)
 
     def prepare_weights(
         self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor

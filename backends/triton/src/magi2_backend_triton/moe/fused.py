@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import triton
 from torch import Tensor
 
+from magi2_core.errors import InvalidValueError
 from magi2_core.ops.moe_experts import validate as validate_experts
+from magi2_core.plan import Plan
+from magi2_core.problem import Feature, Problem
 
 from ..interpret import interpreting as _interpreting
 from .align import (
@@ -31,7 +33,8 @@ from .align import (
 from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_gluon_ws
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import PackedW13Cache, interleaved_bank
-from .tiles import MoETiles, select_tiles
+from .plan import DeviceId, device_id, plan_for, plan_reason, rows_for, without_bank
+from .tiles import TENSOR_DESCRIPTORS, Alignment, Launch, launch_of
 from .tma import launch_fused_tma
 
 
@@ -92,26 +95,34 @@ class MoEState:
 # with more layers prepares its weights (prepare_moe_weights) and never touches this cache.
 _DEFAULT_STATE = MoEState()
 
-# Bytes of route lists ("gluon_routed") a call may allocate; past it the aligned kernel serves. The
-# lists hold every expert's worst case, T*K routes (repeated top-k ids included): 38 MB at 2048
-# tokens x 3 heads x 256 experts, 151 MB with 12 heads.
-LIST_BUDGET = 64 * 2**20
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _list_bytes(flat_experts: int, routes_per_head: int) -> int:
-    return 4 * flat_experts * routes_per_head
-
-
-@functools.lru_cache(maxsize=64)
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
-def _tiles_for(x: Tensor, num_routes: int, num_experts: int, inter: int) -> MoETiles:
-    return select_tiles(
-        x.device.type, _capability(x.device), num_routes / max(num_experts, 1), wide=x.dtype == torch.float32,
-        shape=(x.shape[2], inter),
+def _problem(device: torch.device, dtype: torch.dtype, deterministic: bool, tokens: int, heads: int,
+             flat_experts: int, topk: int, d: int, inter: int) -> Problem:
+    return Problem(
+        op="moe_experts", device_type=device.type, device_index=device.index, dtype=_DTYPE_NAMES[dtype],
+        features=frozenset({Feature.DETERMINISTIC} if deterministic else ()), tokens=tokens, num_heads=heads,
+        num_experts=flat_experts // heads, top_k=topk, hidden=d, intermediate=inter,
     )  # fmt: skip
+
+
+def call_problem(x: Tensor, idx: Tensor, w_gate: Tensor, deterministic: bool) -> Problem:
+    """The :class:`Problem` of a call with these tensors (what the plan rows are evaluated on)."""
+    t, heads, d = x.shape
+    return _problem(x.device, x.dtype, deterministic, t, heads, w_gate.shape[0], idx.shape[2], d, w_gate.shape[2])
+
+
+@functools.lru_cache(maxsize=256)
+def _planned(
+    device: torch.device, dtype: torch.dtype, deterministic: bool, interpreting: bool,
+    tokens: int, heads: int, flat_experts: int, topk: int, d: int, inter: int,
+) -> tuple[Plan, Launch, Problem, DeviceId]:
+    """The plan of a call of this shape (``interpreting`` is part of the key: the alignment depends on it)."""
+    problem = _problem(device, dtype, deterministic, tokens, heads, flat_experts, topk, d, inter)
+    dev = device_id(device.type, device.index)
+    plan, launch = plan_for(problem, dev, *rows_for(dev))
+    return plan, launch, problem, dev
 
 
 @dataclass
@@ -122,6 +133,7 @@ class FusedRun:
     inter: Tensor | None  # [capacity, I] by aligned slot (rows of sentinel slots unwritten)
     routed: Tensor | None  # [R, d] per route, r = (h*T + t)*K + k
     buffers: RouteBuffers | None
+    plan: Plan | None  # the plan that ran (None: no routes, nothing launched)
 
 
 def triton_fused_moe(
@@ -164,43 +176,35 @@ def fused_moe_experts(
     return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, deterministic=deterministic).y
 
 
-Alignment = Literal["atomic", "stable_kernels", "stable_torch"]
-
-# Up to this many flat experts the stable alignment kernels are at least as fast as the atomic ones
-# on the H200 (benchmarks/results/moe_align_h200.json, graph p50: 28.1 vs 28.8 us at 4096 tokens and
-# 36.0 vs 62.9 us at 14601 tokens with 768 experts; 117 vs 47 us with 3072 experts), so they serve
-# the default mode too: one route order for both modes.
-STABLE_KERNELS_MAX_EXPERTS = 1024
-
-
-def choose_alignment(device_type: str, interpreting: bool, num_experts: int, deterministic: bool) -> Alignment:
-    """Which route alignment a call runs.
-
-    "stable_kernels": five kernels without atomics, each expert's routes in route order; CUDA only,
-    in deterministic mode and wherever they are the faster (`STABLE_KERNELS_MAX_EXPERTS`).
-    "atomic": four kernels, routes in the order the atomics gave; the default mode elsewhere.
-    "stable_torch": the stable result from torch ops, for deterministic mode on MUSA (whose Triton's
-    sort is untested here) and under the interpreter (which sorts slowly). Deterministic mode needs
-    a stable order: a route's output is the same wherever it sits, but the execution then repeats
-    exactly. Only the two kernel paths end with a scatter kernel that lets a dependent launch start.
-    """
-    kernels = device_type == "cuda" and not interpreting
-    if kernels and (deterministic or num_experts <= STABLE_KERNELS_MAX_EXPERTS):
-        return "stable_kernels"
-    return "stable_torch" if deterministic else "atomic"
-
-
-def align(idx: Tensor, experts_per_head: int, bufs: RouteBuffers, *, deterministic: bool) -> Alignment:
-    """Fill ``bufs`` for this call's routes with the alignment `choose_alignment` names; return it."""
-    num_experts = bufs.counts.numel()
-    alignment = choose_alignment(idx.device.type, _interpreting(), num_experts, deterministic)
+def _align(idx: Tensor, experts_per_head: int, bufs: RouteBuffers, alignment: Alignment) -> None:
+    """Fill ``bufs`` for this call's routes with ``alignment`` (`tiles.py` names them)."""
     if alignment == "stable_kernels":
         align_routes_device_stable(idx, experts_per_head, bufs)
     elif alignment == "atomic":
         align_routes_device(idx, experts_per_head, bufs)
     else:
-        align_routes_stable(flat_route_experts(idx, experts_per_head), num_experts, bufs)
-    return alignment
+        align_routes_stable(flat_route_experts(idx, experts_per_head), bufs.counts.numel(), bufs)
+
+
+def run_plan(
+    x: Tensor,
+    probs: Tensor,
+    idx: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    plan: Plan,
+    *,
+    state: MoEState | None = None,
+    deterministic: bool = False,
+) -> Tensor:
+    """`fused_moe_experts` with an explicit ``plan`` (what `magi2 tune` times): refused, with the reason,
+    where the plan cannot run this call correctly here."""
+    problem = call_problem(x, idx, w_gate, deterministic)
+    reason = plan_reason(plan, problem, device_id(x.device.type, x.device.index))
+    if reason is not None:
+        raise InvalidValueError("moe_experts", "plan", "a plan that can run this call here", f"{plan.describe()} ({reason})")
+    return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, plan=plan, deterministic=deterministic).y
 
 
 def run_fused(
@@ -212,10 +216,15 @@ def run_fused(
     w_down: Tensor,
     *,
     state: MoEState | None = None,
-    tiles: MoETiles | None = None,
+    plan: Plan | None = None,
     deterministic: bool = False,
 ) -> FusedRun:
-    """The forward of `fused_moe_experts`, with an explicit tile override and its intermediates."""
+    """The forward of `fused_moe_experts`: the call's plan (`plan.py`), or ``plan``, executed as it is.
+
+    An explicit ``plan`` is not checked against the call here (`run_plan` checks it); the launchers
+    refuse a kernel they cannot run, with the reason. The one change to a plan is the plan's own step
+    for CUDA-graph capture (`plan.without_bank`), which the returned `FusedRun.plan` shows.
+    """
     state = _DEFAULT_STATE if state is None else state
     num_tokens, heads, d = x.shape
     topk = idx.shape[2]
@@ -225,9 +234,14 @@ def run_fused(
     y = torch.empty((num_tokens, heads, d), dtype=dtype, device=x.device)
     num_routes = heads * num_tokens * topk
     if num_routes == 0:
-        return FusedRun(y.zero_(), None, None, None)
-    tiles = tiles or _tiles_for(x, num_routes, num_experts, inter_dim)
+        return FusedRun(y.zero_(), None, None, None, None)
     interp = _interpreting()
+    if plan is None:
+        plan, launch, problem, dev = _planned(
+            x.device, dtype, deterministic, interp, num_tokens, heads, num_experts, topk, d, inter_dim
+        )
+    else:
+        launch, problem, dev = launch_of(plan), None, None
     # The interpreter multiplies raw BF16 bits in tl.dot (hence FP32 operands there), and its FP32 -> BF16
     # cast truncates (hence rounding by hand). FP32 activations: IEEE dots (the default would be TF32).
     upcast = interp or dtype == torch.float32
@@ -236,30 +250,25 @@ def run_fused(
     w_down = w_down.contiguous()
     probs_flat = probs.reshape(-1).to(torch.float32)
 
-    # The one-kernel path holds a whole activation row and whole intermediate slices in a tile.
-    single = tiles.single
-    if single is not None and (d & (d - 1) != 0 or inter_dim % single.block_n != 0):
-        single = None
-    # Inside a CUDA-graph capture nothing the graph reads may be owned by a cache that could free it
-    # later (a reallocated route buffer, an evicted bank): buffers come from the graph's own pool and
-    # raw gate/up are read in place. Prepared weights are views the caller keeps alive.
-    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
     # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
-    # when these tiles want it (or the tensors are not contiguous), else the tensors as given.
-    w13 = interleaved_bank(w_gate, w_up)
+    # when the plan wants it (or the tensors are not contiguous), else the tensors as given.
     contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
-    want_tma = single is not None and tiles.variant != "pointer"  # the TMA variants read the packed bank
-    if w13 is None and not capturing and (tiles.packed_w13 or want_tma or not contiguous):
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    w13 = interleaved_bank(w_gate, w_up)
+    if w13 is None and capturing:
+        # Inside a CUDA-graph capture nothing the graph reads may be owned by a cache that could free it
+        # later (a reallocated route buffer, an evicted bank): buffers come from the graph's own pool and
+        # raw gate/up are read in place, by the plan's step for that case (plan.without_bank).
+        problem = problem or call_problem(x, idx, w_gate, deterministic)
+        plan, launch = without_bank(plan, problem, dev or device_id(x.device.type, x.device.index))
+    elif w13 is None and (launch.packed_w13 or launch.variant in TENSOR_DESCRIPTORS or not contiguous):
         w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
-    # Raw gate/up captured in a graph have no bank (read in place, above): the pointer kernel serves
-    # that call, with the same results (the variants are bit-identical by test).
-    tma = want_tma and w13 is not None
-    variant = tiles.variant
-    if variant == "gluon_routed" and (deterministic or _list_bytes(num_experts, num_routes // heads) > LIST_BUDGET):
-        # The aligned kernel, same tile and results: deterministic mode fixes every route's slot (the
-        # stable alignment below), and it needs no per-expert lists.
-        variant = "gluon"
+    single = launch.single
+    if single is not None and (d & (d - 1) != 0 or inter_dim % single.block_i != 0):
+        raise InvalidValueError(
+            "moe_experts", "plan.variant", "two_kernel here (the one-kernel path holds a power-of-two hidden "
+            f"and whole {single.block_i}-wide slices)", f"{plan.variant} for hidden {d}, intermediate {inter_dim}",
+        )  # fmt: skip
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
@@ -267,8 +276,9 @@ def run_fused(
         wg, wu = w_gate.contiguous(), w_up.contiguous()
         w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
 
+    variant = launch.variant
     routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
-    if tma and variant == "gluon_routed":
+    if variant == "gluon_routed":
         # One program per expert over unpadded route lists: no row-block alignment at all.
         assert single is not None and w13 is not None
         tk = num_routes // heads
@@ -280,40 +290,38 @@ def run_fused(
         expert_lists_device(idx, num_experts // heads, lists)
         launch_fused_gluon_routed(x, w13, w_down, probs_flat, routed, lists, topk=topk, tile=single)
         _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
-        return FusedRun(y, None, routed, None)
+        return FusedRun(y, None, routed, None, plan)
 
-    # The alignment's row block must be the block of the kernels that read it.
-    block_m = single.block_m if single is not None else tiles.gemm1.block_m
+    # The alignment's row block is the block of the kernels that read it.
+    block_m = launch.block_m
     if capturing:
         bufs = RouteBuffers.allocate(route_capacity(num_routes, num_experts, block_m), block_m, num_experts, x.device)
     else:
         bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
-    alignment = align(idx, num_experts // heads, bufs, deterministic=deterministic)
+    _align(idx, num_experts // heads, bufs, launch.align)
     num_blocks_m = bufs.capacity // block_m
 
     inter: Tensor | None = None
-    if tma and variant in ("gluon", "gluon_ws"):
+    if variant in ("gluon", "gluon_ws"):
         assert single is not None and w13 is not None
-        launch = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
+        launch_gluon = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
         # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
-        launch(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=alignment != "stable_torch")
-    elif tma:
+        launch_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=launch.align != "stable_torch")
+    elif variant == "tma":
         assert single is not None and w13 is not None
-        launch_fused_tma(
-            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, variant=variant,
-            ctas_per_sm=tiles.ctas_per_sm, upcast=upcast, rne=rne,
-        )  # fmt: skip
+        launch_fused_tma(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, upcast=upcast, rne=rne)
     elif single is not None:
         fused_expert_kernel[(num_blocks_m,)](
             x, wg, wu, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
             num_tokens, num_routes, x.stride(0), x.stride(1), *w_strides,
-            D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=single.block_m, BLOCK_I=single.block_n,
-            INTERLEAVED=w13 is not None and tiles.interleaved_dot, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
+            D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=single.block_m, BLOCK_I=single.block_i,
+            INTERLEAVED=w13 is not None and launch.interleaved_dot, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
             num_warps=single.num_warps, num_stages=single.num_stages,
         )  # fmt: skip
     else:
+        assert launch.gemms is not None
+        t1, t2 = launch.gemms
         inter = torch.empty((bufs.capacity, inter_dim), dtype=dtype, device=x.device)
-        t1 = tiles.gemm1
         grid1 = (num_blocks_m * triton.cdiv(inter_dim, t1.block_n),)
         gemm1_swiglu7_kernel[grid1](
             x, wg, wu, inter, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
@@ -323,7 +331,6 @@ def run_fused(
             GROUP_M=t1.group_m, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
             num_warps=t1.num_warps, num_stages=t1.num_stages,
         )  # fmt: skip
-        t2 = tiles.gemm2
         grid2 = (num_blocks_m * triton.cdiv(d, t2.block_n),)
         gemm2_weighted_kernel[grid2](
             inter, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
@@ -334,7 +341,7 @@ def run_fused(
         )  # fmt: skip
 
     _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
-    return FusedRun(y, inter, routed, bufs)
+    return FusedRun(y, inter, routed, bufs, plan)
 
 
 def _topk_sum(routed: Tensor, y: Tensor, heads: int, num_tokens: int, d: int, topk: int, rne: bool) -> None:

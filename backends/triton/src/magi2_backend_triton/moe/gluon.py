@@ -15,8 +15,8 @@ plain launch (``pdl=False``). The per-expert kernel reads its lists only after t
 
 The kernel module imports `triton.experimental.gluon`, which older Tritons (and the interpreter)
 lack, so it is imported on first use and every reason it cannot run is a value
-(`gluon_unsupported_reason`): the tile table only names the variant where it can, and a call that
-asks for it anyway gets an error naming the reason (no silent fallback).
+(`gluon_unsupported_reason`): the plan (`plan.py`) only picks the variant where it can, and a call
+that asks for it anyway gets an error naming the reason (no silent fallback).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from magi2_core.errors import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
 from .align import ExpertLists, RouteBuffers
-from .tiles import GemmTile
+from .tiles import SliceTile
 
 _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 # Registers per thread of the warp-specialised kernel's consumers: a [64, d] FP32 accumulator is
@@ -41,12 +41,12 @@ _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 _WS_CONSUMER_REGS = 232
 
 
-def _shared_bytes(d: int, tile: GemmTile, variant: str) -> int:
+def _shared_bytes(d: int, tile: SliceTile, variant: str) -> int:
     # Activation block, `num_stages` gate/up and down slices, two SwiGLU7 slices (the A operand
     # of the down projection), one mbarrier per weight buffer (two, full and empty, in the
     # warp-specialised kernel). The 128-row, 32-wide, 3-stage tile needs 229,432 B (229,728 B
     # warp-specialised; the compiler's figures), just under the limit.
-    bm, bi, stages = tile.block_m, tile.block_n, tile.num_stages
+    bm, bi, stages = tile.block_m, tile.block_i, tile.num_stages
     barriers = 2 if variant == "gluon_ws" else 1
     return 2 * (bm * d + stages * 3 * bi * d + 2 * bm * bi) + 16 * stages * barriers
 
@@ -80,10 +80,10 @@ def _sm_count(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-@functools.lru_cache(maxsize=64)  # asked on every call, by the tile table and by the launcher
-def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, variant: str = "gluon") -> str | None:
+@functools.lru_cache(maxsize=64)  # asked by the plan and on every launch
+def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: SliceTile, variant: str = "gluon") -> str | None:
     """Why the ``variant`` kernel cannot take this shape and tile, or None when it can (no device needed)."""
-    bi = tile.block_n
+    bi = tile.block_i
     if dtype not in (torch.bfloat16, torch.float16):
         return f"the wgmma kernel takes 2-byte activations; got {dtype}"
     if d not in (128, 256):
@@ -102,25 +102,32 @@ def gluon_shape_reason(d: int, inter: int, dtype: torch.dtype, tile: GemmTile, v
     return None
 
 
-def gluon_unsupported_reason(device: torch.device) -> str | None:
-    """Why the Gluon kernel cannot run on ``device`` with this Triton, or None when it can."""
+def gluon_device_reason(device_type: str, capability: tuple[int, int] | None) -> str | None:
+    """Why the Gluon kernel cannot run on a device of this type and capability with this Triton, or None."""
     if _interpreting():
         return "the Triton interpreter cannot run Gluon kernels"
-    if device.type != "cuda":
-        return f"the Gluon kernel needs a CUDA device; got {device.type}"
-    cap = _capability(device)
-    if cap[0] != 9:
-        return f"the Gluon kernel uses Hopper's wgmma (compute capability 9.x); got {cap[0]}.{cap[1]}"
+    if device_type != "cuda":
+        return f"the Gluon kernel needs a CUDA device; got {device_type}"
+    if capability is None or capability[0] != 9:
+        got = "an unknown capability" if capability is None else f"{capability[0]}.{capability[1]}"
+        return f"the Gluon kernel uses Hopper's wgmma (compute capability 9.x); got {got}"
     return gluon_import_error()
 
 
-def _descriptors(x: Tensor, w13: Tensor, w_down: Tensor, tile: GemmTile) -> tuple[object, object]:
+def gluon_unsupported_reason(device: torch.device) -> str | None:
+    """Why the Gluon kernel cannot run on ``device`` with this Triton, or None when it can."""
+    if _interpreting() or device.type != "cuda":
+        return gluon_device_reason(device.type, None)
+    return gluon_device_reason(device.type, _capability(device))
+
+
+def _descriptors(x: Tensor, w13: Tensor, w_down: Tensor, tile: SliceTile) -> tuple[object, object]:
     """TMA descriptors: the bank as [F*I, 2d] (row j is gate j then up j), w_down as [F*I, d]."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     num_experts, two_inter, d = w13.shape
-    inter, bi = two_inter // 2, tile.block_n
+    inter, bi = two_inter // 2, tile.block_i
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([bi, d], elem)
     w13_desc = TensorDescriptor.from_tensor(w13.reshape(num_experts * inter, 2 * d), [bi, d], layout)
@@ -128,21 +135,21 @@ def _descriptors(x: Tensor, w13: Tensor, w_down: Tensor, tile: GemmTile) -> tupl
     return w13_desc, wd_desc
 
 
-def _checked_kernels(x: Tensor, w13: Tensor, tile: GemmTile, variant: str) -> ModuleType:
+def _checked_kernels(x: Tensor, w13: Tensor, tile: SliceTile, variant: str) -> ModuleType:
     d, inter = x.shape[2], w13.shape[1] // 2
     reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile, variant)
     if reason is not None:
-        raise InvalidValueError("moe_experts", "tiles.variant", "'tma' or 'pointer' here", f"'{variant}' ({reason})")
+        raise InvalidValueError("moe_experts", "plan.variant", "'tma' or 'pointer' here", f"'{variant}' ({reason})")
     kernels = _kernels()
     assert not isinstance(kernels, str)
     return kernels[1] if variant == "gluon_ws" else kernels[0]
 
 
-def _meta(x: Tensor, w13: Tensor, topk: int, tile: GemmTile) -> dict[str, int]:
+def _meta(x: Tensor, w13: Tensor, topk: int, tile: SliceTile) -> dict[str, int]:
     """The compile-time arguments every Gluon MoE kernel takes."""
     return {
         "D": x.shape[2], "INTER": w13.shape[1] // 2, "TOPK": topk, "BLOCK_M": tile.block_m,
-        "BLOCK_I": tile.block_n, "STAGES": tile.num_stages,
+        "BLOCK_I": tile.block_i, "STAGES": tile.num_stages,
     }  # fmt: skip
 
 
@@ -155,23 +162,21 @@ def launch_fused_gluon(
     bufs: RouteBuffers,
     *,
     topk: int,
-    tile: GemmTile,
+    tile: SliceTile,
     pdl: bool = True,
-    ablate: int = 0,
 ) -> None:
     """Fill ``routed`` [R, d] with the per-route outputs, one program per aligned row block.
 
     ``w13`` is the [F, 2I, d] packed bank. ``pdl``: launch with programmatic dependent launch, only
     when the kernel before this one is the alignment's scatter (`align_routes_device`; the module
-    docstring says why). ``ablate`` is the kernel's ABLATE bit set, for `benchmarks/moe_ablation.py`
-    only (nonzero: wrong outputs).
+    docstring says why).
     """
     kernels = _checked_kernels(x, w13, tile, "gluon")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
         x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
         x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        **_meta(x, w13, topk, tile), ABLATE=ablate, num_warps=tile.num_warps, launch_pdl=pdl,
+        **_meta(x, w13, topk, tile), num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -184,7 +189,7 @@ def launch_fused_gluon_routed(
     lists: ExpertLists,
     *,
     topk: int,
-    tile: GemmTile,
+    tile: SliceTile,
 ) -> None:
     """Fill ``routed`` [R, d], one program per flat expert walking its route list in row blocks."""
     kernels = _checked_kernels(x, w13, tile, "gluon_routed")
@@ -206,7 +211,7 @@ def launch_fused_gluon_ws(
     bufs: RouteBuffers,
     *,
     topk: int,
-    tile: GemmTile,
+    tile: SliceTile,
     pdl: bool = True,
 ) -> None:
     """Fill ``routed`` [R, d]: one persistent warp-specialised program (loader warp, two consumers) per

@@ -38,13 +38,6 @@ result file was not kept: `docs/moe-notes.md` says so).
 
 GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
 the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.
-
-ABLATE (a bit set, 0 in every launch of the provider) removes one piece of the work so that
-`benchmarks/moe_ablation.py` can time the rest: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the
-down-projection MMAs, 8 the weight refills inside the loop (the first STAGES slices are reused),
-16 the slice loop (with 8: only the first and last slices run), 32 the activation gather (zeros),
-64 the output store (masked off at run time).
-Any nonzero value gives wrong outputs; it exists to place time inside the kernel without counters.
 """
 
 from __future__ import annotations
@@ -67,11 +60,9 @@ _LIMIT = gl.constexpr(SWIGLU_LIMIT)
 
 
 @gluon.jit
-def _swiglu7_slice(gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: gl.constexpr, SKIP: gl.constexpr):
+def _swiglu7_slice(gu, BLOCK_M: gl.constexpr, BLOCK_I: gl.constexpr, out_dtype: gl.constexpr):
     # Gate in columns [0, BLOCK_I), up in [BLOCK_I, 2 BLOCK_I): SwiGLU7 in FP32, one rounding.
     g, u = gl.split(gl.permute(gl.reshape(gu, [BLOCK_M, 2, BLOCK_I]), (0, 2, 1)))
-    if SKIP:  # ABLATE & 1: time everything but the arithmetic
-        return (g + u).to(out_dtype)
     g = gl.minimum(g, _LIMIT)
     u = gl.minimum(gl.maximum(u, -_LIMIT), _LIMIT)
     # g * sigmoid(ALPHA g) * (u + 1), sigmoid as 1 / (1 + exp(-x)): the Triton kernels' expression.
@@ -169,7 +160,6 @@ def _row_block(
     BLOCK_I: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
-    ABLATE: gl.constexpr,
 ):
     """Rows ids_ptr[0:num_rows] (route numbers; >= num_routes marks padding) of one expert, start to end.
 
@@ -178,13 +168,6 @@ def _row_block(
     """
     NUM_SLICES: gl.constexpr = INTER // BLOCK_I
     dtype: gl.constexpr = w13_desc.dtype
-    NO_SWIGLU: gl.constexpr = (ABLATE & 1) != 0
-    NO_G1: gl.constexpr = (ABLATE & 2) != 0
-    NO_G2: gl.constexpr = (ABLATE & 4) != 0
-    NO_REFILL: gl.constexpr = (ABLATE & 8) != 0
-    NO_LOOP: gl.constexpr = (ABLATE & 16) != 0
-    NO_GATHER: gl.constexpr = (ABLATE & 32) != 0
-    NO_STORE: gl.constexpr = (ABLATE & 64) != 0
     # Layouts: the row gather loads 16 B per thread along d; both MMAs put the warps along M.
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     mma1: gl.constexpr = gl.NVMMADistributedLayout(
@@ -199,10 +182,7 @@ def _row_block(
     valid_l = routes_l < num_routes
     a_row = _x_row_offsets(routes_l, valid_l, num_tokens, stride_xt, stride_xh, TOPK)
     offs_d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
-    if NO_GATHER:
-        a = gl.zeros([BLOCK_M, D], dtype, layout=load_layout)
-    else:
-        a = gl.load(x_ptr + a_row[:, None] + offs_d_l[None, :], mask=valid_l[:, None], other=0.0)
+    a = gl.load(x_ptr + a_row[:, None] + offs_d_l[None, :], mask=valid_l[:, None], other=0.0)
     a_smem.store(a)
     fence_async_shared()
 
@@ -211,40 +191,32 @@ def _row_block(
     mbarrier.wait(w13_bars.index(0), 0)
     gu = warpgroup_mma(a_smem, w13_bufs.index(0).permute((1, 0)), zero1, use_acc=False, is_async=True)
     gu = warpgroup_mma_wait(num_outstanding=0, deps=(gu,))
-    for i in range(0, 0 if NO_LOOP else NUM_SLICES - 1):
+    for i in range(0, NUM_SLICES - 1):
         # G1(i) finished before this iteration (in the last one, or before the loop for i = 0):
         # its buffer takes slice i + STAGES.
-        refill = (i + STAGES < NUM_SLICES) & (not NO_REFILL)
+        refill = i + STAGES < NUM_SLICES
         _load_w13(w13_desc, w13_bars, w13_bufs, expert, i + STAGES, i % STAGES, refill, INTER, BLOCK_I)
         s1 = (i + 1) % STAGES
-        mbarrier.wait(w13_bars.index(s1), 0 if NO_REFILL else ((i + 1) // STAGES) & 1)
-        if NO_G1:
-            gu_next = zero1
-        else:
-            gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
+        mbarrier.wait(w13_bars.index(s1), ((i + 1) // STAGES) & 1)
+        gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
         # SwiGLU7 writes the other slot of the ring that G2(i-1), still in flight, reads from.
         m_smem = m_bufs.index(i % 2)
-        m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype, NO_SWIGLU))
+        m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
         fence_async_shared()
         sd = i % STAGES
-        mbarrier.wait(wd_bars.index(sd), 0 if NO_REFILL else (i // STAGES) & 1)
-        if not NO_G2:
-            acc = warpgroup_mma(m_smem, wd_bufs.index(sd), acc, is_async=True)
+        mbarrier.wait(wd_bars.index(sd), (i // STAGES) & 1)
+        acc = warpgroup_mma(m_smem, wd_bufs.index(sd), acc, is_async=True)
         gu = warpgroup_mma_wait(num_outstanding=1, deps=(gu_next,))
         # G2(i-1) is done too (issued before G1(i+1)): its buffer takes slice i - 1 + STAGES.
-        refill = (i >= 1) & (i - 1 + STAGES < NUM_SLICES) & (not NO_REFILL)
+        refill = (i >= 1) & (i - 1 + STAGES < NUM_SLICES)
         _load_wd(wd_desc, wd_bars, wd_bufs, expert, i - 1 + STAGES, (i + STAGES - 1) % STAGES, refill, INTER, BLOCK_I)
     LAST: gl.constexpr = NUM_SLICES - 1
     m_smem = m_bufs.index(LAST % 2)
-    m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype, NO_SWIGLU))
+    m_smem.store(_swiglu7_slice(gu, BLOCK_M, BLOCK_I, dtype))
     fence_async_shared()
-    mbarrier.wait(wd_bars.index(LAST % STAGES), 0 if NO_REFILL else (LAST // STAGES) & 1)
+    mbarrier.wait(wd_bars.index(LAST % STAGES), (LAST // STAGES) & 1)
     acc = warpgroup_mma(m_smem, wd_bufs.index(LAST % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    if NO_REFILL:  # the loads of the first slices that the loop skipped waiting for
-        for s in gl.static_range(STAGES):
-            mbarrier.wait(w13_bars.index(s), 0)
-            mbarrier.wait(wd_bars.index(s), 0)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(w13_bars.index(s))
         mbarrier.invalidate(wd_bars.index(s))
@@ -253,8 +225,6 @@ def _row_block(
     routes = gl.load(ids_ptr + offs_m, mask=offs_m < num_rows, other=num_routes)
     valid = routes < num_routes
     w = gl.load(probs_ptr + routes, mask=valid, other=0.0)
-    if NO_STORE:  # a mask the compiler cannot fold (routing weights are never negative)
-        valid = valid & (w < 0.0)
     _store_routes(acc, routes, valid, w, out_ptr, D, mma2)
 
 
@@ -293,7 +263,6 @@ def fused_expert_gluon_kernel(
     BLOCK_I: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
-    ABLATE: gl.constexpr = 0,
 ):
     """One program per row block of the route alignment (sorted ids padded with the sentinel R)."""
     gl.static_assert(INTER % BLOCK_I == 0)
@@ -335,7 +304,6 @@ def fused_expert_gluon_kernel(
             BLOCK_I,
             STAGES,
             num_warps,
-            ABLATE,
         )
 
 
@@ -360,7 +328,6 @@ def fused_expert_gluon_routed_kernel(
     BLOCK_I: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
-    ABLATE: gl.constexpr = 0,
 ):
     """One program per flat expert: its route list in row blocks of BLOCK_M, one after another."""
     gl.static_assert(INTER % BLOCK_I == 0)
@@ -411,5 +378,4 @@ def fused_expert_gluon_routed_kernel(
                 BLOCK_I,
                 STAGES,
                 num_warps,
-                ABLATE,
             )

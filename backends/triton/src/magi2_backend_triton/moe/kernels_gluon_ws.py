@@ -164,7 +164,7 @@ def _ws_consumer(
             mbarrier.wait(w13_full.index(s1), (g1 // STAGES) & 1)
             gu_next = warpgroup_mma(a_smem, w13_bufs.index(s1).permute((1, 0)), zero1, use_acc=False, is_async=True)
             m_smem = m_bufs.index(i % 2)
-            m_smem.store(_swiglu7_slice(gu, _ROWS, BLOCK_I, dtype, False))
+            m_smem.store(_swiglu7_slice(gu, _ROWS, BLOCK_I, dtype))
             fence_async_shared()
             sd = (n + i) % STAGES
             mbarrier.wait(wd_full.index(sd), ((n + i) // STAGES) & 1)
@@ -180,7 +180,7 @@ def _ws_consumer(
             _gather_rows(a_smem, x_ptr, sorted_ids_ptr + nxt * BLOCK_M + ROW0, num_tokens, num_routes,
                          stride_xt, stride_xh, D, TOPK)  # fmt: skip
         m_smem = m_bufs.index(LAST % 2)
-        m_smem.store(_swiglu7_slice(gu, _ROWS, BLOCK_I, dtype, False))
+        m_smem.store(_swiglu7_slice(gu, _ROWS, BLOCK_I, dtype))
         fence_async_shared()
         sl = n + LAST
         mbarrier.wait(wd_full.index(sl % STAGES), (sl // STAGES) & 1)

@@ -9,13 +9,8 @@ accumulator; x routing weight in FP32, one rounding per route.
 What changes is how the weights arrive. The pointer kernel computes a [d, 2*BLOCK_I] tile of
 64-bit addresses per slice (registers and integer work next to the MMAs); here each slice is one
 bulk copy per matrix through a host-built tensor descriptor, issued by the TMA unit straight into
-swizzled shared memory. Two optional schedules on top:
-
-* WARP_SPECIALIZE: the slice loop is a `tl.range(..., warp_specialize=True)`, so Triton gives the
-  copies to a producer warp and the MMAs/SwiGLU to consumer warps.
-* PERSISTENT: the grid is sized to the machine (programs per SM x SMs) and each program walks the
-  row blocks pid, pid + grid, ...; the loop bound is read from the device-side padded count, so
-  the launch stays free of host syncs and graph-capturable.
+swizzled shared memory. (Warp-specialised and persistent schedules of this kernel were measured
+and gave no gain, docs/moe-notes.md; git history keeps them.)
 
 The activation rows are a gather (one route per row), which Hopper's TMA cannot do; they keep
 pointer loads, once per row block.
@@ -48,7 +43,6 @@ def _expert_block(
     TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EXPLICIT_RNE: tl.constexpr,
 ):
@@ -69,7 +63,7 @@ def _expert_block(
     w13_row = expert * (2 * INTER)
     wd_row = expert * INTER
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-    for i0 in tl.range(0, INTER, BLOCK_I, warp_specialize=WARP_SPECIALIZE):
+    for i0 in tl.range(0, INTER, BLOCK_I):
         bgu = w13_desc.load([w13_row + 2 * i0, 0])  # [2*BLOCK_I, d], K-contiguous rows
         if UPCAST_DOT:
             gu = tl.dot(a, bgu.to(tl.float32).T, input_precision="ieee")
@@ -107,39 +101,13 @@ def fused_expert_tma_kernel(
     TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr,
-    PERSISTENT: tl.constexpr,
-    WHILE_LOOP: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EXPLICIT_RNE: tl.constexpr,
 ):
-    if PERSISTENT:
-        num_blocks = tl.load(num_padded_ptr) // BLOCK_M
-        if WHILE_LOOP:
-            # The interpreter cannot take tensor bounds in range() (it converts 1-element arrays to
-            # ints, which NumPy 2 rejects): the same walk as a while loop, same body.
-            blk = tl.program_id(0)
-            while blk < num_blocks:
-                _expert_block(
-                    blk, x_ptr, w13_desc, wd_desc, probs_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-                    num_tokens, num_routes, stride_xt, stride_xh,
-                    D, INTER, TOPK, BLOCK_M, BLOCK_I, WARP_SPECIALIZE, UPCAST_DOT, EXPLICIT_RNE,
-                )  # fmt: skip
-                blk += tl.num_programs(0)
-        else:
-            # A for loop on the GPU: Triton's Hopper pipeline flattens the nested loops, so the next
-            # block's first weight slices can be in flight during this block's epilogue.
-            for blk in range(tl.program_id(0), num_blocks, tl.num_programs(0)):
-                _expert_block(
-                    blk, x_ptr, w13_desc, wd_desc, probs_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-                    num_tokens, num_routes, stride_xt, stride_xh,
-                    D, INTER, TOPK, BLOCK_M, BLOCK_I, WARP_SPECIALIZE, UPCAST_DOT, EXPLICIT_RNE,
-                )  # fmt: skip
-    else:
-        blk = tl.program_id(0)
-        if blk * BLOCK_M < tl.load(num_padded_ptr):
-            _expert_block(
-                blk, x_ptr, w13_desc, wd_desc, probs_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-                num_tokens, num_routes, stride_xt, stride_xh,
-                D, INTER, TOPK, BLOCK_M, BLOCK_I, WARP_SPECIALIZE, UPCAST_DOT, EXPLICIT_RNE,
-            )  # fmt: skip
+    blk = tl.program_id(0)
+    if blk * BLOCK_M < tl.load(num_padded_ptr):
+        _expert_block(
+            blk, x_ptr, w13_desc, wd_desc, probs_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
+            num_tokens, num_routes, stride_xt, stride_xh,
+            D, INTER, TOPK, BLOCK_M, BLOCK_I, UPCAST_DOT, EXPLICIT_RNE,
+        )  # fmt: skip

@@ -1,192 +1,131 @@
-"""Per-platform tile table for the fused MoE GEMMs.
+"""The fused MoE's kernel variants and launch sizes, read from a :class:`magi2_core.plan.Plan`.
 
-Keyed by (device type, compute capability) and by how many routes each flat expert receives on
-average, because that decides the padding waste of a row block: at 512 tokens an expert sees ~12
-routes, so a 128-row block would be 90% padding and the call turns into wasted matrix work, while
-at 14,601 tokens (~340 routes per expert) big blocks keep the tensor cores fed.
+A plan names a ``variant``, a ``tile`` (its launch sizes, by name) and an ``align`` (how the routes
+reach the kernel); `plan.py` says which plan serves a problem, `fused.run_fused` launches it. This
+module is the plan's vocabulary as typed values, and the only place that reads a plan's ``tile``.
+
+Variants:
+
+* ``two_kernel``: `kernels.gemm1_swiglu7_kernel` then `kernels.gemm2_weighted_kernel`, the
+  intermediate through memory; every shape, every platform.
+* ``pointer``: `kernels.fused_expert_kernel`, both GEMMs in one program per row block with the
+  intermediate on chip; ``hidden`` a power of two and ``intermediate`` a multiple of ``BLOCK_I``.
+* ``tma``: `kernels_tma.py`, the same with weight slices through tensor descriptors (CUDA >= 9.0, a
+  Triton with host-side descriptors; the interpreter runs it on CPU).
+* ``gluon``, ``gluon_routed``, ``gluon_ws``: `kernels_gluon.py` / `kernels_gluon_ws.py`, the slice
+  loop software-pipelined by hand (Hopper, a Triton with Gluon): one program per aligned row block,
+  one per flat expert over unpadded route lists, or persistent and warp-specialised.
+
+Tile keys: the one-kernel variants take ``BLOCK_M``, ``BLOCK_I`` (intermediate slice), ``num_warps``
+and ``num_stages``; ``two_kernel`` takes ``BLOCK_M`` and, per GEMM ``g`` in 1, 2, ``BLOCK_N{g}``,
+``BLOCK_K{g}``, ``GROUP_M{g}``, ``num_warps{g}`` and ``num_stages{g}``. Both may add ``PACKED_W13``
+(1, the default: raw gate/up are read from their cached interleaved ``[F, 2I, d]`` bank; 0: as given)
+and the one-kernel variants ``INTERLEAVED`` (1, the default: one dot over the bank's interleaved
+gate/up columns; 0: two half-width dots). Prepared weights are a bank already and are read in place.
+
+Alignments: ``atomic`` (four kernels, routes in the order the atomics gave), ``stable_kernels`` (five
+kernels without atomics, each expert's routes in route order; CUDA), ``stable_torch`` (the stable
+order from torch ops) and ``lists`` (per-expert route lists, ``gluon_routed`` only).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from dataclasses import dataclass, replace
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-import torch
+from magi2_core.errors import InvalidValueError
+from magi2_core.plan import Plan
 
-# Kernel of the one-kernel path. "pointer": `kernels.fused_expert_kernel`, every platform. The
-# others are the Hopper variants of `kernels_tma.py` (weight slices through tensor descriptors),
-# for CUDA capability >= 9.0 only: "tma" one program per row block, "tma_ws" the same with a
-# warp-specialised slice loop, "tma_persistent" / "tma_persistent_ws" a machine-sized grid walking
-# the row blocks. "gluon" is `kernels_gluon.py`: the TMA kernel's operands with the slice loop
-# software-pipelined by hand (Hopper, Triton with Gluon); "gluon_routed" the same row-block body
-# with one program per flat expert reading unpadded route lists (`align.ExpertLists`: one scatter
-# kernel instead of the alignment's four); "gluon_ws" (`kernels_gluon_ws.py`) the aligned kernel,
-# persistent and warp-specialised: a loader warp and two independent 64-row consumer warpgroups.
-# The launchers reject a variant where the device or Triton lacks the feature.
-KernelVariant = Literal[
-    "pointer", "tma", "tma_ws", "tma_persistent", "tma_persistent_ws", "gluon", "gluon_routed", "gluon_ws"
-]
-KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
-    "pointer",
-    "tma",
-    "tma_ws",
-    "tma_persistent",
-    "tma_persistent_ws",
-    "gluon",
-    "gluon_routed",
-    "gluon_ws",
-)
+__all__ = ["ALIGNMENTS", "ONE_KERNEL", "VARIANTS", "Alignment", "GemmTile", "Launch", "SliceTile", "Variant",
+           "launch_of"]
+
+Variant = Literal["two_kernel", "pointer", "tma", "gluon", "gluon_routed", "gluon_ws"]
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
+ONE_KERNEL: tuple[Variant, ...] = VARIANTS[1:]
+TENSOR_DESCRIPTORS: tuple[Variant, ...] = ("tma", "gluon", "gluon_routed", "gluon_ws")  # always read the bank
+Alignment = Literal["atomic", "stable_kernels", "stable_torch", "lists"]
+ALIGNMENTS: tuple[Alignment, ...] = get_args(Alignment)
+
+_SLICE_KEYS = ("BLOCK_M", "BLOCK_I", "num_warps", "num_stages")
+_GEMM_KEYS = ("BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+_TWO_KEYS = ("BLOCK_M", *(f"{k}{g}" for g in (1, 2) for k in _GEMM_KEYS))
+_FLAGS = ("PACKED_W13", "INTERLEAVED")
 
 
 @dataclass(frozen=True)
 class GemmTile:
-    """One GEMM launch config (rows per block, output columns, reduction step, warps, stages)."""
+    """One GEMM of the two-kernel path (rows per block, output columns, reduction step, grouping, warps, stages)."""
 
     block_m: int
     block_n: int
     block_k: int
+    group_m: int
     num_warps: int
     num_stages: int
-    group_m: int = 8
 
 
 @dataclass(frozen=True)
-class MoETiles:
-    """Tiles for both GEMMs; they share block_m because they share the route alignment."""
+class SliceTile:
+    """The one-kernel path: rows per block, intermediate slice width, warps, pipeline stages."""
 
-    gemm1: GemmTile
-    gemm2: GemmTile
-    # True: GEMM1 reads the cached interleaved [F, 2I, d] bank; False: it reads w_gate/w_up as given.
-    packed_w13: bool = True
-    # When set (block_n = intermediate slice), both GEMMs run in one kernel and the intermediate
-    # stays on chip; used where d is a power of two and I a multiple of the slice.
-    single: GemmTile | None = None
-    # One-kernel path with the packed bank: one dot over the interleaved (gate, up) columns
-    # instead of two half-width dots.
-    interleaved_dot: bool = False
-    # Kernel of the one-kernel path (see KernelVariant); TMA variants always read the packed bank.
-    variant: KernelVariant = "pointer"
-    # Persistent variants: programs per SM (the grid is this times the SM count, at most one
-    # program per row block); sized so that the programs of one wave are resident together.
-    ctas_per_sm: int = 1
+    block_m: int
+    block_i: int
+    num_warps: int
+    num_stages: int
 
-    def __post_init__(self) -> None:
-        if self.gemm1.block_m != self.gemm2.block_m:
-            raise ValueError("gemm1 and gemm2 share the route alignment, so they need one block_m")
-        if self.variant not in KERNEL_VARIANTS:
-            raise ValueError(f"unknown MoE kernel variant {self.variant!r}; expected one of {KERNEL_VARIANTS}")
-        if self.ctas_per_sm < 1:
-            raise ValueError(f"ctas_per_sm must be >= 1; got {self.ctas_per_sm}")
+
+@dataclass(frozen=True)
+class Launch:
+    """A plan as the launcher reads it: exactly one of ``single`` (one-kernel variants) and ``gemms``."""
+
+    variant: Variant
+    align: Alignment
+    single: SliceTile | None
+    gemms: tuple[GemmTile, GemmTile] | None
+    packed_w13: bool
+    interleaved_dot: bool
 
     @property
     def block_m(self) -> int:
-        """Row block of the preferred path (the launcher falls back to gemm1's when needed)."""
-        return self.single.block_m if self.single is not None else self.gemm1.block_m
+        """The row block, which the route alignment pads each expert's routes to."""
+        if self.single is not None:
+            return self.single.block_m
+        assert self.gemms is not None
+        return self.gemms[0].block_m
 
 
-# Upstream #7206 tiles (H20 sweep, CUDA) and the MUSA k-tile; kept as the portable defaults.
-_UPSTREAM_CUDA = MoETiles(GemmTile(128, 128, 32, 4, 3, 16), GemmTile(128, 128, 32, 4, 3, 16))
-_UPSTREAM_MUSA = MoETiles(GemmTile(128, 128, 64, 16, 1, 16), GemmTile(128, 128, 64, 16, 1, 16))
-
-# (upper bound of mean routes per expert, tiles), first match wins. Picked from the sweeps on one
-# H200 (benchmarks/results/moe_h200.json, docs/moe-notes.md): the one-kernel path wins at every
-# measured size. Few routes per expert: 16-row blocks (padding is the cost, the call is a weight
-# stream); more routes: bigger blocks so each expert's weights stream through fewer programs.
-# The two-kernel tiles serve shapes the one-kernel path cannot take (d not a power of two, I not
-# a multiple of the slice).
-_TWO_SMALL = MoETiles(GemmTile(16, 32, 64, 4, 4), GemmTile(16, 64, 64, 4, 4))
-_TWO_MID = MoETiles(GemmTile(64, 128, 32, 4, 4), GemmTile(64, 128, 64, 4, 3), packed_w13=False)
-_TWO_LARGE = MoETiles(GemmTile(128, 128, 32, 8, 4), GemmTile(128, 256, 64, 8, 3))
-# Each row lists its tiles best first; the first whose kernel this Triton can build is used.
-_H200: tuple[tuple[float, tuple[MoETiles, ...]], ...] = (
-    # T=512 and T=2048: one Gluon program per expert over unpadded route lists (one scatter kernel,
-    # no row-block alignment; benchmarks/results/moe_sweep_pdl_h200.json: 0.366 ms against 0.376
-    # for the aligned Gluon kernel and 0.388 for the pointer kernel at 512; 0.387 against 0.394 and
-    # 0.401 at 2048).
-    (16.0, (
-        replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
-        replace(_TWO_SMALL, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon"),
-        replace(_TWO_SMALL, single=GemmTile(16, 32, 64, 4, 4)),
-    )),
-    (64.0, (
-        replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True, variant="gluon_routed"),
-        replace(_TWO_MID, packed_w13=True, single=GemmTile(64, 32, 64, 4, 3), interleaved_dot=True),
-    )),
-    # T=4096, 14601 and 12 heads at 4096, one 128-row tile: the persistent warp-specialised Gluon
-    # kernel, bit-equal to the others (moe_sweep_ws_persistent_h200.json: 0.432 / 1.145 / 1.712 ms
-    # against 0.447 / 1.283 / 1.813 for the 8-warp Gluon kernel), which was 1-4% faster than the TMA
-    # kernel (moe_sweep_gluon_h200.json), itself 3-5% faster than the pointer kernel
-    # (moe_sweep_h200.json). The per-expert kernel loses here (moe_sweep_pdl_h200.json): an expert
-    # with more than one row block runs them one after another in one program.
-    (float("inf"), tuple(
-        replace(_TWO_LARGE, single=GemmTile(128, 32, 64, 8, 3), interleaved_dot=True, variant=v)
-        for v in ("gluon_ws", "gluon", "tma", "pointer")
-    )),
-)  # fmt: skip
-
-# FP32 activations: IEEE FP32 dots (no tensor cores) with twice the bytes per element, so small
-# two-kernel tiles that stay well inside shared memory and registers on every target.
-_FP32 = MoETiles(GemmTile(32, 64, 32, 4, 2), GemmTile(32, 64, 32, 4, 2))
-
-# CPU runs only under TRITON_INTERPRET=1 (tests): small tiles, and the one-kernel interleaved path
-# (the H200 default) where the shape allows it: the interpreter pays per program, and this path
-# launches ~4x fewer than the two-kernel one (3 s against 12 s per conformance-kit call).
-_INTERPRETER = MoETiles(
-    GemmTile(16, 16, 16, 4, 1), GemmTile(16, 16, 16, 4, 1), single=GemmTile(16, 32, 16, 4, 1), interleaved_dot=True
-)
+def _bad(what: str, expected: str, actual: object) -> InvalidValueError:
+    return InvalidValueError("moe_experts", f"plan.{what}", expected, repr(actual))
 
 
-@functools.lru_cache(maxsize=1)
-def _has_descriptors() -> bool:
-    """Triton >= 3.4 ships host-side tensor descriptors; older ones keep the pointer kernel."""
-    return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+def launch_of(plan: Plan) -> Launch:
+    """Read ``plan``: an error names the field that does not fit the vocabulary above."""
+    if plan.variant not in VARIANTS:
+        raise _bad("variant", f"one of {', '.join(VARIANTS)}", plan.variant)
+    if plan.align not in ALIGNMENTS:
+        raise _bad("align", f"one of {', '.join(ALIGNMENTS)}", plan.align)
+    variant: Variant = plan.variant  # type: ignore[assignment]  # checked above
+    align: Alignment = plan.align  # type: ignore[assignment]
+    if (align == "lists") != (variant == "gluon_routed"):
+        raise _bad("align", "'lists' with gluon_routed, and only there", f"{align} with {variant}")
+    tile = plan.tile
+    keys = _TWO_KEYS if variant == "two_kernel" else _SLICE_KEYS
+    flags = _FLAGS[:1] if variant == "two_kernel" else _FLAGS
+    missing = [k for k in keys if k not in tile]
+    extra = sorted(set(tile) - set(keys) - set(flags))
+    if missing or extra:
+        raise _bad("tile", f"the keys {', '.join(keys)} (optional: {', '.join(flags)}) for {variant}", dict(tile))
+    if any(v < 1 for k, v in tile.items() if k not in _FLAGS) or any(tile.get(f, 1) not in (0, 1) for f in flags):
+        raise _bad("tile", "positive sizes and 0/1 flags", dict(tile))
+    packed, interleaved = bool(tile.get("PACKED_W13", 1)), bool(tile.get("INTERLEAVED", 1))
+    if variant != "two_kernel":
+        single = SliceTile(tile["BLOCK_M"], tile["BLOCK_I"], tile["num_warps"], tile["num_stages"])
+        return Launch(variant, align, single, None, packed, interleaved)
+    g1, g2 = (GemmTile(tile["BLOCK_M"], *(tile[f"{k}{g}"] for k in _GEMM_KEYS)) for g in (1, 2))
+    return Launch(variant, align, None, (g1, g2), packed, False)
 
 
-def _has_gluon() -> bool:
-    """This Triton builds the Gluon kernel (its Hopper API as the kernel uses it)."""
-    from .gluon import gluon_import_error  # the launcher imports this module
-
-    return gluon_import_error() is None
-
-
-def _buildable(tiles: MoETiles, shape: tuple[int, int] | None) -> bool:
-    """This Triton builds the tiles' kernel, and (Gluon) the kernel takes ``shape`` = (d, I)."""
-    if tiles.variant == "pointer":
-        return True
-    if not tiles.variant.startswith("gluon"):
-        return _has_descriptors()
-    if not _has_gluon():
-        return False
-    from .gluon import gluon_shape_reason
-
-    assert tiles.single is not None
-    return shape is None or gluon_shape_reason(shape[0], shape[1], torch.bfloat16, tiles.single, tiles.variant) is None
-
-
-def select_tiles(
-    device_type: str,
-    capability: tuple[int, int] | None,
-    routes_per_expert: float,
-    *,
-    wide: bool = False,
-    shape: tuple[int, int] | None = None,
-) -> MoETiles:
-    """Pick the tiles for one call; a host-side decision from shapes only (no device sync).
-
-    ``wide``: 4-byte (FP32) activations; 2-byte ones (BF16, FP16) share the measured table.
-    ``shape``: the call's (d, I); a table entry whose kernel cannot take it is passed over (None:
-    the production shape is assumed, as the benchmarks do).
-    """
-    if device_type == "cpu":
-        return _INTERPRETER
-    if wide:
-        return _FP32
-    if device_type == "musa":
-        return _UPSTREAM_MUSA
-    if device_type == "cuda" and capability is not None and capability[0] == 9:
-        for bound, choices in _H200:
-            if routes_per_expert <= bound:
-                return next(t for t in choices if _buildable(t, shape))  # every row ends with a pointer tile
-    return _UPSTREAM_CUDA
+def tile_flags(tile: Mapping[str, int]) -> dict[str, int]:
+    """``tile`` without its layout flags (the sizes alone)."""
+    return {k: v for k, v in tile.items() if k not in _FLAGS}

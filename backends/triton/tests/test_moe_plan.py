@@ -1,0 +1,354 @@
+"""The fused MoE's plan as data (moe/plan.py): every shipped row, the device match, the launcher, explain.
+
+The rows must repeat the choices the launcher made before they existed: `_previous_choice` below is
+that decision as it was written then (the tile table and the launcher's five overrides), and every
+shipped row must be the plan of some problem of a grid on which plan and previous choice agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from magi2_backend_reference.moe import exact_moe_experts
+from magi2_backend_triton.moe import MoEState, gluon, tma
+from magi2_backend_triton.moe import plan as mp
+from magi2_backend_triton.moe.fused import call_problem, run_fused, run_plan
+from magi2_backend_triton.moe.tiles import SliceTile
+from magi2_backend_triton.providers import triton_moe_experts
+from test_moe_fused import INTERPRET, assert_within_one_ulp, make_moe, two_kernel_plan
+from typer.testing import CliRunner
+
+from magi2_core.cli import app
+from magi2_core.errors import InvalidValueError
+from magi2_core.plan import Plan
+from magi2_core.problem import Feature, Problem
+from magi2_core.provider import Planned
+
+H200 = mp.DeviceId("cuda", "NVIDIA H200", (9, 0))
+H20 = mp.DeviceId("cuda", "NVIDIA H20", (9, 0))
+DEVICES = {
+    "h200": H200,
+    "h20": H20,  # an unknown 9.x device: the generic 9.x rows
+    "h200-other-capability": mp.DeviceId("cuda", "NVIDIA H200", (9, 1)),  # name alone does not match
+    "a100": mp.DeviceId("cuda", "NVIDIA A100-SXM4-80GB", (8, 0)),
+    "cuda-unknown": mp.DeviceId("cuda", None, None),  # explain --device cuda on a host without one
+    "musa": mp.DeviceId("musa", "MTT S5000", None),
+    "cpu": mp.DeviceId("cpu", None, None),
+}
+
+
+# ---- the previous decision, as the launcher wrote it ---------------------------------------------
+
+def _gemm(bm: int, bn: int, bk: int, w: int, s: int, g: int = 8) -> tuple[int, ...]:
+    return bm, bn, bk, w, s, g
+
+
+def _tiles(g1: tuple[int, ...], g2: tuple[int, ...], *, packed: bool = True, single: tuple[int, ...] | None = None,
+           inter: bool = False, variant: str = "pointer") -> dict[str, Any]:
+    return {"g1": g1, "g2": g2, "packed": packed, "single": single, "inter": inter, "variant": variant}
+
+
+_UPSTREAM_CUDA = _tiles(_gemm(128, 128, 32, 4, 3, 16), _gemm(128, 128, 32, 4, 3, 16))
+_UPSTREAM_MUSA = _tiles(_gemm(128, 128, 64, 16, 1, 16), _gemm(128, 128, 64, 16, 1, 16))
+_SMALL, _MID = (_gemm(16, 32, 64, 4, 4), _gemm(16, 64, 64, 4, 4)), (_gemm(64, 128, 32, 4, 4), _gemm(64, 128, 64, 4, 3))
+_LARGE = (_gemm(128, 128, 32, 8, 4), _gemm(128, 256, 64, 8, 3))
+_H200 = (
+    (16.0, [_tiles(*_SMALL, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
+            _tiles(*_SMALL, single=(64, 32, 4, 3), inter=True, variant="gluon"),
+            _tiles(*_SMALL, single=(16, 32, 4, 4))]),
+    (64.0, [_tiles(*_MID, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
+            _tiles(*_MID, single=(64, 32, 4, 3), inter=True)]),
+    (math.inf, [_tiles(*_LARGE, single=(128, 32, 8, 3), inter=True, variant=v) for v in ("gluon_ws", "gluon", "tma",
+                                                                                        "pointer")]),
+)
+_FP32 = _tiles(_gemm(32, 64, 32, 4, 2), _gemm(32, 64, 32, 4, 2))
+_INTERPRETER = _tiles(_gemm(16, 16, 16, 4, 1), _gemm(16, 16, 16, 4, 1), single=(16, 32, 4, 1), inter=True)
+
+
+def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has_desc: bool) -> tuple[Any, ...]:
+    """(variant, tile, align) as `tiles.select_tiles` and `fused.run_fused` chose them before plan rows."""
+    t, hl, e, k, d, i = (problem.tokens, problem.num_heads, problem.num_experts, problem.top_k, problem.hidden,
+                         problem.intermediate)
+    assert None not in (t, hl, e, k, d, i)
+    det = Feature.DETERMINISTIC in problem.features
+    interp = device.type == "cpu"
+
+    def buildable(tiles: dict[str, Any]) -> bool:
+        if tiles["variant"] == "pointer":
+            return True
+        if not tiles["variant"].startswith("gluon"):
+            return has_desc
+        return has_gluon and gluon.gluon_shape_reason(d, i, torch.bfloat16, SliceTile(*tiles["single"]),
+                                                      tiles["variant"]) is None
+
+    if device.type == "cpu":
+        tiles = _INTERPRETER
+    elif problem.dtype == "float32":
+        tiles = _FP32
+    elif device.type == "musa":
+        tiles = _UPSTREAM_MUSA
+    elif device.type == "cuda" and device.capability is not None and device.capability[0] == 9:
+        rpe = t * k / e
+        tiles = next(next(c for c in choices if buildable(c)) for bound, choices in _H200 if rpe <= bound)
+    else:
+        tiles = _UPSTREAM_CUDA
+    single = tiles["single"]
+    if single is not None and (d & (d - 1) != 0 or i % single[1] != 0):
+        single = None
+    tma_path = single is not None and tiles["variant"] != "pointer"  # eager, raw weights: the bank exists
+    variant = tiles["variant"]
+    if variant == "gluon_routed" and (det or 4 * hl * e * t * k > mp.LIST_BUDGET):
+        variant = "gluon"
+    if not (device.type == "cuda" and not interp):
+        align = "stable_torch" if det else "atomic"
+    else:
+        align = "stable_kernels" if det or hl * e <= mp.STABLE_KERNELS_MAX_EXPERTS else "atomic"
+    if tma_path and variant == "gluon_routed":
+        align = "lists"
+    if single is None:
+        g1, g2 = tiles["g1"], tiles["g2"]
+        tile = {"BLOCK_M": g1[0]} | {f"{key}{n}": v for n, g in ((1, g1), (2, g2))
+                                     for key, v in zip(("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "GROUP_M"),
+                                                       g[1:], strict=True)}
+        return "two_kernel", tile | {"PACKED_W13": int(tiles["packed"])}, align
+    tile = dict(zip(("BLOCK_M", "BLOCK_I", "num_warps", "num_stages"), single, strict=True))
+    return (variant if tma_path else "pointer"), tile | {"PACKED_W13": int(tiles["packed"]),
+                                                         "INTERLEAVED": int(tiles["inter"])}, align
+
+
+def _normal(plan: Plan) -> tuple[Any, ...]:
+    flags = {"PACKED_W13": 1} | ({} if plan.variant == "two_kernel" else {"INTERLEAVED": 1})
+    return plan.variant, flags | plan.tile, plan.align
+
+
+@pytest.fixture
+def off_interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Decide as on a real device: no interpreter, and this Triton's Gluon and descriptors as the test says."""
+    def setup(interpreting: bool, has_gluon: bool, has_desc: bool) -> None:
+        for module in (mp, gluon, tma):
+            monkeypatch.setattr(module, "interpreting" if module is mp else "_interpreting", lambda: interpreting)
+        monkeypatch.setattr(gluon, "gluon_import_error", lambda: None if has_gluon else "no Gluon in this Triton")
+        monkeypatch.setattr(tma, "_HAS_DESCRIPTORS", has_desc)
+
+    yield setup
+
+
+def _grid(device: mp.DeviceId) -> Iterator[Problem]:
+    shapes = [(256, 1280), (128, 96), (32, 48), (192, 1280), (64, 80), (128, 64)]
+    sizes = [(3, 256, 6), (12, 256, 6), (1, 8, 3), (2, 64, 2)]
+    for dtype in ("bfloat16", "float16", "float32"):
+        for det in (False, True):
+            for d, i in shapes:
+                for hl, e, k in sizes:
+                    for t in (1, 29, 512, 682, 683, 2048, 2730, 2731, 4096, 14601):
+                        yield Problem(op="moe_experts", device_type=device.type, dtype=dtype, tokens=t, num_heads=hl,
+                                      num_experts=e, top_k=k, hidden=d, intermediate=i,
+                                      features=frozenset({Feature.DETERMINISTIC} if det else ()))
+
+
+def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(off_interpreter: Any) -> None:
+    reached: set[tuple[str, int]] = set()
+    for label, device in DEVICES.items():
+        rows, source = mp.rows_for(device)
+        frag = mp.fragment_for(device, mp.shipped_fragments())
+        for has_gluon, has_desc in ((True, True), (False, True), (False, False)):
+            off_interpreter(device.type == "cpu", has_gluon, has_desc)
+            for problem in _grid(device):
+                plan, _ = mp.plan_for(problem, device, rows, source)
+                expected = _previous_choice(device, problem, has_gluon, has_desc)
+                assert _normal(plan) == expected, (label, has_gluon, has_desc, problem, plan.why)
+                row = int(plan.why.split("; row ")[1].split(" ")[0])
+                assert rows[row - 1].plan.variant == plan.variant
+                reached.add((frag.name, row))
+    shipped = {(f.name, i) for f in mp.shipped_fragments() for i in range(1, len(f.rows) + 1)}
+    assert shipped - reached == set(), "shipped rows no problem reaches"
+
+
+def test_a_device_matches_its_named_fragment_by_name_and_capability_else_the_generic_rows() -> None:
+    names = {label: mp.fragment_for(dev, mp.shipped_fragments()).name for label, dev in DEVICES.items()}
+    assert names == {"h200": "nvidia-h200", "h20": "generic-cuda-sm90", "h200-other-capability": "generic-cuda-sm90",
+                     "a100": "generic-cuda", "cuda-unknown": "generic-cuda", "musa": "generic-musa",
+                     "cpu": "generic-cpu"}
+    _, measured = mp.rows_for(H200)
+    _, generic = mp.rows_for(H20)
+    assert "measured on this device model" in measured and "magi2 tune" not in measured
+    assert "no rows measured for cuda 'NVIDIA H20' 9.0" in generic and "magi2 tune" in generic
+
+
+def test_the_generic_sm90_rows_repeat_the_h200_rows_with_their_own_provenance() -> None:
+    frags = {f.name: f for f in mp.shipped_fragments()}
+    h200, generic = frags["nvidia-h200"].rows, frags["generic-cuda-sm90"].rows
+    assert [(r.when, r.plan) for r in h200] == [(r.when, r.plan) for r in generic]
+    assert all(r.provenance["kind"] == "policy" for r in generic)
+
+
+def test_a_fragment_with_a_malformed_row_is_refused_naming_the_row() -> None:
+    data = json.loads((mp.resources.files("magi2_backend_triton") / "profiles" / "generic-cpu.json").read_text())
+    assert mp.load_fragment(data, "x.json").rows  # as shipped
+    data["plans"][1]["plan"]["tile"].pop("BLOCK_K2")
+    data["plans"].append({"op": "rmsnorm", "provider": "triton", "plan": {}})  # another op's row: not read
+    with pytest.raises(ValueError, match=r"x\.json: plans row 2: .*BLOCK_K2"):
+        mp.load_fragment(data, "x.json")
+    with pytest.raises(ValueError, match="not a magi2-profile version 1"):
+        mp.load_fragment(data | {"version": 2}, "x.json")
+
+
+def _h200_problem(tokens: int, heads: int = 3, deterministic: bool = False) -> Problem:
+    return Problem(op="moe_experts", device_type="cuda", dtype="bfloat16", tokens=tokens, num_heads=heads,
+                   num_experts=256, top_k=6, hidden=256, intermediate=1280,
+                   features=frozenset({Feature.DETERMINISTIC} if deterministic else ()))
+
+
+@pytest.mark.parametrize(("tokens", "heads", "det", "variant", "align"), [
+    (512, 3, False, "gluon_routed", "lists"), (512, 3, True, "gluon", "stable_kernels"),
+    (2048, 3, False, "gluon_routed", "lists"), (2048, 12, False, "gluon", "atomic"),  # 151 MB of lists; 3072 experts
+    (4096, 3, False, "gluon_ws", "stable_kernels"), (14601, 3, True, "gluon_ws", "stable_kernels"),
+    (4096, 12, False, "gluon_ws", "atomic"),
+])  # fmt: skip
+def test_the_h200_production_plans(
+    off_interpreter: Any, tokens: int, heads: int, det: bool, variant: str, align: str
+) -> None:
+    off_interpreter(False, True, True)
+    plan, _ = mp.plan_for(_h200_problem(tokens, heads, det), H200, *mp.rows_for(H200))
+    assert (plan.variant, plan.align) == (variant, align)
+    if (tokens, heads) == (2048, 12):
+        assert "route lists need" in plan.why and "atomic kernels are faster" in plan.why
+
+
+def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    off_interpreter(False, True, True)
+    monkeypatch.setattr(mp, "LIST_BUDGET", 4 * 768 * 512 * 6 - 1)  # one byte short at T = 512, 3 heads
+    plan, _ = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))
+    assert plan.variant == "gluon" and "row 2 (gluon_routed): its route lists need" in plan.why
+
+
+def test_the_capture_step_reads_raw_weights_in_place(off_interpreter: Any) -> None:
+    off_interpreter(False, True, True)
+    problem = _h200_problem(512)
+    plan, _ = mp.plan_for(problem, H200, *mp.rows_for(H200))
+    captured, launch = mp.without_bank(plan, problem, H200)
+    assert (captured.variant, captured.align) == ("pointer", "stable_kernels")
+    assert captured.tile == plan.tile | {"PACKED_W13": 0, "INTERLEAVED": 0} and not launch.packed_w13
+    assert captured.why.startswith(plan.why) and "CUDA-graph capture" in captured.why
+    two = two_kernel_plan(align="atomic")
+    assert mp.without_bank(two, problem, H200)[0].tile == two.tile | {"PACKED_W13": 0}
+    bare = two_kernel_plan(align="atomic", PACKED_W13=0)
+    assert mp.without_bank(bare, problem, H200)[0] is bare  # nothing to change
+
+
+# ---- on the CPU, through the interpreter -----------------------------------------------------------
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+def test_run_fused_follows_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    from magi2_backend_triton.moe import fused
+
+    x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 64, 2)
+    problem = call_problem(x, idx, wg, False)
+    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
+    assert run.plan == triton_moe_experts.plan(problem)
+    assert run.buffers is not None and run.buffers.block_m == run.plan.tile["BLOCK_M"] and run.inter is None
+    # other rows, other kernels: the launcher runs what the rows say
+    row = mp.PlanRow(plan=mp.RowPlan(variant="two_kernel", tile=two_kernel_plan(bm=32).tile, align="device"), why="t")
+    monkeypatch.setattr(fused, "rows_for", lambda device: ((row,), "test rows"))
+    fused._planned.cache_clear()
+    try:
+        run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
+    finally:
+        fused._planned.cache_clear()
+    assert run.plan is not None and run.plan.variant == "two_kernel" and run.plan.why.startswith("test rows; row 1")
+    assert run.inter is not None and run.buffers is not None and run.buffers.block_m == 32
+    assert_within_one_ulp(run.y, exact_moe_experts(x, probs, idx, wg, wu, wd))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_plan_candidates_all_run_and_meet_the_contract(deterministic: bool) -> None:
+    # The CPU's rows, and the H200's rows decided for the CPU (the kernels the interpreter runs: pointer
+    # tiles of 16, 64 and 128 rows, the TMA kernel where this Triton has descriptors, two-kernel tiles).
+    x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 64, 2)
+    problem = call_problem(x, idx, wg, deterministic)
+    cpu = mp.device_id("cpu", None)
+    plans = list(triton_moe_experts.plan_candidates(problem))
+    assert plans[0] == triton_moe_experts.plan(problem)
+    h200_rows = mp.rows_for(H200)[0]
+    plans += mp.candidates_for(problem, cpu, h200_rows, "h200 rows")[1:]
+    kinds = {(p.variant, tuple(sorted(p.tile.items())), p.align) for p in plans}
+    assert len(kinds) == len(plans) >= 6
+    assert {p.variant for p in plans} >= {"pointer", "two_kernel"}
+    assert all(p.align == ("stable_torch" if deterministic else "atomic") for p in plans)
+    ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
+    for plan in plans:
+        assert mp.plan_reason(plan, problem, cpu) is None
+        assert_within_one_ulp(run_plan(x, probs, idx, wg, wu, wd, plan, deterministic=deterministic), ref)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+def test_run_plan_refuses_a_plan_that_cannot_serve_the_call() -> None:
+    x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 48, 2)
+    with pytest.raises(InvalidValueError, match="deterministic mode needs a stable route order"):
+        run_plan(x, probs, idx, wg, wu, wd, two_kernel_plan(align="atomic"), deterministic=True)
+    pointer = Plan(variant="pointer", tile={"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 1},
+                   align="atomic", why="t")
+    with pytest.raises(InvalidValueError, match="intermediate a multiple of BLOCK_I 32"):
+        run_plan(x, probs, idx, wg, wu, wd, pointer)
+    with pytest.raises(InvalidValueError, match="stable alignment kernels run on CUDA"):
+        run_plan(x, probs, idx, wg, wu, wd, two_kernel_plan(align="stable_kernels"))
+    with pytest.raises(InvalidValueError, match=r"plan\.tile"):
+        run_plan(x, probs, idx, wg, wu, wd, Plan(variant="two_kernel", tile={"BLOCK_M": 16}, align="atomic", why=""))
+
+
+def test_the_kernel_object_is_planned() -> None:
+    assert isinstance(triton_moe_experts, Planned)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize("json_out", [False, True])
+def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
+    args = ["explain", "moe_experts", "--device", "cpu", "--tokens", "29", "--moe-heads", "2", "--experts", "8",
+            "--top-k", "3", "--hidden", "32", "--intermediate", "48", "--provider", "triton"]
+    result = CliRunner().invoke(app, args + (["--json"] if json_out else []))
+    assert result.exit_code == 0, result.output
+    if json_out:
+        plan = json.loads(result.output)["plan"]
+        assert plan["variant"] == "two_kernel" and "passed over row 1 (pointer)" in plan["why"]
+    else:
+        assert "plan (triton): two_kernel (BLOCK_M=16, " in result.output
+        assert "why: generic rows generic-cpu" in " ".join(result.output.split())
+
+
+def test_the_moe_modules_import_one_another_without_a_cycle() -> None:
+    # Every import between the package's modules, at module level or inside a function, relative or
+    # absolute: the graph must be acyclic (tiles.py once imported gluon.py, which imports tiles.py).
+    import ast
+    import graphlib
+    from pathlib import Path
+
+    import magi2_backend_triton.moe as pkg
+
+    folder = Path(pkg.__file__).parent
+    names = {p.stem for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level == 1 or mod.startswith("magi2_backend_triton.moe"):
+                    head = mod.removeprefix("magi2_backend_triton.moe").lstrip(".").split(".")[0]
+                    deps |= {head} if head else {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+                deps |= {a.value.lstrip(".") for a in node.args if isinstance(a, ast.Constant)} & names
+        graph[path.stem] = deps & names - {path.stem}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+    assert "gluon" not in graph["tiles"] and "plan" in graph["fused"]
