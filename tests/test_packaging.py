@@ -49,7 +49,12 @@ def test_every_package_has_py_typed_and_declares_it_as_package_data(package: str
     assert (ROOT / package / "py.typed").is_file()
     where = ROOT if package == "magi2_core" else ROOT / package.split("/src/")[0]
     package_data = tomllib.loads((where / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert package_data[package.rsplit("/", 1)[-1]] == ["py.typed"]
+    declared = package_data[package.rsplit("/", 1)[-1]]
+    assert declared[0] == "py.typed" and set(declared) <= {"py.typed", "profiles/*.json"}
+    if "profiles/*.json" in declared:  # device profiles (fragments) are package data too, and exist
+        assert list((ROOT / package / "profiles").glob("*.json")), package
+    if package == "magi2_core":
+        assert "profiles/*.json" in declared
 
 
 def _declared_core_api(backend: str) -> str:

@@ -172,7 +172,7 @@ def fragment_from_resource(backend: str, resource: str) -> Fragment:
         text = resources.files(package).joinpath(path).read_text(encoding="utf-8")
     except (ModuleNotFoundError, OSError) as exc:
         raise ProfileError(resource, f"cannot read it: {type(exc).__name__}: {exc}") from None
-    return Fragment(loads_profile(text, resource), resource, backend)
+    return Fragment(loads_profile(text, resource), f"{backend} ({resource})", backend)
 
 
 def _file(path: str) -> Profile:
