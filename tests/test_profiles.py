@@ -413,3 +413,20 @@ def test_the_example_plugin_ships_a_fragment_through_its_entry_point() -> None:
     assert (res.chosen, res.decided_by) == ("example_fpga", "profile"), res.explain()
     assert res.preference is not None and res.preference.id == "example-fpga-tiles"
     assert res.profile is not None and res.profile.name == "generic-fpga" and "magi2-backend-example" in res.profile.origin
+
+
+def test_cli_explain_names_the_profile_in_text_and_json(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from magi2_core.cli import app
+
+    _device(monkeypatch, *H200)
+    args = ["explain", "attention", "--device", "cuda", "--tokens", "512", "--max-seqlen-q", "256", "--segments", "2"]
+    text = CliRunner().invoke(app, args).stdout
+    assert "profile: nvidia-h200 (shipped: magi2_core/profiles/nvidia-h200.json" in text
+    assert "preference h200-short-work-2048x1024" in text and "benchmarks/results/attention_h200.json" in text
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert data["profile"]["name"] == "nvidia-h200" and data["preference"]["id"] == "h200-short-work-2048x1024"
+    _device(monkeypatch, None, None)
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert data["profile"]["source"] == "generic" and data["preference"] is None
