@@ -3,7 +3,8 @@
 Backends are found under the entry-point group ``magi2_core.backends``. Each one is loaded in
 isolation: an entry point that fails to import, fails pluggy's hook validation, returns an invalid
 spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
-with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others.
+with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others;
+so is one whose device-profile fragments (``BackendSpec.profiles``) cannot be read or are not valid.
 The exact reference is bound by distribution and entry point, not by name: the ``reference`` entry
 point of ``magi2-backend-reference`` (the core's own dependency) loads first, and any other backend
 that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
