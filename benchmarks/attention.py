@@ -2,7 +2,7 @@
 
 MAGI-2 shapes: 24 heads x 128, bf16, non-causal, segments [32768], [8192]x4, [14601]x2, plus a
 short-sequence sweep (single segments and many tiny ones) that locates the crossover where torch's
-own ``varlen_attn`` (provider ``torch_varlen``) beats FA3: the fa3 descriptor's short-sequence rule.
+own ``varlen_attn`` (provider ``torch_varlen``) beats FA3: the short-work preferences of the H200 profile.
 
 Two timings per variant, calls alternating between variants in the same run:
 * ``event``: device events around one call, a 256 MiB buffer zeroed before each (L2 flush, outside
@@ -44,8 +44,9 @@ SHORT = {
 
 def ensure_backends() -> None:
     """Register the reference and FA3 backends when they are on the path but not pip-installed, plus
-    ``fa3_norules``: the same kernel with the short-work rules stripped and priority -1 (never chosen
-    by priority), so the public API can time FA3 where the rules send the resolved call elsewhere."""
+    ``fa3_norules``: the same kernel at priority -1 (never chosen by priority) with no rules, so the
+    public API times FA3 where the profile sends the resolved call elsewhere (the name matches the
+    earlier results, from when the short-work rules lived in FA3's descriptor)."""
     import magi2_backend_cuda_fa3.plugin as fa3_plugin
     import magi2_backend_reference.plugin as ref_plugin
 
@@ -159,15 +160,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     ensure_backends()
-    from magi2_backend_cuda_fa3.plugin import SHORT_SEQUENCE_RULES
     from magi2_backend_cuda_fa3.provider import fa3_attention
+
+    from magi2_core.profiles import active_profile
 
     t0 = time.time()
     results: dict[str, Any] = {
         **env_record(),
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
         "sink_correction": fa3_attention.sink_correction.name, "sink_correction_detail": fa3_attention.sink_correction.detail,
-        "rules_in_descriptor": [r.model_dump(mode="json") for r in SHORT_SEQUENCE_RULES], "heads": H, "head_dim": D,
+        "profile": active_profile("cuda").note.model_dump(mode="json"),
+        "preferences": [r.model_dump(mode="json") for r in active_profile("cuda").profile.preferences
+                        if r.op == "attention"], "heads": H, "head_dim": D,
         "dtype": "bfloat16", "loop_calls": LOOP, "long": {}, "short": {},
     }  # fmt: skip
     for i, (name, lengths) in enumerate(LONG.items()):

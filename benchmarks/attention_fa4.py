@@ -2,14 +2,14 @@
 
 One run puts side by side, for each shape (24 heads x 128, bf16, non-causal, one FP32 sink row):
 
-* ``resolved_sink`` / ``resolved_nosink``: ``magi2_core.attention`` as resolved (every rule applies);
+* ``resolved_sink`` / ``resolved_nosink``: ``magi2_core.attention`` as resolved (the profile applies);
 * ``raw_fa3``: FA3's varlen without a sink, the baseline the ratios divide by;
 * ``fa3_fused_sink``: the fa3 kernel object with the sink = FA3 + the fused Triton correction;
 * ``raw_fa4_sink`` / ``raw_fa4``: FA4's varlen with ``learnable_sink = Ls`` / without a sink;
 * ``fa4_sink``: the fa4 kernel object with the sink (the ``Ls`` reduction + FA4);
 * ``api_fa3_sink`` / ``api_fa4_sink``: the same through ``magi2_core.attention(provider=...)`` with
-  the rules stripped (``*_norules``), so both pay the same validation and dispatch;
-* short shapes also ``raw_varlen`` (torch's ``varlen_attn``), the target of the short-work rules.
+  no rules (``*_norules``), so both pay the same validation and dispatch;
+* short shapes also ``raw_varlen`` (torch's ``varlen_attn``), the target of the short-work preferences.
 
 Shapes: long packs [32768], [8192]x4, [14601]x2; short packs 16x256, 8x1024, 2x2048; single segments
 [342], [1024], [2048], [4096], [8192]. Timing as in ``benchmarks/attention.py``: ``event`` (one call,
@@ -19,8 +19,10 @@ from FA4's persistent cache when ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``) a
 
     python -m benchmarks.attention_fa4 [--quick] [--out benchmarks/results/attention_fa4_h200.json]
 
-The resolver rules this re-measures: ``fa3-fa4-sink-*`` (magi2-backend-cuda-fa3, ``FA4_SINK_LIMITS``:
-FA3 stands aside for FA4 with a sink on short packs) and ``fa4-short-work-*`` (magi2-backend-cuda-fa4).
+The device-profile preferences this re-measures (magi2_core/profiles/nvidia-h200.json):
+``h200-fa4-sink-*`` (FA4's native sink preferred on short packs) and ``h200-short-work-*`` (torch
+varlen preferred on small sink-free work); ``preferences`` in the results lists the active profile's
+attention rows.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ ENV_KEYS = ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_
 
 def ensure_backends() -> None:
     """Register reference, FA3 and FA4 when on the path but not pip-installed, plus ``fa3_norules`` and
-    ``fa4_norules``: the same kernels with their rules stripped and priority -1 (never chosen by
-    priority), so the public API can time each where the rules send the resolved call elsewhere."""
+    ``fa4_norules``: the same kernels at priority -1 (never chosen by priority) with no rules, so the
+    public API can time each where the profile sends the resolved call elsewhere (the names match the
+    earlier results, from when the speed rules lived in the descriptors)."""
     import magi2_backend_cuda_fa3.plugin as fa3_plugin
     import magi2_backend_cuda_fa4.plugin as fa4_plugin
     import magi2_backend_reference.plugin as ref_plugin
@@ -187,7 +190,7 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
     for timing in ("event_ms", "loop_ms"):
         p50 = {n: s["p50"] for n, s in out[timing].items()}
         out[f"over_raw_fa3_{timing}"] = {n: t / p50["raw_fa3"] for n, t in p50.items()}
-        # the choice the fa3-fa4-sink rules make: FA4's native sink vs FA3 + the fused correction
+        # the choice the fa4-sink preferences make: FA4's native sink vs FA3 + the fused correction
         best = "fa4_sink" if p50["fa4_sink"] < p50["fa3_fused_sink"] else "fa3_fused_sink"
         picked = "fa4_sink" if out["resolution_sink"]["chosen"] == "fa4" else "fa3_fused_sink"
         out[f"sink_winner_{timing}"] = {"best": best, "resolved": picked, "fa4_over_fa3_fused":
@@ -212,10 +215,10 @@ def main() -> None:
     ap.add_argument("--jit-only", action="store_true", help="only the first-call / cached-call JIT costs")
     args = ap.parse_args()
     ensure_backends()
-    from magi2_backend_cuda_fa3.plugin import FA4_SINK_RULES
     from magi2_backend_cuda_fa3.provider import fa3_attention
     from magi2_backend_cuda_fa4.discovery import dist_version
-    from magi2_backend_cuda_fa4.plugin import SHORT_WORK_RULES
+
+    from magi2_core.profiles import active_profile
 
     t0 = time.time()
     results: dict[str, Any] = {
@@ -225,8 +228,9 @@ def main() -> None:
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
         "sink_correction": fa3_attention.sink_correction.name, "git_commit": _commit(),
         "env": {key: os.environ.get(key) for key in ENV_KEYS}, "heads": H, "head_dim": D, "dtype": "bfloat16",
-        "rules": {"fa3_fa4_sink": [r.model_dump(mode="json") for r in FA4_SINK_RULES],
-                  "fa4_short_work": [r.model_dump(mode="json") for r in SHORT_WORK_RULES]},
+        "profile": active_profile("cuda").note.model_dump(mode="json"),
+        "preferences": [r.model_dump(mode="json") for r in active_profile("cuda").profile.preferences
+                        if r.op == "attention"],
         "jit": jit_costs(5),
     }  # fmt: skip
     if not args.jit_only:

@@ -40,12 +40,16 @@ class Provenance(BaseModel):
 
     model_config = _Frozen
 
-    kind: Literal["benchmark", "upstream", "hardware", "policy"]
+    kind: Literal["benchmark", "tune", "upstream", "hardware", "policy"]
     source: str = Field(description="a results file, a PR, a datasheet or a document section")
     note: str = ""
+    date: str = Field("", description="when it was measured (ISO date), where known")
+    tool: str = Field("", description="what measured it (a benchmark script, `magi2 tune`), where known")
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.source}" + (f" ({self.note})" if self.note else "")
+        when = f", {self.date}" if self.date else ""
+        by = f", by {self.tool}" if self.tool else ""
+        return f"{self.kind}: {self.source}{when}{by}" + (f" ({self.note})" if self.note else "")
 
 
 class Condition(BaseModel):

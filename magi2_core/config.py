@@ -30,6 +30,7 @@ __all__ = [
     "effective",
     "fraction",
     "get",
+    "looks_like_path",
     "name_list",
     "on_reload",
     "provider_name",
@@ -152,6 +153,32 @@ def _provider(raw: str) -> str:
 
 provider_name: _Parser[str] = _Parser("one provider name (`magi2 backends` lists them)", _provider)
 
+
+def looks_like_path(value: str) -> bool:
+    """A ``MAGI2_PROFILE`` value that names a file rather than a profile."""
+    return value.endswith(".json") or "/" in value or os.sep in value or value.startswith("~")
+
+
+def _profile(raw: str) -> str:
+    value = raw.strip()
+    if value.lower() == "generic":
+        return "generic"
+    if looks_like_path(value):
+        from magi2_core.profiles.model import load_profile  # here: profiles import this module
+
+        path = os.path.abspath(os.path.expanduser(value))
+        load_profile(path)  # a ProfileError (a ValueError) names the file and the field
+        return path
+    if not all(c.isalnum() or c in "._-" for c in value):
+        raise ValueError("neither a profile name nor a path to a .json file")
+    return value
+
+
+profile_choice: _Parser[str] = _Parser(
+    "`generic`, the name of a shipped profile (`magi2 tune --show` lists the active one), or the path of a "
+    "profile file (.json)", _profile
+)
+
 _PROVIDER_DOC = (
     "Force the {what} provider for every call, unless a `provider=` argument or `magi2_core.use(...)` "
     "names one. An unknown name raises listing the installed ones; a forced provider that cannot serve a "
@@ -194,6 +221,16 @@ _DECLARED: tuple[Variable[Any], ...] = (
     *(
         Variable(f"MAGI2_{key.upper()}_PROVIDER", None, _PROVIDER_DOC.format(what=what), provider_name)
         for key, what in _PROVIDER_KEYS
+    ),
+    Variable(
+        "MAGI2_PROFILE",
+        None,
+        "The device profile that orders the eligible providers (docs/profiles.md), for calls on its device "
+        "type: a profile file, a shipped profile by name, or `generic` (no measurements: the descriptors' "
+        "priorities decide). Unset: the profile `magi2 tune` wrote for this device, else the shipped one "
+        "for this device, else the generic one. Overrides (`provider=`, `use(...)`, `MAGI2_*_PROVIDER`) "
+        "still win over every profile.",
+        profile_choice,
     ),
     Variable(
         "MAGI2_SHADOW",

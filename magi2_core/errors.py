@@ -21,6 +21,7 @@ __all__ = [
     "InvalidShapeError",
     "Magi2Error",
     "NoEligibleProviderError",
+    "ProfileError",
     "ProviderNotEligibleError",
     "ResolutionError",
     "StrictModeError",
@@ -91,3 +92,11 @@ class ConfigError(Magi2Error, ValueError):
         self.variable, self.value, self.accepted = variable, value, accepted
         detail = f" ({why})" if why else ""
         super().__init__(f"{variable}={value!r} is not valid{detail}; accepted: {accepted}")
+
+
+class ProfileError(Magi2Error, ValueError):
+    """A device-profile file (or a backend's fragment) is not a valid profile; ``origin`` names it."""
+
+    def __init__(self, origin: str, why: str) -> None:
+        self.origin, self.why = origin, why
+        super().__init__(f"profile {origin}: {why}; see docs/profiles.md for the format")

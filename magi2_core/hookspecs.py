@@ -31,6 +31,10 @@ class BackendSpec(BaseModel):
     core_api: str = Field(description="PEP 440 specifier of supported core contract versions, e.g. '>=2.0,<3'")
     providers: tuple[Capability, ...]
     description: str = ""
+    profiles: tuple[str, ...] = Field(
+        (), description="device-profile fragments this backend ships, as 'package:path/file.json' package-data "
+                        "resources (docs/profiles.md); read and validated when the backend loads"
+    )
 
 
 class SinkCorrectionSpec(BaseModel):

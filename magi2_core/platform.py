@@ -17,7 +17,7 @@ import torch
 
 from magi2_core.resolution import Reason, ReasonCode
 
-__all__ = ["absent_device", "cuda_available", "musa_available", "musa_installed"]
+__all__ = ["absent_device", "cuda_available", "device_identity", "musa_available", "musa_installed"]
 
 
 def musa_installed() -> bool:
@@ -63,3 +63,22 @@ def absent_device(device_type: str) -> list[Reason]:
         return [Reason(code=ReasonCode.UNAVAILABLE, field="musa", expected="torch_musa with a MUSA device",
                        actual="none visible")]
     return []
+
+
+@cache
+def device_identity(device_type: str, index: int | None = None) -> tuple[str | None, str | None]:
+    """``(name, "major.minor")`` of a CUDA or MUSA device as torch reports them, read once per device
+    (``index`` None: the current device); ``(None, None)`` for other device types, or a device that is
+    not there. This is what device profiles are keyed by (:mod:`magi2_core.profiles`)."""
+    if device_type == "cuda" and cuda_available():
+        module = torch.cuda
+    elif device_type == "musa" and musa_available():
+        module = getattr(torch, "musa")  # noqa: B009 (exists once torch_musa is imported)
+    else:
+        return None, None
+    try:
+        where = module.current_device() if index is None else index
+        major, minor = module.get_device_capability(where)
+        return str(module.get_device_name(where)), f"{major}.{minor}"
+    except (RuntimeError, AssertionError, AttributeError, ValueError):  # an index past the device count, ...
+        return None, None

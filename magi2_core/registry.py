@@ -3,7 +3,8 @@
 Backends are found under the entry-point group ``magi2_core.backends``. Each one is loaded in
 isolation: an entry point that fails to import, fails pluggy's hook validation, returns an invalid
 spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
-with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others.
+with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others;
+so is one whose device-profile fragments (``BackendSpec.profiles``) cannot be read or are not valid.
 The exact reference is bound by distribution and entry point, not by name: the ``reference`` entry
 point of ``magi2-backend-reference`` (the core's own dependency) loads first, and any other backend
 that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
@@ -47,6 +48,7 @@ from magi2_core._version import CHANGED_SINCE, CORE_API_VERSION
 from magi2_core.capability import Capability
 from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
+from magi2_core.profiles.active import Fragment, fragment_from_resource
 from magi2_core.resolution import QuarantinedPlugin
 
 __all__ = [
@@ -98,6 +100,7 @@ class LoadedBackend:
     distribution: str = "(registered in process)"
     load_seconds: float = 0.0
     sink_corrections: tuple[SinkCorrectionSpec, ...] = ()
+    profiles: tuple[Fragment, ...] = ()  # the device-profile fragments it ships, validated
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class RegistryState:
     bounds: Mapping[OpName, Mapping[str, tuple[int, ...]]]
     quarantined: tuple[QuarantinedPlugin, ...]
     sink_corrections: tuple[SinkCorrectionSpec, ...] = ()  # contributed ones, priority descending
+    profiles: tuple[Fragment, ...] = ()  # the backends' profile fragments, in backend-name order
 
     def provider(self, op: OpName, name: str) -> LoadedProvider | None:
         return next((p for p in self.providers[op] if p.name == name), None)
@@ -272,6 +276,8 @@ class Registry:
             if clashes:
                 raise ValueError(f"provider names already registered by another backend: {clashes}")
             corrections = self._sink_corrections(plugin, spec.name)
+            # A broken fragment is this backend's failure (quarantined with the reason), never the others'.
+            fragments = tuple(fragment_from_resource(spec.name, r) for r in spec.profiles)
         except Exception as exc:
             self._pm.unregister(plugin)
             self._quarantine(name, value, dist, f"{type(exc).__name__}: {exc}")
@@ -287,7 +293,7 @@ class Registry:
                             "process pays on its first op call; if you do not use it, set "
                             "MAGI2_DISABLE_PLUGINS=%s (or list the backends you use in MAGI2_PLUGINS)",
                             name, dist, seconds, name)
-        self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds, corrections)
+        self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds, corrections, fragments)
         for cap in spec.providers:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
             self._providers[cap.op].append(LoadedProvider(cap))
@@ -333,8 +339,9 @@ class Registry:
             all_bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
         corrections = sorted((c for b in self._backends.values() for c in b.sink_corrections),
                              key=lambda c: (-c.priority, c.name))
+        fragments = tuple(f for b in sorted(self._backends.values(), key=lambda b: b.spec.name) for f in b.profiles)
         self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined),
-                                    tuple(corrections))
+                                    tuple(corrections), fragments)
 
     @property
     def generation(self) -> int:

@@ -9,11 +9,14 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from magi2_core.problem import Problem
 
-__all__ = ["Candidate", "DecidedBy", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution", "Verdict"]
+__all__ = [
+    "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution",
+    "Verdict",
+]
 
 
 class ReasonCode(str, Enum):
@@ -63,7 +66,7 @@ class Candidate(BaseModel):
     reasons: tuple[Reason, ...] = ()
 
 
-DecidedBy = Literal["argument", "context", "env", "priority"]
+DecidedBy = Literal["argument", "context", "env", "profile", "priority"]
 
 
 class QuarantinedPlugin(BaseModel):
@@ -77,6 +80,42 @@ class QuarantinedPlugin(BaseModel):
     reason: str
 
 
+class ProfileNote(BaseModel):
+    """The device profile that was active for a resolution: what it is and where it came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    source: Literal["env", "user", "shipped", "generic"]
+    origin: str = Field(description="the file(s) or package resources it was read from")
+    device: str = Field(description="the device it was chosen for (type, name, capability)")
+    provenance: str
+    libraries: tuple[str, ...] = Field((), description="kernel library versions it was measured with that "
+                                                           "differ from the installed ones")
+
+    def lines(self) -> list[str]:
+        where = {"env": "MAGI2_PROFILE", "user": "user profile", "shipped": "shipped", "generic": "generic"}
+        out = [f"profile: {self.name} ({where[self.source]}: {self.origin}; for {self.device})",
+               f"  provenance: {self.provenance}"]
+        if self.source == "generic":
+            out.append("  generic profile: no measurements for this device, so the descriptors' priorities decide "
+                       "where no row does; run `magi2 tune` to measure this machine")
+        out += [f"  {note} (it still applies)" for note in self.libraries]
+        return out
+
+
+class PreferenceNote(BaseModel):
+    """The profile's preference row that matched the call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    when: str
+    prefer: tuple[str, ...]
+    why: str
+    provenance: str
+
+
 class Resolution(BaseModel):
     """The decision for one problem: every candidate in order, and what decided."""
 
@@ -88,6 +127,8 @@ class Resolution(BaseModel):
     override: str | None = None
     chosen: str | None = None
     quarantined: tuple[QuarantinedPlugin, ...] = ()
+    profile: ProfileNote | None = None
+    preference: PreferenceNote | None = None  # the profile's row that matched (None: no row did)
 
     @property
     def ok(self) -> bool:
@@ -102,9 +143,20 @@ class Resolution(BaseModel):
             "argument": f"forced by provider={self.override!r}",
             "context": f"forced by magi2_core.use(...) -> {self.override!r}",
             "env": f"forced by environment -> {self.override!r}",
-            "priority": "first eligible in order (rules, then priority, then name)",
+            "profile": "the profile's preference: the first eligible of the providers it prefers",
+            "priority": "first eligible in order (priority, then name)",
         }[self.decided_by]
+        if self.profile is not None:
+            lines += self.profile.lines()
         lines.append(f"decided by: {how}")
+        pref = self.preference
+        if pref is not None:
+            lines.append(f"  preference {pref.id} ({pref.when}) prefers {', '.join(pref.prefer)}: {pref.why}")
+            lines.append(f"    provenance: {pref.provenance}")
+            if self.decided_by == "priority":
+                lines.append("    none of the providers it prefers is eligible, so the next eligible one by priority")
+        elif self.decided_by == "priority" and self.profile is not None:
+            lines.append("  no preference of the profile matched this call")
         lines.append(f"chosen: {self.chosen or 'NONE'}")
         if p.op == "attention":
             lines.append("rules see max_seqlen_q/k as the longest segment of host prefix sums; with prefix sums "

@@ -1,13 +1,16 @@
 """Resolution: from a :class:`Problem` to a provider, explained, and memoised for the hot path.
 
 Order: overrides in fixed precedence (``provider=`` argument > ``use(...)`` > environment), else the
-providers of the op in a total order (priority descending, then name), the first eligible wins.
+providers of the op in a total order, the first eligible wins: the providers that the active device
+profile's first matching preference row lists (:mod:`magi2_core.profiles`), in its order, then the
+others by priority descending, then name. So a preference never sends a call to a worse provider
+because the preferred one cannot serve it: the next eligible one wins.
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
 
 The :class:`Dispatcher` caches the chosen kernel by the call's typed key (each op's ``NamedTuple``
 in :mod:`magi2_core.ops`): device, dtype, feature mask and each integer field *bucketed* by the
-boundaries that the installed descriptors use, plus the active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
+boundaries that the installed descriptors and the device profiles' rows use, plus the active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
 The cache belongs to one registry generation: a call that sees a newer generation starts a fresh
 cache, and each resolution reads one consistent :class:`RegistryState`, so a backend registered or
 unregistered while other threads run ops never leaves a half-built list or a stale kernel behind.
@@ -16,7 +19,7 @@ unregistered while other threads run ops never leaves a half-built list or a sta
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from magi2_core import config
@@ -28,6 +31,8 @@ from magi2_core.errors import (
 )
 from magi2_core.overrides import FAMILY, context_token, layered_overrides
 from magi2_core.problem import OpName, Problem
+from magi2_core.profiles.active import boundaries as profile_boundaries
+from magi2_core.profiles.active import profile_for
 from magi2_core.provider import Checkable
 from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
 from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
@@ -143,6 +148,7 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
 
 def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
     providers = reg.providers[problem.op]
+    profile = profile_for(problem.device_type, problem.device_index, reg.profiles)
     forced = _forced(problem.op, provider, reg)
     candidates: list[Candidate] = []
     chosen: str | None = None
@@ -183,12 +189,17 @@ def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Reso
             override=name,
             chosen=chosen,
             quarantined=reg.quarantined,
+            profile=profile.note,
         )
         if chosen is None:
             raise ProviderNotEligibleError(
                 f"{problem.op}: provider {name!r} was forced ({source}) but cannot serve this call", res
             )
         return res
+    row = profile.preference_for(problem)
+    if row is not None:  # the listed providers first, in listed order; the others keep priority order
+        rank = {name: i for i, name in enumerate(row.prefer)}
+        providers = tuple(sorted(providers, key=lambda p: rank.get(p.name, len(rank))))
     for p in providers:
         reasons = static_reasons(p.capability, problem)
         if chosen is None:
@@ -219,13 +230,24 @@ def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Reso
     res = Resolution(
         problem=problem,
         candidates=tuple(candidates),
-        decided_by="priority",
+        decided_by="profile" if row is not None and chosen in row.prefer else "priority",
         chosen=chosen,
         quarantined=reg.quarantined,
+        profile=profile.note,
+        preference=None if row is None else profile.preference_note(row),
     )
     if chosen is None:
         raise NoEligibleProviderError(f"{problem.op}: no installed provider can serve this call", res)
     return res
+
+
+def _merged(*parts: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The union of boundary maps (descriptors', profiles'), each field's values sorted."""
+    out: dict[str, set[int]] = {}
+    for part in parts:
+        for fld, values in part.items():
+            out.setdefault(fld, set()).update(values)
+    return {f: tuple(sorted(v)) for f, v in out.items()}
 
 
 class CacheKey(NamedTuple):
@@ -303,7 +325,7 @@ class Dispatcher:
         op = spec.name
         buckets = slot.plans.get(op)
         if buckets is None:
-            bounds = state.bounds[op]
+            bounds = _merged(state.bounds[op], profile_boundaries(op, state.profiles))
             fields = spec.int_fields
             buckets = slot.plans[op] = tuple((len(HEAD) + i, bounds[f]) for i, f in enumerate(fields) if f in bounds)
         ck = CacheKey(

@@ -2,12 +2,13 @@
 
 Every new resolution decision (a new cache key of the op dispatcher) is logged at DEBUG on the
 ``magi2_core`` logger: the op, the key, the provider and what decided. When an accelerator call
-(any device type but ``cpu``) falls to the ``reference`` provider by priority, that is the slow
+(any device type but ``cpu``) falls to the ``reference`` provider by priority (or by a device
+profile's preference), that is the slow
 path a user must hear about: a WARNING, once per key, naming why every faster provider was
 rejected. In strict mode (``MAGI2_STRICT=1`` or :func:`set_strict`) the same call raises
 :class:`~magi2_core.errors.StrictModeError` instead.
 
-Only priority decisions are judged: a provider forced by ``provider=``, ``use(...)`` or a
+Only priority and profile decisions are judged: a provider forced by ``provider=``, ``use(...)`` or a
 ``MAGI2_*_PROVIDER`` variable is the caller's explicit choice (the conformance kit forces the
 reference on purpose), and is logged at DEBUG like any other decision.
 """
@@ -67,7 +68,7 @@ def check_resolution(key: object, res: Resolution) -> None:
     """Log a new decision; warn about (or, in strict mode, refuse) the reference on an accelerator."""
     p = res.problem
     LOGGER.debug("resolved %s key=%r -> %s (decided by %s)", p.op, key, res.chosen, res.decided_by)
-    if res.chosen != REFERENCE or res.decided_by != "priority" or p.device_type == "cpu":
+    if res.chosen != REFERENCE or res.decided_by not in ("priority", "profile") or p.device_type == "cpu":
         return
     why = _rejections(res)
     if is_strict():

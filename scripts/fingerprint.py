@@ -6,7 +6,8 @@ changed no result.
 
 Fixed seeds, fixed small shapes (the CPU runs Triton under TRITON_INTERPRET=1), one SHA-256 per
 (device, op, provider, case) over the output tensors' raw bytes. ``--compare`` exits 1 when any entry
-present in both files differs, and lists entries present in only one of them.
+present in both files differs (a provider not eligible before and eligible now is listed, not a
+difference), and lists entries present in only one of them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _rand(g: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scal
 
 def attention_cases(device: str) -> Iterator[tuple[str, dict[str, Any]]]:
     # (query heads, kv heads, head dim, sinks, softcap, segment bounds). The long cases (GPU only) are
-    # outside the FA3 descriptor's short-work and FA4-sink rules, so that FA3 serves them too.
+    # outside the H200 profile's short-work and FA4-sink preferences, so that FA3 is also the resolved
+    # provider there.
     shapes = {
         "mha_sink": (4, 4, 64, True, 0.0, (0, 37, 100)),
         "gqa_nosink": (4, 2, 64, False, 0.0, (0, 37, 100)),
@@ -151,14 +153,20 @@ def main() -> int:
         return 0
     with open(args.compare) as f:
         old = json.load(f)
-    differ = sorted(k for k in fp.keys() & old.keys() if fp[k] != old[k])
+    both = fp.keys() & old.keys()
+    # A provider that could not serve a case before and can now (a speed rule that turned it away became
+    # a profile preference) has no earlier result to compare: listed, not a difference.
+    now = sorted(k for k in both if old[k].startswith("not eligible") and not fp[k].startswith("not eligible"))
+    differ = sorted(k for k in both if fp[k] != old[k] and k not in now)
     only = sorted(fp.keys() ^ old.keys())
     compared = sum(1 for k in fp.keys() & old.keys() if not fp[k].startswith("not eligible"))
     for k in differ:
         print(f"DIFFERS: {k}: {old[k][:16]} -> {fp[k][:16]}")
+    for k in now:
+        print(f"now eligible: {k}")
     for k in only:
         print(f"only in {'new' if k in fp else 'old'}: {k}")
-    print(f"{compared} compared, {len(differ)} differ, {len(only)} in one file only")
+    print(f"{compared} compared, {len(differ)} differ, {len(now)} now eligible, {len(only)} in one file only")
     return 1 if differ else 0
 
 

@@ -14,7 +14,7 @@ from magi2_backend_cuda_fa3 import abi as abi_mod
 from magi2_backend_cuda_fa3 import discovery
 from magi2_backend_cuda_fa3.abi import load_fa3
 from magi2_backend_cuda_fa3.discovery import FoundBuild
-from magi2_backend_cuda_fa3.plugin import SHORT_SEQUENCE_RULES, descriptor, head_dims, magi2_backend
+from magi2_backend_cuda_fa3.plugin import descriptor, head_dims, magi2_backend
 from magi2_backend_cuda_fa3.provider import FA3Attention
 from magi2_backend_reference.attention import reference_attention
 
@@ -22,6 +22,7 @@ import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.problem import Feature, Problem
+from magi2_core.profiles import shipped_profiles
 from magi2_core.resolution import ReasonCode
 from magi2_core.sink_corrections import sink_correction_for, torch_correction
 from magi2_core.sinks import sink_correction
@@ -372,19 +373,31 @@ def test_descriptor_from_packaging_only() -> None:
     assert spec.name == "magi2-backend-cuda-fa3" and spec.providers[0].name == "fa3"
 
 
-def test_short_work_rules_fire_only_where_torch_varlen_serves_better() -> None:
-    def fires(tokens: int, max_k: int, heads: int = 24, *features: Feature) -> bool:
+def test_descriptor_says_what_fa3_can_serve_and_nothing_about_speed() -> None:
+    # Speed choices (torch varlen on short work, FA4's native sink on short packs) are the device
+    # profile's: a descriptor that vetoed them turned deterministic and GQA short work to the reference.
+    assert descriptor(None).rules == () and descriptor(_build()).rules == ()
+
+
+def test_h200_profile_prefers_torch_varlen_only_on_short_work_without_sinks() -> None:
+    (h200,) = [f.profile for f in shipped_profiles() if f.profile.name == "nvidia-h200"]
+
+    def prefers_varlen(tokens: int, max_k: int, heads: int = 24, *features: Feature) -> bool:
         p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features),
                     tokens=tokens, tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads)
-        return any(r.fires(p) for r in SHORT_SEQUENCE_RULES)
+        row = h200.preference_for(p)
+        return row is not None and row.prefer[0] == "torch_varlen"
 
-    assert fires(342, 300) and fires(1024, 1024) and fires(2048, 1024) and fires(4096, 256) and fires(16384, 64)
-    assert not fires(1536, 1536) and not fires(2048, 2048)  # single segments: a toss-up, FA3 kept
-    assert not fires(2049, 1024) and not fires(4096, 512) and not fires(8192, 1024) and not fires(4096, 4096) and not fires(32768, 32768)
-    assert not fires(342, 300, 24, Feature.SINKS) and not fires(342, 300, 24, Feature.SOFTCAP)
-    assert not fires(342, 300, 48)
-    for rule in SHORT_SEQUENCE_RULES:  # provenance names a committed results file
-        assert rule.provenance.kind == "benchmark" and (REPO / rule.provenance.source).is_file()
+    assert prefers_varlen(342, 300) and prefers_varlen(1024, 1024) and prefers_varlen(2048, 1024)
+    assert prefers_varlen(4096, 256) and prefers_varlen(16384, 64)
+    assert not prefers_varlen(1536, 1536) and not prefers_varlen(2048, 2048)  # single segments: a toss-up, FA3 kept
+    assert not prefers_varlen(2049, 1024) and not prefers_varlen(4096, 512) and not prefers_varlen(8192, 1024)
+    assert not prefers_varlen(4096, 4096) and not prefers_varlen(32768, 32768)
+    assert not prefers_varlen(342, 300, 24, Feature.SINKS) and not prefers_varlen(342, 300, 48)
+    rows = [r for r in h200.preferences if r.prefer[0] == "torch_varlen"]
+    for row in rows:  # provenance names a committed results file
+        assert row.provenance is not None and row.provenance.kind == "benchmark"
+        assert (REPO / row.provenance.source).is_file()
 
 
 def test_public_resolution_on_cpu_rejects_fa3_by_device(registered) -> None:

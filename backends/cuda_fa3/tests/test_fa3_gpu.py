@@ -30,8 +30,9 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from magi2_backend_cuda_fa3.plugin import FA4_SINK_LIMITS, SHORT_WORK_LIMITS  # noqa: E402
 from magi2_backend_cuda_fa3.provider import fa3_attention  # noqa: E402
+
+from magi2_core.profiles import active_profile, shipped_profiles  # noqa: E402
 
 ABI = fa3_attention.loaded.abi
 if ABI is None:
@@ -39,9 +40,10 @@ if ABI is None:
 
 D = 128
 RAGGED = [0, 37, 37, 300]  # an empty segment between a short and a longer one
-# appended so that packs clear every short-work rule (more tokens and a longer key segment), and the
-# fa3-fa4-sink rules that send short packs with a sink to FA4 where flash-attn-4 is installed
-LONG_TAIL = max(m for _, m in SHORT_WORK_LIMITS + FA4_SINK_LIMITS) + 64
+# appended so that packs clear every attention preference of the shipped profiles (the short-work rows
+# that prefer torch varlen, the rows that prefer FA4's native sink on short packs): a longer key segment
+LONG_TAIL = max(c.value for f in shipped_profiles() for row in f.profile.preferences if row.op == "attention"
+                for c in row.when if c.field == "max_seqlen_k" and isinstance(c.value, int)) + 64
 
 
 def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, dtype: torch.dtype, seed: int):
@@ -129,34 +131,31 @@ def test_deterministic_repeat_is_bitwise_equal(registered):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_resolution_short_work_rules(registered):
+def test_resolution_short_work_preferences(registered):
     long_cu = [0, LONG_TAIL]
     q, k, v, cq, ck, sinks = _inputs(long_cu, long_cu, 24, 24, 1, torch.bfloat16, 7)
     assert m2.resolve("attention", q, k, v, cq, ck).chosen == "fa3"
     assert m2.resolve("attention", q, k, v, cq, ck, sinks=sinks).chosen == "fa3"
     q, k, v, cq, ck, sinks = _inputs(RAGGED, RAGGED, 24, 24, 1, torch.bfloat16, 8)
-    # no sinks, no cap, small work: torch's varlen kernel, and FA3's candidate names the rule
+    # no sinks, no cap, small work: torch's varlen kernel where this device's profile prefers it
     res = m2.resolve("attention", q, k, v, cq, ck)
-    assert res.chosen == "torch_varlen", res.explain()
-    fa3 = next(c for c in res.candidates if c.provider == "fa3")
-    assert any(r.field.startswith("fa3-short-work-") for r in fa3.reasons), res.explain()
-    # a softcap (torch_varlen has none): FA3; sinks (torch_varlen's unfused correction is slower): FA3,
-    # unless FA4 is installed: then its native sink takes short packs (rules fa3-fa4-sink-*)
+    row = active_profile(q.device).preference_for(res.problem)
+    if row is not None and row.prefer[0] == "torch_varlen":
+        assert res.chosen == "torch_varlen" and res.decided_by == "profile", res.explain()
+    else:
+        assert res.chosen == "fa3", res.explain()
+    # what torch_varlen cannot serve goes to FA3, never to the reference: a softcap, determinism, GQA
+    # (where this torch's varlen_attn has no enable_gqa)
     assert m2.resolve("attention", q, k, v, cq, ck, softcap=2.0).chosen == "fa3"
+    res = m2.resolve("attention", q, k, v, cq, ck, deterministic=True)
+    assert res.chosen == "fa3", res.explain()
+    q8, k8, v8, *_ = _inputs(RAGGED, RAGGED, 24, 8, 1, torch.bfloat16, 8)
+    res = m2.resolve("attention", q8, k8, v8, cq, ck)
+    assert res.chosen in ("fa3", "torch_varlen") and res.chosen != "reference", res.explain()
+    # sinks (torch_varlen's unfused correction is slower): FA3, or FA4's native sink where the profile
+    # prefers it and FA4 is installed
     res = m2.resolve("attention", q, k, v, cq, ck, sinks=sinks)
-    fa4_rules = any(r.id.startswith("fa3-fa4-sink-") for r in _fa3_rules())
-    assert (res.chosen != "fa3") is fa4_rules, res.explain()
-    if fa4_rules:
-        fa3 = next(c for c in res.candidates if c.provider == "fa3")
-        assert any(r.field.startswith("fa3-fa4-sink-") for r in fa3.reasons), res.explain()
-
-
-def _fa3_rules():
-    from magi2_core.registry import get_registry
-
-    fa3 = get_registry().provider("attention", "fa3")
-    assert fa3 is not None
-    return fa3.capability.rules
+    assert res.chosen in ("fa3", "fa4") and (res.chosen == "fa4") == (res.decided_by == "profile"), res.explain()
 
 
 def test_torch_compile_matches_eager(registered):

@@ -22,16 +22,18 @@ from magi2_backend_cuda_fa4 import abi as abi_mod
 from magi2_backend_cuda_fa4 import discovery
 from magi2_backend_cuda_fa4.abi import REQUIRED_KEYWORDS, FA4Abi, LoadResult, load_fa4
 from magi2_backend_cuda_fa4.discovery import FA4Install
-from magi2_backend_cuda_fa4.plugin import HEAD_DIMS, SHORT_WORK_RULES, descriptor, magi2_backend
+from magi2_backend_cuda_fa4.plugin import HEAD_DIMS, descriptor, magi2_backend
 from magi2_backend_cuda_fa4.provider import FA4Attention
 from magi2_backend_cuda_fa4.sinks import native_sink
 from magi2_backend_reference.attention import reference_attention
 from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
+from magi2_core import platform
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.problem import Feature, Problem
+from magi2_core.profiles import Profile, reset_profiles, shipped_profiles
 from magi2_core.registry import Registry
 from magi2_core.resolution import ReasonCode
 from magi2_core.resolver import resolve_problem
@@ -304,39 +306,46 @@ def test_descriptor_from_packaging_only() -> None:
     assert spec.name == "magi2-backend-cuda-fa4" and spec.providers[0].name == "fa4"
 
 
-def _fires(rules, tokens: int, max_k: int, heads: int = 24, *features: Feature, head_dim: int = 128) -> bool:
+def _h200() -> Profile:
+    (h200,) = [f.profile for f in shipped_profiles() if f.profile.name == "nvidia-h200"]
+    return h200
+
+
+def _preferred(tokens: int, max_k: int, heads: int = 24, *features: Feature, head_dim: int = 128) -> str | None:
+    """The first provider the H200 profile prefers for this attention call (None: no row matches)."""
     p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features), tokens=tokens,
                 tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads, head_dim=head_dim)
-    return any(r.fires(p) for r in rules)
+    row = _h200().preference_for(p)
+    return None if row is None else row.prefer[0]
 
 
-def test_fa4_short_work_rules_only_without_sinks_or_softcap() -> None:
-    assert _fires(SHORT_WORK_RULES, 342, 342) and _fires(SHORT_WORK_RULES, 4096, 256)
-    assert not _fires(SHORT_WORK_RULES, 4096, 4096) and not _fires(SHORT_WORK_RULES, 8192, 1024)
-    assert not _fires(SHORT_WORK_RULES, 342, 342, 24, Feature.SINKS)
-    assert not _fires(SHORT_WORK_RULES, 342, 342, 24, Feature.SOFTCAP)
-    assert not _fires(SHORT_WORK_RULES, 342, 342, 48)
+def test_descriptors_carry_no_speed_rules() -> None:
+    # FA4 used to copy FA3's short-work corners and FA3 to stand aside for FA4's sink: speed, not
+    # correctness; both are preferences of the device profile now.
+    assert descriptor(INSTALL).rules == () and fa3_plugin.descriptor(None).rules == ()
 
 
-def test_fa3_stands_aside_for_fa4_sinks_on_short_packs_only() -> None:
-    rules = fa3_plugin.FA4_SINK_RULES
+def test_h200_profile_short_work_without_sinks_or_softcap_prefers_torch_varlen() -> None:
+    assert _preferred(342, 342) == "torch_varlen" and _preferred(4096, 256) == "torch_varlen"
+    assert _preferred(4096, 4096) is None and _preferred(8192, 1024) is None
+    assert _preferred(342, 342, 48) is None
+    assert _preferred(342, 342, 24, Feature.SOFTCAP) == "torch_varlen"  # which cannot serve it: the next one does
+
+
+def test_h200_profile_prefers_fa4_sinks_on_short_packs_only() -> None:
     shorts = {"16x256": (4096, 256), "8x1024": (8192, 1024), "[342]": (342, 342), "[1024]": (1024, 1024),
               "[4096]": (4096, 4096), "2x2048": (4096, 2048)}
     longs = {"[32768]": (32768, 32768), "[8192]x4": (32768, 8192), "[14601]x2": (29202, 14601), "[8192]": (8192, 8192)}
     for t, mk in shorts.values():
-        assert _fires(rules, t, mk, 24, Feature.SINKS) and _fires(rules, t, mk, 24, Feature.SINKS, Feature.SOFTCAP)
-        assert not _fires(rules, t, mk, 24) and not _fires(rules, t, mk, 32, Feature.SINKS)
-        assert not _fires(rules, t, mk, 24, Feature.SINKS, head_dim=256)  # beyond fa4's head dims: FA3 keeps it
-    assert max(HEAD_DIMS) == fa3_plugin.FA4_MAX_HEAD_DIM
+        assert _preferred(t, mk, 24, Feature.SINKS) == "fa4" == _preferred(t, mk, 24, Feature.SINKS, Feature.SOFTCAP)
+        assert _preferred(t, mk, 24) != "fa4" and _preferred(t, mk, 32, Feature.SINKS) is None
     for t, mk in longs.values():
-        assert not _fires(rules, t, mk, 24, Feature.SINKS)
-    for rule in rules:  # the sweep that re-measures them writes the file they name
-        assert rule.provenance.kind == "benchmark"
-        assert rule.provenance.source == "benchmarks/results/attention_fa4_h200.json"
-        assert rule.provenance.source in (REPO / "benchmarks/attention_fa4.py").read_text()
-    build = FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "0.0.3")
-    assert fa3_plugin.descriptor(build).rules == fa3_plugin.SHORT_SEQUENCE_RULES
-    assert fa3_plugin.descriptor(build, fa4=True).rules == fa3_plugin.SHORT_SEQUENCE_RULES + rules
+        assert _preferred(t, mk, 24, Feature.SINKS) is None
+    for row in _h200().preferences:
+        if row.prefer[0] == "fa4":  # the sweep that re-measures them writes the file they name
+            assert row.provenance is not None and row.provenance.kind == "benchmark"
+            assert row.provenance.source == "benchmarks/results/attention_fa4_h200.json"
+            assert row.provenance.source in (REPO / "benchmarks/attention_fa4.py").read_text()
 
 
 @pytest.mark.parametrize(("modules", "dists", "expected"), [
@@ -363,9 +372,21 @@ class _Runs:
 
 
 HOST = "fake_fa4_resolution_host"
+DEVICES = {(9, 0): "NVIDIA H200", (10, 0): "NVIDIA B200"}  # the H200 has a shipped profile, the B200 none
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user profile of this machine
+    reset_profiles()
+    yield
+    reset_profiles()
 
 
 def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_installed: bool = True) -> Registry:
+    name = DEVICES[cc]
+    monkeypatch.setattr(platform, "device_identity",
+                        lambda kind, index=None: (name, f"{cc[0]}.{cc[1]}") if kind == "cuda" else (None, None))
     fa3_build = FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "0.0.3")
     fa3_abi = FA3Abi(build=fa3_build, module="fa3_fwd_interface", varlen=lambda **kw: None, params=frozenset(),
                      lse_flag="return_attn_probs", softcap=True, sinks=False, fp16=True, sm8x=False)
@@ -379,7 +400,7 @@ def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_ins
     monkeypatch.setitem(sys.modules, HOST, host)
     caps = [c.model_copy(update={"impl": f"{HOST}:runs"}) if c.name == "torch_varlen" else c
             for c in REFERENCE_PROVIDERS if c.op == "attention" and c.name != "reference"]  # the name is reserved
-    caps.append(fa3_plugin.descriptor(fa3_build, fa4=fa4_installed).model_copy(update={"impl": f"{HOST}:fa3"}))
+    caps.append(fa3_plugin.descriptor(fa3_build).model_copy(update={"impl": f"{HOST}:fa3"}))
     if fa4_installed:
         caps.append(descriptor(INSTALL).model_copy(update={"impl": f"{HOST}:fa4"}))
     reg = Registry(discover=False)
@@ -402,20 +423,20 @@ LONG_PACKS = {"32768": [32768], "8192x4": [8192] * 4, "14601x2": [14601] * 2}
 
 def test_hopper_resolution(monkeypatch) -> None:
     reg = _world(monkeypatch, (9, 0))
-    for segs in SHORT_PACKS.values():  # with a sink: FA4's native sink, FA3 names the rule
+    for segs in SHORT_PACKS.values():  # with a sink: FA4's native sink, as the H200 profile prefers
         res = _resolve(reg, segs, Feature.SINKS)
-        assert res.chosen == "fa4", res.explain()
-        fa3 = next(c for c in res.candidates if c.provider == "fa3")
-        assert any(r.field.startswith("fa3-fa4-sink-") for r in fa3.reasons), res.explain()
+        assert res.chosen == "fa4" and res.decided_by == "profile", res.explain()
+        assert res.preference is not None and res.preference.id.startswith("h200-fa4-sink-"), res.explain()
+        assert res.profile is not None and res.profile.name == "nvidia-h200" and res.profile.source == "shipped"
         assert _resolve(reg, segs, Feature.SINKS, Feature.SOFTCAP, Feature.LSE).chosen == "fa4"
         assert _resolve(reg, segs, Feature.SINKS, heads=32).chosen == "fa3"  # beyond the measured heads
         assert _resolve(reg, segs, Feature.SINKS, head_dim=256).chosen == "fa3"  # beyond fa4's head dims
     for segs in LONG_PACKS.values():  # long: FA3 + the fused correction; without sinks FA3
         assert _resolve(reg, segs, Feature.SINKS).chosen == "fa3"
         assert _resolve(reg, segs).chosen == "fa3"
-    # no sinks, small work: torch varlen, as before FA4 existed (both FlashAttentions stand aside)
+    # no sinks, small work: torch varlen, as the H200 profile prefers
     res = _resolve(reg, [256] * 16)
-    assert res.chosen == "torch_varlen", res.explain()
+    assert res.chosen == "torch_varlen" and res.decided_by == "profile", res.explain()
     assert _resolve(reg, [1024] * 8).chosen == "fa3"
 
 
@@ -431,12 +452,15 @@ def test_blackwell_resolution_prefers_fa4_where_fa3_cannot_run(monkeypatch) -> N
         res = _resolve(reg, segs, Feature.SINKS)
         assert res.chosen == "fa4", res.explain()
         fa3 = next(c for c in res.candidates if c.provider == "fa3")
-        assert any(r.field == "compute_capability" and r.actual == "10.0" for r in fa3.reasons) or any(
-            r.field.startswith("fa3-fa4-sink-") for r in fa3.reasons), res.explain()
+        assert any(r.field == "compute_capability" and r.actual == "10.0" for r in fa3.reasons), res.explain()
     for segs in LONG_PACKS.values():
         assert _resolve(reg, segs).chosen == "fa4"
         assert _resolve(reg, segs, Feature.SOFTCAP, Feature.GQA, Feature.LSE).chosen == "fa4"
-    assert _resolve(reg, [256] * 16).chosen == "torch_varlen"  # FA4's short-work rule
+    # No profile measured this device: the generic one says so, and priority decides (FA4 before torch
+    # varlen; the H200's short-work corners were never measured for FA4 or on Blackwell).
+    res = _resolve(reg, [256] * 16)
+    assert res.chosen == "fa4" and res.decided_by == "priority", res.explain()
+    assert res.profile is not None and res.profile.source == "generic" and "magi2 tune" in res.explain()
 
 
 def test_blackwell_with_a_broken_fa4_says_why(monkeypatch) -> None:

@@ -39,4 +39,6 @@ def magi2_backend() -> BackendSpec:
                 priority=-10,
             ),
         ),
+        # Its device profile (package data): found by the registry, merged into the fpga profile.
+        profiles=("magi2_example_backend:profiles/fpga.json",),
     )

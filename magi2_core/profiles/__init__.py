@@ -1,0 +1,48 @@
+"""Device profiles: which eligible provider (and which plan) to prefer, per device, as data.
+
+A capability descriptor says what a provider *can* serve; a profile says which of the eligible ones
+to *prefer* on this device, and why, with provenance. Resolution: overrides first (``provider=`` >
+``use()`` > environment), then the active profile's first matching preference row orders the
+eligible providers (the listed ones first, in listed order), then priority. The file format and how
+the active profile is chosen: ``docs/profiles.md``.
+
+Public API: :class:`Profile` (and its rows :class:`Preference`, :class:`PlanRow`, its
+:class:`ProfileDevice`), :func:`load_profile`, :func:`active_profile` -> :class:`LoadedProfile`,
+:func:`user_profile_dir`, :func:`shipped_profiles`, :func:`reset_profiles`.
+"""
+
+from magi2_core.errors import ProfileError
+from magi2_core.profiles.active import (
+    GENERIC,
+    DeviceKey,
+    Fragment,
+    LoadedProfile,
+    Source,
+    active_profile,
+    boundaries,
+    fragment_from_resource,
+    installed_version,
+    profile_for,
+    reset_profiles,
+    shipped_profiles,
+    user_profile_dir,
+    user_profiles,
+)
+from magi2_core.profiles.model import (
+    FORMAT,
+    VERSION,
+    PlanRow,
+    Preference,
+    Profile,
+    ProfileDevice,
+    load_profile,
+    loads_profile,
+    parse_profile,
+)
+
+__all__ = [
+    "FORMAT", "GENERIC", "VERSION", "DeviceKey", "Fragment", "LoadedProfile", "PlanRow", "Preference", "Profile",
+    "ProfileDevice", "ProfileError", "Source", "active_profile", "boundaries", "fragment_from_resource",
+    "installed_version", "load_profile", "loads_profile", "parse_profile", "profile_for", "reset_profiles", "shipped_profiles",
+    "user_profile_dir", "user_profiles",
+]
