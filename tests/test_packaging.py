@@ -50,20 +50,14 @@ def test_every_package_has_py_typed_and_declares_it_as_package_data(package: str
     where = ROOT if package == "magi2_core" else ROOT / package.split("/src/")[0]
     package_data = tomllib.loads((where / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     declared = package_data[package.rsplit("/", 1)[-1]]
-<<<<<<< HEAD
     assert "py.typed" in declared
     # every data file of the package (a backend's profile fragments) is declared, or a wheel would lack it
     data = [p.relative_to(ROOT / package) for p in (ROOT / package).rglob("*")
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
     missing = [str(p) for p in data if not any(p.match(glob) for glob in declared)]
     assert not missing, f"{package}: data files not in package-data: {missing}"
-=======
-    assert declared[0] == "py.typed" and set(declared) <= {"py.typed", "profiles/*.json"}
-    if "profiles/*.json" in declared:  # device profiles (fragments) are package data too, and exist
-        assert list((ROOT / package / "profiles").glob("*.json")), package
     if package == "magi2_core":
         assert "profiles/*.json" in declared
->>>>>>> profiles
 
 
 def _declared_core_api(backend: str) -> str:

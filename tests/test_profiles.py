@@ -16,7 +16,7 @@ import torch
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem, platform
 from magi2_core.errors import ConfigError, ProfileError
-from magi2_core.ops.rmsnorm import RMSNormKey, RMSNormSpec
+from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey, RMSNormSpec
 from magi2_core.profiles import (
     LoadedProfile,
     active_profile,
@@ -41,9 +41,8 @@ class Tagged:
     def __init__(self, tag: float) -> None:
         self.tag = tag
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: object,
-                 out_dtype: torch.dtype) -> torch.Tensor:
-        return torch.full(x.shape, self.tag, dtype=out_dtype)
+    def __call__(self, call: RMSNormCall) -> torch.Tensor:
+        return torch.full(call.x.shape, self.tag, dtype=call.out_dtype)
 
 
 @pytest.fixture(autouse=True)
@@ -262,7 +261,7 @@ def _tag(**kw: Any) -> float:
 
 
 def test_precedence_call_use_env_profile_priority(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=1.0,<2",
+    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
                        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
     reg = m2.get_registry()
     reg.register(InProcessBackend(spec), name="toys")
@@ -287,7 +286,7 @@ def test_precedence_call_use_env_profile_priority(tmp_path: Path, monkeypatch) -
 
 
 def test_a_preferred_provider_that_cannot_serve_gives_way_to_the_next_eligible(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=1.0,<2",
+    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
                        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
     reg = _with_reference(Registry(discover=False))
     reg.register(InProcessBackend(spec), name="toys")
@@ -313,7 +312,7 @@ def _with_reference(reg: Registry) -> Registry:
 
 
 def test_dispatcher_buckets_on_profile_boundaries(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=1.0,<2",
+    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
                        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
     reg = Registry(discover=False)
     reg.register(InProcessBackend(spec), name="toys")
@@ -361,7 +360,7 @@ def fragments_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _fragment_backend(name: str, *resources: str) -> InProcessBackend:
-    return InProcessBackend(BackendSpec(name=name, version="0", core_api=">=1.0,<2", providers=(), profiles=resources))
+    return InProcessBackend(BackendSpec(name=name, version="0", core_api=">=2.0,<3", providers=(), profiles=resources))
 
 
 def test_fragments_merge_core_first_then_backends_by_name(fragments_pkg: str, monkeypatch) -> None:

@@ -58,7 +58,7 @@ def _world(*, varlen_gqa: bool) -> Registry:
             fa3_plugin.descriptor(build).model_copy(update={"impl": f"{HOST}:runs"}),
             reference.model_copy(update={"name": "eager"}))
     reg = Registry(discover=False)
-    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=1.0,<2", providers=caps)),
+    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3", providers=caps)),
                  name="world")
     return reg
 
