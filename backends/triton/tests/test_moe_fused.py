@@ -423,8 +423,14 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
     kinds = {"table": (), "two_kernel": ("two_kernel",), "single": ("pointer", "tma")}[variant]
     candidates = triton_moe_experts.plan_candidates(call_problem(x, idx, wg, False))
     plan = next((c for c in candidates if not kinds or c.variant in kinds), None)
-    if plan is None:
-        pytest.skip(f"no {variant} plan can run this shape here")
+    if plan is None and variant == "single":
+        # no row of this device offers a one-kernel plan here: the pointer kernel, which runs any shape,
+        # with the first plan's rows per block and a 4-warp slice
+        first = candidates[0]
+        tile = {"BLOCK_M": first.tile["BLOCK_M"], "BLOCK_I": 32, "num_warps": 4, "num_stages": 3}
+        plan = first.model_copy(update={"variant": "pointer", "tile": tile, "align": (
+            first.align if first.align != "lists" else "atomic"), "why": "test: the pointer one-kernel plan"})
+    assert plan is not None, f"no {variant} plan for {shape}"
     y = run_plan(x, probs, idx, wg, wu, wd, plan, state=MoEState())
     ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     assert torch.isfinite(y).all()
