@@ -14,6 +14,7 @@ import torch
 import triton
 from torch import Tensor
 
+from magi2_core import config
 from magi2_core.errors import InvalidValueError
 from magi2_core.ops.moe_experts import validate as validate_experts
 from magi2_core.plan import Plan
@@ -123,6 +124,10 @@ def _planned(
     dev = device_id(device.type, device.index)
     plan, launch = plan_for(problem, dev, *rows_for(dev))
     return plan, launch, problem, dev
+
+
+# The plan of a shape follows the active profile: re-read after magi2_core.reload_config().
+config.on_reload(_planned.cache_clear)
 
 
 @dataclass
