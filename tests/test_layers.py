@@ -287,3 +287,12 @@ def test_every_backend_facade_name_is_its_home_object() -> None:
         assert getattr(facade, name) is getattr(importlib.import_module(module), attr), name
     with pytest.raises(AttributeError, match=r"magi2_core\.backend has no name 'get_registry'"):
         facade.get_registry  # noqa: B018
+
+
+def test_the_process_registry_hands_its_profile_fragments_to_the_profiles() -> None:
+    """Profiles sit below the registry: they get the backends' fragments by injection, not by import."""
+    from magi2_core.profiles import active
+    from magi2_core.registry import get_registry
+
+    source = active._backend_fragments
+    assert source is not None and tuple(source()) == get_registry().state().profiles
