@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, f
 
 from magi2_core.capability import Condition, Provenance
 from magi2_core.errors import ProfileError
-from magi2_core.problem import INT_FIELDS, OpName, Problem
+from magi2_core.problem import INT_FIELDS, OpName, Problem, op_fields
 
 __all__ = ["FORMAT", "VERSION", "PlanRow", "Preference", "Profile", "ProfileDevice", "load_profile", "parse_profile"]
 
@@ -140,11 +140,9 @@ def _field_errors(profile: Profile) -> list[str]:
     Plan rows are read by their provider, which may evaluate them on fields it derives (the Triton MoE
     fills ``routes_per_expert``): any problem field is accepted there (``Condition`` checks that).
     """
-    from magi2_core.ops import SPECS  # here: the op specs import the resolver, which imports profiles
-
     out = []
     for i, row in enumerate(profile.preferences):
-        known = SPECS[row.op].fields - {"op"}
+        known = op_fields(row.op) - {"op"}
         out += [f"preferences[{i}].when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
                 for c in row.when if c.field not in known]  # fmt: skip
     return out

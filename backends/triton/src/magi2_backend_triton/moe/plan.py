@@ -45,11 +45,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from magi2_core.capability import Condition
-from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
-from magi2_core.problem import Feature, Problem
-from magi2_core.profiles import DeviceKey, profile_of
+from magi2_core.backend import Condition, DeviceKey, Feature, InvalidValueError, Plan, Problem, profile_of
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason
