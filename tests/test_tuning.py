@@ -91,6 +91,7 @@ def toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.Modu
     """Two rmsnorm providers and a planned moe_experts provider on the CPU; no user profile of this machine."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("MAGI2_PROFILE", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no Triton provider on the CPU: only the toys compete
     mod = types.ModuleType(MOD)
     mod.norm = _norm  # type: ignore[attr-defined]
     mod.planned = Planned()  # type: ignore[attr-defined]

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+import magi2_core as m2
 from magi2_core.errors import InvalidValueError
 from magi2_core.problem import OpName
 
@@ -55,14 +57,10 @@ def _lengths_label(lengths: Sequence[int]) -> str:
 
 
 def _dtype(name: str) -> Any:
-    import torch
-
     return getattr(torch, name)
 
 
 def _generator(device: str, seed: int) -> Any:
-    import torch
-
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -94,10 +92,6 @@ class AttentionShape(BaseModel):
         return f"attention {heads}x{self.head_dim} [{_lengths_label(self.lengths)}] {self.dtype}{extra}"
 
     def build(self, device: str, seed: int = 0) -> Built:
-        import torch
-
-        import magi2_core as m2
-
         g, dt = _generator(device, seed), _dtype(self.dtype)
         t, kv = sum(self.lengths), self.heads_kv or self.heads_q
         q = torch.randn(t, self.heads_q, self.head_dim, device=device, generator=g).to(dt)
@@ -138,10 +132,6 @@ class ExpertsShape(BaseModel):
                 f"I{self.intermediate} {self.dtype}{det}")
 
     def build(self, device: str, seed: int = 0) -> Built:
-        import torch
-
-        import magi2_core as m2
-
         g, dt = _generator(device, seed), _dtype(self.dtype)
         t, h, e, k, d, i = self.tokens, self.heads, self.experts, self.top_k, self.hidden, self.intermediate
         x = torch.randn(t, h, d, device=device, generator=g).to(dt)
@@ -171,10 +161,6 @@ class RouteShape(BaseModel):
         return f"moe_route T{self.tokens} H{self.heads} E{self.experts} k{self.top_k} d{self.hidden} {self.dtype}"
 
     def build(self, device: str, seed: int = 0) -> Built:
-        import torch
-
-        import magi2_core as m2
-
         g = _generator(device, seed)
         t, h, e, d = self.tokens, self.heads, self.experts, self.hidden
         x = torch.randn(t, h, d, device=device, generator=g).to(_dtype(self.dtype))
@@ -207,10 +193,6 @@ class NormShape(BaseModel):
         return f"rmsnorm {'x'.join(map(str, self.shape))} {self.dtype}{out}{mods}"
 
     def build(self, device: str, seed: int = 0) -> Built:
-        import torch
-
-        import magi2_core as m2
-
         g = _generator(device, seed)
         m, d = len(self.modality_sizes or (0,)), self.shape[-1]
         x = torch.randn(*self.shape, device=device, generator=g).to(_dtype(self.dtype))

@@ -17,9 +17,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+import magi2_core as m2
 from magi2_core.errors import ResolutionError
 from magi2_core.plan import Plan
 from magi2_core.problem import Problem
+from magi2_core.registry import get_registry
 from magi2_core.timing import Timer, measure
 from magi2_core.tuning.grid import Built, Shape
 
@@ -95,9 +97,6 @@ class Prepared:
 
 def eligible_providers(op: str, built: Built) -> tuple[tuple[str, ...], dict[str, Any]]:
     """Every installed provider of ``op`` that can serve the call (forced in turn), and their kernel objects."""
-    import magi2_core as m2
-    from magi2_core.registry import get_registry
-
     reg = get_registry()
     names: list[str] = []
     kernels: dict[str, Any] = {}
@@ -113,8 +112,6 @@ def eligible_providers(op: str, built: Built) -> tuple[tuple[str, ...], dict[str
 
 def prepare(shape: Shape, device: str, seed: int = 0) -> Prepared:
     """Build ``shape``'s inputs on ``device``, resolve the call and find its eligible providers."""
-    import magi2_core as m2
-
     built = shape.build(device, seed)
     try:
         res = m2.resolve(shape.op, *built.args, **built.kwargs)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from magi2_core.platform import device_identity
 from magi2_core.problem import OPS, OpName
 from magi2_core.profiles.active import DeviceKey, active_profile
 from magi2_core.profiles.model import Profile
@@ -36,8 +37,6 @@ class TuneRun:
 
 def device_key(device: str) -> DeviceKey:
     """The device as profiles key it (its name and capability as torch reports them; the type alone names a CPU)."""
-    from magi2_core.platform import device_identity
-
     kind, _, index = device.partition(":")
     name, capability = device_identity(kind, int(index) if index else None)
     return DeviceKey(kind, name or kind, capability)
