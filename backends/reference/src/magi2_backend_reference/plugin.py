@@ -9,7 +9,7 @@ from pathlib import Path
 
 from magi2_backend_reference import __version__
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec
 from magi2_core.problem import Feature
 
 _ALL_FEATURES = frozenset(Feature)
@@ -125,7 +125,6 @@ PROVIDERS = (
 )
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-reference",
