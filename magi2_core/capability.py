@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from magi2_core.problem import INT_FIELDS, Feature, OpName, Problem
+from magi2_core.problem import INT_FIELDS, Feature, OpName, Problem, op_fields
 
 __all__ = ["Capability", "CompareOp", "Condition", "IntRange", "Provenance", "Rule"]
 
@@ -190,3 +190,11 @@ class Capability(BaseModel):
                 if c.field in INT_FIELDS:
                     out.setdefault(c.field, set()).update(c.boundaries())
         return out
+
+
+def descriptor_errors(cap: Capability) -> list[str]:
+    """Why ``cap`` cannot be a descriptor of its op: each field it names that the op's problem lacks
+    (such a range or rule would silently never fire). Empty: it is consistent."""
+    known = op_fields(cap.op)
+    return [f"{where} names {name!r}, which {cap.op} does not have (its fields: {sorted(known - {'op'})})"
+            for where, name in cap.named_fields() if name not in known]

@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["FEATURE_BIT", "INT_FIELDS", "OPS", "Feature", "OpName", "Problem", "features_from_mask"]
+__all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_INT_FIELDS", "OUT_DTYPE_OPS", "Feature",
+           "OpName", "Problem", "features_from_mask", "op_fields"]
 
 OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
 OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm")
@@ -81,3 +82,26 @@ FEATURE_BIT: dict[Feature, int] = {f: 1 << i for i, f in enumerate(_FEATURE_ORDE
 def features_from_mask(mask: int) -> frozenset[Feature]:
     """Inverse of OR-ing :data:`FEATURE_BIT` values (the hot path keeps features as an int)."""
     return frozenset(f for f in _FEATURE_ORDER if mask & FEATURE_BIT[f])
+
+
+# -- the fields of each op's problem ---------------------------------------------------------
+# The leading fields of every op's typed key (``magi2_core.ops``): device, dtype, out_dtype, feature mask.
+HEAD = ("device", "dtype", "out_dtype", "features")
+# Problem fields every op has (a descriptor or a profile row may name them whatever its op).
+COMMON_FIELDS = frozenset({"op", "device_type", "device_index", "dtype", "features", "feature"})
+# Each op's integer problem fields, in the order of its typed key after HEAD (the op's key type is
+# checked against this when its spec is defined): what the dispatcher buckets and descriptors may name.
+OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
+    "attention": ("tokens", "tokens_k", "max_seqlen_q", "max_seqlen_k", "num_segments", "head_dim", "num_heads_q",
+                  "num_heads_kv"),
+    "moe_route": ("tokens", "num_heads", "num_experts", "top_k", "hidden"),
+    "moe_experts": ("tokens", "num_heads", "num_experts", "top_k", "hidden", "intermediate"),
+    "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),
+}
+OUT_DTYPE_OPS: frozenset[OpName] = frozenset({"rmsnorm"})  # the ops whose problem has an out_dtype
+
+
+def op_fields(op: OpName) -> frozenset[str]:
+    """Every :class:`Problem` field a descriptor or profile row of ``op`` may name."""
+    extra = {"out_dtype"} if op in OUT_DTYPE_OPS else set()
+    return COMMON_FIELDS | frozenset(OP_INT_FIELDS[op]) | extra

@@ -51,20 +51,21 @@ from packaging.version import Version
 
 from magi2_core import config
 from magi2_core._version import CHANGED_SINCE, CORE_API_VERSION
-from magi2_core.capability import Capability
+from magi2_core.capability import Capability, descriptor_errors
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
-from magi2_core.profiles.active import Fragment, fragment_from_resource
+from magi2_core.profiles.active import Fragment, fragment_from_resource, use_backend_fragments
 from magi2_core.resolution import QuarantinedPlugin
 
 __all__ = [
     "ENTRY_POINT_GROUP", "REFERENCE", "REFERENCE_DIST", "LoadedBackend", "LoadedProvider", "Registry",
-    "RegistryState", "get_registry",
+    "RegistryState", "TORCH_SINK_CORRECTION", "get_registry",
 ]
 
 ENTRY_POINT_GROUP = "magi2_core.backends"
 REFERENCE = "reference"  # entry point and provider name of the exact reference
 REFERENCE_DIST = "magi2-backend-reference"  # the core's own dependency: always loaded, loaded first
+TORCH_SINK_CORRECTION = "torch"  # the core's own sink correction's name: no backend may contribute one by it
 SLOW_LOAD_S = 1.0  # a backend slower than this to import and describe itself is logged as a WARNING
 log = logging.getLogger("magi2_core")
 
@@ -268,11 +269,9 @@ class Registry:
             if not reference and any(c.name == REFERENCE for c in spec.providers):
                 raise ValueError(f"the provider name {REFERENCE!r} is reserved for {REFERENCE_DIST}'s exact "
                                  f"reference; rename this backend's provider")
-            from magi2_core.ops import SPECS  # here: the op specs import this module
-
             # A descriptor naming a field its op lacks is an authoring error that would never fire:
             # the whole backend is quarantined (as for any invalid spec), not just that capability dropped.
-            wrong = [f"{c.op}:{c.name} {why}" for c in spec.providers for why in SPECS[c.op].descriptor_errors(c)]
+            wrong = [f"{c.op}:{c.name} {why}" for c in spec.providers for why in descriptor_errors(c)]
             if wrong:
                 raise ValueError("capability descriptors name problem fields their op does not have: "
                                  + "; ".join(wrong))
@@ -307,10 +306,8 @@ class Registry:
 
     def _sink_corrections(self, spec: BackendSpec) -> tuple[SinkCorrectionSpec, ...]:
         """The spec's sink corrections, stamped with the backend; a name already contributed is an error."""
-        from magi2_core.sink_corrections import TORCH
-
         out = tuple(c.model_copy(update={"backend": spec.name}) for c in spec.sink_corrections)
-        taken = {TORCH} | {c.name for b in self._backends.values() for c in b.sink_corrections}
+        taken = {TORCH_SINK_CORRECTION} | {c.name for b in self._backends.values() for c in b.sink_corrections}
         clashes = sorted({c.name for c in out} & taken)
         if clashes:
             raise ValueError(f"sink correction names already taken (by the core or another backend): {clashes}")
@@ -514,4 +511,8 @@ def get_registry() -> Registry:
                 _REGISTRY = Registry()
                 config.on_reload(_REGISTRY._config_reloaded)
     return _REGISTRY
+
+
+# Device profiles merge the process registry's backend fragments (the registry hands them over).
+use_backend_fragments(lambda: get_registry().state().profiles)
 

@@ -30,7 +30,7 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.overrides import FAMILY, context_token, layered_overrides
-from magi2_core.problem import OpName, Problem
+from magi2_core.problem import HEAD, OpName, Problem
 from magi2_core.profiles.active import boundaries as profile_boundaries
 from magi2_core.profiles.active import profile_for
 from magi2_core.provider import Checkable
@@ -40,8 +40,6 @@ from magi2_core.strict import check_resolution
 
 if TYPE_CHECKING:
     from magi2_core.ops._spec import OpSpec
-
-HEAD = ("device", "dtype", "out_dtype", "features")  # the leading fields of every op's typed key
 
 __all__ = ["Bound", "CacheKey", "Dispatcher", "resolve_problem", "static_reasons"]
 

@@ -35,6 +35,7 @@ import torch
 from magi2_core import config
 from magi2_core.errors import Magi2Error
 from magi2_core.problem import OpName
+from magi2_core.registry import get_registry
 
 if TYPE_CHECKING:
     from magi2_core.ops._spec import OpSpec
@@ -162,8 +163,6 @@ def reset_stats() -> None:
 
 
 def _reference_kernel(op: OpName) -> Any:
-    from magi2_core.registry import get_registry
-
     p = get_registry().provider(op, REFERENCE)
     if p is None:
         raise RuntimeError(f"{op}: no reference provider is installed to shadow against")

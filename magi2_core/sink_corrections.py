@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from magi2_core import config
 from magi2_core.errors import ConfigError
+from magi2_core.registry import TORCH_SINK_CORRECTION, get_registry
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TORCH", "SinkCorrection", "SinkCorrectionFn", "sink_correction_for", "torch_correction"]
 
-TORCH = "torch"  # the core's own correction: always there, never contributed by a backend
+TORCH = TORCH_SINK_CORRECTION  # the core's own correction: always there, never contributed by a backend
 TORCH_IMPL = "magi2_core.sinks:apply_sink_correction"
 
 
@@ -132,8 +133,6 @@ _chosen_for: tuple[int, int] = (-1, -1)  # (registry generation, config generati
 def sink_correction_for(device_type: str) -> SinkCorrection:
     """The correction for ``device_type`` (chosen on first use, then cached; see the module doc)."""
     global _chosen_for
-    from magi2_core.registry import get_registry
-
     state = get_registry().state()
     key = (state.generation, config.generation)
     if key == _chosen_for:

@@ -5,7 +5,7 @@ Every new resolution decision (a new cache key of the op dispatcher) is logged a
 (any device type but ``cpu``) falls to the ``reference`` provider by priority (or by a device
 profile's preference), that is the slow
 path a user must hear about: a WARNING, once per key, naming why every faster provider was
-rejected. In strict mode (``MAGI2_STRICT=1`` or :func:`set_strict`) the same call raises
+rejected. In strict mode (``MAGI2_STRICT=1`` or :func:`magi2_core.set_strict`) the same call raises
 :class:`~magi2_core.errors.StrictModeError` instead.
 
 Only priority and profile decisions are judged: a provider forced by ``provider=``, ``use(...)`` or a
@@ -21,7 +21,7 @@ from magi2_core import config
 from magi2_core.errors import InvalidValueError, StrictModeError
 from magi2_core.resolution import Resolution, Verdict
 
-__all__ = ["LOGGER", "REFERENCE", "check_resolution", "is_strict", "set_strict"]
+__all__ = ["LOGGER", "REFERENCE", "check_resolution", "is_strict", "replace_strict"]
 
 LOGGER = logging.getLogger("magi2_core")
 REFERENCE = "reference"
@@ -30,26 +30,22 @@ REFERENCE = "reference"
 _STRICT: bool | None = None
 
 
-def set_strict(enabled: bool | None) -> bool | None:
-    """Turn strict mode on (``True``) or off (``False``) for the process, over ``MAGI2_STRICT``;
-    ``None`` follows the variable again. Returns the previous setting (passing it back restores it).
+def replace_strict(enabled: bool | None) -> bool | None:
+    """Set the process's strict mode (``None``: follow ``MAGI2_STRICT``) and return the previous setting.
 
-    Only ``True``, ``False`` and ``None`` are accepted: a string such as ``"no"`` is truthy, and
-    ``bool("no")`` would have turned strict mode on. Clears the op dispatcher's cache, so that a
-    decision cached before the switch is judged again.
+    What :func:`magi2_core.set_strict` does besides clearing the ops' cached decisions. Only ``True``,
+    ``False`` and ``None`` are accepted: a string such as ``"no"`` is truthy, and ``bool("no")`` would
+    have turned strict mode on.
     """
     global _STRICT
     if enabled is not None and not isinstance(enabled, bool):
         raise InvalidValueError("set_strict", "enabled", "True, False or None", repr(enabled))
     previous, _STRICT = _STRICT, enabled
-    from magi2_core.ops import dispatcher
-
-    dispatcher().clear()
     return previous
 
 
 def is_strict() -> bool:
-    """Whether an accelerator call resolved to the reference raises (:func:`set_strict`, else ``MAGI2_STRICT``)."""
+    """Whether an accelerator call resolved to the reference raises (:func:`magi2_core.set_strict`, else ``MAGI2_STRICT``)."""
     if _STRICT is not None:
         return _STRICT
     return bool(config.get("MAGI2_STRICT"))

@@ -18,9 +18,9 @@ from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionCall, AttentionKey, AttentionSpec
 from magi2_core.ops.attention import validate as validate_attention
-from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 from magi2_core.registry import Registry
 from magi2_core.resolver import Dispatcher
+from magi2_core.testing.specials import ROUTE_SPECIALS, RouteSpecial, route_specials
 
 INF = float("inf")
 

@@ -49,10 +49,10 @@ def explain(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
+    from magi2_core.cli._explain_fields import EXPLAIN_FIELDS, ExplainError
     from magi2_core.environment import present_device_types
     from magi2_core.errors import ResolutionError
     from magi2_core.ops import SPECS
-    from magi2_core.ops._spec import ExplainError
     from magi2_core.problem import OPS, Feature, Problem
     from magi2_core.resolver import resolve_problem
 
@@ -81,7 +81,7 @@ def explain(
     feats = {Feature.COMPILING} if compiling else set()
     spec = SPECS[op]
     try:
-        fields = spec.explain(opts, feats)
+        fields = EXPLAIN_FIELDS[op](opts, feats)
     except ExplainError as exc:
         reject(str(exc))
     # Generic escapes, so that a new feature or size field of an op needs no new option here.

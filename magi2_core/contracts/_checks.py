@@ -11,7 +11,7 @@ from magi2_core import config
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data", "dtype_in", "dtype_name", "rank", "same_device", "set_device_value_checks",
+    "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data", "dtype_in", "dtype_name", "rank", "replace_device_value_checks", "same_device",
     "tensor", "FLOATS", "head_activations",
 ]
 
@@ -29,16 +29,14 @@ def device_value_checks() -> bool:
     return bool(config.get("MAGI2_CHECK_DEVICE_VALUES")) if _DEVICE_VALUES is None else _DEVICE_VALUES
 
 
-def set_device_value_checks(enabled: bool | None) -> bool | None:
-    """Turn host-syncing checks of device-resident values on or off (``None``: follow
-    ``MAGI2_CHECK_DEVICE_VALUES``); returns the previous setting, which restores it when passed back."""
+def replace_device_value_checks(enabled: bool | None) -> bool | None:
+    """Set the checks of device-resident values (``None``: follow ``MAGI2_CHECK_DEVICE_VALUES``) and return
+    the previous setting: what :func:`magi2_core.set_device_value_checks` does besides clearing the ops'
+    cached call layouts."""
     global _DEVICE_VALUES
     if enabled is not None and not isinstance(enabled, bool):
         raise InvalidValueError("set_device_value_checks", "enabled", "True, False or None", repr(enabled))
     previous, _DEVICE_VALUES = _DEVICE_VALUES, enabled
-    from magi2_core.ops import dispatcher  # the ops' cached call layouts were validated under the old setting
-
-    dispatcher().clear()
     return previous
 
 

@@ -9,7 +9,7 @@ scores are ``sigmoid`` (the release) or ``softmax`` over a head's experts, compu
 :func:`router_scores`; the ids are the ``top_k`` largest ``score + bias`` in descending order, equal
 values in ascending expert id (NaN ranks highest, ``-inf`` lowest: a ``-inf`` bias selects its expert
 only in a head with fewer than ``top_k`` others; ids distinct, in ``[0, E)``; the conformance inputs of
-:func:`magi2_core.ops.moe_route.route_specials`); the weights are the selected unbiased scores,
+:func:`magi2_core.testing.specials.route_specials`); the weights are the selected unbiased scores,
 L1-normalised unless ``route_norm=False``, times ``route_scale``.
 Experts: ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; probs FP32 ``[Hl, T, K]``,
 idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``.

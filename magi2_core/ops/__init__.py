@@ -2,9 +2,11 @@
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
 :mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`): its public function, typed
-problem key, validation, kernel Protocol, ``torch.compile`` fake, acceptance rule, conformance cases
-and ``magi2 explain`` fields (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow
-verification, the conformance kit and ``magi2 explain`` loop over :data:`SPECS`.
+problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
+(:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
+``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
+(:mod:`magi2_core.testing.op_cases`) and the ``explain`` fields in the CLI
+(:mod:`magi2_core.cli._explain_fields`), so that the hot path imports neither.
 
 Eager calls go straight to the provider's kernel; a repeated call layout (shapes, dtypes, devices,
 scalar arguments) reuses its validation and resolution. Under ``torch.compile`` each public op is

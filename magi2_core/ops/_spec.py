@@ -2,9 +2,11 @@
 
 An op spec (one module per operator in :mod:`magi2_core.ops`) is the one home of its operator: the
 public function and its docstring, the typed problem key, validation, the kernel Protocol, the
-``torch.compile`` fake, the acceptance rule, the conformance cases and the ``magi2 explain`` fields.
-The resolver, shadow verification, the conformance kit and ``magi2 explain`` are loops over
-:data:`magi2_core.ops.SPECS` that call the methods below and never switch on the op's name.
+``torch.compile`` fake and the acceptance rule. The resolver, shadow verification, the conformance
+kit and ``magi2 explain`` are loops over :data:`magi2_core.ops.SPECS` that call the methods below
+and never switch on the op's name. The op's integer problem fields are data in
+:data:`magi2_core.problem.OP_INT_FIELDS` (the registry and the profiles check descriptors against
+them without importing the ops); a spec's key type is checked against them when it is defined.
 
 The typed problem key of an op is a ``NamedTuple`` whose first four fields are :data:`HEAD` (device,
 dtype, out_dtype, feature mask) and whose other fields are the op's integer problem fields, by their
@@ -15,30 +17,21 @@ descriptor may name only fields that its op's key (or :data:`COMMON_FIELDS`) has
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
-from magi2_core.capability import Capability
+from magi2_core.capability import Capability, descriptor_errors
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts.acceptance import Acceptance
 from magi2_core.errors import InvalidValueError
-from magi2_core.problem import Feature, OpName, Problem, features_from_mask
-from magi2_core.resolver import HEAD
-from magi2_core.testing.case import Call, Case
+from magi2_core.problem import COMMON_FIELDS, HEAD, OP_INT_FIELDS, OpName, Problem, features_from_mask, op_fields
 
-__all__ = ["COMMON_FIELDS", "HEAD", "CallT", "ExplainError", "KeyT", "OpSpec", "dense", "forward_only"]
-
-# Problem fields every op has (a descriptor may name them whatever its op): see OpSpec.fields.
-COMMON_FIELDS = frozenset({"op", "device_type", "device_index", "dtype", "features", "feature"})
+__all__ = ["COMMON_FIELDS", "HEAD", "CallT", "KeyT", "OpSpec", "dense", "forward_only"]
 
 CallT = TypeVar("CallT", bound=tuple[Any, ...])
 KeyT = TypeVar("KeyT", bound=tuple[Any, ...])
-
-
-class ExplainError(ValueError):
-    """A ``magi2 explain`` option combination that describes no valid call (the message says why)."""
 
 
 def forward_only(op: str, **tensors: torch.Tensor | None) -> None:
@@ -69,27 +62,31 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     arg_names: ClassVar[tuple[str, ...]]  # the public function's positional tensor arguments, in order
     kernel_protocol: ClassVar[type]  # what a provider's kernel object must look like (documentation, typing)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = getattr(cls, "key_type", None) and cls.key_type._fields  # type: ignore[attr-defined]
+        if fields and (fields[:len(HEAD)] != HEAD or fields[len(HEAD):] != OP_INT_FIELDS[cls.name]):
+            raise TypeError(f"{cls.__name__}.key_type fields {fields} are not HEAD + "
+                            f"magi2_core.problem.OP_INT_FIELDS[{cls.name!r}] {HEAD + OP_INT_FIELDS[cls.name]}")
+
     # -- the problem ---------------------------------------------------------------------------
     @property
     def int_fields(self) -> tuple[str, ...]:
         """The op's integer problem fields, in key order (what the dispatcher buckets)."""
-        fields: tuple[str, ...] = self.key_type._fields[len(HEAD):]  # type: ignore[attr-defined]
-        return fields
+        return OP_INT_FIELDS[self.name]
 
     @property
     def fields(self) -> frozenset[str]:
         """Every :class:`Problem` field a descriptor of this op may name (ranges, rule conditions)."""
-        extra = {"out_dtype"} if self.has_out_dtype else set()
-        return COMMON_FIELDS | frozenset(self.int_fields) | extra
+        return op_fields(self.name)
 
-    has_out_dtype: ClassVar[bool] = False
+    @property
+    def has_out_dtype(self) -> bool:
+        return "out_dtype" in self.fields
 
     def descriptor_errors(self, cap: Capability) -> list[str]:
-        """Why ``cap`` cannot be a descriptor of this op: each field it names that the op's problem
-        lacks (such a range or rule would silently never fire). Empty: it is consistent."""
-        known = self.fields
-        return [f"{where} names {name!r}, which {self.name} does not have (its fields: {sorted(known - {'op'})})"
-                for where, name in cap.named_fields() if name not in known]
+        """Why ``cap`` cannot be a descriptor of this op (:func:`~magi2_core.capability.descriptor_errors`)."""
+        return descriptor_errors(cap)
 
     def problem(self, key: KeyT) -> Problem:
         """The public :class:`Problem` of a typed key (what descriptors, rules and ``explain`` see)."""
@@ -124,31 +121,3 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
                call: CallT) -> list[Acceptance]:
         """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)
         for the validated ``call`` that produced both (a rule may judge against a truth of the inputs)."""
-
-    # -- conformance ---------------------------------------------------------------------------
-    @abstractmethod
-    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
-        """The conformance cases of ``cap`` on ``device`` (ranges are filtered by the caller)."""
-
-    @abstractmethod
-    def case_problem(self, case: Case) -> Problem:
-        """The :class:`Problem` the op will build for ``case`` (what selection sees), without tensors."""
-
-    @abstractmethod
-    def build(self, case: Case, g: torch.Generator) -> Call:
-        """The case's arguments on the CPU, drawn from ``g``."""
-
-    @abstractmethod
-    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
-        """Each output's contract shape and allowed dtypes for the public call ``call``."""
-
-    @abstractmethod
-    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
-        """Calls the op must reject with an input error, by what is wrong with them (``other``: a
-        floating dtype that is not ``dtype``)."""
-
-    # -- magi2 explain -------------------------------------------------------------------------
-    @abstractmethod
-    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
-        """The :class:`Problem` fields ``magi2 explain`` options describe (adding to ``features``);
-        raises :class:`ExplainError` for options that describe no valid call."""

@@ -7,27 +7,23 @@ weights out once, at load time, for the provider that serves them (see :mod:`mag
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
 from magi2_core import config
 from magi2_core import shadow as _shadow
-from magi2_core.capability import Capability
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
 from magi2_core.ops._dispatch import dispatcher
-from magi2_core.ops._moe_cases import moe_case_problem, moe_cases, moe_explain, router_inputs
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolver import resolve_problem
-from magi2_core.testing.case import Call, Case, clamp, dtype_of, randn
 
 __all__ = ["SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPreparer", "moe_experts",
            "prepare_moe_weights", "validate"]
@@ -335,55 +331,6 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
     def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
                call: Any) -> list[acc.Acceptance]:
         return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
-
-    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
-        variants: dict[str, dict[str, Any]] = {"hot-expert": {"pattern": "hot"}}  # other experts stay empty
-        if Feature.DETERMINISTIC in cap.features:
-            variants["deterministic"] = {"deterministic": True}
-        return moe_cases(OP, cap, device, tokens=29, extra={"i": clamp(64, cap, "intermediate")}, variants=variants)
-
-    def case_problem(self, case: Case) -> Problem:
-        return moe_case_problem(case)
-
-    def build(self, case: Case, g: torch.Generator) -> Call:
-        p = case.p
-        dt = dtype_of(case.dtype)
-        t, hl, e, k, d, i = p["t"], p["hl"], p["e"], p["k"], p["d"], p["i"]
-        x, w, bias = router_inputs(g, p, dt)
-        # Routing as the model does it (distinct experts per token), computed exactly in FP64.
-        logits = torch.einsum("thd,hed->hte", x.double(), w.double().view(hl, e, d))
-        scores = torch.sigmoid(logits)
-        select = scores if bias is None else scores + bias.double().view(hl, 1, e)
-        if p["pattern"] == "hot":
-            idx = torch.arange(k, dtype=torch.int64).expand(hl, t, k).contiguous()
-        else:
-            idx = torch.topk(select, k, dim=-1).indices
-        probs = torch.gather(scores, -1, idx)
-        probs = (probs / probs.sum(-1, keepdim=True).clamp_min(1e-12) * 4.9).float()
-        w_gate = randn(g, (hl * e, d, i), dt, 1.0 / math.sqrt(d))
-        w_up = randn(g, (hl * e, d, i), dt, 1.0 / math.sqrt(d))
-        w_down = randn(g, (hl * e, i, d), dt, 1.0 / math.sqrt(i))
-        kwargs: dict[str, Any] = {"deterministic": True} if p.get("deterministic") else {}
-        return Call((x, probs, idx, w_gate, w_up, w_down), kwargs)
-
-    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
-        x = call.args[0]
-        return {"y": (list(x.shape), (x.dtype,))}
-
-    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
-        x, _, _ = router_inputs(g, {"t": 6, "hl": 2, "e": 4, "d": 8, "bias": True}, dtype)
-        probs = torch.rand(2, 6, 2, generator=g)
-        idx = torch.randint(0, 4, (2, 6, 2), generator=g)
-        wg, wu = randn(g, (8, 8, 16), dtype), randn(g, (8, 8, 16), dtype)
-        wd = randn(g, (8, 16, 8), dtype)
-        return {
-            "expert id out of range": Call((x, probs, idx + 4, wg, wu, wd), {}),
-            "w_down of the wrong shape": Call((x, probs, idx, wg, wu, wd[:, :8]), {}),
-            "weights in another dtype": Call((x, probs, idx, wg.to(other), wu, wd), {}),
-        }
-
-    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
-        return moe_explain(opts, features) | {"intermediate": opts["intermediate"]}
 
 
 SPEC = MoEExpertsSpec()

@@ -5,7 +5,7 @@
 are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
 :func:`magi2_core.contracts.moe.router_scores`; the ids are the ``top_k`` largest ``score + bias`` in
 descending order, equal values in ascending expert id (NaN ranks highest, ``-inf`` lowest, as
-upstream's ``torch.topk``: :func:`route_specials`); the weights are the selected unbiased scores,
+upstream's ``torch.topk``: :func:`magi2_core.testing.specials.route_specials`); the weights are the selected unbiased scores,
 L1-normalised unless ``route_norm=False``, times ``route_scale``. A NaN bias is rejected on the host
 (and on a device with device value checks); ``±inf`` are accepted.
 The acceptance rule is the routing contract of operators.md §3.2 (ids against the float64 truth).
@@ -14,35 +14,22 @@ The acceptance rule is the routing contract of operators.md §3.2 (ids against t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
 from magi2_core import shadow as _shadow
-from magi2_core.capability import Capability
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._dispatch import dispatcher
-from magi2_core.ops._moe_cases import (
-    ROUTE_SPECIALS,
-    RouteSpecial,
-    moe_case_problem,
-    moe_cases,
-    moe_explain,
-    route_specials,
-    router_inputs,
-)
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
-from magi2_core.problem import FEATURE_BIT, Feature, Problem
-from magi2_core.testing.case import Call, Case, dtype_of
-from magi2_core.testing.route import plant_near_ties
+from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["ROUTE_SPECIALS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "RouteSpecial", "moe_route",
-           "route_specials", "validate"]
+__all__ = ["SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
 
 OP: Literal["moe_route"] = "moe_route"
 _COMPILING = FEATURE_BIT[Feature.COMPILING]
@@ -275,50 +262,6 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
         truth = acc.route_truth(call.x, call.router_weight, call.bias, top_k=call.top_k,
                                 route_scale=call.route_scale, route_norm=call.route_norm, score_func=call.score_func)
         return [acc.accept_moe_route(got["probs"], got["idx"], truth)]
-
-    def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
-        # near-ties: router rows planted to tie exactly, or within and around the contract's gap
-        variants: dict[str, dict[str, Any]] = {"no-bias": {"bias": False}, "near-ties": {"near_ties": True}}
-        if Feature.ROUTE_SOFTMAX in cap.features:
-            variants["softmax"] = {"score_func": "softmax"}
-        if Feature.ROUTE_NO_NORM in cap.features:
-            variants["no-norm"] = {"route_norm": False}
-            if Feature.ROUTE_SOFTMAX in cap.features:
-                variants["softmax-no-norm"] = {"score_func": "softmax", "route_norm": False}
-        for kind in ROUTE_SPECIALS:  # non-finite inputs whose routes upstream defines
-            variants[kind.replace("_", "-")] = {"special": kind}
-        return moe_cases(OP, cap, device, tokens=37, extra={}, variants=variants)
-
-    def case_problem(self, case: Case) -> Problem:
-        return moe_case_problem(case)
-
-    def build(self, case: Case, g: torch.Generator) -> Call:
-        p = case.p
-        x, w, bias = router_inputs(g, p, dtype_of(case.dtype))
-        if p.get("special"):
-            assert bias is not None
-            x, bias = route_specials(p["special"], x, bias, top_k=p["k"])
-        if p.get("near_ties"):
-            w, bias = plant_near_ties(g, w, bias, num_heads=p["hl"])
-        options = {"route_norm": p.get("route_norm", True), "score_func": p.get("score_func", "sigmoid")}
-        return Call((x, w, bias), {"top_k": p["k"], "route_scale": 4.9, **options})
-
-    def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
-        x = call.args[0]
-        shape = [x.shape[1], x.shape[0], call.kwargs["top_k"]]
-        return {"probs": (shape, (torch.float32,)), "idx": (shape, (torch.int64, torch.int32))}
-
-    def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
-        x, w, bias = router_inputs(g, {"t": 6, "hl": 2, "e": 4, "d": 8, "bias": True}, dtype)
-        assert bias is not None
-        return {
-            "top_k larger than the experts per head": Call((x, w, bias), {"top_k": 5}),
-            "router_weight not FP32": Call((x, w.to(dtype if dtype != torch.float32 else other), bias), {"top_k": 2}),
-            "bias of the wrong length": Call((x, w, bias[:-1]), {"top_k": 2}),
-        }
-
-    def explain(self, opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
-        return moe_explain(opts, features)
 
 
 SPEC = MoERouteSpec()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata, resources
@@ -43,8 +43,8 @@ from magi2_core.resolution import PreferenceNote, ProfileNote
 
 __all__ = [
     "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "boundaries",
-    "fragment_from_resource", "installed_version", "profile_for", "reset_profiles", "shipped_profiles", "user_profile_dir",
-    "user_profiles",
+    "fragment_from_resource", "installed_version", "profile_for", "reset_profiles", "shipped_profiles",
+    "use_backend_fragments", "user_profile_dir", "user_profiles",
 ]
 
 GENERIC = "generic"
@@ -120,6 +120,16 @@ _user: tuple[Fragment, ...] | None = None
 _files: dict[str, Profile] = {}
 _active: dict[tuple[Any, ...], LoadedProfile] = {}
 _bounds: dict[tuple[Any, ...], dict[str, tuple[int, ...]]] = {}
+# Where active_profile() finds the backends' fragments by default: set by the process registry
+# (magi2_core.registry hands over its own, so that this module never imports the registry).
+_backend_fragments: Callable[[], Sequence[Fragment]] | None = None
+
+
+def use_backend_fragments(source: Callable[[], Sequence[Fragment]] | None) -> None:
+    """Make ``source()`` the backends' fragments that :func:`active_profile` merges by default (the process
+    registry calls this when it is imported; ``None``: no backend fragments)."""
+    global _backend_fragments
+    _backend_fragments = source
 
 
 def reset_profiles() -> None:
@@ -292,12 +302,11 @@ def _device(device: Any) -> tuple[str, int | None]:
 def active_profile(device: Any = "cpu", backends: Sequence[Fragment] | None = None) -> LoadedProfile:
     """The profile active for ``device`` (a ``torch.device``, or ``"cuda"``, ``"cuda:1"``, ...).
 
-    ``backends``: the backends' fragments (default: those of the process registry's backends).
+    ``backends``: the backends' fragments (default: those of the process registry's backends, handed
+    over by :func:`use_backend_fragments`).
     """
     if backends is None:
-        from magi2_core.registry import get_registry
-
-        backends = get_registry().state().profiles
+        backends = () if _backend_fragments is None else _backend_fragments()
     kind, index = _device(device)
     return profile_for(kind, index, backends)
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, f
 
 from magi2_core.capability import Condition, Provenance
 from magi2_core.errors import ProfileError
-from magi2_core.problem import INT_FIELDS, OpName, Problem
+from magi2_core.problem import INT_FIELDS, OpName, Problem, op_fields
 
 __all__ = ["FORMAT", "VERSION", "PlanRow", "Preference", "Profile", "ProfileDevice", "load_profile", "parse_profile"]
 
@@ -136,13 +136,11 @@ class Profile(BaseModel):
 
 def _field_errors(profile: Profile) -> list[str]:
     """Conditions naming a problem field their op does not have (they would never match)."""
-    from magi2_core.ops import SPECS  # here: the op specs import the resolver, which imports profiles
-
     out = []
     rows: list[tuple[str, Preference | PlanRow]] = [(f"preferences[{i}]", r) for i, r in enumerate(profile.preferences)]
     rows += [(f"plans[{i}]", r) for i, r in enumerate(profile.plans)]
     for where, row in rows:
-        known = SPECS[row.op].fields - {"op"}
+        known = op_fields(row.op) - {"op"}
         out += [f"{where}.when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
                 for c in row.when if c.field not in known]  # fmt: skip
     return out

@@ -18,9 +18,9 @@ from magi2_backend_reference.attention import reference_attention
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.errors import ProviderNotEligibleError
-from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.resolution import ReasonCode
 from magi2_core.testing import call_record
+from magi2_core.testing.specials import SINK_KINDS, sink_logits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
 import oracles

@@ -31,7 +31,6 @@ from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 import magi2_core as m2
 from magi2_core import platform
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
-from magi2_core.ops.attention import SINK_KINDS, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.profiles import Profile, reset_profiles, shipped_profiles
 from magi2_core.registry import Registry
@@ -40,6 +39,7 @@ from magi2_core.resolver import resolve_problem
 from magi2_core.sink_corrections import torch_correction
 from magi2_core.sinks import sink_correction
 from magi2_core.testing import InProcessBackend, call_record
+from magi2_core.testing.specials import SINK_KINDS, sink_logits
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo

@@ -20,8 +20,8 @@ from magi2_backend_musa_mate.provider import MateAttention, mate_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, rel_l2
-from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.ops.attention import validate as validate_attention
+from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits
 
 pytestmark = pytest.mark.musa
 

@@ -17,11 +17,11 @@ from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeTritonSinks, FakeVarlen, 
 import magi2_core as m2
 from magi2_core import registry
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, within_ulps
-from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolution import ReasonCode
 from magi2_core.sinks import sink_correction, sink_scale
 from magi2_core.testing import call_record
+from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the float64 oracles of this monorepo
 import oracles

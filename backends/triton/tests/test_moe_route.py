@@ -25,8 +25,8 @@ from magi2_backend_triton.moe_route import select_routes, triton_moe_route, trit
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.errors import InvalidShapeError
-from magi2_core.ops.moe_route import ROUTE_SPECIALS, RouteSpecial, route_specials
 from magi2_core.testing import call_record
+from magi2_core.testing.specials import ROUTE_SPECIALS, RouteSpecial, route_specials
 
 # The float64 oracles live with the core tests of this monorepo.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))

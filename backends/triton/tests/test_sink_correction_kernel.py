@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 from magi2_backend_triton.sink_correction import apply_sink_correction, triton_sink_correction
 
-from magi2_core.ops.attention import SINK_KINDS, SinkKind, sink_logits
+from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"

@@ -13,7 +13,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
-from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
+from magi2_core.backend import SinkCorrection, sink_correction_for
 
 __all__ = ["FlashAttentionProvider", "Loaded", "cuda_sink_correction", "device_capability"]
 

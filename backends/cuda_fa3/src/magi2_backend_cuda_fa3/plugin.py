@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from magi2_backend_cuda_fa3 import __version__
 from magi2_backend_cuda_fa3.discovery import FoundBuild, installed_build
-from magi2_core.capability import Capability, IntRange
-from magi2_core.hookspecs import BackendSpec
-from magi2_core.problem import Feature
+from magi2_core.backend import BackendSpec, Capability, Feature, IntRange
 
 __all__ = ["descriptor", "dtypes", "head_dims", "magi2_backend"]
 

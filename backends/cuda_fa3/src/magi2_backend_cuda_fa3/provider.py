@@ -21,11 +21,10 @@ import torch
 
 from magi2_backend_cuda_fa3.abi import FA3Abi, load_fa3
 from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
-from magi2_core.problem import Feature, Problem
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.backend import Feature, Problem, Reason, ReasonCode
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = ["FA3Attention", "device_capability", "fa3_attention"]
 

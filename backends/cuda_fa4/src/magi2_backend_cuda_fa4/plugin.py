@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from magi2_backend_cuda_fa4 import __version__
 from magi2_backend_cuda_fa4.discovery import FA4Install, installed
-from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec
-from magi2_core.problem import Feature
+from magi2_core.backend import BackendSpec, Capability, Feature
 
 __all__ = ["HEAD_DIMS", "descriptor", "magi2_backend"]
 

@@ -30,11 +30,10 @@ from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capabilit
 
 from magi2_backend_cuda_fa4.abi import FA4Abi, load_fa4
 from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
-from magi2_core.problem import Problem
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.backend import Problem, Reason, ReasonCode
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = ["CC_MAJORS", "FA4Attention", "device_capability", "fa4_attention"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-import magi2_core as m2
-from magi2_core.provider import SinkRescale
+from magi2_core import backend as m2
+from magi2_core.backend import SinkRescale
 
 __all__ = ["WarmupRecord", "warmup"]
 

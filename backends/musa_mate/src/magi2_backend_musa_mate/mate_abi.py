@@ -39,10 +39,10 @@ from packaging.version import InvalidVersion, Version
 
 from magi2_backend_musa_mate.platform import import_musa_runtime, musa_installed
 from magi2_backend_musa_mate.settings import MATE_BACKEND
-from magi2_core import config
+from magi2_core.backend import config
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = [
     "BACKENDS",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from magi2_core.platform import musa_installed
+from magi2_core.backend import musa_installed
 
 __all__ = ["DEVICE_TYPE", "import_musa_runtime", "musa_installed"]
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from magi2_backend_musa_mate import __version__
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
 from magi2_backend_musa_mate.settings import SETTINGS
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
-from magi2_core.hookspecs import BackendSpec
-from magi2_core.problem import Feature
+from magi2_core.backend import BackendSpec, Capability, Condition, Feature, IntRange, Provenance, Rule
 
 __all__ = ["MATE_ATTENTION", "SHORT_SEQUENCE_FLOOR", "SHORT_SEQUENCE_RULE", "magi2_backend"]
 

@@ -24,13 +24,10 @@ import torch
 from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, requested_backend
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
 from magi2_backend_musa_mate.settings import MATE_SINK_CORRECTION
-from magi2_core.errors import ConfigError
-from magi2_core.problem import Feature, Problem
-from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sink_corrections import sink_correction_for
+from magi2_core.backend import ConfigError, Feature, Problem, Reason, ReasonCode, sink_correction_for
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = ["SINK_CORRECTION_ENV", "MateAttention", "mate_attention"]
 

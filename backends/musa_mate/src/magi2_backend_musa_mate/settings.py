@@ -7,7 +7,7 @@ loaded; the provider reads them with ``magi2_core.config.get(<setting>.name)``.
 from __future__ import annotations
 
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
-from magi2_core.hookspecs import Setting
+from magi2_core.backend import Setting
 
 __all__ = ["MATE_BACKEND", "MATE_SINK_CORRECTION", "SETTINGS"]
 

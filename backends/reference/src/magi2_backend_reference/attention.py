@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from magi2_core.provider import SinkRescale
-from magi2_core.sinks import sink_correction
+from magi2_core.backend import SinkRescale, sink_correction
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = ["MAX_SCORE_ELEMENTS", "exact_attention", "reference_attention"]
 

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from magi2_core.contracts.moe import ScoreFunc, router_scores, swiglu7
+from magi2_core.backend import ScoreFunc, router_scores, swiglu7
 
 if TYPE_CHECKING:
-    from magi2_core.ops.moe_experts import ExpertsCall
-    from magi2_core.ops.moe_route import RouteCall
+    from magi2_core.backend import ExpertsCall, RouteCall
 
 __all__ = ["exact_moe_experts", "exact_moe_route", "flat_expert_ids", "reference_moe_experts", "reference_moe_route"]
 

@@ -8,9 +8,7 @@ import inspect
 from pathlib import Path
 
 from magi2_backend_reference import __version__
-from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec
-from magi2_core.problem import Feature
+from magi2_core.backend import BackendSpec, Capability, Feature
 
 _ALL_FEATURES = frozenset(Feature)
 _PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for

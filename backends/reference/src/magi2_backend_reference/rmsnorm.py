@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from magi2_core.ops.rmsnorm import RMSNormCall
+    from magi2_core.backend import RMSNormCall
 
 __all__ = ["broadcast_scale", "reference_rmsnorm", "reference_rmsnorm_fp32"]
 

@@ -15,13 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from magi2_core.platform import absent_device
-from magi2_core.problem import Feature, Problem
-from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.sink_corrections import sink_correction_for
+from magi2_core.backend import Feature, Problem, Reason, ReasonCode, absent_device, sink_correction_for
 
 if TYPE_CHECKING:
-    from magi2_core.ops.attention import AttentionCall
+    from magi2_core.backend import AttentionCall
 
 __all__ = ["TorchVarlenAttention", "torch_varlen_attention"]
 

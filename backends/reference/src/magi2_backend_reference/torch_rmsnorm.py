@@ -12,12 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from magi2_backend_reference.rmsnorm import broadcast_scale
-from magi2_core.platform import absent_device
-from magi2_core.problem import Problem
-from magi2_core.resolution import Reason
+from magi2_core.backend import Problem, Reason, absent_device
 
 if TYPE_CHECKING:
-    from magi2_core.ops.rmsnorm import RMSNormCall
+    from magi2_core.backend import RMSNormCall
 
 __all__ = ["TorchRMSNorm", "torch_rmsnorm"]
 

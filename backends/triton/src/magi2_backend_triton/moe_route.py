@@ -25,11 +25,8 @@ import triton
 import triton.language as tl
 
 from magi2_backend_triton.providers import device_reasons
-from magi2_core.contracts.moe import router_scores
-from magi2_core.ops.moe_route import RouteCall
-from magi2_core.ops.moe_route import validate as validate_route
-from magi2_core.problem import Problem
-from magi2_core.resolution import Reason
+from magi2_core.backend import Problem, Reason, RouteCall, router_scores
+from magi2_core.backend import validate_moe_route as validate_route
 
 __all__ = ["TritonMoERoute", "select_routes", "triton_moe_route", "triton_select_routes"]
 

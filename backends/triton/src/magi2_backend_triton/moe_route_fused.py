@@ -45,12 +45,10 @@ import triton.language as tl
 
 from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.providers import device_reasons
-from magi2_core.contracts.moe import ScoreFunc
-from magi2_core.problem import Problem
-from magi2_core.resolution import Reason
+from magi2_core.backend import Problem, Reason, ScoreFunc
 
 if TYPE_CHECKING:
-    from magi2_core.ops.moe_route import RouteCall
+    from magi2_core.backend import RouteCall
 
 __all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
            "triton_fused_moe_route"]

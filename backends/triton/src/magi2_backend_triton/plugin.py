@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from magi2_backend_triton import __version__
 from magi2_backend_triton.interpret import interpreting
-from magi2_core.capability import Capability, IntRange
-from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
-from magi2_core.problem import Feature
+from magi2_core.backend import BackendSpec, Capability, Feature, IntRange, SinkCorrectionSpec
 
 _PKG = "magi2_backend_triton.providers"
 

@@ -17,14 +17,10 @@ from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
-from magi2_core.plan import Plan
-from magi2_core.platform import absent_device
-from magi2_core.problem import Problem
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.backend import Plan, Problem, Reason, ReasonCode, absent_device
 
 if TYPE_CHECKING:
-    from magi2_core.ops.moe_experts import ExpertsCall
-    from magi2_core.ops.rmsnorm import RMSNormCall
+    from magi2_core.backend import ExpertsCall, RMSNormCall
 
 __all__ = ["TritonMoEExperts", "TritonRMSNorm", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
+from magi2_core.backend import validate_rmsnorm
 
 __all__ = ["launch_rmsnorm", "triton_rmsnorm"]
 

@@ -14,10 +14,8 @@ import torch
 import triton
 from torch import Tensor
 
-from magi2_core.errors import InvalidValueError
-from magi2_core.ops.moe_experts import validate as validate_experts
-from magi2_core.plan import Plan
-from magi2_core.problem import Feature, Problem
+from magi2_core.backend import Feature, InvalidValueError, Plan, Problem
+from magi2_core.backend import validate_moe_experts as validate_experts
 
 from ..interpret import interpreting as _interpreting
 from .align import (

@@ -19,13 +19,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from magi2_core.contracts import moe as moe_contract
+from magi2_core.backend import SWIGLU_ALPHA as CONTRACT_ALPHA
+from magi2_core.backend import SWIGLU_LIMIT as CONTRACT_LIMIT
 
 from ..bf16 import rne_bf16_bits
 
 # SwiGLU7's constants from the operator contract, as compile-time constants of the kernels.
-SWIGLU_ALPHA: tl.constexpr = tl.constexpr(moe_contract.SWIGLU_ALPHA)
-SWIGLU_LIMIT: tl.constexpr = tl.constexpr(moe_contract.SWIGLU_LIMIT)
+SWIGLU_ALPHA: tl.constexpr = tl.constexpr(CONTRACT_ALPHA)
+SWIGLU_LIMIT: tl.constexpr = tl.constexpr(CONTRACT_LIMIT)
 
 
 @triton.jit

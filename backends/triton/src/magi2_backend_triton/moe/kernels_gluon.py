@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT
+from magi2_core.backend import SWIGLU_ALPHA, SWIGLU_LIMIT
 
 _ALPHA = gl.constexpr(SWIGLU_ALPHA)
 _LIMIT = gl.constexpr(SWIGLU_LIMIT)

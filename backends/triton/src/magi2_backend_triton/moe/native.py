@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from magi2_core.contracts.moe import swiglu7
+from magi2_core.backend import swiglu7
 
 from .align import flat_route_experts
 

@@ -41,10 +41,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from magi2_core.capability import Condition
-from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
-from magi2_core.problem import Feature, Problem
+from magi2_core.backend import Condition, Feature, InvalidValueError, Plan, Problem
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason

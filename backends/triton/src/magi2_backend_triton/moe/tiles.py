@@ -34,8 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
+from magi2_core.backend import InvalidValueError, Plan
 
 __all__ = ["ALIGNMENTS", "ONE_KERNEL", "VARIANTS", "Alignment", "GemmTile", "Launch", "SliceTile", "Variant",
            "launch_of"]

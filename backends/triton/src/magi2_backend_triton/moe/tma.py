@@ -14,7 +14,7 @@ import torch
 import triton
 from torch import Tensor
 
-from magi2_core.errors import InvalidValueError
+from magi2_core.backend import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
 from .align import RouteBuffers

@@ -1,0 +1,136 @@
+"""What a backend may import from the core: the one module the shipped backends use (docs/api.md).
+
+A backend's plugin module imports this first, to describe itself, so it must stay cheap: each name is
+imported from its home on first use (PEP 562), and ``from magi2_core.backend import BackendSpec,
+Capability`` imports neither torch nor the registry. The block under ``TYPE_CHECKING`` gives
+type checkers the same names (a test checks that it agrees with :data:`_HOME`).
+
+The names, by what they are for:
+
+* describing a backend: :class:`BackendSpec` (what its entry-point function returns), :class:`Capability`
+  (:class:`Condition`, :class:`IntRange`, :class:`Rule`, :class:`Provenance`), :class:`SinkCorrectionSpec`,
+  :class:`Setting` (a ``MAGI2_*`` variable it declares);
+* what a kernel receives and answers: the call records (:class:`AttentionCall`, :class:`RouteCall`,
+  :class:`ExpertsCall`, :class:`RMSNormCall`) and each op's kernel Protocol, :class:`Problem` and
+  :class:`Feature`, :class:`Reason` and :class:`ReasonCode` (why a kernel's ``check`` rejects),
+  :class:`Checkable`, :class:`Planned` and :class:`Plan`, :data:`SinkRescale`;
+* the contracts a kernel implements: ``validate_<op>`` (the op's own checks, building its call record,
+  for a backend's validating entry point), :func:`router_scores`, :func:`swiglu7` and its constants;
+* errors: :class:`ConfigError` and the input errors;
+* the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)``;
+* the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :func:`sink_correction`
+  (the reference math);
+* the public ops, for a backend's warm-up: :func:`attention`, :func:`resolve`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from magi2_core import config
+    from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
+    from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT, ScoreFunc, router_scores, swiglu7
+    from magi2_core.errors import (
+        ConfigError,
+        InvalidDeviceError,
+        InvalidDTypeError,
+        InvalidShapeError,
+        InvalidValueError,
+    )
+    from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
+    from magi2_core.ops import attention, resolve
+    from magi2_core.ops.attention import AttentionCall, AttentionKernel
+    from magi2_core.ops.attention import validate as validate_attention
+    from magi2_core.ops.moe_experts import ExpertsCall, MoEExpertsKernel
+    from magi2_core.ops.moe_experts import validate as validate_moe_experts
+    from magi2_core.ops.moe_route import MoERouteKernel, RouteCall
+    from magi2_core.ops.moe_route import validate as validate_moe_route
+    from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKernel
+    from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
+    from magi2_core.plan import Plan
+    from magi2_core.platform import absent_device, musa_installed
+    from magi2_core.problem import Feature, Problem
+    from magi2_core.provider import Checkable, Planned, SinkRescale
+    from magi2_core.resolution import Reason, ReasonCode
+    from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
+    from magi2_core.sinks import sink_correction
+
+# Each name's home: (module, attribute).
+_HOME: dict[str, tuple[str, str]] = {
+    "Capability": ("magi2_core.capability", "Capability"),
+    "Condition": ("magi2_core.capability", "Condition"),
+    "IntRange": ("magi2_core.capability", "IntRange"),
+    "Provenance": ("magi2_core.capability", "Provenance"),
+    "Rule": ("magi2_core.capability", "Rule"),
+    "SWIGLU_ALPHA": ("magi2_core.contracts.moe", "SWIGLU_ALPHA"),
+    "SWIGLU_LIMIT": ("magi2_core.contracts.moe", "SWIGLU_LIMIT"),
+    "ScoreFunc": ("magi2_core.contracts.moe", "ScoreFunc"),
+    "router_scores": ("magi2_core.contracts.moe", "router_scores"),
+    "swiglu7": ("magi2_core.contracts.moe", "swiglu7"),
+    "ConfigError": ("magi2_core.errors", "ConfigError"),
+    "InvalidDTypeError": ("magi2_core.errors", "InvalidDTypeError"),
+    "InvalidDeviceError": ("magi2_core.errors", "InvalidDeviceError"),
+    "InvalidShapeError": ("magi2_core.errors", "InvalidShapeError"),
+    "InvalidValueError": ("magi2_core.errors", "InvalidValueError"),
+    "BackendSpec": ("magi2_core.hookspecs", "BackendSpec"),
+    "SinkCorrectionSpec": ("magi2_core.hookspecs", "SinkCorrectionSpec"),
+    "Setting": ("magi2_core.hookspecs", "Setting"),
+    "AttentionCall": ("magi2_core.ops.attention", "AttentionCall"),
+    "AttentionKernel": ("magi2_core.ops.attention", "AttentionKernel"),
+    "validate_attention": ("magi2_core.ops.attention", "validate"),
+    "MoERouteKernel": ("magi2_core.ops.moe_route", "MoERouteKernel"),
+    "RouteCall": ("magi2_core.ops.moe_route", "RouteCall"),
+    "validate_moe_route": ("magi2_core.ops.moe_route", "validate"),
+    "ExpertsCall": ("magi2_core.ops.moe_experts", "ExpertsCall"),
+    "MoEExpertsKernel": ("magi2_core.ops.moe_experts", "MoEExpertsKernel"),
+    "validate_moe_experts": ("magi2_core.ops.moe_experts", "validate"),
+    "RMSNormCall": ("magi2_core.ops.rmsnorm", "RMSNormCall"),
+    "RMSNormKernel": ("magi2_core.ops.rmsnorm", "RMSNormKernel"),
+    "validate_rmsnorm": ("magi2_core.ops.rmsnorm", "validate"),
+    "attention": ("magi2_core.ops", "attention"),
+    "resolve": ("magi2_core.ops", "resolve"),
+    "Plan": ("magi2_core.plan", "Plan"),
+    "absent_device": ("magi2_core.platform", "absent_device"),
+    "musa_installed": ("magi2_core.platform", "musa_installed"),
+    "Feature": ("magi2_core.problem", "Feature"),
+    "Problem": ("magi2_core.problem", "Problem"),
+    "Checkable": ("magi2_core.provider", "Checkable"),
+    "Planned": ("magi2_core.provider", "Planned"),
+    "SinkRescale": ("magi2_core.provider", "SinkRescale"),
+    "Reason": ("magi2_core.resolution", "Reason"),
+    "ReasonCode": ("magi2_core.resolution", "ReasonCode"),
+    "SinkCorrection": ("magi2_core.sink_corrections", "SinkCorrection"),
+    "sink_correction_for": ("magi2_core.sink_corrections", "sink_correction_for"),
+    "sink_correction": ("magi2_core.sinks", "sink_correction"),
+    "config": ("magi2_core", "config"),
+}
+
+__all__ = [
+    "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "Condition", "ConfigError",
+    "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
+    "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned",
+    "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
+    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
+    "absent_device", "attention", "config", "musa_installed", "resolve", "router_scores",
+    "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
+    "validate_moe_route", "validate_rmsnorm"
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``name`` from its home on first use (PEP 562) and keep it here."""
+    try:
+        module, attr = _HOME[name]
+    except KeyError:
+        raise AttributeError(f"magi2_core.backend has no name {name!r}; a backend may use only the names "
+                             f"in its __all__ (docs/api.md, 'For backend authors')") from None
+    home = importlib.import_module(module)
+    value = getattr(home, attr) if hasattr(home, attr) else importlib.import_module(f"{module}.{attr}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
