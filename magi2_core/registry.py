@@ -255,6 +255,10 @@ class Registry:
             self._changed()
 
     def _add(self, plugin: object, name: str, value: str, dist: str, start: float, *, entry_point: bool = False) -> None:
+        if name in self._backends:
+            self._quarantine(name, value, dist, f"a backend named {name!r} is already registered "
+                             f"({self._backends[name].spec.name}); unregister it first or choose another name")
+            return
         try:
             describe = _describer(plugin, value, entry_point=entry_point)
         except TypeError as exc:

@@ -291,3 +291,11 @@ def test_the_configuration_page_names_each_variables_owner() -> None:
     assert rows["MAGI2_VLLM_OMNI"] == rows["MAGI2_ROUTER_BIAS_SOURCE"] == "magi2-core (vllm-omni integration)"
     assert "| ema \\| main |" in page  # a `|` inside a cell is escaped
     assert "MAGI2_TOY" not in page and "broken" not in page  # only what ships with magi2-core
+
+
+def test_a_second_backend_under_a_taken_name_is_quarantined() -> None:
+    reg = Registry(discover=False)
+    reg.register(_backend("magi2-backend-first"), "same")
+    reg.register(_backend("magi2-backend-second"), "same")
+    assert "already registered (magi2-backend-first)" in reg.quarantined()[0].reason
+    assert [b.spec.name for b in reg.backends()] == ["magi2-backend-first"]
