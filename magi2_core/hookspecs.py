@@ -8,8 +8,9 @@ its device-profile fragments. It must be cheap: descriptors only, no kernel impo
 
 There are no hooks: each backend is described by one call, on its own, so a plain function does what
 pluggy did here (docs/writing-a-backend.md, "Why a plain function"). :data:`hookimpl` survives as a
-marker that does nothing, so that a plugin written for pluggy still imports and is quarantined with a
-reason that says what to change, instead of failing on ``ImportError``.
+marker that does nothing, so that a plugin written for pluggy still imports: one whose only hook is
+``magi2_backend`` loads, one with a ``magi2_sink_corrections`` hook is quarantined with a reason that
+says what to change, instead of failing on ``ImportError``.
 """
 
 from __future__ import annotations
@@ -128,9 +129,9 @@ def hookimpl(function: None = None, /, **options: object) -> Callable[[F], F]: .
 def hookimpl(function: F | None = None, /, **options: object) -> F | Callable[[F], F]:
     """Deprecated and inert: returns ``function`` unchanged (``@hookimpl`` and ``@hookimpl(...)`` both work).
 
-    Kept so that a plugin written for the pluggy hooks still imports; the registry then quarantines it
-    with what to change (an entry point that names its ``magi2_backend`` function, the sink corrections
-    inside the returned spec). A backend written for this core does not need it.
+    Kept so that a plugin written for the pluggy hooks still imports (the registry loads its
+    ``magi2_backend``, or quarantines it with what to change if it has a ``magi2_sink_corrections`` hook).
+    A backend written for this core does not need it.
     """
     if function is None:
         return lambda fn: fn

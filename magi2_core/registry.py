@@ -1,16 +1,17 @@
 """Backend discovery: entry points, spec validation, quarantine, allow/deny lists.
 
 Backends are found under the entry-point group ``magi2_core.backends``; each entry point names a
-function that returns the backend's whole :class:`~magi2_core.hookspecs.BackendSpec`. Each one is
-loaded and called in isolation: an entry point that fails to import, is not such a function (a
-pluggy-style plugin module is told what to change), raises, returns an invalid spec, declares an
-incompatible core contract range, redeclares a provider name, a sink-correction name or a ``MAGI2_*``
-variable (:class:`~magi2_core.hookspecs.Setting`) that the core or another backend declares, or forces
-the sink correction of a device type that another backend's setting already forces, is *quarantined*
-with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others;
-so is one whose device-profile fragments (``BackendSpec.profiles``) cannot be read or are not valid.
-A loaded backend's settings are declared in :mod:`magi2_core.config` under its name, and withdrawn
-when it is unregistered or the registry reloads.
+function that returns the backend's whole :class:`~magi2_core.hookspecs.BackendSpec` (or the module
+that defines it as ``magi2_backend``). Each one is loaded and called in isolation: an entry point that
+fails to import, is no such function, has a pluggy-era hook beside it (told what to change), raises,
+returns an invalid spec, declares an incompatible core contract range, redeclares a provider name, a
+sink-correction name or a ``MAGI2_*`` variable (:class:`~magi2_core.hookspecs.Setting`) that the core
+or another backend declares, or forces the sink correction of a device type that another backend's
+setting already forces, is *quarantined* with its reason (shown by ``magi2 backends`` and in every
+``explain()``) and never breaks the others; so is one whose device-profile fragments
+(``BackendSpec.profiles``) cannot be read or are not valid. A loaded backend's settings are declared
+in :mod:`magi2_core.config` under its name, and withdrawn when it is unregistered or the registry
+reloads.
 The exact reference is bound by distribution and entry point, not by name: the ``reference`` entry
 point of ``magi2-backend-reference`` (the core's own dependency) loads first, and any other backend
 that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
@@ -449,32 +450,31 @@ _LEGACY_HOOKS = ("magi2_sink_corrections",)  # hooks of the pluggy-era interface
 def _describer(plugin: object, value: str, *, entry_point: bool) -> Callable[[], object]:
     """The function that returns ``plugin``'s spec; a ``TypeError`` says what is wrong and what to write.
 
-    An entry point names the function itself. A pluggy-style plugin (an entry point naming a module, or
-    a separate ``magi2_sink_corrections`` hook) is refused with what to change: its extra hooks would
-    otherwise be dropped without a word.
+    An entry point names that function (``module:magi2_backend``), or the module that defines it (the
+    form of the pluggy era, still accepted, so that an install made before the change keeps loading). A
+    plugin with a pluggy-era hook besides it (``magi2_sink_corrections``) is refused with what to change:
+    that hook is no longer called, and its corrections would be dropped without a word.
     """
     if isinstance(plugin, BackendSpec):
         spec = plugin
         return lambda: spec
-    legacy = [h for h in _LEGACY_HOOKS if hasattr(plugin, h)]
     module = isinstance(plugin, types.ModuleType)
-    if legacy or (entry_point and module):
+    legacy = [h for h in _LEGACY_HOOKS if hasattr(plugin, h)]
+    if legacy:
         where = f"point the entry point at {value}:magi2_backend" if entry_point and module else (
             "register its magi2_backend function")
-        moved = (f" and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections=...))"
-                 if legacy else "")
-        raise TypeError(f"a pluggy-style plugin ({'the entry point names a module' if module else type(plugin).__name__}"
-                        f"{', with the hook ' + ', '.join(legacy) if legacy else ''}); since core API "
-                        f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where}"
-                        f"{moved}; @hookimpl is no longer needed (docs/writing-a-backend.md)")
+        raise TypeError(f"a pluggy-style plugin ({'the entry point names a module' if module else type(plugin).__name__} "
+                        f"with the hook {', '.join(legacy)}, which is no longer called); since core API "
+                        f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where} "
+                        f"and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections="
+                        f"...)); @hookimpl is no longer needed (docs/writing-a-backend.md)")
     hook = getattr(plugin, "magi2_backend", None)
-    if not entry_point and callable(hook):
+    if callable(hook):
         return hook  # type: ignore[no-any-return]
     if callable(plugin) and not module:
         return plugin
-    raise TypeError(f"invalid plugin: a {type(plugin).__name__} is not a function returning a BackendSpec"
-                    f"{'' if entry_point else ' and has no magi2_backend function'}; an entry point names "
-                    "'package.module:magi2_backend'")
+    raise TypeError(f"invalid plugin: a {type(plugin).__name__} is not a function returning a BackendSpec and has "
+                    "no magi2_backend function; an entry point names 'package.module:magi2_backend'")
 
 
 def _check_core_api(spec: BackendSpec) -> None:

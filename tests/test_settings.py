@@ -299,3 +299,21 @@ def test_a_second_backend_under_a_taken_name_is_quarantined() -> None:
     reg.register(_backend("magi2-backend-second"), "same")
     assert "already registered (magi2-backend-first)" in reg.quarantined()[0].reason
     assert [b.spec.name for b in reg.backends()] == ["magi2-backend-first"]
+
+
+def test_an_entry_point_naming_a_module_that_defines_the_function_still_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The form of the pluggy era without its extra hooks loses nothing, so it loads (an editable install
+    made before the entry points named the function keeps working until it is reinstalled)."""
+    from importlib.metadata import EntryPoint
+
+    from magi2_core import registry
+
+    module = types.ModuleType("magi2_toy_module_plugin")
+    module.magi2_backend = _backend("magi2-backend-module-form")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    fake = EntryPoint(name="module_form", value=module.__name__, group=registry.ENTRY_POINT_GROUP)
+    real = [ep for ep in importlib.metadata.entry_points(group=registry.ENTRY_POINT_GROUP) if ep.name == "reference"]
+    monkeypatch.setattr(registry, "entry_points", lambda group: [*real, fake])
+    reg = Registry()
+    assert {b.entry_point for b in reg.backends()} == {"reference", "module_form"}
+    assert "module_form" not in {q.entry_point for q in reg.quarantined()}
