@@ -60,7 +60,6 @@ def ensure_backends() -> None:
     unruled = fa3.capability.model_copy(update={"name": "fa3_norules", "rules": (), "priority": -1, "backend": ""})
 
     class NoRules:
-        @m2.hookimpl
         def magi2_backend(self) -> m2.BackendSpec:
             return m2.BackendSpec(name="bench-fa3-norules", version="0", core_api=">=2.0,<3", providers=(unruled,))
 

@@ -76,7 +76,6 @@ def ensure_backends() -> None:
             update={"name": f"{provider}_norules", "rules": (), "priority": -1, "backend": ""}))
 
     class NoRules:
-        @m2.hookimpl
         def magi2_backend(self) -> m2.BackendSpec:
             return m2.BackendSpec(name="bench-fa-norules", version="0", core_api=">=2.0,<3",
                                   providers=tuple(unruled))

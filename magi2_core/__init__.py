@@ -53,8 +53,10 @@ __all__ = [
     "IntRange",
     "Problem",
     "Rule",
+    "Setting",
+    "SinkCorrectionSpec",
     "get_registry",
-    "hookimpl",
+    "hookimpl",  # deprecated, inert: kept so that pluggy-era plugins import and are told what to change
 ]
 
 

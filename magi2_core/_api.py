@@ -20,7 +20,7 @@ from magi2_core.errors import (
     StrictModeError,
     UnknownProviderError,
 )
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.moe_weights import PreparedMoEWeights
 from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
 from magi2_core.ops._dispatch import set_device_value_checks, set_strict

@@ -2,13 +2,14 @@
 
 A backend's plugin module imports this first, to describe itself, so it must stay cheap: each name is
 imported from its home on first use (PEP 562), and ``from magi2_core.backend import BackendSpec,
-hookimpl, Capability`` imports neither torch nor the registry. The block under ``TYPE_CHECKING`` gives
+Capability`` imports neither torch nor the registry. The block under ``TYPE_CHECKING`` gives
 type checkers the same names (a test checks that it agrees with :data:`_HOME`).
 
 The names, by what they are for:
 
-* describing a backend: :class:`BackendSpec`, :func:`hookimpl`, :class:`Capability` (:class:`Condition`,
-  :class:`IntRange`, :class:`Rule`, :class:`Provenance`), :class:`SinkCorrectionSpec`;
+* describing a backend: :class:`BackendSpec` (what its entry-point function returns), :class:`Capability`
+  (:class:`Condition`, :class:`IntRange`, :class:`Rule`, :class:`Provenance`), :class:`SinkCorrectionSpec`,
+  :class:`Setting` (a ``MAGI2_*`` variable it declares);
 * what a kernel receives and answers: the call records (:class:`AttentionCall`, :class:`RouteCall`,
   :class:`ExpertsCall`, :class:`RMSNormCall`) and each op's kernel Protocol, :class:`Problem` and
   :class:`Feature`, :class:`Reason` and :class:`ReasonCode` (why a kernel's ``check`` rejects),
@@ -19,8 +20,8 @@ The names, by what they are for:
 * the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)`` (and
   ``config.on_reload`` for a cache that follows it); the device profile active for a device
   (:func:`profile_of` a :class:`DeviceKey`), for a provider that keys its own plans by device;
-* the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :data:`FORCED_BY`,
-  :func:`sink_correction` (the reference math);
+* the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :func:`sink_correction`
+  (the reference math);
 * the public ops, for a backend's warm-up: :func:`attention`, :func:`resolve`.
 """
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
         InvalidShapeError,
         InvalidValueError,
     )
-    from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
+    from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
     from magi2_core.ops.attention import validate as validate_attention
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from magi2_core.profiles import DeviceKey, profile_of
     from magi2_core.provider import Checkable, Planned, SinkRescale
     from magi2_core.resolution import Reason, ReasonCode
-    from magi2_core.sink_corrections import FORCED_BY, SinkCorrection, sink_correction_for
+    from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
     from magi2_core.sinks import sink_correction
 
 # Each name's home: (module, attribute).
@@ -78,7 +79,7 @@ _HOME: dict[str, tuple[str, str]] = {
     "InvalidValueError": ("magi2_core.errors", "InvalidValueError"),
     "BackendSpec": ("magi2_core.hookspecs", "BackendSpec"),
     "SinkCorrectionSpec": ("magi2_core.hookspecs", "SinkCorrectionSpec"),
-    "hookimpl": ("magi2_core.hookspecs", "hookimpl"),
+    "Setting": ("magi2_core.hookspecs", "Setting"),
     "AttentionCall": ("magi2_core.ops.attention", "AttentionCall"),
     "AttentionKernel": ("magi2_core.ops.attention", "AttentionKernel"),
     "validate_attention": ("magi2_core.ops.attention", "validate"),
@@ -105,7 +106,6 @@ _HOME: dict[str, tuple[str, str]] = {
     "SinkRescale": ("magi2_core.provider", "SinkRescale"),
     "Reason": ("magi2_core.resolution", "Reason"),
     "ReasonCode": ("magi2_core.resolution", "ReasonCode"),
-    "FORCED_BY": ("magi2_core.sink_corrections", "FORCED_BY"),
     "SinkCorrection": ("magi2_core.sink_corrections", "SinkCorrection"),
     "sink_correction_for": ("magi2_core.sink_corrections", "sink_correction_for"),
     "sink_correction": ("magi2_core.sinks", "sink_correction"),
@@ -114,11 +114,11 @@ _HOME: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "Condition", "ConfigError",
-    "DeviceKey", "ExpertsCall", "FORCED_BY", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
+    "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
     "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned",
     "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
-    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
-    "absent_device", "attention", "config", "hookimpl", "musa_installed", "profile_of", "resolve", "router_scores",
+    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
+    "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
     "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
     "validate_moe_route", "validate_rmsnorm"
 ]

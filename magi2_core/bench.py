@@ -27,7 +27,7 @@ import torch
 import magi2_core as m2
 from magi2_core.capability import Capability
 from magi2_core.errors import InvalidDeviceError
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec
 from magi2_core.ops import SPECS, dispatcher
 from magi2_core.problem import OPS, Feature
 
@@ -68,12 +68,9 @@ def noop_backend(device: str = "cpu") -> Iterator[None]:
                    out_dtypes=("float32",) if op == "rmsnorm" else None, features=frozenset(Feature), priority=-1000)
         for op in OPS
     )  # fmt: skip
-    plugin = types.ModuleType(f"{_NOOP}_plugin")  # a module: pluggy needs a hashable plugin object
-    plugin.magi2_backend = hookimpl(  # type: ignore[attr-defined]
-        lambda: BackendSpec(name="magi2-bench-noop", version="0", core_api=">=2.0,<3", providers=caps)
-    )
     reg = m2.get_registry()
-    reg.register(plugin, name=NOOP_PROVIDER)
+    reg.register(BackendSpec(name="magi2-bench-noop", version="0", core_api=">=2.0,<3", providers=caps),
+                 name=NOOP_PROVIDER)
     try:
         yield
     finally:

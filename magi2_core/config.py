@@ -7,8 +7,13 @@ tells the parts that cache decisions (the resolution cache, shadow verification)
 that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the variable, the value
 and what is accepted. An empty value counts as unset unless the variable says otherwise.
 
-Another module that needs a variable adds one :class:`Variable` to :data:`VARIABLES` below;
-``docs/configuration.md`` is generated from these declarations by ``scripts/gen_config_doc.py``.
+The core's own variables are declared below. A backend declares the variables it reads as
+:class:`~magi2_core.hookspecs.Setting` entries of its ``BackendSpec``: the registry adds
+them (:func:`declare`), owned by the backend, while the backend is loaded, and removes them
+(:func:`withdraw`) when it goes.
+A part of magi2-core that is not always imported (the vllm-omni integration) declares its own the
+same way, under its own owner. ``docs/configuration.md`` is generated from all of these, with each
+variable's owner, by ``scripts/gen_config_doc.py``.
 """
 
 from __future__ import annotations
@@ -18,27 +23,37 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from magi2_core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from magi2_core.hookspecs import Setting
+
 __all__ = [
+    "CORE",
     "VARIABLES",
+    "SettingConflict",
     "Variable",
     "boolean",
     "choice",
+    "declare",
     "effective",
     "fraction",
     "get",
     "looks_like_path",
     "name_list",
     "on_reload",
+    "owner",
     "provider_name",
     "reload_config",
     "seconds",
+    "variable",
+    "withdraw",
 ]
 
 T = TypeVar("T")
+CORE = "magi2-core"  # the owner of the variables declared in this module
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class Variable(Generic[T]):
     doc: str
     parse: Callable[[str], T]
     empty_is_unset: bool = True
+    owner: str = CORE  # who declares it and reads it: magi2-core, a backend distribution, an integration
 
     @property
     def accepted(self) -> str:
@@ -267,34 +283,6 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "`magi2_core.set_strict()` overrides this variable.",
         boolean,
     ),
-    Variable(
-        "MAGI2_MATE_BACKEND",
-        None,
-        "MUSA only: the MATE kernel family the `mate` attention provider asks for (unset: MATE's own default).",
-        choice("auto", "mutlass", "mubin"),
-    ),
-    Variable(
-        "MAGI2_MATE_SINK_CORRECTION",
-        "torch",
-        "MUSA only: the learned-sink correction after attention without sinks (MATE): the core's torch "
-        "correction or the fused Triton kernel that magi2-backend-triton contributes (validated on CUDA only, "
-        "hence opt-in on MUSA). `magi2 backends` shows the correction each device type gets.",
-        choice("torch", "triton"),
-    ),
-    Variable(
-        "MAGI2_VLLM_OMNI",
-        True,
-        "The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
-        "0.30.x is installed; 0 leaves vllm-omni's own operators in place.",
-        boolean,
-    ),
-    Variable(
-        "MAGI2_ROUTER_BIAS_SOURCE",
-        "ema",
-        "The checkpoint bias vllm-omni's MAGI-2 MoE layers select experts with: `ema` "
-        "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`).",
-        choice("ema", "main"),
-    ),
 )
 VARIABLES: dict[str, Variable[Any]] = {v.name: v for v in _DECLARED}
 
@@ -325,13 +313,14 @@ def get(name: str) -> Any:
         raise KeyError(f"{name} is not a declared magi2 configuration variable; declared: {sorted(VARIABLES)}")
     value = _parse(var)
     with _lock:
-        _values[name] = value
+        if name in VARIABLES:  # not withdrawn meanwhile
+            _values[name] = value
     return value
 
 
 def effective() -> dict[str, object]:
     """Every declared variable with its effective value (parsing any not read yet)."""
-    return {name: get(name) for name in VARIABLES}
+    return {name: get(name) for name in list(VARIABLES)}
 
 
 def on_reload(listener: Callable[[], None]) -> None:
@@ -345,7 +334,7 @@ def reload_config() -> dict[str, object]:
     On an error nothing changes: the previous values stay in force. Returns :func:`effective`.
     """
     global generation
-    fresh = {name: _parse(var) for name, var in VARIABLES.items()}
+    fresh = {name: _parse(var) for name, var in list(VARIABLES.items())}
     with _lock:
         _values.clear()
         _values.update(fresh)
@@ -353,3 +342,59 @@ def reload_config() -> dict[str, object]:
     for listener in list(_listeners):
         listener()
     return dict(fresh)
+
+
+# -- variables declared by others ---------------------------------------------------------------------
+class SettingConflict(ValueError):
+    """A setting names a variable that another owner (or the same owner, differently) already declares."""
+
+
+_PARSERS: dict[str, _Parser[Any]] = {"boolean": boolean, "fraction": fraction, "seconds": seconds}
+# name -> (the declared Setting, how many loaded declarations hold it); the core's own are not here.
+_declared: dict[str, tuple[Setting, int]] = {}
+
+
+def variable(setting: Setting, owner: str) -> Variable[Any]:
+    """The :class:`Variable` that ``setting`` declares for ``owner`` (not added anywhere)."""
+    parse = _PARSERS.get(setting.kind) or choice(*setting.choices)
+    return Variable(setting.name, setting.default, setting.help, parse, owner=owner)
+
+
+def owner(name: str) -> str | None:
+    """Who declares the variable ``name`` now (None: nobody)."""
+    var = VARIABLES.get(name)
+    return var.owner if var is not None else None
+
+
+def declare(setting: Setting, owner: str) -> None:
+    """Add ``setting``'s variable, owned by ``owner``; its value is read on first :func:`get`.
+
+    Declaring the same setting again for the same owner (the backend loaded by a second registry) is
+    counted, not an error: the variable stays until every declaration is withdrawn. Raises
+    :class:`SettingConflict`, naming both owners, when the name is declared otherwise.
+    """
+    with _lock:
+        existing = VARIABLES.get(setting.name)
+        held = _declared.get(setting.name)
+        if existing is not None:
+            if held is None or existing.owner != owner or held[0] != setting:
+                mine = "differently by the same owner" if existing.owner == owner else f"by {existing.owner}"
+                raise SettingConflict(f"{setting.name} is already declared {mine}; {owner} declares it too: "
+                                      f"rename {owner}'s setting (or drop it and read {existing.owner}'s)")
+            _declared[setting.name] = (setting, held[1] + 1)
+            return
+        VARIABLES[setting.name] = variable(setting, owner)
+        _declared[setting.name] = (setting, 1)
+
+
+def withdraw(owner: str) -> None:
+    """Withdraw one declaration of each variable ``owner`` declared (the core's own stay)."""
+    with _lock:
+        for name, (setting, count) in list(_declared.items()):
+            if VARIABLES[name].owner != owner:
+                continue
+            if count > 1:
+                _declared[name] = (setting, count - 1)
+                continue
+            del _declared[name], VARIABLES[name]
+            _values.pop(name, None)

@@ -1,10 +1,17 @@
-"""Backend discovery: entry points, pluggy validation, quarantine, allow/deny lists.
+"""Backend discovery: entry points, spec validation, quarantine, allow/deny lists.
 
-Backends are found under the entry-point group ``magi2_core.backends``. Each one is loaded in
-isolation: an entry point that fails to import, fails pluggy's hook validation, returns an invalid
-spec, declares an incompatible core contract range, or redeclares a provider name is *quarantined*
-with its reason (shown by ``magi2 backends`` and in every ``explain()``) and never breaks the others;
-so is one whose device-profile fragments (``BackendSpec.profiles``) cannot be read or are not valid.
+Backends are found under the entry-point group ``magi2_core.backends``; each entry point names a
+function that returns the backend's whole :class:`~magi2_core.hookspecs.BackendSpec` (or the module
+that defines it as ``magi2_backend``). Each one is loaded and called in isolation: an entry point that
+fails to import, is no such function, has a pluggy-era hook beside it (told what to change), raises,
+returns an invalid spec, declares an incompatible core contract range, redeclares a provider name, a
+sink-correction name or a ``MAGI2_*`` variable (:class:`~magi2_core.hookspecs.Setting`) that the core
+or another backend declares, or forces the sink correction of a device type that another backend's
+setting already forces, is *quarantined* with its reason (shown by ``magi2 backends`` and in every
+``explain()``) and never breaks the others; so is one whose device-profile fragments
+(``BackendSpec.profiles``) cannot be read or are not valid. A loaded backend's settings are declared
+in :mod:`magi2_core.config` under its name, and withdrawn when it is unregistered or the registry
+reloads.
 The exact reference is bound by distribution and entry point, not by name: the ``reference`` entry
 point of ``magi2-backend-reference`` (the core's own dependency) loads first, and any other backend
 that uses the entry-point name ``reference`` or declares a provider named ``reference`` is quarantined
@@ -15,9 +22,10 @@ that says how to drop it. An entry point is imported in a helper thread and wait
 ``MAGI2_PLUGIN_IMPORT_TIMEOUT`` seconds: one that hangs is quarantined with that reason instead of
 blocking the first op call for as long as it hangs (its import goes on in the background).
 
-Every ``MAGI2_*`` variable is parsed before the first backend loads: a bad value is a
-:class:`ConfigError` for the caller (the CLI prints it in one line), never a backend quarantined
-because its import happened to read the variable first.
+Every ``MAGI2_*`` variable of the core is parsed before the first backend loads, and every variable
+the backends declared once they have all loaded: a bad value is a :class:`ConfigError` for the caller
+(the CLI prints it in one line; the registry stays unloaded), never a backend quarantined because its
+import happened to read the variable first.
 
 ``MAGI2_PLUGINS`` (comma-separated entry-point names) is an allow-list, ``MAGI2_DISABLE_PLUGINS`` a
 deny-list (both read through :mod:`magi2_core.config`); neither can remove the ``reference`` backend, and
@@ -34,19 +42,18 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from magi2_core import config
 from magi2_core._version import CHANGED_SINCE, CORE_API_VERSION
 from magi2_core.capability import Capability, descriptor_errors
-from magi2_core.hookspecs import PROJECT, BackendHooks, BackendSpec, SinkCorrectionSpec
+from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
 from magi2_core.profiles.active import Fragment, fragment_from_resource, use_backend_fragments
 from magi2_core.resolution import QuarantinedPlugin
@@ -114,6 +121,8 @@ class RegistryState:
     quarantined: tuple[QuarantinedPlugin, ...]
     sink_corrections: tuple[SinkCorrectionSpec, ...] = ()  # contributed ones, priority descending
     profiles: tuple[Fragment, ...] = ()  # the backends' profile fragments, in backend-name order
+    # Device type -> the variable (a backend's Setting) that forces its sink correction by name.
+    forced_by: Mapping[str, str] = field(default_factory=dict)
 
     def provider(self, op: OpName, name: str) -> LoadedProvider | None:
         return next((p for p in self.providers[op] if p.name == name), None)
@@ -133,8 +142,6 @@ class Registry:
         self._discover = discover
         self._lock = threading.RLock()
         self._loaded = False
-        self._pm = pluggy.PluginManager(PROJECT)
-        self._pm.add_hookspecs(BackendHooks)
         self._backends: dict[str, LoadedBackend] = {}
         self._quarantined: list[QuarantinedPlugin] = []
         # Working lists, touched only under the lock; readers use the swapped-in ``_state``.
@@ -161,6 +168,9 @@ class Registry:
                     self._load_entry_points()
                 self._loaded = True
                 self._changed()
+            except BaseException:  # a bad MAGI2_* value: nothing stays half-loaded, the next call retries
+                self._clear()
+                raise
             finally:
                 self._loading = False
 
@@ -189,7 +199,8 @@ class Registry:
             if failure is not None:
                 self._quarantine(ep.name, ep.value, dist, failure)
                 continue
-            self._add(plugin, ep.name, ep.value, dist, start)
+            self._add(plugin, ep.name, ep.value, dist, start, entry_point=True)
+        config.effective()  # and the variables the backends declared: a bad one is the caller's ConfigError
 
     def _import(self, ep: Any, limit: float | None) -> tuple[object, str | None]:
         """``ep.load()`` in a helper thread, waited for at most ``limit`` seconds (``None`` or 0: no limit).
@@ -223,7 +234,11 @@ class Registry:
         return outcome["plugin"], None
 
     def register(self, plugin: object, name: str) -> None:
-        """Register a backend object or module directly (tests, or a plugin outside entry points)."""
+        """Register a backend in process (tests, or a backend outside entry points).
+
+        ``plugin`` is what an entry point names (a function returning the :class:`BackendSpec`), the
+        spec itself, or a module or object whose ``magi2_backend`` attribute is such a function.
+        """
         with self._lock:
             self._ensure_loaded()
             dist = REFERENCE_DIST if name == REFERENCE and _is_reference_module(plugin) else "(registered in process)"
@@ -235,27 +250,23 @@ class Registry:
             backend = self._backends.pop(name, None)
             self._quarantined = [q for q in self._quarantined if q.entry_point != name]
             if backend is not None:
-                self._pm.unregister(backend.plugin)
+                config.withdraw(backend.spec.name)
                 for op in OPS:
                     self._providers[op] = [p for p in self._providers[op] if p.capability.backend != backend.spec.name]
             self._changed()
 
-    def _add(self, plugin: object, name: str, value: str, dist: str, start: float) -> None:
-        try:
-            hash(plugin)  # hooks are called per plugin through pluggy's subset callers, which need it
-        except TypeError:
-            self._quarantine(name, value, dist, f"invalid plugin: a {type(plugin).__name__} is not hashable; register "
-                             "a module or an instance of a class (pluggy keeps plugins in sets)")
+    def _add(self, plugin: object, name: str, value: str, dist: str, start: float, *, entry_point: bool = False) -> None:
+        if name in self._backends:
+            self._quarantine(name, value, dist, f"a backend named {name!r} is already registered "
+                             f"({self._backends[name].spec.name}); unregister it first or choose another name")
             return
         try:
-            self._pm.register(plugin, name=name)
-        except Exception as exc:  # pluggy.PluginValidationError, duplicate names
-            self._quarantine(name, value, dist, f"invalid plugin: {type(exc).__name__}: {exc}")
+            describe = _describer(plugin, value, entry_point=entry_point)
+        except TypeError as exc:
+            self._quarantine(name, value, dist, str(exc))
             return
         try:
-            spec = self._call(plugin, "magi2_backend")
-            if spec is None:
-                raise TypeError("the plugin does not implement the required hook 'magi2_backend'")
+            spec = describe()
             if not isinstance(spec, BackendSpec):
                 spec = BackendSpec.model_validate(spec)
             _check_core_api(spec)
@@ -274,11 +285,12 @@ class Registry:
             ]
             if clashes:
                 raise ValueError(f"provider names already registered by another backend: {clashes}")
-            corrections = self._sink_corrections(plugin, spec.name)
+            corrections = self._sink_corrections(spec)
+            self._check_settings(spec)
             # A broken fragment is this backend's failure (quarantined with the reason), never the others'.
             fragments = tuple(fragment_from_resource(spec.name, r) for r in spec.profiles)
+            self._declare(spec)  # last: nothing after it can fail
         except Exception as exc:
-            self._pm.unregister(plugin)
             self._quarantine(name, value, dist, f"{type(exc).__name__}: {exc}")
             return
         seconds = time.perf_counter() - start
@@ -297,23 +309,50 @@ class Registry:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
             self._providers[cap.op].append(LoadedProvider(cap))
 
-    def _call(self, plugin: object, hook: str) -> Any:
-        """Call ``hook`` through pluggy on ``plugin`` alone, so that one backend's failure is its own."""
-        others = [p for p in self._pm.get_plugins() if p is not plugin]
-        return self._pm.subset_hook_caller(hook, remove_plugins=others)()
-
-    def _sink_corrections(self, plugin: object, backend: str) -> tuple[SinkCorrectionSpec, ...]:
-        """The plugin's ``magi2_sink_corrections``, validated; a name already contributed is an error."""
-        out: list[SinkCorrectionSpec] = []
-        for contributed in self._call(plugin, "magi2_sink_corrections"):  # one list per implementation
-            for item in contributed:
-                spec = item if isinstance(item, SinkCorrectionSpec) else SinkCorrectionSpec.model_validate(item)
-                out.append(spec.model_copy(update={"backend": backend}))
+    def _sink_corrections(self, spec: BackendSpec) -> tuple[SinkCorrectionSpec, ...]:
+        """The spec's sink corrections, stamped with the backend; a name already contributed is an error."""
+        out = tuple(c.model_copy(update={"backend": spec.name}) for c in spec.sink_corrections)
         taken = {TORCH_SINK_CORRECTION} | {c.name for b in self._backends.values() for c in b.sink_corrections}
         clashes = sorted({c.name for c in out} & taken)
         if clashes:
             raise ValueError(f"sink correction names already taken (by the core or another backend): {clashes}")
-        return tuple(out)
+        return out
+
+    def _check_settings(self, spec: BackendSpec) -> None:
+        """A variable declared by another owner, or a device type's sink correction already forced, is an
+        error of the newcomer (this backend), naming both owners."""
+        names = [s.name for s in spec.settings]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"settings declared more than once in the spec: {twice}")
+        for setting in spec.settings:
+            held_by = config.owner(setting.name)
+            if held_by is not None and held_by != spec.name:
+                raise ValueError(f"setting {setting.name} is already declared by {held_by}; {spec.name} declares "
+                                 f"it too: rename {spec.name}'s setting")
+        forced = self._forced_by()
+        for setting in spec.settings:
+            device_type = setting.forces_sink_correction_on
+            if device_type is not None and device_type in forced:
+                var, owner = forced[device_type]
+                raise ValueError(f"setting {setting.name} of {spec.name} would force the sink correction on "
+                                 f"{device_type!r}, which {var} of {owner} already forces; drop one of them")
+
+    def _declare(self, spec: BackendSpec) -> None:
+        declared: list[str] = []
+        try:
+            for setting in spec.settings:
+                config.declare(setting, spec.name)
+                declared.append(setting.name)
+        except config.SettingConflict:
+            if declared:
+                config.withdraw(spec.name)
+            raise
+
+    def _forced_by(self) -> dict[str, tuple[str, str]]:
+        """Device type -> (variable, owner) for every loaded backend's sink-correction-forcing setting."""
+        return {s.forces_sink_correction_on: (s.name, b.spec.name) for b in self._backends.values()
+                for s in b.spec.settings if s.forces_sink_correction_on is not None}
 
     def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
         installed = not dist.startswith("(")  # not a plugin registered in process
@@ -337,8 +376,9 @@ class Registry:
         corrections = sorted((c for b in self._backends.values() for c in b.sink_corrections),
                              key=lambda c: (-c.priority, c.name))
         fragments = tuple(f for b in sorted(self._backends.values(), key=lambda b: b.spec.name) for f in b.profiles)
+        forced = {device_type: var for device_type, (var, _) in self._forced_by().items()}
         self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined),
-                                    tuple(corrections), fragments)
+                                    tuple(corrections), fragments, forced)
 
     @property
     def generation(self) -> int:
@@ -352,13 +392,17 @@ class Registry:
     def reload(self) -> None:
         """Forget everything and rediscover (after installing a backend, or changing MAGI2_PLUGINS)."""
         with self._lock:
-            for backend in self._backends.values():
-                self._pm.unregister(backend.plugin)
-            self._backends.clear()
-            self._quarantined.clear()
-            self._providers = {op: [] for op in OPS}
-            self._loaded = False
+            self._clear()
             self._ensure_loaded()
+
+    def _clear(self) -> None:
+        """Drop every backend (withdrawing their settings) and quarantine entry; the next use rediscovers."""
+        for backend in self._backends.values():
+            config.withdraw(backend.spec.name)
+        self._backends.clear()
+        self._quarantined.clear()
+        self._providers = {op: [] for op in OPS}
+        self._loaded = False
 
     def _config_reloaded(self) -> None:
         """After ``reload_config()``: rediscover if the allow/deny lists this registry loaded with changed."""
@@ -391,12 +435,46 @@ def _is_reference(ep: Any) -> bool:
 
 
 def _is_reference_module(plugin: object) -> bool:
-    """``plugin`` is the very module that the genuine reference entry point names (a registry built by
-    hand, as tests do, may register it directly)."""
+    """``plugin`` is the very function that the genuine reference entry point names, or its module (a
+    registry built by hand, as tests do, may register either directly)."""
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if _is_reference(ep):
-            return isinstance(plugin, types.ModuleType) and sys.modules.get(ep.value) is plugin
+            module = sys.modules.get(ep.module)
+            return module is not None and (plugin is module or plugin is getattr(module, ep.attr or "", None))
     return False
+
+
+_LEGACY_HOOKS = ("magi2_sink_corrections",)  # hooks of the pluggy-era interface, gone since
+
+
+def _describer(plugin: object, value: str, *, entry_point: bool) -> Callable[[], object]:
+    """The function that returns ``plugin``'s spec; a ``TypeError`` says what is wrong and what to write.
+
+    An entry point names that function (``module:magi2_backend``), or the module that defines it (the
+    form of the pluggy era, still accepted, so that an install made before the change keeps loading). A
+    plugin with a pluggy-era hook besides it (``magi2_sink_corrections``) is refused with what to change:
+    that hook is no longer called, and its corrections would be dropped without a word.
+    """
+    if isinstance(plugin, BackendSpec):
+        spec = plugin
+        return lambda: spec
+    module = isinstance(plugin, types.ModuleType)
+    legacy = [h for h in _LEGACY_HOOKS if hasattr(plugin, h)]
+    if legacy:
+        where = f"point the entry point at {value}:magi2_backend" if entry_point and module else (
+            "register its magi2_backend function")
+        raise TypeError(f"a pluggy-style plugin ({'the entry point names a module' if module else type(plugin).__name__} "
+                        f"with the hook {', '.join(legacy)}, which is no longer called); since core API "
+                        f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where} "
+                        f"and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections="
+                        f"...)); @hookimpl is no longer needed (docs/writing-a-backend.md)")
+    hook = getattr(plugin, "magi2_backend", None)
+    if callable(hook):
+        return hook  # type: ignore[no-any-return]
+    if callable(plugin) and not module:
+        return plugin
+    raise TypeError(f"invalid plugin: a {type(plugin).__name__} is not a function returning a BackendSpec and has "
+                    "no magi2_backend function; an entry point names 'package.module:magi2_backend'")
 
 
 def _check_core_api(spec: BackendSpec) -> None:

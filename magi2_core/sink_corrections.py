@@ -4,24 +4,32 @@ Attention providers whose kernel runs without sinks (FA3, FA4's ``"activation"``
 torch's varlen) get the kernel's LSE and fold the sinks in afterwards (:mod:`magi2_core.sinks`). They
 ask :func:`sink_correction_for` for the correction of their device type and call its ``apply``.
 
-Backends contribute corrections through the ``magi2_sink_corrections`` hook as
+Backends contribute corrections in their spec (``BackendSpec.sink_corrections``) as
 :class:`~magi2_core.hookspecs.SinkCorrectionSpec` descriptors; the core's torch correction
 (:func:`magi2_core.sinks.apply_sink_correction`, named ``"torch"``) serves every device type. For a
 device type the choice is, in order:
 
-1. the name that the configuration forces for it (``MAGI2_MATE_SINK_CORRECTION`` on MUSA, where the
-   fused Triton kernel is opt-in until it has run on the hardware); a name that no backend
-   contributes, or whose kernel does not import, is a :class:`~magi2_core.errors.ConfigError`;
+1. the name that a backend's setting forces for it (a :class:`~magi2_core.hookspecs.Setting` with
+   ``forces_sink_correction_on``, collected in ``RegistryState.forced_by``: magi2-backend-musa-mate's
+   ``MAGI2_MATE_SINK_CORRECTION`` on MUSA, where the fused Triton kernel is opt-in until it has run on
+   the hardware); a name that no backend contributes, or whose kernel does not import, is a
+   :class:`~magi2_core.errors.ConfigError`;
 2. the highest-priority contributed correction that lists the device type and whose kernel imports;
 3. the torch correction.
 
 The choice is made once per device type and kept until the registry or the configuration changes.
+
+Why this is not a provider of an op like the others: a correction is not an operator that users
+call, with a problem to resolve and a contract to check, but a helper that attention providers call
+after their kernel; what picks it is the device type alone (no dtype, shape or feature), so the op
+resolver, its rules, profiles and ``explain`` would have nothing to decide. It stays this small table.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,12 +43,10 @@ if TYPE_CHECKING:
     from magi2_core.hookspecs import SinkCorrectionSpec
     from magi2_core.provider import SinkRescale
 
-__all__ = ["FORCED_BY", "TORCH", "SinkCorrection", "SinkCorrectionFn", "sink_correction_for", "torch_correction"]
+__all__ = ["TORCH", "SinkCorrection", "SinkCorrectionFn", "sink_correction_for", "torch_correction"]
 
 TORCH = TORCH_SINK_CORRECTION  # the core's own correction: always there, never contributed by a backend
 TORCH_IMPL = "magi2_core.sinks:apply_sink_correction"
-# Device type -> the configuration variable that forces a correction by name there.
-FORCED_BY = {"musa": "MAGI2_MATE_SINK_CORRECTION"}
 
 
 class SinkCorrectionFn(Protocol):
@@ -92,8 +98,8 @@ def _contributed(spec: SinkCorrectionSpec, why: str) -> SinkCorrection:
     return SinkCorrection(spec.name, f"{spec.impl} from {spec.backend} ({why})", fn)
 
 
-def _choose(device_type: str, specs: tuple[SinkCorrectionSpec, ...]) -> SinkCorrection:
-    var = FORCED_BY.get(device_type)
+def _choose(device_type: str, specs: tuple[SinkCorrectionSpec, ...], forced_by: Mapping[str, str]) -> SinkCorrection:
+    var = forced_by.get(device_type)
     forced = str(config.get(var)) if var is not None else None
     if var is not None and forced is not None and forced != TORCH:
         spec = next((s for s in specs if s.name == forced), None)
@@ -139,5 +145,5 @@ def sink_correction_for(device_type: str) -> SinkCorrection:
             _chosen_for = key
         chosen = _chosen.get(device_type)
         if chosen is None:
-            chosen = _chosen[device_type] = _choose(device_type, state.sink_corrections)
+            chosen = _chosen[device_type] = _choose(device_type, state.sink_corrections, state.forced_by)
         return chosen

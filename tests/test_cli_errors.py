@@ -123,8 +123,9 @@ def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
         (["backends"], {"MAGI2_SHADOW": "abc"}, "MAGI2_SHADOW='abc' is not valid"),
         (["env"], {"MAGI2_SHADOW_RAISE": "perhaps"}, "MAGI2_SHADOW_RAISE='perhaps'"),
         (["explain", "rmsnorm"], {"MAGI2_DETERMINISTIC": "y"}, "MAGI2_DETERMINISTIC='y'"),
-        (["check", "--op", "rmsnorm"], {"MAGI2_ROUTER_BIAS_SOURCE": "average"}, "MAGI2_ROUTER_BIAS_SOURCE='average'"),
-        (["bench", "--iters", "1"], {"MAGI2_VLLM_OMNI": "sometimes"}, "MAGI2_VLLM_OMNI='sometimes'"),
+        # variables a backend declares (magi2-backend-musa-mate's), read when the backends load
+        (["check", "--op", "rmsnorm"], {"MAGI2_MATE_BACKEND": "fast"}, "MAGI2_MATE_BACKEND='fast'"),
+        (["bench", "--iters", "1"], {"MAGI2_MATE_SINK_CORRECTION": "numpy"}, "MAGI2_MATE_SINK_CORRECTION='numpy'"),
         (["explain", "rmsnorm"], {"MAGI2_RMSNORM_PROVIDER": "nope"}, "no provider named 'nope'"),
     ],
 )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, hookimpl
+from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule
 from magi2_core.capability import Provenance
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
 from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey, RMSNormSpec
@@ -54,7 +54,6 @@ def toy_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 def _backend(name: str, caps: tuple[Capability, ...]) -> types.ModuleType:
     plugin = types.ModuleType(f"{name}_plugin")
 
-    @hookimpl
     def magi2_backend() -> BackendSpec:
         return BackendSpec(name=name, version="0.0.0", core_api=">=2.0,<3", providers=caps)
 

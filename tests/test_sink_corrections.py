@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 import magi2_core as m2
 from magi2_core import registry
 from magi2_core.cli import app
-from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
 from magi2_core.registry import Registry
 from magi2_core.sink_corrections import sink_correction_for
 from magi2_core.sinks import apply_sink_correction, sink_correction
@@ -21,17 +22,15 @@ from magi2_core.sinks import apply_sink_correction, sink_correction
 CORE_IMPL = "magi2_core.sinks:apply_sink_correction"
 
 
-class _Contributor:
-    def __init__(self, dist: str, *corrections: Any) -> None:
-        self.dist, self.corrections = dist, corrections
+def _contributor(dist: str, *corrections: Any, settings: tuple[Setting, ...] = ()) -> Callable[[], BackendSpec]:
+    """What an entry point names: the spec is built when the registry calls it (a bad one is quarantined)."""
+    return lambda: BackendSpec(name=dist, version="0", core_api=">=2.0,<3", providers=(),
+                               sink_corrections=corrections, settings=settings)
 
-    @hookimpl
-    def magi2_backend(self) -> BackendSpec:
-        return BackendSpec(name=self.dist, version="0", core_api=">=2.0,<3", providers=())
 
-    @hookimpl
-    def magi2_sink_corrections(self) -> tuple[Any, ...]:
-        return self.corrections
+# A backend's setting that forces the correction on MUSA, as magi2-backend-musa-mate's does.
+TOY_FORCE = Setting(name="MAGI2_TOY_SINK_CORRECTION", kind="choice", choices=("torch", "triton"), default="torch",
+                    help="the toy MUSA backend's sink correction", forces_sink_correction_on="musa")
 
 
 def _spec(name: str, impl: str = CORE_IMPL, device_types: tuple[str, ...] = ("cuda",), priority: int = 10) -> Any:
@@ -57,7 +56,7 @@ def test_without_contributions_every_device_gets_the_torch_correction(reg: Regis
 
 def test_highest_priority_importable_correction_for_the_device_type(reg: Registry) -> None:
     reg.register(
-        _Contributor("fast-dist", _spec("fast", priority=5), _spec("broken", impl="no_such_module_xyz:fn", priority=9)),
+        _contributor("fast-dist", _spec("fast", priority=5), _spec("broken", impl="no_such_module_xyz:fn", priority=9)),
         "fast",
     )
     chosen = sink_correction_for("cuda")
@@ -69,30 +68,35 @@ def test_highest_priority_importable_correction_for_the_device_type(reg: Registr
 
 
 def test_a_correction_that_does_not_import_is_skipped_with_its_reason(reg: Registry) -> None:
-    reg.register(_Contributor("ghost-dist", _spec("ghost", impl="no_such_module_xyz:fn")), "ghost")
+    reg.register(_contributor("ghost-dist", _spec("ghost", impl="no_such_module_xyz:fn")), "ghost")
     chosen = sink_correction_for("cuda")
     assert chosen.name == "torch" and "no_such_module_xyz" in chosen.detail and "ghost" in chosen.detail
 
 
 @pytest.mark.parametrize("bad", [_spec("torch"), {"name": "x", "impl": "not a path", "device_types": ["cuda"]}])
 def test_a_bad_contribution_quarantines_only_that_backend(reg: Registry, bad: Any) -> None:
-    reg.register(_Contributor("good-dist", _spec("good")), "good")
-    reg.register(_Contributor("bad-dist", bad), "bad")
-    reg.register(_Contributor("twin-dist", _spec("good")), "twin")  # a name taken by another backend
+    reg.register(_contributor("good-dist", _spec("good")), "good")
+    reg.register(_contributor("bad-dist", bad), "bad")
+    reg.register(_contributor("twin-dist", _spec("good")), "twin")  # a name taken by another backend
     reasons = {q.entry_point: q.reason for q in reg.quarantined()}
     assert set(reasons) == {"bad", "twin"} and "already taken" in reasons["twin"]
     assert [c.name for c in reg.state().sink_corrections] == ["good"]
     assert sink_correction_for("cuda").name == "good"
 
 
-def test_musa_correction_is_forced_by_its_variable(reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert "forced by MAGI2_MATE_SINK_CORRECTION" in sink_correction_for("musa").detail  # default: torch
-    monkeypatch.setenv("MAGI2_MATE_SINK_CORRECTION", "triton")
+def test_musa_correction_is_forced_by_a_backends_setting(reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "forced" not in sink_correction_for("musa").detail  # no backend forces it
+    reg.register(_contributor("toy-musa", settings=(TOY_FORCE,)), "toy_musa")
+    assert reg.state().forced_by == {"musa": "MAGI2_TOY_SINK_CORRECTION"}
+    assert "forced by MAGI2_TOY_SINK_CORRECTION" in sink_correction_for("musa").detail  # default: torch
+    monkeypatch.setenv("MAGI2_TOY_SINK_CORRECTION", "triton")
     m2.reload_config()
-    with pytest.raises(m2.ConfigError, match=r"MAGI2_MATE_SINK_CORRECTION='triton'.*no installed backend"):
+    with pytest.raises(m2.ConfigError, match=r"MAGI2_TOY_SINK_CORRECTION='triton'.*no installed backend"):
         sink_correction_for("musa")
-    reg.register(_Contributor("t-dist", _spec("triton")), "t")
+    reg.register(_contributor("t-dist", _spec("triton")), "t")
     assert sink_correction_for("musa").name == "triton"  # forced although it declares only CUDA
+    reg.unregister("toy_musa")
+    assert reg.state().forced_by == {} and sink_correction_for("musa").name == "torch"
 
 
 @pytest.mark.parametrize("rescale", ["fp32", "activation"])
@@ -111,7 +115,7 @@ def test_torch_apply_is_the_validating_reference_bit_for_bit(rescale: str, dtype
 
 
 def test_magi2_backends_says_which_correction_each_device_type_gets(reg: Registry) -> None:
-    reg.register(_Contributor("fast-dist", _spec("fast")), "fast")
+    reg.register(_contributor("fast-dist", _spec("fast")), "fast")
     result = CliRunner().invoke(app, ["backends", "--json"])
     assert result.exit_code == 0, result.output
     chosen = json.loads(result.stdout)["sink_corrections"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Problem, hookimpl, strict
+from magi2_core import BackendSpec, Capability, Problem, strict
 from magi2_core.errors import ResolutionError, StrictModeError
 from magi2_core.ops import _dispatch
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
@@ -54,7 +54,6 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
     )
     plugin = types.ModuleType("strict_toy_plugin")
 
-    @hookimpl
     def magi2_backend() -> BackendSpec:
         return BackendSpec(name="strict-toy", version="0.0.0", core_api=">=2.0,<3", providers=caps)
 

@@ -16,7 +16,7 @@ import torch
 from magi2_backend_reference.rmsnorm import reference_rmsnorm
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Rule, hookimpl, registry
+from magi2_core import BackendSpec, Capability, Condition, Rule, registry
 from magi2_core.capability import Provenance
 from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.registry import REFERENCE_DIST, Registry
@@ -157,7 +157,6 @@ def test_float_threshold_on_an_integer_field_is_rejected() -> None:
 def _plugin(name: str, core_api: str = ">=2.0,<3") -> types.ModuleType:
     mod = types.ModuleType(f"plugin_{name}")
 
-    @hookimpl
     def magi2_backend() -> BackendSpec:
         return BackendSpec(name=name, version="1", core_api=core_api, providers=())
 
@@ -194,10 +193,10 @@ def test_reentrant_plugin_does_not_poison_the_registry(monkeypatch: pytest.Monke
         if ep.name != "reentrant":
             return original(ep)
         seen.append(len(m2.get_registry().providers("rmsnorm")))  # what a re-entrant plugin does at import
-        return _plugin("reentrant")
+        return _plugin("reentrant").magi2_backend  # type: ignore[attr-defined]
 
     real = list(entry_points(group="magi2_core.backends"))
-    fake = EntryPoint(name="reentrant", value="magi2_reentrant_plugin", group="magi2_core.backends")
+    fake = EntryPoint(name="reentrant", value="magi2_reentrant_plugin:magi2_backend", group="magi2_core.backends")
     monkeypatch.setattr(EntryPoint, "load", load)
     monkeypatch.setattr(registry, "entry_points", lambda group: [*real, fake])
     monkeypatch.setattr(registry, "_REGISTRY", fresh)

@@ -36,14 +36,15 @@ def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
     (describing stays cheap: the Triton correction imports Triton)."""
     from magi2_core.errors import ConfigError
     from magi2_core.registry import get_registry
-    from magi2_core.sink_corrections import FORCED_BY, TORCH, sink_correction_for
+    from magi2_core.sink_corrections import TORCH, sink_correction_for
 
-    corrections = get_registry().state().sink_corrections  # priority descending
+    state = get_registry().state()
+    corrections = state.sink_corrections  # priority descending
     declared = {d for c in corrections for d in c.device_types}
     out: dict[str, dict[str, str]] = {}
     for device_type in sorted(set(device_types) | declared):
         if device_type not in device_types:
-            var = FORCED_BY.get(device_type)
+            var = state.forced_by.get(device_type)
             forced = config.get(var) if var is not None else None
             order = [forced] if forced else [*(c.name for c in corrections if device_type in c.device_types), TORCH]
             how = f"forced by {var}" if forced else "the first that imports of " + ", ".join(order)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec
 from magi2_core.problem import OpName
 from magi2_core.registry import get_registry
 
@@ -23,12 +23,15 @@ __all__ = ["InProcessBackend", "registered_backend", "rehost"]
 
 
 class InProcessBackend:
-    """A pluggy plugin object serving a fixed :class:`BackendSpec` (what an entry point module does)."""
+    """A backend serving a fixed :class:`BackendSpec`: called, it returns the spec, as the function an
+    entry point names does (``get_registry().register`` also takes the spec itself)."""
 
     def __init__(self, spec: BackendSpec) -> None:
         self.spec = spec
 
-    @hookimpl
+    def __call__(self) -> BackendSpec:
+        return self.spec
+
     def magi2_backend(self) -> BackendSpec:
         return self.spec
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec
 from magi2_core.problem import Feature
 
 _ATTN_FEATURES = frozenset({Feature.SINKS, Feature.GQA, Feature.LSE, Feature.SOFTCAP})
@@ -21,6 +21,5 @@ PROVIDERS = (
 )
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(name="magi2-backend-bad-example", version="0.0.1", core_api=">=2.0,<3", providers=PROVIDERS)

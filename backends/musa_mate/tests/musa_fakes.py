@@ -26,7 +26,8 @@ from magi2_backend_musa_mate import mate_abi
 from magi2_backend_reference.attention import exact_attention
 
 from magi2_core import config
-from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
+from magi2_core.registry import get_registry
 
 _COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
                 "seqused_k")
@@ -197,6 +198,7 @@ def fake_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[MusaWorld]:
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     for var in ("MAGI2_MATE_BACKEND", "MAGI2_MATE_SINK_CORRECTION", "MAGI2_ATTENTION_PROVIDER"):
         monkeypatch.delenv(var, raising=False)
+    get_registry().state()  # the backend's settings (MAGI2_MATE_*) exist once it is loaded
     config.reload_config()
     mate_abi.load_mate_varlen.cache_clear()
     yield MusaWorld(finder, monkeypatch)
@@ -236,11 +238,7 @@ def triton_correction(*args: Any, **kwargs: Any) -> Any:
 class FakeTritonSinks:
     """A backend contributing a sink correction named ``triton`` whose kernel is :func:`triton_correction`."""
 
-    @hookimpl
     def magi2_backend(self) -> BackendSpec:
-        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=2.0,<3", providers=())
-
-    @hookimpl
-    def magi2_sink_corrections(self) -> tuple[SinkCorrectionSpec, ...]:
-        return (SinkCorrectionSpec(name="triton", impl="musa_fakes:triton_correction", device_types=("cuda",),
-                                   priority=10),)
+        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=2.0,<3", providers=(),
+                           sink_corrections=(SinkCorrectionSpec(name="triton", impl="musa_fakes:triton_correction",
+                                                                device_types=("cuda",), priority=10),))

@@ -9,6 +9,7 @@ from typing import Any
 import musa_fakes
 import pytest
 import torch
+from magi2_backend_musa_mate import plugin as mate_plugin
 from magi2_backend_musa_mate.provider import SINK_CORRECTION_ENV, mate_attention
 from magi2_backend_reference.attention import reference_attention
 from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeTritonSinks, FakeVarlen, MusaWorld, varlen_case
@@ -228,9 +229,12 @@ def test_sink_correction_switch(world: MusaWorld, monkeypatch: pytest.MonkeyPatc
         seen.append(rescale)
         return sink_correction(o, lse, sinks, rescale=rescale)  # type: ignore[arg-type]
 
-    # The process registry holds one backend that contributes a correction named "triton" (the fake).
+    # The process registry holds this backend, whose setting forces MUSA's correction, and one backend that
+    # contributes a correction named "triton" (the fake).
     reg = registry.Registry(discover=False)
+    reg.register(mate_plugin.magi2_backend, "musa_mate")
     reg.register(FakeTritonSinks(), "fake_triton_sinks")
+    assert reg.state().forced_by == {"musa": SINK_CORRECTION_ENV}
     monkeypatch.setattr(registry, "_REGISTRY", reg)
     monkeypatch.setattr(musa_fakes, "triton_correction", fake_triton)
     monkeypatch.setenv(SINK_CORRECTION_ENV, "triton")

@@ -15,7 +15,7 @@ from musa_fakes import MusaWorld
 import magi2_core as m2
 from magi2_core.capability import Capability
 from magi2_core.errors import ProviderNotEligibleError
-from magi2_core.hookspecs import BackendSpec, hookimpl
+from magi2_core.hookspecs import BackendSpec
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionKey
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
@@ -27,7 +27,6 @@ from magi2_core.resolver import Dispatcher, resolve_problem
 class _CudaOnly:
     """A CUDA-only vendor backend ranked above MATE: it must never serve a MUSA problem."""
 
-    @hookimpl
     def magi2_backend(self) -> BackendSpec:
         cap = Capability(op="attention", name="cuda_vendor", impl="magi2_backend_reference.attention:reference_attention",
                          device_types=("cuda",), dtypes=("bfloat16", "float16"), priority=40,

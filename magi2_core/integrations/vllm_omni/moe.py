@@ -46,6 +46,7 @@ from magi2_core import ops
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.integrations.vllm_omni.settings import ROUTER_BIAS_SOURCE
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.registry import REFERENCE
 
@@ -358,7 +359,7 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
         )
 
     def _router_bias(self) -> torch.Tensor:
-        name = "expert_bias" if m2_config.get("MAGI2_ROUTER_BIAS_SOURCE") == "main" else "expert_bias_ema"
+        name = "expert_bias" if m2_config.get(ROUTER_BIAS_SOURCE.name) == "main" else "expert_bias_ema"
         return cast(torch.Tensor, getattr(self.router, name))
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
+from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolver import resolve_problem
 
@@ -90,7 +91,7 @@ def register() -> None:
     if importlib.util.find_spec("vllm_omni") is None:
         return
     _share_vllm_log_handlers()
-    if not m2_config.get("MAGI2_VLLM_OMNI"):
+    if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
     try:

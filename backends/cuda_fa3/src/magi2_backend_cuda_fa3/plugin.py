@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from magi2_backend_cuda_fa3 import __version__
 from magi2_backend_cuda_fa3.discovery import FoundBuild, installed_build
-from magi2_core.backend import BackendSpec, Capability, Feature, IntRange, hookimpl
+from magi2_core.backend import BackendSpec, Capability, Feature, IntRange
 
 __all__ = ["descriptor", "dtypes", "head_dims", "magi2_backend"]
 
@@ -52,7 +52,6 @@ def descriptor(build: FoundBuild | None) -> Capability:
     )  # fmt: skip
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-cuda-fa3", version=__version__, core_api=">=2.0,<3",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from magi2_backend_cuda_fa4 import __version__
 from magi2_backend_cuda_fa4.discovery import FA4Install, installed
-from magi2_core.backend import BackendSpec, Capability, Feature, hookimpl
+from magi2_core.backend import BackendSpec, Capability, Feature
 
 __all__ = ["HEAD_DIMS", "descriptor", "magi2_backend"]
 
@@ -44,7 +44,6 @@ def descriptor(install: FA4Install | None) -> Capability:
     )  # fmt: skip
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-cuda-fa4", version=__version__, core_api=">=2.0,<3",

@@ -38,6 +38,7 @@ import torch
 from packaging.version import InvalidVersion, Version
 
 from magi2_backend_musa_mate.platform import import_musa_runtime, musa_installed
+from magi2_backend_musa_mate.settings import MATE_BACKEND
 from magi2_core.backend import config
 
 if TYPE_CHECKING:
@@ -54,8 +55,8 @@ __all__ = [
     "requested_backend",
 ]
 
-BACKEND_ENV = "MAGI2_MATE_BACKEND"
-BACKENDS = ("auto", "mutlass", "mubin")
+BACKEND_ENV = MATE_BACKEND.name
+BACKENDS = MATE_BACKEND.choices
 # Where MATE's varlen entry point lives, in order of preference: the core module first, because
 # three different distributions ship a module named ``flash_attn_interface`` (upstream FA3 on CUDA,
 # tokenspeed-fa3, MATE's wrapper) and the name alone does not say which one is installed.

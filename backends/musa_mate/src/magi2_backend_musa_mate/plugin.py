@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from magi2_backend_musa_mate import __version__
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
-from magi2_core.backend import BackendSpec, Capability, Condition, Feature, IntRange, Provenance, Rule, hookimpl
+from magi2_backend_musa_mate.settings import SETTINGS
+from magi2_core.backend import BackendSpec, Capability, Condition, Feature, IntRange, Provenance, Rule
 
 __all__ = ["MATE_ATTENTION", "SHORT_SEQUENCE_FLOOR", "SHORT_SEQUENCE_RULE", "magi2_backend"]
 
@@ -49,9 +50,9 @@ MATE_ATTENTION = Capability(
 )
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-musa-mate", version=__version__, core_api=">=2.0,<3", providers=(MATE_ATTENTION,),
+        settings=SETTINGS,
         description="MATE attention on Moore Threads MUSA GPUs",
     )

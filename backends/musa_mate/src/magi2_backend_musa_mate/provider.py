@@ -23,14 +23,15 @@ import torch
 
 from magi2_backend_musa_mate.mate_abi import MateVarlen, load_mate_varlen, requested_backend
 from magi2_backend_musa_mate.platform import DEVICE_TYPE
-from magi2_core.backend import FORCED_BY, ConfigError, Feature, Problem, Reason, ReasonCode, sink_correction_for
+from magi2_backend_musa_mate.settings import MATE_SINK_CORRECTION
+from magi2_core.backend import ConfigError, Feature, Problem, Reason, ReasonCode, sink_correction_for
 
 if TYPE_CHECKING:
     from magi2_core.backend import AttentionCall
 
 __all__ = ["SINK_CORRECTION_ENV", "MateAttention", "mate_attention"]
 
-SINK_CORRECTION_ENV = FORCED_BY[DEVICE_TYPE]  # MAGI2_MATE_SINK_CORRECTION: torch (default) | triton
+SINK_CORRECTION_ENV = MATE_SINK_CORRECTION.name  # MAGI2_MATE_SINK_CORRECTION: torch (default) | triton
 
 
 class MateAttention:

@@ -8,7 +8,7 @@ import inspect
 from pathlib import Path
 
 from magi2_backend_reference import __version__
-from magi2_core.backend import BackendSpec, Capability, Feature, hookimpl
+from magi2_core.backend import BackendSpec, Capability, Feature
 
 _ALL_FEATURES = frozenset(Feature)
 _PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
@@ -123,7 +123,6 @@ PROVIDERS = (
 )
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-reference",

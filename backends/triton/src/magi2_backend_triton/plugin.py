@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from magi2_backend_triton import __version__
 from magi2_backend_triton.interpret import interpreting
-from magi2_core.backend import BackendSpec, Capability, Feature, IntRange, SinkCorrectionSpec, hookimpl
+from magi2_core.backend import BackendSpec, Capability, Feature, IntRange, SinkCorrectionSpec
 
 _PKG = "magi2_backend_triton.providers"
 
@@ -88,28 +88,26 @@ def providers() -> tuple[Capability, ...]:
     )
 
 
-@hookimpl
+# CUDA only: there the fused kernel is bit-exact with the core's torch correction (libdevice, as
+# torch's kernels). On MUSA (Triton-MUSA's own libdevice) it has not run on hardware yet, so it is
+# opt-in there (MAGI2_MATE_SINK_CORRECTION=triton); on CPU the interpreter is far slower than torch.
+SINK_CORRECTIONS = (
+    SinkCorrectionSpec(
+        name="triton",
+        impl="magi2_backend_triton.sink_correction:apply_sink_correction",
+        device_types=("cuda",),
+        priority=10,
+        description="fused learned-sink correction: one pass over o and the LSE, in place",
+    ),
+)
+
+
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-triton",
         version=__version__,
         core_api=">=2.0,<3",
         providers=providers(),
+        sink_corrections=SINK_CORRECTIONS,
         description="portable Triton kernels (CUDA, MUSA through Triton-MUSA; CPU through the interpreter)",
-    )
-
-
-@hookimpl
-def magi2_sink_corrections() -> tuple[SinkCorrectionSpec, ...]:
-    # CUDA only: there the fused kernel is bit-exact with the core's torch correction (libdevice, as
-    # torch's kernels). On MUSA (Triton-MUSA's own libdevice) it has not run on hardware yet, so it is
-    # opt-in there (MAGI2_MATE_SINK_CORRECTION=triton); on CPU the interpreter is far slower than torch.
-    return (
-        SinkCorrectionSpec(
-            name="triton",
-            impl="magi2_backend_triton.sink_correction:apply_sink_correction",
-            device_types=("cuda",),
-            priority=10,
-            description="fused learned-sink correction: one pass over o and the LSE, in place",
-        ),
     )

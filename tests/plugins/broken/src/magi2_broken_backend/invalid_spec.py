@@ -1,9 +1,5 @@
 """Returns a descriptor that does not validate (an unknown op, no device types)."""
 
-from magi2_core import hookimpl
-
-
-@hookimpl
 def magi2_backend() -> dict[str, object]:
     return {
         "name": "magi2-backend-broken-spec",

@@ -1,8 +1,7 @@
 """Implements a contract version this core does not provide."""
 
-from magi2_core import BackendSpec, hookimpl
+from magi2_core import BackendSpec
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(name="magi2-backend-broken-api", version="0.0.1", core_api=">=9,<10", providers=())

@@ -1,10 +1,9 @@
 """Descriptors of the example backend (cheap: no kernel imports)."""
 
-from magi2_core import BackendSpec, Capability, Condition, Rule, hookimpl
+from magi2_core import BackendSpec, Capability, Condition, Rule
 from magi2_core.capability import Provenance
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-example",

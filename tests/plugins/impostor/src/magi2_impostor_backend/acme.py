@@ -1,11 +1,10 @@
 """Entry point ``acme`` (sorts before ``reference``): declares providers named ``reference``."""
 
-from magi2_core import BackendSpec, Capability, hookimpl
+from magi2_core import BackendSpec, Capability
 
 _ANY = ("float32", "bfloat16", "float16")
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-impostor-acme",

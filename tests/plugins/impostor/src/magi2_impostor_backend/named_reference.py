@@ -1,9 +1,8 @@
 """Entry point ``reference`` from the wrong distribution: takes the reference's entry-point name."""
 
-from magi2_core import BackendSpec, Capability, hookimpl
+from magi2_core import BackendSpec, Capability
 
 
-@hookimpl
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
         name="magi2-backend-reference",  # even the backend name is borrowed

@@ -1,0 +1,35 @@
+"""The ``MAGI2_*`` variables of the vllm-omni integration, declared by the integration itself.
+
+They are declared when the integration is imported (by vLLM's plugin loader, or by code that builds
+its layers), under the owner :data:`OWNER`, and read through :func:`magi2_core.config.get` like the
+core's own; ``docs/configuration.md`` lists them with that owner.
+"""
+
+from __future__ import annotations
+
+from magi2_core import config
+from magi2_core.hookspecs import Setting
+
+__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI"]
+
+OWNER = "magi2-core (vllm-omni integration)"
+
+VLLM_OMNI = Setting(
+    name="MAGI2_VLLM_OMNI",
+    kind="boolean",
+    default=True,
+    help="The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
+         "0.30.x is installed; 0 leaves vllm-omni's own operators in place.",
+)
+ROUTER_BIAS_SOURCE = Setting(
+    name="MAGI2_ROUTER_BIAS_SOURCE",
+    kind="choice",
+    choices=("ema", "main"),
+    default="ema",
+    help="The checkpoint bias vllm-omni's MAGI-2 MoE layers select experts with: `ema` "
+         "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`).",
+)
+SETTINGS = (VLLM_OMNI, ROUTER_BIAS_SOURCE)
+
+for _setting in SETTINGS:
+    config.declare(_setting, OWNER)
