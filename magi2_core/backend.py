@@ -19,7 +19,8 @@ The names, by what they are for:
 * errors: :class:`ConfigError` and the input errors;
 * the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)`` (and
   ``config.on_reload`` for a cache that follows it); the device profile active for a device
-  (:func:`profile_of` a :class:`DeviceKey`), for a provider that keys its own plans by device;
+  (:func:`profile_of` a :class:`DeviceKey`), for a provider that keys its own plans by device, and
+  :func:`with_routes_per_expert` (the derived field MoE plan rows are cut on);
 * the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :func:`sink_correction`
   (the reference math);
 * the public ops, for a backend's warm-up: :func:`attention`, :func:`resolve`.
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
     from magi2_core.plan import Plan
     from magi2_core.platform import absent_device, musa_installed
-    from magi2_core.problem import Feature, Problem
+    from magi2_core.problem import Feature, Problem, with_routes_per_expert
     from magi2_core.profiles import DeviceKey, profile_of
     from magi2_core.provider import Checkable, Planned, SinkRescale
     from magi2_core.resolution import Reason, ReasonCode
@@ -99,6 +100,7 @@ _HOME: dict[str, tuple[str, str]] = {
     "musa_installed": ("magi2_core.platform", "musa_installed"),
     "Feature": ("magi2_core.problem", "Feature"),
     "Problem": ("magi2_core.problem", "Problem"),
+    "with_routes_per_expert": ("magi2_core.problem", "with_routes_per_expert"),
     "DeviceKey": ("magi2_core.profiles", "DeviceKey"),
     "profile_of": ("magi2_core.profiles", "profile_of"),
     "Checkable": ("magi2_core.provider", "Checkable"),
@@ -120,7 +122,7 @@ __all__ = [
     "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
     "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
     "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
-    "validate_moe_route", "validate_rmsnorm"
+    "validate_moe_route", "validate_rmsnorm", "with_routes_per_expert"
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_INT_FIELDS", "OUT_DTYPE_OPS", "Feature",
-           "OpName", "Problem", "features_from_mask", "op_fields"]
+           "OpName", "Problem", "features_from_mask", "op_fields", "with_routes_per_expert"]
 
 OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
 OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm")
@@ -105,3 +105,12 @@ def op_fields(op: OpName) -> frozenset[str]:
     """Every :class:`Problem` field a descriptor or profile row of ``op`` may name."""
     extra = {"out_dtype"} if op in OUT_DTYPE_OPS else set()
     return COMMON_FIELDS | frozenset(OP_INT_FIELDS[op]) | extra
+
+
+def with_routes_per_expert(problem: Problem) -> Problem:
+    """``problem`` with ``routes_per_expert`` = ceil(tokens * top_k / num_experts) filled in: the derived
+    field the MoE's plan rows are cut on (unchanged where it is set, or where a size is missing)."""
+    t, k, e = problem.tokens, problem.top_k, problem.num_experts
+    if problem.routes_per_expert is not None or t is None or k is None or not e:
+        return problem
+    return problem.model_copy(update={"routes_per_expert": -(-t * k // e)})

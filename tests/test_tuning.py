@@ -91,6 +91,7 @@ def toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.Modu
     """Two rmsnorm providers and a planned moe_experts provider on the CPU; no user profile of this machine."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("MAGI2_PROFILE", raising=False)
+    get_registry().state()  # the backends load under the session's environment (and stay so for other tests)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no Triton provider on the CPU: only the toys compete
     mod = types.ModuleType(MOD)
     mod.norm = _norm  # type: ignore[attr-defined]
@@ -109,6 +110,7 @@ def toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.Modu
                  name="tuning_toys")
     m2.reload_config()
     yield mod
+    monkeypatch.undo()  # the environment as it was (TRITON_INTERPRET included) before the registry reloads
     reg.unregister("tuning_toys")
     m2.reload_config()
     reset_profiles()

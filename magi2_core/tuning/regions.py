@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from magi2_core.capability import Condition
-from magi2_core.problem import OpName, Problem
+from magi2_core.problem import OpName, with_routes_per_expert
 from magi2_core.profiles.model import PlanRow, Preference
 from magi2_core.tuning.measure import PointResult, plan_key
 
-__all__ = ["CLASS_FIELDS", "ORDERED", "PLAN_ORDERED", "cut", "plan_rows", "preference_rows", "routes_per_expert"]
+__all__ = ["CLASS_FIELDS", "ORDERED", "PLAN_ORDERED", "cut", "plan_rows", "preference_rows"]
 
 CLASS_FIELDS: dict[str, tuple[str, ...]] = {
     "attention": ("dtype", "head_dim", "num_heads_q", "num_heads_kv"),
@@ -42,14 +42,6 @@ ORDERED: dict[str, tuple[str, ...]] = {
 PLAN_ORDERED: dict[str, tuple[str, ...]] = {"moe_experts": ("routes_per_expert",)}
 
 
-def routes_per_expert(problem: Problem) -> Problem:
-    """``problem`` with ``routes_per_expert = ceil(tokens * top_k / num_experts)`` (what MoE plan rows read)."""
-    t, k, e = problem.tokens, problem.top_k, problem.num_experts
-    if problem.routes_per_expert is not None or t is None or k is None or not e:
-        return problem
-    return problem.model_copy(update={"routes_per_expert": math.ceil(t * k / e)})
-
-
 @dataclass(frozen=True)
 class Cell:
     """One region of a class: its conditions and the points in it."""
@@ -59,7 +51,7 @@ class Cell:
 
 
 def _value(point: PointResult, field: str) -> int:
-    v = getattr(routes_per_expert(point.problem), field)
+    v = getattr(with_routes_per_expert(point.problem), field)
     return -1 if v is None else int(v)
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal, NamedTuple
@@ -45,7 +44,16 @@ from typing import Any, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from magi2_core.backend import Condition, DeviceKey, Feature, InvalidValueError, Plan, Problem, profile_of
+from magi2_core.backend import (
+    Condition,
+    DeviceKey,
+    Feature,
+    InvalidValueError,
+    Plan,
+    Problem,
+    profile_of,
+    with_routes_per_expert,
+)
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason
@@ -233,10 +241,7 @@ def device_id(device_type: str, index: int | None) -> DeviceId:
 
 def problem_of(problem: Problem) -> Problem:
     """``problem`` with ``routes_per_expert`` = ceil(tokens * top_k / num_experts) filled in (rows read it)."""
-    t, k, e = problem.tokens, problem.top_k, problem.num_experts
-    if problem.routes_per_expert is not None or t is None or k is None or not e:
-        return problem
-    return problem.model_copy(update={"routes_per_expert": math.ceil(t * k / e)})
+    return with_routes_per_expert(problem)
 
 
 def _kernels_align(device: DeviceId) -> bool:
