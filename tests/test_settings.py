@@ -317,3 +317,20 @@ def test_an_entry_point_naming_a_module_that_defines_the_function_still_loads(mo
     reg = Registry()
     assert {b.entry_point for b in reg.backends()} == {"reference", "module_form"}
     assert "module_form" not in {q.entry_point for q in reg.quarantined()}
+
+
+def test_magi2_backends_json_shows_a_backends_settings_and_their_values() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from magi2_core.cli import app
+
+    if "musa_mate" not in {b.entry_point for b in m2.get_registry().backends()}:
+        pytest.skip("magi2-backend-musa-mate is not installed")
+    result = CliRunner().invoke(app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    musa = next(b for b in data["backends"] if b["entry_point"] == "musa_mate")
+    assert [s["name"] for s in musa["settings"]] == ["MAGI2_MATE_BACKEND", "MAGI2_MATE_SINK_CORRECTION"]
+    assert data["config"]["MAGI2_MATE_SINK_CORRECTION"] in ("torch", "triton")
