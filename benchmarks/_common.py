@@ -1,115 +1,32 @@
 """Helpers every benchmark shares: timing, L2 flush, statistics and the environment record.
 
-Timing: each function is warmed up first (Triton compiles, caches fill), then calls alternate
-between the variants in a rotating order so none always follows the same neighbour. Before every
-call a buffer larger than the L2 is zeroed (outside the timed region), and each call is timed with
-its own pair of CUDA events. On the CPU (dry runs of a script's plumbing) the host clock is used.
-
-Statistics are nearest-rank percentiles: every reported value is one of the samples. Empty input,
-NaN, infinite, zero or negative times are errors (a broken timer, not a fast kernel).
+The timing harness is ``magi2_core.timing``, the one ``magi2 tune`` uses (warm-up, rotating
+alternation, an L2 flush before every call, one pair of device events per call, nearest-rank
+p10/p50/p90): its names are re-exported here. This module adds the loop timing (back-to-back calls),
+CUDA-graph capture and the environment record of a result file.
 """
 
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["env_record", "flush_l2", "git_commit", "percentile", "stats", "time_alternating", "time_loop"]
+from magi2_core.timing import FLUSH_BYTES, flush_l2, measure, percentile, stats, time_alternating
 
-FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
-_flush_bufs: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` in [0, 100] of already sorted samples (rank ``ceil(q/100·n)``, at least 1)."""
-    if not ordered:
-        raise ValueError("percentile of no samples")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100]; got {q}")
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def stats(samples: Sequence[float]) -> dict[str, float]:
-    """p10/p50/p90 (nearest rank), min, max, mean and n of positive, finite times (ms)."""
-    values = [float(v) for v in samples]
-    if not values:
-        raise ValueError("stats: no samples (the benchmark timed nothing)")
-    bad = [v for v in values if not math.isfinite(v) or v <= 0.0]
-    if bad:
-        raise ValueError(f"stats: times must be finite and positive; got {bad[:5]} among {len(values)} samples")
-    s = sorted(values)
-    return {
-        "p10": percentile(s, 10),
-        "p50": percentile(s, 50),
-        "p90": percentile(s, 90),
-        "min": s[0],
-        "max": s[-1],
-        "mean": sum(s) / len(s),
-        "n": len(s),
-    }
-
-
-def flush_l2(device: str = "cuda", nbytes: int = FLUSH_BYTES) -> None:
-    """Zero ``nbytes`` on ``device`` so the next call finds none of its data in the L2 (no-op on CPU)."""
-    if device == "cpu":
-        return
-    key = (device, nbytes)
-    buf = _flush_bufs.get(key)
-    if buf is None:
-        buf = _flush_bufs[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buf.zero_()
+__all__ = ["FLUSH_BYTES", "env_record", "flush_l2", "git_commit", "graphed", "measure", "percentile", "stats",
+           "time_alternating", "time_loop"]
 
 
 def _synchronize(device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()
-
-
-def time_alternating(
-    fns: Mapping[str, Callable[[], object]],
-    iters: int,
-    *,
-    warmup: int = 3,
-    device: str = "cuda",
-    flush: bool = True,
-    flush_bytes: int = FLUSH_BYTES,
-) -> dict[str, list[float]]:
-    """Milliseconds per call of each function: warm-up, then ``iters`` rounds in rotating order, the L2
-    flushed before each call, one pair of device events per call (host clock on the CPU)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    _synchronize(device)
-    names = list(fns)
-    events: dict[str, list[tuple[Any, Any]]] = {n: [] for n in names}
-    host: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(iters):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            if flush:
-                flush_l2(device, flush_bytes)
-            if device == "cpu":
-                t0 = time.perf_counter()
-                fns[name]()
-                host[name].append((time.perf_counter() - t0) * 1e3)
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name]()
-            end.record()
-            events[name].append((start, end))
-    if device == "cpu":
-        return host
-    torch.cuda.synchronize()
-    return {n: [s.elapsed_time(e) for s, e in ev] for n, ev in events.items()}
 
 
 def time_loop(

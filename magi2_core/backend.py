@@ -17,7 +17,9 @@ The names, by what they are for:
 * the contracts a kernel implements: ``validate_<op>`` (the op's own checks, building its call record,
   for a backend's validating entry point), :func:`router_scores`, :func:`swiglu7` and its constants;
 * errors: :class:`ConfigError` and the input errors;
-* the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)``;
+* the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)`` (and
+  ``config.on_reload`` for a cache that follows it); the device profile active for a device
+  (:func:`profile_of` a :class:`DeviceKey`), for a provider that keys its own plans by device;
 * the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :func:`sink_correction`
   (the reference math);
 * the public ops, for a backend's warm-up: :func:`attention`, :func:`resolve`.
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from magi2_core.plan import Plan
     from magi2_core.platform import absent_device, musa_installed
     from magi2_core.problem import Feature, Problem
+    from magi2_core.profiles import DeviceKey, profile_of
     from magi2_core.provider import Checkable, Planned, SinkRescale
     from magi2_core.resolution import Reason, ReasonCode
     from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
@@ -96,6 +99,8 @@ _HOME: dict[str, tuple[str, str]] = {
     "musa_installed": ("magi2_core.platform", "musa_installed"),
     "Feature": ("magi2_core.problem", "Feature"),
     "Problem": ("magi2_core.problem", "Problem"),
+    "DeviceKey": ("magi2_core.profiles", "DeviceKey"),
+    "profile_of": ("magi2_core.profiles", "profile_of"),
     "Checkable": ("magi2_core.provider", "Checkable"),
     "Planned": ("magi2_core.provider", "Planned"),
     "SinkRescale": ("magi2_core.provider", "SinkRescale"),
@@ -109,11 +114,11 @@ _HOME: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "Condition", "ConfigError",
-    "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
+    "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
     "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned",
     "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
     "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
-    "absent_device", "attention", "config", "musa_installed", "resolve", "router_scores",
+    "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
     "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
     "validate_moe_route", "validate_rmsnorm"
 ]

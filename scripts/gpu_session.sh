@@ -149,6 +149,29 @@ if want moe_layers; then
 step "MoE: N distinct layers in turn through the public op"
 python3 -m benchmarks.moe --out "$OUT/moe_layers_${tag}.json" --tokens 512 4096 14601 --layers 4 --skip-12 --iters 20 > "$OUT/moe_layers.log" 2>&1; tail -30 "$OUT/moe_layers.log"
 fi
+# tune and profile_check read no user profile of this machine (their own XDG cache) and share FA4's
+# compile cache, so the checks after the tune pay no JIT compilation.
+tune_env=(XDG_CACHE_HOME="$OUT/xdg_cache" FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+          FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$OUT/xdg_cache/fa4")
+profile_check() {  # $1: label; $2: MAGI2_PROFILE ("" = the shipped one for this device)
+  env "${tune_env[@]}" MAGI2_PROFILE="$2" python3 -m benchmarks.profile_check --out "$OUT/profile_check_$1_${tag}.json" \
+    ${MAGI2_CHECK_ARGS:-} > "$OUT/profile_check_$1.log" 2>&1; echo "profile_check exit $?" >> "$OUT/profile_check_$1.log"
+  grep -E "FAIL|^profile |exit" "$OUT/profile_check_$1.log" | tail -20
+}
+if want tune; then
+step "magi2 tune over the default grid (timed; target <= 300 s), then the resolved call vs every eligible provider under it"
+t0=$(date +%s)
+env "${tune_env[@]}" python3 -m magi2_core.cli tune --fresh --out "$OUT/profile_tuned_${tag}.json" --note "commit $MAGI2_GIT_COMMIT" \
+  ${MAGI2_TUNE_ARGS:-} \
+  > "$OUT/tune.log" 2>&1; echo "tune exit $? in $(( $(date +%s) - t0 )) s" >> "$OUT/tune.log"
+tail -6 "$OUT/tune.log"
+[ -f "$OUT/profile_tuned_${tag}.json" ] && profile_check tuned "$OUT/profile_tuned_${tag}.json"
+fi
+if want profile_check; then
+step "profile check: the shipped profile and the generic one (resolved vs every eligible provider, one run per profile)"
+profile_check shipped ""
+profile_check generic generic
+fi
 step "done"
 # One archive of the logs beside the JSON results (MAGI2_PACK_LOGS=1), for copying them off the machine.
 if [ "${MAGI2_PACK_LOGS:-0}" = 1 ]; then

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "magi2_core._version", "magi2_core.errors", "magi2_core.config", "magi2_core.problem",
         "magi2_core.capability", "magi2_core.resolution", "magi2_core.plan", "magi2_core.provider",
         "magi2_core.hookspecs", "magi2_core.platform", "magi2_core.overrides", "magi2_core.strict",
-        "magi2_core.profiles.*",
+        "magi2_core.profiles.*", "magi2_core.timing",
     )),
     ("contracts: math and checks", ("magi2_core.contracts.*", "magi2_core.moe_weights", "magi2_core.sinks")),
     ("op specs", ("magi2_core.ops._spec",)),
@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "magi2_core.environment",
     )),
     ("the conformance kit", ("magi2_core.testing.*",)),
+    ("magi2 tune: measuring a device, writing its profile", ("magi2_core.tuning.*",)),
     ("the command line", ("magi2_core.cli.*",)),
 )
 

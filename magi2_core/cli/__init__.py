@@ -1,4 +1,4 @@
-"""The ``magi2`` command line: ``backends``, ``env``, ``explain``, ``demo``, ``check``, ``bench``.
+"""The ``magi2`` command line: ``backends``, ``env``, ``explain``, ``demo``, ``check``, ``bench``, ``tune``.
 
 Readable tables by default, ``--json`` everywhere. One module per subcommand. Importing this package
 imports typer and rich only: each command imports torch and the registry when it runs, so
@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from magi2_core._version import CORE_API_VERSION, __version__
-from magi2_core.cli import backends, bench, check, demo, env, explain
+from magi2_core.cli import backends, bench, check, demo, env, explain, tune
 from magi2_core.cli._output import typed_errors
 
 # torch warns at import when numpy is missing; magi2 does not use numpy (it is no dependency), so the
@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 app = typer.Typer(
     name="magi2",
     help="MAGI-2 kernel-backend registry: list backends, report the environment, explain resolutions, "
-    "run the demo, check providers.",
+    "run the demo, check providers, tune this device's profile.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -49,7 +49,7 @@ def _root(
 
 
 for _name, _command in (("backends", backends.backends), ("env", env.env), ("explain", explain.explain),
-                         ("demo", demo.demo), ("check", check.check), ("bench", bench.bench)):
+                         ("demo", demo.demo), ("check", check.check), ("bench", bench.bench), ("tune", tune.tune)):
     app.command(_name)(typed_errors(_name)(_command))
 
 

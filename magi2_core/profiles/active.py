@@ -43,7 +43,7 @@ from magi2_core.resolution import PreferenceNote, ProfileNote
 
 __all__ = [
     "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "boundaries",
-    "fragment_from_resource", "installed_version", "profile_for", "reset_profiles", "shipped_profiles",
+    "fragment_from_resource", "installed_version", "profile_for", "profile_of", "reset_profiles", "shipped_profiles",
     "use_backend_fragments", "user_profile_dir", "user_profiles",
 ]
 
@@ -321,6 +321,21 @@ def profile_for(device_type: str, device_index: int | None, backends: Sequence[F
     if found is None:
         name, capability = device_identity(kind, index)
         found = _select(DeviceKey(kind, name, capability), backends)
+        with _lock:
+            _active[key] = found
+    return found
+
+
+def profile_of(device: DeviceKey, backends: Sequence[Fragment] | None = None) -> LoadedProfile:
+    """The profile active for a device given by its key (type, name, capability), without asking torch:
+    what a provider that keys its own data by device (the Triton MoE plan) reads. ``backends``: as in
+    :func:`active_profile`."""
+    if backends is None:
+        backends = () if _backend_fragments is None else _backend_fragments()
+    key = ("key", tuple(f.origin for f in backends), device)
+    found = _active.get(key)
+    if found is None:
+        found = _select(device, backends)
         with _lock:
             _active[key] = found
     return found

@@ -135,13 +135,15 @@ class Profile(BaseModel):
 
 
 def _field_errors(profile: Profile) -> list[str]:
-    """Conditions naming a problem field their op does not have (they would never match)."""
+    """Preference conditions naming a problem field their op does not have (they would never match).
+
+    Plan rows are read by their provider, which may evaluate them on fields it derives (the Triton MoE
+    fills ``routes_per_expert``): any problem field is accepted there (``Condition`` checks that).
+    """
     out = []
-    rows: list[tuple[str, Preference | PlanRow]] = [(f"preferences[{i}]", r) for i, r in enumerate(profile.preferences)]
-    rows += [(f"plans[{i}]", r) for i, r in enumerate(profile.plans)]
-    for where, row in rows:
+    for i, row in enumerate(profile.preferences):
         known = op_fields(row.op) - {"op"}
-        out += [f"{where}.when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
+        out += [f"preferences[{i}].when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
                 for c in row.when if c.field not in known]  # fmt: skip
     return out
 

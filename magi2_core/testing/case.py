@@ -1,8 +1,9 @@
-"""What a conformance case is, and the small helpers the op specs use to generate and build cases.
+"""What a conformance case is, and the small helpers the op case modules use to generate and build cases.
 
 A :class:`Case` is a small, hashable description of one call (sizes, features, dtype, device); each
-op spec (:mod:`magi2_core.ops`) generates its cases from a provider's descriptor and builds a case's
-:class:`Call` (the tensors) from a generator seeded per case, so any case reproduces alone.
+op's case module (:mod:`magi2_core.testing.op_cases`) generates its cases from a provider's descriptor
+and builds a case's :class:`Call` (the tensors) from a generator seeded per case, so any case
+reproduces alone.
 """
 
 from __future__ import annotations

@@ -185,6 +185,75 @@ def test_a_device_matches_its_named_fragment_by_name_and_capability_else_the_gen
     assert "no rows measured for cuda 'NVIDIA H20' 9.0" in generic and "magi2 tune" in generic
 
 
+@pytest.fixture
+def profile_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[Any]:
+    """Set MAGI2_PROFILE (a file written from a dict, or a name) and re-read the configuration."""
+    import magi2_core as m2
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def use(profile: dict[str, Any] | str) -> None:
+        if isinstance(profile, dict):
+            path = tmp_path / "tuned.json"
+            path.write_text(json.dumps(profile))
+            profile = str(path)
+        monkeypatch.setenv("MAGI2_PROFILE", profile)
+        m2.reload_config()
+
+    yield use
+    monkeypatch.delenv("MAGI2_PROFILE", raising=False)
+    m2.reload_config()
+
+
+def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter: Any, profile_env: Any) -> None:
+    off_interpreter(False, True, True)
+    shipped_512 = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))[0]
+    shipped_14601 = mp.plan_for(_h200_problem(14601), H200, *mp.rows_for(H200))[0]
+    tile = dict(mp.fragment_for(H200, mp.shipped_fragments()).rows[0].plan.tile)  # the FP32 two-kernel tile
+    profile_env({
+        "format": "magi2-profile", "version": 1, "name": "tuned-nvidia-h200",
+        "device": {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
+        "provenance": {"kind": "tune", "source": "magi2 tune on cuda NVIDIA H200"},
+        "plans": [
+            {"op": "moe_experts", "provider": "triton", "id": "tune-1",
+             "when": [{"field": "dtype", "op": "eq", "value": "bfloat16"},
+                      {"field": "routes_per_expert", "op": "le", "value": 100}],
+             "plan": {"variant": "two_kernel", "tile": tile, "align": "atomic"}, "why": "measured fastest here"},
+            {"op": "moe_experts", "provider": "triton", "id": "broken",
+             "plan": {"variant": "two_kernel", "tile": {"BLOCK_M": 32}, "align": "atomic"}, "why": "hand-edited"},
+            {"op": "moe_experts", "provider": "other", "plan": {"x": 1}, "why": "another provider's row"},
+        ],
+    })  # fmt: skip
+    rows, source = mp.rows_for(H200)
+    assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(mp.shipped_fragments()[0].rows)
+    assert "profile tuned-nvidia-h200 (env: " in source and "rows 1-1, then profile nvidia-h200" in source
+    plan = mp.plan_for(_h200_problem(512), H200, rows, source)[0]  # 12 routes per expert: the tuned row
+    assert (plan.variant, plan.align, plan.tile) == ("two_kernel", "atomic", tile) != (shipped_512.variant,
+                                                                                     shipped_512.align, shipped_512.tile)
+    assert "row 1 (dtype == 'bfloat16' and routes_per_expert <= 100): measured fastest here" in plan.why
+    # 343 routes per expert: no tuned row matches, the shipped rows decide as before
+    assert mp.plan_for(_h200_problem(14601), H200, rows, source)[0].describe() == shipped_14601.describe()
+
+
+def test_the_launchers_plans_are_dropped_with_the_configuration() -> None:
+    from magi2_backend_triton.moe import fused
+
+    import magi2_core as m2
+
+    fused._planned(torch.device("cpu"), torch.float32, False, True, 16, 1, 4, 2, 32, 64)
+    assert fused._planned.cache_info().currsize >= 1
+    m2.reload_config()  # MAGI2_PROFILE may have changed: the plans follow the profile read now
+    assert fused._planned.cache_info().currsize == 0
+
+
+def test_the_generic_profile_takes_the_generic_rows_even_on_the_h200(profile_env: Any) -> None:
+    profile_env("generic")
+    rows, source = mp.rows_for(H200)
+    assert source.startswith("generic rows generic-cuda-sm90") and rows == mp.rows_for(H20)[0]
+    profile_env("nvidia-h200")
+    assert mp.rows_for(H200)[1].startswith("profile nvidia-h200 (magi2_backend_triton/profiles/nvidia-h200.json")
+
+
 def test_the_generic_sm90_rows_repeat_the_h200_rows_with_their_own_provenance() -> None:
     frags = {f.name: f for f in mp.shipped_fragments()}
     h200, generic = frags["nvidia-h200"].rows, frags["generic-cuda-sm90"].rows

@@ -14,7 +14,7 @@ import torch
 import triton
 from torch import Tensor
 
-from magi2_core.backend import Feature, InvalidValueError, Plan, Problem
+from magi2_core.backend import Feature, InvalidValueError, Plan, Problem, config
 from magi2_core.backend import validate_moe_experts as validate_experts
 
 from ..interpret import interpreting as _interpreting
@@ -121,6 +121,10 @@ def _planned(
     dev = device_id(device.type, device.index)
     plan, launch = plan_for(problem, dev, *rows_for(dev))
     return plan, launch, problem, dev
+
+
+# The plan of a shape follows the active profile: re-read after magi2_core.reload_config().
+config.on_reload(_planned.cache_clear)
 
 
 @dataclass

@@ -9,6 +9,9 @@ class (other CUDA 9.x devices, other CUDA, MUSA, the CPU interpreter) that repea
 ran before the rows existed. A fragment matches a device by name and capability; an unnamed
 (generic) fragment by device type and, when it gives one, the capability's major version.
 
+Rows come from `rows_for`: the rows of the core's active device profile for this provider first (a
+profile written by `magi2 tune`, or the one ``MAGI2_PROFILE`` names), then the shipped fragment's.
+
 `plan_for` is the whole decision, in order:
 
 1. The first row whose ``when`` holds and whose variant can run the problem correctly here
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -41,7 +45,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from magi2_core.backend import Condition, Feature, InvalidValueError, Plan, Problem
+from magi2_core.backend import Condition, DeviceKey, Feature, InvalidValueError, Plan, Problem, profile_of
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason
@@ -54,6 +58,7 @@ __all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", 
 
 OP = "moe_experts"
 PROVIDER = "triton"
+log = logging.getLogger("magi2_backend_triton")
 
 # Bytes of route lists ("gluon_routed") a call may allocate; past it that variant is passed over. The
 # lists hold every expert's worst case, T*K routes (repeated top-k ids included): 38 MB at 2048
@@ -166,17 +171,49 @@ def fragment_for(device: DeviceId, fragments: Sequence[Fragment]) -> Fragment:
                             str(device))
 
 
-def rows_for(device: DeviceId) -> tuple[tuple[PlanRow, ...], str]:
-    """The plan rows for ``device`` and where they come from (the text that opens every ``why``).
-
-    The one place that decides where rows come from: today this backend's shipped fragments.
-    """
-    frag = fragment_for(device, shipped_fragments())
+def _fragment_rows(device: DeviceId, generic: bool) -> tuple[tuple[PlanRow, ...], str]:
+    frags = shipped_fragments()
+    frag = fragment_for(device, [f for f in frags if f.device_name is None] if generic else frags)
     if frag.device_name is not None:
         return frag.rows, f"profile {frag.name} ({frag.source}, measured on this device model)"
     known = f" for {device}" if device.name else ""
     return frag.rows, (f"generic rows {frag.name} ({frag.source}): no rows measured{known}; "
                        f"`magi2 tune` measures this device")
+
+
+def _profile_rows(device: DeviceId) -> tuple[tuple[PlanRow, ...], str, bool]:
+    """This provider's rows in the core's active profile for ``device`` (a tuned one, ``MAGI2_PROFILE``'s),
+    where they come from, and whether that profile is the generic one."""
+    cap = None if device.capability is None else f"{device.capability[0]}.{device.capability[1]}"
+    loaded = profile_of(DeviceKey(device.type, device.name, cap))
+    rows = []
+    for i, row in enumerate(loaded.plans_for(OP, PROVIDER)):
+        mine = PlanRow.model_validate({
+            "when": row.when, "plan": dict(row.plan), "why": row.why,
+            "provenance": {} if row.provenance is None else row.provenance.model_dump(exclude_defaults=True),
+        })  # fmt: skip
+        try:
+            mine.launch("lists" if mine.plan.align == "lists" else "atomic")
+        except InvalidValueError as e:  # a hand-edited file: the other rows still serve
+            log.warning("magi2_backend_triton: ignoring plan row %s of profile %s (%s): %s", row.id or i,
+                        loaded.name, " + ".join(loaded.origins), e)
+            continue
+        rows.append(mine)
+    return tuple(rows), f"profile {loaded.name} ({loaded.source}: {' + '.join(loaded.origins)})", loaded.generic
+
+
+def rows_for(device: DeviceId) -> tuple[tuple[PlanRow, ...], str]:
+    """The plan rows for ``device`` and where they come from (the text that opens every ``why``).
+
+    The one place that decides where rows come from: the rows of the core's active profile for this
+    device (`magi2 tune`'s, or ``MAGI2_PROFILE``'s) first, then this backend's shipped fragment for the
+    device (its generic fragment where the active profile is the generic one).
+    """
+    tuned, tuned_source, generic = _profile_rows(device)
+    rows, source = _fragment_rows(device, generic)
+    if not tuned:
+        return rows, source
+    return (*tuned, *rows), f"{tuned_source} rows 1-{len(tuned)}, then {source}"
 
 
 @functools.lru_cache(maxsize=16)
