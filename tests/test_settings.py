@@ -181,7 +181,7 @@ def test_the_musa_backend_owns_its_variables_and_forces_the_musa_correction() ->
         pytest.skip("magi2-backend-musa-mate is not installed")
     assert config.owner("MAGI2_MATE_BACKEND") == config.owner("MAGI2_MATE_SINK_CORRECTION") == "magi2-backend-musa-mate"
     assert reg.state().forced_by["musa"] == "MAGI2_MATE_SINK_CORRECTION"
-    assert not hasattr(importlib.import_module("magi2_core.sink_corrections"), "FORCED_BY")
+    assert not hasattr(importlib.import_module("magi2_core.sink_correction.choice"), "FORCED_BY")
 
 
 def test_a_bad_value_of_a_backends_variable_is_the_callers_error_and_nothing_stays_half_loaded(
@@ -251,7 +251,7 @@ def test_a_backend_function_that_raises_is_quarantined_alone() -> None:
 
 
 def test_sink_corrections_come_in_the_spec() -> None:
-    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sinks:apply_sink_correction", device_types=("cpu",))
+    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction", device_types=("cpu",))
     reg = Registry(discover=False)
     reg.register(_backend("magi2-backend-sinks", corrections=(spec,)), "sinks")
     (got,) = reg.state().sink_corrections
