@@ -27,7 +27,7 @@ import torch
 import magi2_core as m2
 from benchmarks._common import env_record, stats, time_alternating, time_loop
 from magi2_core.registry import get_registry
-from magi2_core.sinks import sink_correction
+from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 
 H, D = 24, 128
@@ -77,7 +77,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool) -> dict[str, Any]:
     from magi2_backend_cuda_fa3.provider import FA3Attention, fa3_attention
 
-    from magi2_core.sink_corrections import torch_correction
+    from magi2_core.sink_correction.choice import torch_correction
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     t = sum(lengths)

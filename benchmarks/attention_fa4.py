@@ -42,7 +42,7 @@ import magi2_core as m2
 from benchmarks._common import stats, time_alternating, time_loop
 from benchmarks.attention import LOOP, rel_l2
 from magi2_core.registry import get_registry
-from magi2_core.sinks import sink_correction
+from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 
 H, D = 24, 128
@@ -102,8 +102,8 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def jit_costs(cached_reps: int) -> dict[str, Any]:
     """First call per FA4 configuration in this process, then the cached call (seconds / ms)."""
+    from magi2_backend_cuda_fa4.native_sinks import native_sink
     from magi2_backend_cuda_fa4.provider import fa4_attention
-    from magi2_backend_cuda_fa4.sinks import native_sink
 
     t0 = time.perf_counter()
     abi = fa4_attention.loaded.abi  # imports flash_attn.cute (the CuTe DSL)
@@ -128,8 +128,8 @@ def jit_costs(cached_reps: int) -> dict[str, Any]:
 
 def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) -> dict[str, Any]:
     from magi2_backend_cuda_fa3.provider import fa3_attention
+    from magi2_backend_cuda_fa4.native_sinks import native_sink
     from magi2_backend_cuda_fa4.provider import fa4_attention
-    from magi2_backend_cuda_fa4.sinks import native_sink
 
     q, k, v, sink, cu = _inputs(lengths, seed)
     mx = max(lengths)

@@ -163,7 +163,7 @@ def torch_route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k
 def baseline_attention(dev: str) -> tuple[str, Callable[..., torch.Tensor]]:
     """Raw FA3 (the cuda_fa3 backend's discovery of the installed build) + the torch sink correction.
     On the CPU (plumbing runs) there is no FA3: the explicitly chosen reference stands in."""
-    from magi2_core.sinks import sink_correction
+    from magi2_core.sink_correction.reference import sink_correction
 
     if dev == "cpu":
 

@@ -6,6 +6,7 @@ New public names are imported here and listed in ``__all__`` of ``magi2_core/__i
 # ruff: noqa: F401
 from magi2_core.capability import Capability, Condition, IntRange, Rule
 from magi2_core.config import reload_config
+from magi2_core.dispatch import set_device_value_checks, set_strict
 from magi2_core.errors import (
     ConfigError,
     InvalidDeviceError,
@@ -23,8 +24,7 @@ from magi2_core.errors import (
 from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.moe_weights import PreparedMoEWeights
 from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
-from magi2_core.ops._dispatch import set_device_value_checks, set_strict
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
+from magi2_core.reasons import Resolution
 from magi2_core.registry import get_registry
-from magi2_core.resolution import Resolution

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from magi2_core import config
     from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
     from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT, ScoreFunc, router_scores, swiglu7
+    from magi2_core.devices import absent_device, musa_installed
     from magi2_core.errors import (
         ConfigError,
         InvalidDeviceError,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         InvalidValueError,
     )
     from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
+    from magi2_core.kernel import Checkable, Planned, SinkRescale
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
     from magi2_core.ops.attention import validate as validate_attention
@@ -53,13 +55,11 @@ if TYPE_CHECKING:
     from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKernel
     from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
     from magi2_core.plan import Plan
-    from magi2_core.platform import absent_device, musa_installed
     from magi2_core.problem import Feature, Problem, with_routes_per_expert
     from magi2_core.profiles import DeviceKey, profile_of
-    from magi2_core.provider import Checkable, Planned, SinkRescale
-    from magi2_core.resolution import Reason, ReasonCode
-    from magi2_core.sink_corrections import SinkCorrection, sink_correction_for
-    from magi2_core.sinks import sink_correction
+    from magi2_core.reasons import Reason, ReasonCode
+    from magi2_core.sink_correction.choice import SinkCorrection, sink_correction_for
+    from magi2_core.sink_correction.reference import sink_correction
 
 # Each name's home: (module, attribute).
 _HOME: dict[str, tuple[str, str]] = {
@@ -96,21 +96,21 @@ _HOME: dict[str, tuple[str, str]] = {
     "attention": ("magi2_core.ops", "attention"),
     "resolve": ("magi2_core.ops", "resolve"),
     "Plan": ("magi2_core.plan", "Plan"),
-    "absent_device": ("magi2_core.platform", "absent_device"),
-    "musa_installed": ("magi2_core.platform", "musa_installed"),
+    "absent_device": ("magi2_core.devices", "absent_device"),
+    "musa_installed": ("magi2_core.devices", "musa_installed"),
     "Feature": ("magi2_core.problem", "Feature"),
     "Problem": ("magi2_core.problem", "Problem"),
     "with_routes_per_expert": ("magi2_core.problem", "with_routes_per_expert"),
     "DeviceKey": ("magi2_core.profiles", "DeviceKey"),
     "profile_of": ("magi2_core.profiles", "profile_of"),
-    "Checkable": ("magi2_core.provider", "Checkable"),
-    "Planned": ("magi2_core.provider", "Planned"),
-    "SinkRescale": ("magi2_core.provider", "SinkRescale"),
-    "Reason": ("magi2_core.resolution", "Reason"),
-    "ReasonCode": ("magi2_core.resolution", "ReasonCode"),
-    "SinkCorrection": ("magi2_core.sink_corrections", "SinkCorrection"),
-    "sink_correction_for": ("magi2_core.sink_corrections", "sink_correction_for"),
-    "sink_correction": ("magi2_core.sinks", "sink_correction"),
+    "Checkable": ("magi2_core.kernel", "Checkable"),
+    "Planned": ("magi2_core.kernel", "Planned"),
+    "SinkRescale": ("magi2_core.kernel", "SinkRescale"),
+    "Reason": ("magi2_core.reasons", "Reason"),
+    "ReasonCode": ("magi2_core.reasons", "ReasonCode"),
+    "SinkCorrection": ("magi2_core.sink_correction.choice", "SinkCorrection"),
+    "sink_correction_for": ("magi2_core.sink_correction.choice", "sink_correction_for"),
+    "sink_correction": ("magi2_core.sink_correction.reference", "sink_correction"),
     "config": ("magi2_core", "config"),
 }
 

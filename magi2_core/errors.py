@@ -1,7 +1,7 @@
 """One exception family for everything magi2-core raises.
 
 Input errors name the argument, what was expected and what was given, so that the message alone
-says how to fix the call. Resolution errors carry the :class:`~magi2_core.resolution.Resolution`
+says how to fix the call. Resolution errors carry the :class:`~magi2_core.reasons.Resolution`
 that explains every candidate.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from magi2_core.resolution import Resolution
+    from magi2_core.reasons import Resolution
 
 __all__ = [
     "ConfigError",

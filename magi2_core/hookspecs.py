@@ -82,7 +82,7 @@ class Setting(BaseModel):
 class SinkCorrectionSpec(BaseModel):
     """A learned-sink correction that a backend contributes: data only, its kernel imported on first use.
 
-    ``impl`` names a callable with the :class:`magi2_core.sink_corrections.SinkCorrectionFn` signature.
+    ``impl`` names a callable with the :class:`magi2_core.sink_correction.choice.SinkCorrectionFn` signature.
     For a device type the core picks the highest-``priority`` correction that lists it in
     ``device_types`` (the core's torch correction, priority 0, serves every device type).
     """
@@ -112,7 +112,7 @@ class BackendSpec(BaseModel):
                         "resources (docs/profiles.md); read and validated when the backend loads"
     )
     sink_corrections: tuple[SinkCorrectionSpec, ...] = Field(
-        (), description="learned-sink corrections this backend contributes (magi2_core.sink_corrections)"
+        (), description="learned-sink corrections this backend contributes (magi2_core.sink_correction.choice)"
     )
     settings: tuple[Setting, ...] = Field(
         (), description="the MAGI2_* variables this backend reads, declared in magi2_core.config while it is loaded"

@@ -56,7 +56,7 @@ from magi2_core.capability import Capability, descriptor_errors
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
 from magi2_core.problem import INT_FIELDS, OPS, OpName
 from magi2_core.profiles.active import Fragment, fragment_from_resource, use_backend_fragments
-from magi2_core.resolution import QuarantinedPlugin
+from magi2_core.reasons import QuarantinedPlugin
 
 __all__ = [
     "ENTRY_POINT_GROUP", "REFERENCE", "REFERENCE_DIST", "LoadedBackend", "LoadedProvider", "Registry",

@@ -1,4 +1,5 @@
-"""Resolution: from a :class:`Problem` to a provider, explained, and memoised for the hot path.
+"""Resolution: from a :class:`Problem` to a provider, explained (memoised for the hot path by
+:mod:`magi2_core.dispatch`).
 
 Order: overrides in fixed precedence (``provider=`` argument > ``use(...)`` > environment), else the
 providers of the op in a total order, the first eligible wins: the providers that the active device
@@ -7,41 +8,30 @@ others by priority descending, then name. So a preference never sends a call to 
 because the preferred one cannot serve it: the next eligible one wins.
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
-
-The :class:`Dispatcher` caches the chosen kernel by the call's typed key (each op's ``NamedTuple``
-in :mod:`magi2_core.ops`): device, dtype, feature mask and each integer field *bucketed* by the
-boundaries that the installed descriptors and the device profiles' rows use, plus the active overrides. A new sequence length reuses the cached decision unless it crosses a boundary.
-The cache belongs to one registry generation: a call that sees a newer generation starts a fresh
-cache, and each resolution reads one consistent :class:`RegistryState`, so a backend registered or
-unregistered while other threads run ops never leaves a half-built list or a stale kernel behind.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from magi2_core import config
 from magi2_core.capability import Capability
 from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.overrides import FAMILY, context_token, layered_overrides
-from magi2_core.problem import HEAD, OpName, Problem
-from magi2_core.profiles.active import boundaries as profile_boundaries
+from magi2_core.kernel import Checkable
+from magi2_core.overrides import FAMILY, layered_overrides
+from magi2_core.problem import OpName, Problem
 from magi2_core.profiles.active import profile_for
-from magi2_core.provider import Checkable
+from magi2_core.reasons import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
 from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
-from magi2_core.resolution import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
-from magi2_core.strict import check_resolution
 
 if TYPE_CHECKING:
-    from magi2_core.ops._spec import OpSpec
+    pass
 
-__all__ = ["Bound", "CacheKey", "Dispatcher", "resolve_problem", "static_reasons"]
+__all__ = ["resolve_in", "resolve_problem", "static_reasons"]
 
 
 def static_reasons(cap: Capability, problem: Problem) -> list[Reason]:
@@ -141,10 +131,10 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
     :class:`ProviderNotEligibleError` for a forced provider that cannot serve the problem, and
     :class:`NoEligibleProviderError` when no provider can.
     """
-    return _resolve(problem, provider, (registry or get_registry()).state())
+    return resolve_in(problem, provider, (registry or get_registry()).state())
 
 
-def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
+def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
     providers = reg.providers[problem.op]
     profile = profile_for(problem.device_type, problem.device_index, reg.profiles)
     forced = _forced(problem.op, provider, reg)
@@ -237,108 +227,3 @@ def _resolve(problem: Problem, provider: str | None, reg: RegistryState) -> Reso
     if chosen is None:
         raise NoEligibleProviderError(f"{problem.op}: no installed provider can serve this call", res)
     return res
-
-
-def _merged(*parts: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The union of boundary maps (descriptors', profiles'), each field's values sorted."""
-    out: dict[str, set[int]] = {}
-    for part in parts:
-        for fld, values in part.items():
-            out.setdefault(fld, set()).update(values)
-    return {f: tuple(sorted(v)) for f, v in out.items()}
-
-
-class CacheKey(NamedTuple):
-    """The resolution cache's key: the op's typed problem key with its integer fields bucketed."""
-
-    op: OpName
-    provider: str | None
-    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on reload_config)
-    head: tuple[Any, ...]  # (device, dtype, out_dtype, feature mask), as in the op's key
-    buckets: tuple[int | None, ...]  # per bucketed field: the index of its value among the boundaries
-
-
-class Bound(NamedTuple):
-    """A resolved provider for a call: the kernel object and the provider's name."""
-
-    kernel: Any
-    provider: str
-
-
-_Plan = tuple[tuple[int, tuple[int, ...]], ...]  # (position in the op's key, boundaries) per bucketed field
-
-
-class _Slot(NamedTuple):
-    generation: int
-    cache: dict[CacheKey, Bound]
-    plans: dict[OpName, _Plan]
-    bound: dict[tuple[Any, ...], Any]  # the ops' caches of validated call layouts (see magi2_core.ops)
-
-
-class Dispatcher:
-    """Memoised resolution for op calls.
-
-    Two caches, both dropped together when the registry changes, the configuration is reloaded or
-    strict mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
-    the boundaries the installed descriptors use, to the provider; :meth:`bound_calls` is where each
-    op keeps its validated call layouts (argument shapes, dtypes, devices and scalars -> normalised
-    values and the provider), so that a repeated call is a tuple build and one dict lookup.
-    """
-
-    # Past this many distinct call layouts an op's bound-call cache starts again (a serving loop sees
-    # a handful; a sweep over host-side sequence lengths would otherwise grow it without limit).
-    BOUND_LIMIT = 4096
-
-    def __init__(self, registry: Registry | None = None) -> None:
-        self._registry = registry or get_registry()
-        # Replaced as one tuple and never mutated across generations: a cache only ever holds
-        # decisions made from the registry state of its tag.
-        self._slot = _Slot(-1, {}, {}, {})
-        config.on_reload(self.clear)  # the environment's provider overrides are part of every decision
-
-    def clear(self) -> None:
-        self._slot = _Slot(-1, {}, {}, {})
-
-    def bound_calls(self) -> dict[tuple[Any, ...], Any]:
-        """The current generation's cache of validated call layouts (empty after any change)."""
-        slot = self._slot
-        # The registry's generation property, read without its frame: this runs on every op call.
-        if slot.generation != self._registry._state.generation:
-            slot = self._fresh_slot(self._registry.state().generation)  # state(): loads on first use
-        return slot.bound
-
-    def _fresh_slot(self, generation: int) -> _Slot:
-        """Empty caches tagged with ``generation`` (kept when another thread made them already)."""
-        slot = self._slot
-        if slot.generation != generation:
-            slot = self._slot = _Slot(generation, {}, {}, {})
-        return slot
-
-    def kernel(self, spec: OpSpec[Any, Any], key: tuple[Any, ...], provider: str | None) -> Bound:
-        """The provider to run for a call with this typed key (resolving and caching on a miss)."""
-        state = self._registry.state()
-        slot = self._slot
-        if slot.generation != state.generation:
-            slot = self._fresh_slot(state.generation)
-        op = spec.name
-        buckets = slot.plans.get(op)
-        if buckets is None:
-            bounds = _merged(state.bounds[op], profile_boundaries(op, state.profiles))
-            fields = spec.int_fields
-            buckets = slot.plans[op] = tuple((len(HEAD) + i, bounds[f]) for i, f in enumerate(fields) if f in bounds)
-        ck = CacheKey(
-            op,
-            provider,
-            context_token(),
-            tuple(key[: len(HEAD)]),
-            tuple([None if key[i] is None else bisect_right(b, key[i]) for i, b in buckets]),
-        )
-        bound = slot.cache.get(ck)
-        if bound is None:
-            res = _resolve(spec.problem(key), provider, state)
-            check_resolution(ck, res)  # logs the new decision; strict mode raises here
-            chosen = state.provider(op, res.chosen or "")
-            if chosen is None:  # resolved from this very state, so the name is in it
-                raise RuntimeError(f"{op}: resolved provider {res.chosen!r} is missing from its registry state")
-            bound = slot.cache[ck] = Bound(chosen.load()[0], chosen.name)
-        return bound

@@ -19,7 +19,7 @@ import logging
 
 from magi2_core import config
 from magi2_core.errors import InvalidValueError, StrictModeError
-from magi2_core.resolution import Resolution, Verdict
+from magi2_core.reasons import Resolution, Verdict
 
 __all__ = ["LOGGER", "REFERENCE", "check_resolution", "is_strict", "replace_strict"]
 

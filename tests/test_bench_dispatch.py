@@ -1,4 +1,4 @@
-"""The dispatch-overhead measurement (``magi2 bench``, benchmarks/dispatch.py): its rows, its devices, its JSON."""
+"""The dispatch-overhead measurement (``magi2 overhead``, benchmarks/dispatch.py): its rows, its devices, its JSON."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 
 import magi2_core as m2
 from benchmarks import dispatch as dispatch_script
-from magi2_core.bench import NOOP_PROVIDER, dispatch_overhead
 from magi2_core.errors import InvalidDeviceError
+from magi2_core.overhead import NOOP_PROVIDER, dispatch_overhead
 from magi2_core.problem import OPS
 
 

@@ -39,9 +39,9 @@ def _rejected(args: list[str], needle: str) -> str:
         (["explain", "attention", "--head-dim", "-8"], "--head-dim must be at least 1"),
         (["explain", "convolution"], "unknown op 'convolution'"),
         (["explain", "attention", "--provider", "nope"], "no provider named 'nope'"),
-        (["bench", "--iters", "0"], "--iters must be at least 1; got 0"),
-        (["bench", "--iters", "-5"], "--iters must be at least 1; got -5"),
-        (["bench", "--device", "gpu"], "--device must be one of cpu, cuda; got 'gpu'"),
+        (["overhead", "--iters", "0"], "--iters must be at least 1; got 0"),
+        (["overhead", "--iters", "-5"], "--iters must be at least 1; got -5"),
+        (["overhead", "--device", "gpu"], "--device must be one of cpu, cuda; got 'gpu'"),
         (["check", "--op", "nope"], "unknown --op nope"),
         (["check", "--device", "nope"], "--device nope: no usable device"),
         (["check", "--max-tokens", "0"], "--max-tokens must be at least 1"),
@@ -63,10 +63,15 @@ def test_demo_on_a_missing_runtime_is_a_one_line_error(device: str) -> None:
     _rejected(["demo", "--device", device], f"no usable {device} device here")
 
 
-def test_bench_on_inputs_of_a_missing_cuda_is_a_one_line_error() -> None:
+def test_bench_is_the_earlier_name_of_overhead() -> None:
+    result = runner.invoke(app, ["bench", "--iters", "0"])
+    assert result.exit_code == 2 and "magi2 overhead: error: --iters must be at least 1" in result.stderr
+
+
+def test_overhead_on_inputs_of_a_missing_cuda_is_a_one_line_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    _rejected(["bench", "--device", "cuda"], "--device cuda needs a CUDA device")
+    _rejected(["overhead", "--device", "cuda"], "--device cuda needs a CUDA device")
 
 
 def test_check_on_an_absent_device_type_is_rejected_not_ok_with_zero_cases() -> None:
@@ -82,7 +87,7 @@ def test_check_on_an_absent_device_type_is_rejected_not_ok_with_zero_cases() -> 
     [
         ["explain", "attention", "--provider", "nope", "--json"],
         ["check", "--device", "nope", "--json"],
-        ["bench", "--iters", "-5", "--json"],
+        ["overhead", "--iters", "-5", "--json"],
         ["explain", "attention", "--device", "nope", "--json"],
     ],
 )
@@ -125,7 +130,7 @@ def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
         (["explain", "rmsnorm"], {"MAGI2_DETERMINISTIC": "y"}, "MAGI2_DETERMINISTIC='y'"),
         # variables a backend declares (magi2-backend-musa-mate's), read when the backends load
         (["check", "--op", "rmsnorm"], {"MAGI2_MATE_BACKEND": "fast"}, "MAGI2_MATE_BACKEND='fast'"),
-        (["bench", "--iters", "1"], {"MAGI2_MATE_SINK_CORRECTION": "numpy"}, "MAGI2_MATE_SINK_CORRECTION='numpy'"),
+        (["overhead", "--iters", "1"], {"MAGI2_MATE_SINK_CORRECTION": "numpy"}, "MAGI2_MATE_SINK_CORRECTION='numpy'"),
         (["explain", "rmsnorm"], {"MAGI2_RMSNORM_PROVIDER": "nope"}, "no provider named 'nope'"),
     ],
 )

@@ -45,7 +45,8 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("demo", "-h"), ("env", "--help"),
-                                  ("check", "-h"), ("explain", "-h"), ("backends", "-h"), ("bench", "-h")])
+                                  ("check", "-h"), ("explain", "-h"), ("backends", "-h"), ("overhead", "-h"),
+                                  ("bench", "-h")])
 def test_help_and_version_import_no_torch(args: tuple[str, ...]) -> None:
     result = _run_cli(*args)
     assert result.returncode == 0, result.stderr

@@ -14,8 +14,8 @@ from magi2_core.capability import Capability, Condition, IntRange, Provenance, R
 from magi2_core.problem import Feature
 from magi2_core.testing import registered_backend, rehost, run_kit
 from magi2_core.testing import runner as kit_runner
-from magi2_core.testing.cases import generate_cases, problem_of
 from magi2_core.testing.inputs import build_call
+from magi2_core.testing.op_cases import generate_cases, problem_of
 
 pytest_plugins = ["pytester", "magi2_core.testing.plugin"]
 

@@ -25,21 +25,24 @@ CORE = "magi2_core"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors and configuration", (
         "magi2_core._version", "magi2_core.errors", "magi2_core.config", "magi2_core.problem",
-        "magi2_core.capability", "magi2_core.resolution", "magi2_core.plan", "magi2_core.provider",
-        "magi2_core.hookspecs", "magi2_core.platform", "magi2_core.overrides", "magi2_core.strict",
+        "magi2_core.capability", "magi2_core.reasons", "magi2_core.resolution", "magi2_core.plan", "magi2_core.kernel",
+        "magi2_core.hookspecs", "magi2_core.devices", "magi2_core.overrides", "magi2_core.strict",
         "magi2_core.profiles.*", "magi2_core.timing",
     )),
-    ("contracts: math and checks", ("magi2_core.contracts.*", "magi2_core.moe_weights", "magi2_core.sinks")),
+    ("contracts: math and checks", (
+        "magi2_core.contracts.*", "magi2_core.moe_weights", "magi2_core.sink_correction",
+        "magi2_core.sink_correction.reference",
+    )),
     ("op specs", ("magi2_core.ops._spec",)),
     ("registry and resolver", (
-        "magi2_core.registry", "magi2_core.resolver", "magi2_core.sink_corrections", "magi2_core.shadow",
-        "magi2_core.ops._dispatch",
+        "magi2_core.registry", "magi2_core.resolver", "magi2_core.sink_correction.choice", "magi2_core.shadow",
+        "magi2_core.dispatch",
     )),
     ("operators and the public API", (
         "magi2_core", "magi2_core._api", "magi2_core.backend", "magi2_core.ops", "magi2_core.ops.attention",
         "magi2_core.ops.moe_route", "magi2_core.ops.moe_experts", "magi2_core.ops.rmsnorm", "magi2_core.nn",
-        "magi2_core.distributed.*", "magi2_core.integrations.*", "magi2_core.demo", "magi2_core.bench",
-        "magi2_core.environment",
+        "magi2_core.distributed.*", "magi2_core.integrations.*", "magi2_core.demo", "magi2_core.overhead",
+        "magi2_core.report",
     )),
     ("the conformance kit", ("magi2_core.testing.*",)),
     ("magi2 tune: measuring a device, writing its profile", ("magi2_core.tuning.*",)),
@@ -53,9 +56,9 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
                                        "public name is used (`magi2 --help`, the auto-loaded pytest plugin)",
     ("magi2_core.config", "magi2_core.profiles.model"): "pydantic's profile models load only when MAGI2_PROFILE "
                                                          "names a file",
-    ("magi2_core.profiles.active", "magi2_core.platform"): "torch loads only when a device's profile is selected",
-    ("magi2_core.testing.plugin", "magi2_core.testing.cases"): "the pytest plugin is loaded by every pytest run; "
-                                                                "the kit only by runs that use it",
+    ("magi2_core.profiles.active", "magi2_core.devices"): "torch loads only when a device's profile is selected",
+    ("magi2_core.testing.plugin", "magi2_core.testing.op_cases"): "the pytest plugin is loaded by every pytest "
+                                                                   "run; the kit only by runs that use it",
     ("magi2_core.testing.plugin", "magi2_core.testing.runner"): "the pytest plugin is loaded by every pytest run; "
                                                                  "the kit only by runs that use it",
     ("magi2_core.cli.*", "*"): "a command's modules load when it runs, so that `magi2 --help` stays fast",
@@ -184,8 +187,8 @@ MODULES, EDGES = imports(ROOT, CORE)
 def test_the_walk_sees_every_kind_of_import() -> None:
     """The walk itself: module level, TYPE_CHECKING and function-level imports, relative ones resolved."""
     seen = {(e.source, e.target, e.lazy) for e in EDGES}
-    assert ("magi2_core.ops.attention", "magi2_core.ops._dispatch", False) in seen  # module level
-    assert ("magi2_core.resolver", "magi2_core.ops._spec", False) in seen  # under TYPE_CHECKING
+    assert ("magi2_core.ops.attention", "magi2_core.dispatch", False) in seen  # module level
+    assert ("magi2_core.dispatch", "magi2_core.ops._spec", False) in seen  # under TYPE_CHECKING
     assert ("magi2_core.config", "magi2_core.profiles.model", True) in seen  # inside a function
     assert cycles([Import("a", "b", 1, False), Import("b", "c", 2, True), Import("c", "a", 3, False)]) == [
         ["a", "b", "c"]]
@@ -297,3 +300,12 @@ def test_the_process_registry_hands_its_profile_fragments_to_the_profiles() -> N
 
     source = active._backend_fragments
     assert source is not None and tuple(source()) == get_registry().state().profiles
+
+
+def test_the_documented_old_name_of_reasons_still_imports() -> None:
+    """docs/api.md once named magi2_core.resolution: it stays an alias of magi2_core.reasons (CHANGELOG)."""
+    import magi2_core.reasons as reasons
+    import magi2_core.resolution as old
+
+    assert old.__all__ == reasons.__all__
+    assert all(getattr(old, name) is getattr(reasons, name) for name in reasons.__all__)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Problem, platform
+from magi2_core import BackendSpec, Capability, Problem, devices
+from magi2_core.dispatch import Dispatcher
 from magi2_core.errors import ConfigError, ProfileError
 from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey, RMSNormSpec
 from magi2_core.profiles import (
@@ -27,7 +28,7 @@ from magi2_core.profiles import (
     user_profile_dir,
 )
 from magi2_core.registry import Registry
-from magi2_core.resolver import Dispatcher, resolve_problem
+from magi2_core.resolver import resolve_problem
 from magi2_core.testing import InProcessBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
 
 
 def _device(monkeypatch: pytest.MonkeyPatch, name: str | None, capability: str | None, kind: str = "cuda") -> None:
-    monkeypatch.setattr(platform, "device_identity",
+    monkeypatch.setattr(devices, "device_identity",
                         lambda t, index=None: (name, capability) if t == kind else (None, None))
     reset_profiles()
 
@@ -180,7 +181,7 @@ def test_loaded_once_per_device(monkeypatch) -> None:
         seen.append((kind, index))
         return H200
 
-    monkeypatch.setattr(platform, "device_identity", probe)
+    monkeypatch.setattr(devices, "device_identity", probe)
     reset_profiles()
     first = active_profile("cuda:0", backends=())
     assert active_profile("cuda:0", backends=()) is first and seen == [("cuda", 0)]

@@ -181,7 +181,7 @@ def test_the_musa_backend_owns_its_variables_and_forces_the_musa_correction() ->
         pytest.skip("magi2-backend-musa-mate is not installed")
     assert config.owner("MAGI2_MATE_BACKEND") == config.owner("MAGI2_MATE_SINK_CORRECTION") == "magi2-backend-musa-mate"
     assert reg.state().forced_by["musa"] == "MAGI2_MATE_SINK_CORRECTION"
-    assert not hasattr(importlib.import_module("magi2_core.sink_corrections"), "FORCED_BY")
+    assert not hasattr(importlib.import_module("magi2_core.sink_correction.choice"), "FORCED_BY")
 
 
 def test_a_bad_value_of_a_backends_variable_is_the_callers_error_and_nothing_stays_half_loaded(
@@ -251,7 +251,7 @@ def test_a_backend_function_that_raises_is_quarantined_alone() -> None:
 
 
 def test_sink_corrections_come_in_the_spec() -> None:
-    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sinks:apply_sink_correction", device_types=("cpu",))
+    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction", device_types=("cpu",))
     reg = Registry(discover=False)
     reg.register(_backend("magi2-backend-sinks", corrections=(spec,)), "sinks")
     (got,) = reg.state().sink_corrections
@@ -317,3 +317,20 @@ def test_an_entry_point_naming_a_module_that_defines_the_function_still_loads(mo
     reg = Registry()
     assert {b.entry_point for b in reg.backends()} == {"reference", "module_form"}
     assert "module_form" not in {q.entry_point for q in reg.quarantined()}
+
+
+def test_magi2_backends_json_shows_a_backends_settings_and_their_values() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from magi2_core.cli import app
+
+    if "musa_mate" not in {b.entry_point for b in m2.get_registry().backends()}:
+        pytest.skip("magi2-backend-musa-mate is not installed")
+    result = CliRunner().invoke(app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    musa = next(b for b in data["backends"] if b["entry_point"] == "musa_mate")
+    assert [s["name"] for s in musa["settings"]] == ["MAGI2_MATE_BACKEND", "MAGI2_MATE_SINK_CORRECTION"]
+    assert data["config"]["MAGI2_MATE_SINK_CORRECTION"] in ("torch", "triton")

@@ -15,11 +15,11 @@ from magi2_core import registry
 from magi2_core.cli import app
 from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
 from magi2_core.registry import Registry
-from magi2_core.sink_corrections import sink_correction_for
-from magi2_core.sinks import apply_sink_correction, sink_correction
+from magi2_core.sink_correction.choice import sink_correction_for
+from magi2_core.sink_correction.reference import apply_sink_correction, sink_correction
 
 # A real callable with the SinkCorrectionFn signature, for descriptors that must import.
-CORE_IMPL = "magi2_core.sinks:apply_sink_correction"
+CORE_IMPL = "magi2_core.sink_correction.reference:apply_sink_correction"
 
 
 def _contributor(dist: str, *corrections: Any, settings: tuple[Setting, ...] = ()) -> Callable[[], BackendSpec]:

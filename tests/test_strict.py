@@ -18,13 +18,13 @@ import torch
 
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem, strict
+from magi2_core import dispatch as _dispatch
+from magi2_core.dispatch import Dispatcher
 from magi2_core.errors import ResolutionError, StrictModeError
-from magi2_core.ops import _dispatch
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
 from magi2_core.ops.moe_route import RouteCall, RouteKey
+from magi2_core.reasons import Reason, ReasonCode
 from magi2_core.registry import Registry
-from magi2_core.resolution import Reason, ReasonCode
-from magi2_core.resolver import Dispatcher
 
 MOD = "magi2_strict_toy"
 

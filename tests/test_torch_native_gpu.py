@@ -16,7 +16,7 @@ import torch
 import magi2_core as m2
 from magi2_core import ProviderNotEligibleError
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, accept_rmsnorm
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.reasons import Reason, ReasonCode
 from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits
 
 pytestmark = [

@@ -37,7 +37,7 @@ def one_line(exc: Magi2Error) -> str:
     """A typed error as one line: its message, and for a forced provider that cannot serve the call,
     that provider's reasons (a Resolution error's full explanation is what ``magi2 explain`` prints)."""
     from magi2_core.errors import ProviderNotEligibleError, ResolutionError
-    from magi2_core.resolution import Verdict
+    from magi2_core.reasons import Verdict
 
     text = str(exc)
     if isinstance(exc, ResolutionError) and exc.resolution is not None:

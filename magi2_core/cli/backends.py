@@ -10,8 +10,8 @@ from magi2_core import config
 from magi2_core.cli._output import console, print_json
 
 if TYPE_CHECKING:
-    from magi2_core.environment import ProviderStatus
     from magi2_core.registry import LoadedBackend
+    from magi2_core.report import ProviderStatus
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -36,7 +36,7 @@ def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
     (describing stays cheap: the Triton correction imports Triton)."""
     from magi2_core.errors import ConfigError
     from magi2_core.registry import get_registry
-    from magi2_core.sink_corrections import TORCH, sink_correction_for
+    from magi2_core.sink_correction.choice import TORCH, sink_correction_for
 
     state = get_registry().state()
     corrections = state.sink_corrections  # priority descending
@@ -62,8 +62,8 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
     """List installed backends, their providers and whether each can run here; quarantined plugins with the reason."""
     from rich.table import Table
 
-    from magi2_core.environment import present_device_types, provider_status
     from magi2_core.registry import get_registry
+    from magi2_core.report import present_device_types, provider_status
 
     reg = get_registry()
     loaded = reg.backends()

@@ -53,9 +53,9 @@ def check(
     """Run the conformance kit: generated cases per provider, compared with the reference provider."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from magi2_core.environment import present_device_types
     from magi2_core.problem import OPS
-    from magi2_core.testing.cases import DEFAULT_MAX_TOKENS
+    from magi2_core.report import present_device_types
+    from magi2_core.testing.op_cases import DEFAULT_MAX_TOKENS
     from magi2_core.testing.runner import plan, run_kit
 
     unknown_ops = [o for o in op or () if o not in OPS]

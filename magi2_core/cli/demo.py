@@ -20,7 +20,7 @@ def demo(
     from rich.table import Table
 
     from magi2_core.demo import best_device, run_demo
-    from magi2_core.environment import present_device_types
+    from magi2_core.report import present_device_types
 
     if device is None:
         dev = best_device()

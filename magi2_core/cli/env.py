@@ -17,7 +17,7 @@ def env(json_out: Annotated[bool, typer.Option("--json", help="machine-readable 
     """Report versions (core, backends, torch, Triton, CUDA, driver, GPU, MUSA, FA3/FA4/MATE builds) and which providers are usable here, and why not."""
     from rich.table import Table
 
-    from magi2_core.environment import environment_report
+    from magi2_core.report import environment_report
 
     report = environment_report()
     if json_out:

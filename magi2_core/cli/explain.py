@@ -50,10 +50,10 @@ def explain(
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
     from magi2_core.cli._explain_fields import EXPLAIN_FIELDS, ExplainError
-    from magi2_core.environment import present_device_types
     from magi2_core.errors import ResolutionError
     from magi2_core.ops import SPECS
     from magi2_core.problem import OPS, Feature, Problem
+    from magi2_core.report import present_device_types
     from magi2_core.resolver import resolve_problem
 
     def reject(message: str) -> NoReturn:
@@ -121,7 +121,7 @@ def explain(
 
 def _plan(problem: Problem, chosen: str | None) -> Plan | None:
     """The chosen provider's plan for ``problem`` when its kernel object is :class:`Planned`, else None."""
-    from magi2_core.provider import Planned
+    from magi2_core.kernel import Planned
     from magi2_core.registry import get_registry
 
     loaded = get_registry().provider(problem.op, chosen) if chosen else None

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidValueError
-from magi2_core.ops._dispatch import dispatcher
 from magi2_core.ops._spec import OpSpec
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import attention
@@ -31,7 +31,7 @@ from magi2_core.ops.moe_route import moe_route
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM
 from magi2_core.ops.rmsnorm import rmsnorm
 from magi2_core.problem import OPS, OpName
-from magi2_core.resolution import Resolution
+from magi2_core.reasons import Resolution
 from magi2_core.resolver import resolve_problem
 
 __all__ = ["SPECS", "attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights", "resolve",

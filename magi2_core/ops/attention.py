@@ -21,12 +21,12 @@ from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
+from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.ops._dispatch import dispatcher
+from magi2_core.kernel import SinkRescale
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
-from magi2_core.provider import SinkRescale
 
 __all__ = ["ACTIVATION_DTYPES", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention", "validate"]
 

@@ -23,8 +23,8 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
+from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.ops._dispatch import dispatcher
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature

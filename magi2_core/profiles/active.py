@@ -9,7 +9,7 @@ and capability: the generic fragments (no device name) that backends ship, and o
 the descriptors' priorities decide.
 
 Files are parsed once; the device's name and capability are read once per device
-(:func:`magi2_core.platform.device_identity`); the selection is cached per device and per set of
+(:func:`magi2_core.devices.device_identity`); the selection is cached per device and per set of
 backend fragments. :func:`magi2_core.reload_config` drops every cache.
 """
 
@@ -39,7 +39,7 @@ from magi2_core.profiles.model import (
     load_profile,
     loads_profile,
 )
-from magi2_core.resolution import PreferenceNote, ProfileNote
+from magi2_core.reasons import PreferenceNote, ProfileNote
 
 __all__ = [
     "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "boundaries",
@@ -313,7 +313,7 @@ def active_profile(device: Any = "cpu", backends: Sequence[Fragment] | None = No
 
 def profile_for(device_type: str, device_index: int | None, backends: Sequence[Fragment]) -> LoadedProfile:
     """:func:`active_profile` for a device given as type and index, with the backends' fragments."""
-    from magi2_core.platform import device_identity
+    from magi2_core.devices import device_identity
 
     kind, index = device_type, device_index
     key = (tuple(f.origin for f in backends), kind, index)

@@ -14,8 +14,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from magi2_core.testing.cases import Case, generate_cases
+    from magi2_core.testing.cases import Case
     from magi2_core.testing.frames import magi2_frames_at
+    from magi2_core.testing.op_cases import generate_cases
     from magi2_core.testing.records import call_record
     from magi2_core.testing.register import InProcessBackend, registered_backend, rehost
     from magi2_core.testing.runner import (
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 _MODULE_OF = {
     "Case": "cases",
-    "generate_cases": "cases",
+    "generate_cases": "op_cases",
     "magi2_frames_at": "frames",
     "call_record": "records",
     "InProcessBackend": "register",

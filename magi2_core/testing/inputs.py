@@ -1,4 +1,4 @@
-"""Tensors for a :class:`~magi2_core.testing.cases.Case`, and a few deliberately invalid calls.
+"""Tensors for a :class:`~magi2_core.testing.op_cases.Case`, and a few deliberately invalid calls.
 
 Inputs are drawn on the CPU from a generator seeded per case and then moved to the case's device, so
 a case gives the same numbers on every device and alone (``--magi2-seed`` plus the case id). Values
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from magi2_core.ops import SPECS
-from magi2_core.testing.case import Call, Case, dtype_of
+from magi2_core.testing.cases import Call, Case, dtype_of
 from magi2_core.testing.op_cases import CASES
 
 __all__ = ["ARG_NAMES", "Call", "build_call", "dtype_of", "invalid_calls"]

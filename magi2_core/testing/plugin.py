@@ -71,7 +71,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def _plan(config: pytest.Config, seed: int) -> Plan:
     """Planned at collection time, after every conftest ran (one may register fakes in process)."""
-    from magi2_core.testing.cases import DEFAULT_MAX_TOKENS
+    from magi2_core.testing.op_cases import DEFAULT_MAX_TOKENS
     from magi2_core.testing.runner import plan
 
     return plan(

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from magi2_core.testing.case import randn
+from magi2_core.testing.cases import randn
 
 __all__ = ["ROUTE_SPECIALS", "SINK_KINDS", "RouteSpecial", "SinkKind", "route_specials", "sink_logits"]
 

@@ -4,7 +4,7 @@ For a point, the inputs are built on the device and the call is resolved (that d
 not trusted). Every installed provider of the op is then forced in turn (``provider=``): those that
 can serve the call are its *eligible* providers. The eager ``reference`` is never timed: it exists to
 be exact, not fast, and at production sizes it needs memory and time no measurement should spend.
-A provider whose kernel object is :class:`~magi2_core.provider.Planned` and can run a given plan
+A provider whose kernel object is :class:`~magi2_core.kernel.Planned` and can run a given plan
 (``run_plan``) has each of its plan candidates timed as well, through that entry (same inputs).
 Everything of one point is timed in one alternating run of the harness (:mod:`magi2_core.timing`).
 """
@@ -33,7 +33,7 @@ REFERENCE = "reference"  # never timed (module docstring)
 
 @runtime_checkable
 class PlanRunner(Protocol):
-    """A :class:`~magi2_core.provider.Planned` kernel object that also runs a call with an explicit plan
+    """A :class:`~magi2_core.kernel.Planned` kernel object that also runs a call with an explicit plan
     (the Triton MoE's ``run_plan``, taking the op's arguments after the plan)."""
 
     def plan(self, problem: Problem) -> Plan: ...

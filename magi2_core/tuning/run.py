@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from magi2_core.platform import device_identity
+from magi2_core.devices import device_identity
 from magi2_core.problem import OPS, OpName
 from magi2_core.profiles.active import DeviceKey, active_profile
 from magi2_core.profiles.model import Profile

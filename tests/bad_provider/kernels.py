@@ -11,7 +11,7 @@ from magi2_backend_reference.rmsnorm import reference_rmsnorm_fp32
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.problem import Problem
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.reasons import Reason, ReasonCode
 
 
 def bad_attention(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:

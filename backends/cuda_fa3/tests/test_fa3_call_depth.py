@@ -23,7 +23,7 @@ from magi2_backend_cuda_fa3.provider import FA3Attention
 import magi2_core as m2
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
-from magi2_core.sink_corrections import torch_correction
+from magi2_core.sink_correction.choice import torch_correction
 from magi2_core.testing import magi2_frames_at, registered_backend
 
 MAX_DEPTH = 5

@@ -22,9 +22,9 @@ import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.problem import Feature, Problem
 from magi2_core.profiles import shipped_profiles
-from magi2_core.resolution import ReasonCode
-from magi2_core.sink_corrections import sink_correction_for, torch_correction
-from magi2_core.sinks import sink_correction
+from magi2_core.reasons import ReasonCode
+from magi2_core.sink_correction.choice import sink_correction_for, torch_correction
+from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
 

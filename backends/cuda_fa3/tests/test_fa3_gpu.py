@@ -18,7 +18,7 @@ from magi2_backend_reference.attention import reference_attention
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.errors import ProviderNotEligibleError
-from magi2_core.resolution import ReasonCode
+from magi2_core.reasons import ReasonCode
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
 

@@ -16,11 +16,11 @@ from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
-from magi2_core import platform
+from magi2_core import devices
 from magi2_core.problem import Feature, Problem
 from magi2_core.profiles import reset_profiles
+from magi2_core.reasons import Resolution
 from magi2_core.registry import Registry
-from magi2_core.resolution import Resolution
 from magi2_core.resolver import resolve_problem
 from magi2_core.testing import InProcessBackend
 
@@ -37,7 +37,7 @@ class _Runs:
 @pytest.fixture(autouse=True)
 def _h200(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user profile of this machine
-    monkeypatch.setattr(platform, "device_identity",
+    monkeypatch.setattr(devices, "device_identity",
                         lambda kind, index=None: ("NVIDIA H200", "9.0") if kind == "cuda" else (None, None))
     host = types.ModuleType(HOST)
     host.runs = _Runs()  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ from magi2_backend_cuda_fa4.discovery import FA4Install
 from magi2_backend_cuda_fa4.plugin import descriptor
 from magi2_backend_cuda_fa4.provider import FA4Attention
 
-from magi2_core.sink_corrections import torch_correction
+from magi2_core.sink_correction.choice import torch_correction
 from magi2_core.testing import registered_backend
 from magi2_core.testing.runner import run_kit
 

@@ -22,22 +22,22 @@ from magi2_backend_cuda_fa4 import abi as abi_mod
 from magi2_backend_cuda_fa4 import discovery
 from magi2_backend_cuda_fa4.abi import REQUIRED_KEYWORDS, FA4Abi, LoadResult, load_fa4
 from magi2_backend_cuda_fa4.discovery import FA4Install
+from magi2_backend_cuda_fa4.native_sinks import native_sink
 from magi2_backend_cuda_fa4.plugin import HEAD_DIMS, descriptor, magi2_backend
 from magi2_backend_cuda_fa4.provider import FA4Attention
-from magi2_backend_cuda_fa4.sinks import native_sink
 from magi2_backend_reference.attention import reference_attention
 from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
-from magi2_core import platform
+from magi2_core import devices
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
 from magi2_core.problem import Feature, Problem
 from magi2_core.profiles import Profile, reset_profiles, shipped_profiles
+from magi2_core.reasons import ReasonCode
 from magi2_core.registry import Registry
-from magi2_core.resolution import ReasonCode
 from magi2_core.resolver import resolve_problem
-from magi2_core.sink_corrections import torch_correction
-from magi2_core.sinks import sink_correction
+from magi2_core.sink_correction.choice import torch_correction
+from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import InProcessBackend, call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
 
@@ -191,7 +191,7 @@ def test_activation_rescale_runs_without_the_sink_then_corrects(monkeypatch, n_s
 
 
 # ---------------------------------------------------------------------------------------------
-# non-finite sinks and empty segments: the contract's answer (magi2_core.sinks rules)
+# non-finite sinks and empty segments: the contract's answer (magi2_core.sink_correction.reference rules)
 # ---------------------------------------------------------------------------------------------
 def _non_finite_sinks() -> torch.Tensor:
     # heads: NaN, +inf, all -inf (no sink mass), finite; a second row mixes -inf and finite
@@ -385,7 +385,7 @@ def _fresh_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_installed: bool = True) -> Registry:
     name = DEVICES[cc]
-    monkeypatch.setattr(platform, "device_identity",
+    monkeypatch.setattr(devices, "device_identity",
                         lambda kind, index=None: (name, f"{cc[0]}.{cc[1]}") if kind == "cuda" else (None, None))
     fa3_build = FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "0.0.3")
     fa3_abi = FA3Abi(build=fa3_build, module="fa3_fwd_interface", varlen=lambda **kw: None, params=frozenset(),

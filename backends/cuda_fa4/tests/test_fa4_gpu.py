@@ -2,7 +2,7 @@
 
 Calls go through the public ``magi2_core.attention(..., provider="fa4")``; the non-finite sink and
 empty-call cases are checked on the kernel object too. The reference is the exact provider: FP32
-math, sinks by the contract's correction (``magi2_core.sinks``), so the non-finite rules are its.
+math, sinks by the contract's correction (``magi2_core.sink_correction.reference``), so the non-finite rules are its.
 """
 
 from __future__ import annotations

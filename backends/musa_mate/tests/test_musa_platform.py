@@ -17,7 +17,7 @@ from musa_fakes import MusaWorld
 
 import magi2_core as m2
 from magi2_core.problem import Problem
-from magi2_core.resolution import ReasonCode
+from magi2_core.reasons import ReasonCode
 
 _TORCHADA_ENV = ("SGLANG_MOE_CONFIG_DIR", "VLLM_TUNED_CONFIG_FOLDER")
 

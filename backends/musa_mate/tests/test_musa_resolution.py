@@ -14,14 +14,15 @@ from musa_fakes import MusaWorld
 
 import magi2_core as m2
 from magi2_core.capability import Capability
+from magi2_core.dispatch import Dispatcher
 from magi2_core.errors import ProviderNotEligibleError
 from magi2_core.hookspecs import BackendSpec
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionKey
 from magi2_core.problem import FEATURE_BIT, Feature, Problem
+from magi2_core.reasons import Candidate, ReasonCode, Resolution, Verdict
 from magi2_core.registry import Registry, get_registry
-from magi2_core.resolution import Candidate, ReasonCode, Resolution, Verdict
-from magi2_core.resolver import Dispatcher, resolve_problem
+from magi2_core.resolver import resolve_problem
 
 
 class _CudaOnly:

@@ -30,7 +30,7 @@ needs_cuda = pytest.mark.skipif(
 )
 
 try:
-    from magi2_core.sinks import sink_correction as _core_correction
+    from magi2_core.sink_correction.reference import sink_correction as _core_correction
 except ImportError:  # the core's torch correction may not exist yet in this checkout
     _core_correction = None
 

@@ -39,7 +39,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from magi2_core import config as m2_config
-from magi2_core import platform
+from magi2_core import devices
 from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
@@ -259,9 +259,9 @@ def _signature_mismatch(theirs: Callable[..., Any], ours: Callable[..., Any]) ->
 
 
 def _device_type() -> str:
-    if platform.cuda_available():
+    if devices.cuda_available():
         return "cuda"
-    if platform.musa_installed() and platform.musa_available():
+    if devices.musa_installed() and devices.musa_available():
         return "musa"
     return "cpu"
 

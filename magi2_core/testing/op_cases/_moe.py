@@ -10,7 +10,7 @@ import torch
 
 from magi2_core.capability import Capability
 from magi2_core.problem import Feature, OpName, Problem
-from magi2_core.testing.case import Case, clamp, make_case, randn
+from magi2_core.testing.cases import Case, clamp, make_case, randn
 
 __all__ = ["moe_case_problem", "moe_cases", "router_inputs"]
 

@@ -10,7 +10,7 @@ import torch
 
 from magi2_core.capability import Capability
 from magi2_core.problem import Feature, OpName, Problem
-from magi2_core.testing.case import Call, Case, boundary_lengths, clamp, dtype_of, make_case, prefix_sums, randn
+from magi2_core.testing.cases import Call, Case, boundary_lengths, clamp, dtype_of, make_case, prefix_sums, randn
 from magi2_core.testing.op_cases.base import OpCases
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
 

@@ -13,7 +13,7 @@ import torch
 
 from magi2_core.capability import Capability
 from magi2_core.problem import OpName, Problem
-from magi2_core.testing.case import Call, Case
+from magi2_core.testing.cases import Call, Case
 
 __all__ = ["OpCases"]
 

@@ -10,7 +10,7 @@ import torch
 
 from magi2_core.capability import Capability
 from magi2_core.problem import Feature, OpName, Problem
-from magi2_core.testing.case import Call, Case, dtype_of
+from magi2_core.testing.cases import Call, Case, dtype_of
 from magi2_core.testing.op_cases._moe import moe_case_problem, moe_cases, router_inputs
 from magi2_core.testing.op_cases.base import OpCases
 from magi2_core.testing.route import plant_near_ties

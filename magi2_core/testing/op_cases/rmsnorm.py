@@ -10,7 +10,7 @@ import torch
 
 from magi2_core.capability import Capability
 from magi2_core.problem import OpName, Problem
-from magi2_core.testing.case import Call, Case, dtype_of, make_case, randn
+from magi2_core.testing.cases import Call, Case, dtype_of, make_case, randn
 from magi2_core.testing.op_cases.base import OpCases
 
 __all__ = ["CASES"]

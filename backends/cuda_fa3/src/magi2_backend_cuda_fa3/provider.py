@@ -9,7 +9,7 @@ Sinks: a build with native ``sinks`` (tokenspeed-fa3: one natural-log logit per 
 directly only when that meets the contract exactly as stated: one sink row (``S == 1``), FP32
 rescale, and no LSE requested (whether the native LSE includes the sink is not documented).
 Otherwise FA3 runs without sinks and returns its LSE, and the selected correction
-(:func:`magi2_core.sink_corrections.sink_correction_for`) folds the sinks in. Run-time failures propagate.
+(:func:`magi2_core.sink_correction.choice.sink_correction_for`) folds the sinks in. Run-time failures propagate.
 """
 
 from __future__ import annotations

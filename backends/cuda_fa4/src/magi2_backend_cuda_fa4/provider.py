@@ -7,7 +7,7 @@ with FA4's own GQA (q head h reads kv head ``h // (Hq/Hkv)``, the contract's gro
 
 Sinks, by ``sink_rescale``:
 
-* ``"fp32"``: native. The sinks become one FP32 logit per head (:mod:`magi2_backend_cuda_fa4.sinks`)
+* ``"fp32"``: native. The sinks become one FP32 logit per head (:mod:`magi2_backend_cuda_fa4.native_sinks`)
   passed as ``learnable_sink``; FA4 folds it into the FP32 softmax denominator and rounds the output
   once, which is the contract's FP32 rescale without the intermediate rounding. Its LSE includes
   the sink.
@@ -29,7 +29,7 @@ import torch
 from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
 
 from magi2_backend_cuda_fa4.abi import FA4Abi, load_fa4
-from magi2_backend_cuda_fa4.sinks import contract_lse, native_sink
+from magi2_backend_cuda_fa4.native_sinks import contract_lse, native_sink
 from magi2_core.backend import Problem, Reason, ReasonCode
 
 if TYPE_CHECKING:

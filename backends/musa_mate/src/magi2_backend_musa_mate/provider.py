@@ -5,7 +5,7 @@ correction of operators.md §2.3 with the FP32 rescale (promote ``o``, multiply 
 once), as vllm-omni #7307 does on MUSA. Native MATE sinks are never used: the sink logits stay FP32
 and the result is the one every other provider is checked against.
 
-The correction is the core's choice for MUSA (:func:`magi2_core.sink_corrections.sink_correction_for`):
+The correction is the core's choice for MUSA (:func:`magi2_core.sink_correction.choice.sink_correction_for`):
 the torch one (runs wherever torch_musa does) unless ``MAGI2_MATE_SINK_CORRECTION=triton`` picks the
 fused Triton kernel that magi2-backend-triton contributes, which has been validated on CUDA only; it
 is opt-in until it has run on an MTT S5000 (Triton-MUSA provides its own libdevice).

@@ -2,7 +2,7 @@
 
 torch >= 2.10 returns the LSE through ``return_aux=AuxRequest(lse=True)`` as ``[Hq, Tq]`` FP32; the
 sinks are applied afterwards through the LSE correction that the core chooses for the device
-(:func:`magi2_core.sink_corrections.sink_correction_for`). No softcap. On torch 2.10 there is no
+(:func:`magi2_core.sink_correction.choice.sink_correction_for`). No softcap. On torch 2.10 there is no
 ``scale``/``enable_gqa`` keyword, which the signature check below turns into typed reasons.
 """
 

@@ -44,7 +44,7 @@ def device_reasons(device_type: str) -> list[Reason]:
 class TritonMoEExperts:
     """The fused head-routed MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum).
 
-    Implements :class:`magi2_core.provider.Planned`: which kernel, tile and alignment serve a problem
+    Implements :class:`magi2_core.kernel.Planned`: which kernel, tile and alignment serve a problem
     (`moe/plan.py`), the alternatives worth timing, and `run_plan` to run a call with one of them.
     """
 

@@ -89,9 +89,9 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     Every input lives on ``device`` (``"cpu"`` or ``"cuda"``, see the module docstring).
     """
     if device not in DEVICES:
-        raise InvalidDeviceError("bench", "device", " or ".join(map(repr, DEVICES)), repr(device))
+        raise InvalidDeviceError("overhead", "device", " or ".join(map(repr, DEVICES)), repr(device))
     if device == "cuda" and not torch.cuda.is_available():
-        raise InvalidDeviceError("bench", "device", "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
+        raise InvalidDeviceError("overhead", "device", "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
                                  f"'cuda', but torch {torch.__version__} sees no CUDA device")
     torch.manual_seed(0)
     disp = dispatcher()

@@ -15,7 +15,7 @@ from functools import cache
 
 import torch
 
-from magi2_core.resolution import Reason, ReasonCode
+from magi2_core.reasons import Reason, ReasonCode
 
 __all__ = ["absent_device", "cuda_available", "device_identity", "musa_available", "musa_installed"]
 

@@ -1,4 +1,4 @@
-"""``magi2 bench``: cached-resolution and dispatch overhead per op call on this machine."""
+"""``magi2 overhead`` (also ``magi2 bench``, its earlier name): cached-resolution and dispatch overhead per op call on this machine."""
 
 from __future__ import annotations
 
@@ -9,24 +9,24 @@ import typer
 from magi2_core.cli._output import console, print_json, usage_error
 
 
-def bench(
+def overhead(
     iters: Annotated[int, typer.Option(help="calls per measurement")] = 20000,
     device: Annotated[str, typer.Option(help="where every input lives: cpu, or cuda (the serving path)")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Measure cached resolution and dispatch overhead per op call (kernel benchmarks: benchmarks/*.py)."""
     if iters < 1:
-        usage_error("bench", f"--iters must be at least 1; got {iters}", json_out=json_out)
+        usage_error("overhead", f"--iters must be at least 1; got {iters}", json_out=json_out)
     import torch
     from rich.table import Table
 
-    from magi2_core.bench import DEVICES, dispatch_overhead
+    from magi2_core.overhead import DEVICES, dispatch_overhead
 
     if device not in DEVICES:
-        usage_error("bench", f"--device must be one of {', '.join(DEVICES)}; got {device!r}", json_out=json_out)
+        usage_error("overhead", f"--device must be one of {', '.join(DEVICES)}; got {device!r}", json_out=json_out)
     if device == "cuda" and not torch.cuda.is_available():
         why = f"--device cuda needs a CUDA device; torch {torch.__version__} sees none here (run --device cpu)"
-        usage_error("bench", why, json_out=json_out)
+        usage_error("overhead", why, json_out=json_out)
     rows = dispatch_overhead(iters=iters, device=device)
     if json_out:
         print_json(rows)

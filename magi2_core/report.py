@@ -19,8 +19,8 @@ import torch
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.capability import Capability
+from magi2_core.devices import cuda_available, musa_available
 from magi2_core.errors import ResolutionError
-from magi2_core.platform import cuda_available, musa_available
 from magi2_core.problem import Problem
 from magi2_core.registry import Registry, get_registry
 from magi2_core.resolver import resolve_problem

@@ -23,7 +23,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from magi2_core.plan import Plan
 from magi2_core.problem import Problem
-from magi2_core.resolution import Reason
+from magi2_core.reasons import Reason
 
 __all__ = ["Checkable", "Planned", "SinkRescale"]
 

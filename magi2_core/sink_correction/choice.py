@@ -1,12 +1,12 @@
 """Which learned-sink correction runs on a device: contributed by backends, chosen once per device type.
 
 Attention providers whose kernel runs without sinks (FA3, FA4's ``"activation"`` rescale, MATE,
-torch's varlen) get the kernel's LSE and fold the sinks in afterwards (:mod:`magi2_core.sinks`). They
+torch's varlen) get the kernel's LSE and fold the sinks in afterwards (:mod:`magi2_core.sink_correction.reference`). They
 ask :func:`sink_correction_for` for the correction of their device type and call its ``apply``.
 
 Backends contribute corrections in their spec (``BackendSpec.sink_corrections``) as
 :class:`~magi2_core.hookspecs.SinkCorrectionSpec` descriptors; the core's torch correction
-(:func:`magi2_core.sinks.apply_sink_correction`, named ``"torch"``) serves every device type. For a
+(:func:`magi2_core.sink_correction.reference.apply_sink_correction`, named ``"torch"``) serves every device type. For a
 device type the choice is, in order:
 
 1. the name that a backend's setting forces for it (a :class:`~magi2_core.hookspecs.Setting` with
@@ -41,12 +41,12 @@ if TYPE_CHECKING:
     import torch
 
     from magi2_core.hookspecs import SinkCorrectionSpec
-    from magi2_core.provider import SinkRescale
+    from magi2_core.kernel import SinkRescale
 
 __all__ = ["TORCH", "SinkCorrection", "SinkCorrectionFn", "sink_correction_for", "torch_correction"]
 
 TORCH = TORCH_SINK_CORRECTION  # the core's own correction: always there, never contributed by a backend
-TORCH_IMPL = "magi2_core.sinks:apply_sink_correction"
+TORCH_IMPL = "magi2_core.sink_correction.reference:apply_sink_correction"
 
 
 class SinkCorrectionFn(Protocol):

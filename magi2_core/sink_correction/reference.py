@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from magi2_core.provider import SinkRescale
+from magi2_core.kernel import SinkRescale
 
 __all__ = ["apply_sink_correction", "sink_correction", "sink_scale"]
 
@@ -83,7 +83,7 @@ def _corrected(
 def apply_sink_correction(
     o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *, rescale: SinkRescale, return_lse: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The core's torch correction with the :class:`~magi2_core.sink_corrections.SinkCorrectionFn`
+    """The core's torch correction with the :class:`~magi2_core.sink_correction.choice.SinkCorrectionFn`
     signature: launch-only (the attention contract validated the inputs), never in place."""
     out, new_lse = _corrected(o, lse, sinks, rescale, o.dtype)
     return out, new_lse if return_lse else None

@@ -1,0 +1,170 @@
+"""Resolution records: why each candidate was or was not chosen, as values.
+
+A :class:`Resolution` is what :func:`magi2_core.resolve` returns and what every resolution error
+carries. ``explain()`` renders it for people; ``model_dump_json()`` for machines.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from magi2_core.problem import Problem
+
+__all__ = [
+    "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution",
+    "Verdict",
+]
+
+
+class ReasonCode(str, Enum):
+    DEVICE_TYPE = "device_type"
+    DTYPE = "dtype"
+    OUT_DTYPE = "out_dtype"
+    HEAD_DIM = "head_dim"
+    RANGE = "range"
+    FEATURE = "feature"
+    RULE = "rule"
+    UNAVAILABLE = "unavailable"
+    CHECK = "check"
+    OVERRIDDEN = "overridden"
+    NOT_REACHED = "not_reached"
+
+
+class Reason(BaseModel):
+    """One typed reason: ``field`` was ``actual`` where the provider needs ``expected``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: ReasonCode
+    field: str
+    expected: str
+    actual: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = f"[{self.code.value}] {self.field}: needs {self.expected}, got {self.actual}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+class Verdict(str, Enum):
+    CHOSEN = "chosen"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: str
+    backend: str
+    version: str
+    priority: int
+    verdict: Verdict
+    reasons: tuple[Reason, ...] = ()
+
+
+DecidedBy = Literal["argument", "context", "env", "profile", "priority"]
+
+
+class QuarantinedPlugin(BaseModel):
+    """A backend entry point that could not be loaded; reported, never fatal."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entry_point: str
+    value: str
+    distribution: str
+    reason: str
+
+
+class ProfileNote(BaseModel):
+    """The device profile that was active for a resolution: what it is and where it came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    source: Literal["env", "user", "shipped", "generic"]
+    origin: str = Field(description="the file(s) or package resources it was read from")
+    device: str = Field(description="the device it was chosen for (type, name, capability)")
+    provenance: str
+    libraries: tuple[str, ...] = Field((), description="kernel library versions it was measured with that "
+                                                           "differ from the installed ones")
+
+    def lines(self) -> list[str]:
+        where = {"env": "MAGI2_PROFILE", "user": "user profile", "shipped": "shipped", "generic": "generic"}
+        out = [f"profile: {self.name} ({where[self.source]}: {self.origin}; for {self.device})",
+               f"  provenance: {self.provenance}"]
+        if self.source == "generic":
+            out.append("  generic profile: no measurements for this device, so the descriptors' priorities decide "
+                       "where no row does; run `magi2 tune` to measure this machine")
+        out += [f"  {note} (it still applies)" for note in self.libraries]
+        return out
+
+
+class PreferenceNote(BaseModel):
+    """The profile's preference row that matched the call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    when: str
+    prefer: tuple[str, ...]
+    why: str
+    provenance: str
+
+
+class Resolution(BaseModel):
+    """The decision for one problem: every candidate in order, and what decided."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    problem: Problem
+    candidates: tuple[Candidate, ...]
+    decided_by: DecidedBy
+    override: str | None = None
+    chosen: str | None = None
+    quarantined: tuple[QuarantinedPlugin, ...] = ()
+    profile: ProfileNote | None = None
+    preference: PreferenceNote | None = None  # the profile's row that matched (None: no row did)
+
+    @property
+    def ok(self) -> bool:
+        return self.chosen is not None
+
+    def explain(self) -> str:
+        p = self.problem
+        asked = ", ".join(f"{k}={v}" for k, v in p.model_dump(exclude={"op", "features"}, exclude_none=True).items())
+        feats = ", ".join(sorted(f.value for f in p.features)) or "none"
+        lines = [f"{p.op}: {asked}; features: {feats}"]
+        how = {
+            "argument": f"forced by provider={self.override!r}",
+            "context": f"forced by magi2_core.use(...) -> {self.override!r}",
+            "env": f"forced by environment -> {self.override!r}",
+            "profile": "the profile's preference: the first eligible of the providers it prefers",
+            "priority": "first eligible in order (priority, then name)",
+        }[self.decided_by]
+        if self.profile is not None:
+            lines += self.profile.lines()
+        lines.append(f"decided by: {how}")
+        pref = self.preference
+        if pref is not None:
+            lines.append(f"  preference {pref.id} ({pref.when}) prefers {', '.join(pref.prefer)}: {pref.why}")
+            lines.append(f"    provenance: {pref.provenance}")
+            if self.decided_by == "priority":
+                lines.append("    none of the providers it prefers is eligible, so the next eligible one by priority")
+        elif self.decided_by == "priority" and self.profile is not None:
+            lines.append("  no preference of the profile matched this call")
+        lines.append(f"chosen: {self.chosen or 'NONE'}")
+        if p.op == "attention":
+            lines.append("rules see max_seqlen_q/k as the longest segment of host prefix sums; with prefix sums "
+                         "on the device, as the max_seqlen_* passed (the declared bound)")
+        for i, c in enumerate(self.candidates, 1):
+            lines.append(f"  {i}. {c.provider} ({c.backend} {c.version}, priority {c.priority}): {c.verdict.value}")
+            for r in c.reasons:
+                lines.append(f"       - {r}")
+        for q in self.quarantined:
+            lines.append(f"  quarantined plugin {q.entry_point} ({q.distribution}): {q.reason}")
+        return "\n".join(lines)
