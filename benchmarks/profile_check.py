@@ -13,7 +13,7 @@ eager ``reference`` is never timed (at production sizes it needs more memory and
 check should spend): a call that resolves to it while another provider is eligible fails as
 "fell to the reference"; a point only the reference can serve is reported as such.
 
-    MAGI2_PROFILE=generic python -m benchmarks.profile_check --out check_generic.json [--reps 5]
+    MAGI2_PROFILE=generic python -m benchmarks.profile_check --out check_generic.json [--reps 10]
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the JSON result file")
     ap.add_argument("--shapes", type=Path, help="a JSON file of points (as `magi2 tune --shapes`); default: its grid")
     ap.add_argument("--ops", help="only these ops, comma-separated")
-    ap.add_argument("--reps", type=int, default=5, help="timed calls per variant")
+    ap.add_argument("--reps", type=int, default=10, help="timed calls per variant")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     ap.add_argument("--bar", type=float, help=f"the ratio a point must stay within (default {TUNED_BAR}; "
                                               f"{GENERIC_BAR} under MAGI2_PROFILE=generic)")

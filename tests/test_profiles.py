@@ -386,6 +386,23 @@ def test_fragments_merge_core_first_then_backends_by_name(fragments_pkg: str, mo
     assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == ["zeta_attn"]
 
 
+def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "pkgs" / "magi2_test_sm9_fragments"
+    _write(pkg / "sm9.json", _doc("sm9", {"type": "cuda", "capability": "9"}, preferences=[_pref(["nine"], "attention")]))
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    reg = Registry(discover=False)
+    reg.register(_fragment_backend("nine-backend", "magi2_test_sm9_fragments:sm9.json"), name="nine")
+    assert reg.quarantined() == ()
+    for capability, rows in (("9.0", ["nine"]), ("9.1", ["nine"]), ("8.0", []), ("10.0", [])):
+        _device(monkeypatch, "NVIDIA H20", capability)
+        reset_profiles()
+        loaded = profile_for("cuda", None, reg.state().profiles)
+        assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == rows, capability
+    with pytest.raises(ProfileError, match=r"major\.minor"):  # a named device's profile gives the whole capability
+        load_profile(_write(tmp_path / "named.json", _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"})))
+
+
 def test_a_broken_fragment_quarantines_its_backend_only(fragments_pkg: str) -> None:
     reg = Registry(discover=False)
     reg.register(_fragment_backend("good-backend", f"{fragments_pkg}:alpha.json"), name="good")

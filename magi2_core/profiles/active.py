@@ -200,7 +200,7 @@ def _names_device(frag: Fragment, device: ProfileDevice | DeviceKey) -> bool:
 
 def _generic_for(frag: Fragment, device: DeviceKey) -> bool:
     d = frag.profile.device
-    return d.name is None and d.type == device.type and (d.capability is None or d.capability == device.capability)
+    return d.name is None and d.type == device.type and d.covers(device.capability)
 
 
 @cache

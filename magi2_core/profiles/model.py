@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 
 from magi2_core.capability import Condition, Provenance
 from magi2_core.errors import ProfileError
@@ -32,14 +32,31 @@ class ProfileDevice(BaseModel):
     """The device a profile was measured on: torch device type, device name and compute capability.
 
     ``name`` is what ``torch.cuda.get_device_name()`` (or the MUSA equivalent) says; a profile without
-    one is a *generic* fragment for its device type (and capability, when given).
+    one is a *generic* fragment for its device type (and capability, when given: ``"9"`` covers every 9.x).
     """
 
     model_config = _Frozen
 
     type: str = Field(min_length=1, description="torch device type: cuda, musa, cpu, ...")
     name: str | None = Field(None, min_length=1, description="the device's name as torch reports it")
-    capability: str | None = Field(None, pattern=r"^\d+\.\d+$", description="compute capability, 'major.minor'")
+    capability: str | None = Field(None, pattern=r"^\d+(\.\d+)?$", description="compute capability: 'major.minor', "
+                                   "or 'major' alone in a generic fragment (every minor of that major)")
+
+    @model_validator(mode="after")
+    def _major_only_is_generic(self) -> ProfileDevice:
+        if self.name is not None and self.capability is not None and "." not in self.capability:
+            raise ValueError(f"capability {self.capability!r}: a profile measured on a named device gives "
+                             f"'major.minor' (a major alone is for a generic fragment)")
+        return self
+
+    def covers(self, capability: str | None) -> bool:
+        """Does this device's capability (None: any) include ``capability`` ('major' alone: every minor of it)?"""
+        if self.capability is None:
+            return True
+        if capability is None:
+            return False
+        return capability == self.capability or ("." not in self.capability
+                                                  and capability.split(".")[0] == self.capability)
 
 
 def _matches(when: tuple[Condition, ...], problem: Problem) -> bool:
