@@ -6,9 +6,15 @@ the harness (``magi2_core.timing``, the one ``magi2 tune`` uses): the resolved c
 provider forced by ``provider=``, and, for a provider that runs explicit plans (the Triton MoE),
 every plan candidate and the plan the profile resolves to, through ``run_plan``.
 
-Per point: ``provider_ratio`` = resolved / fastest eligible provider (public calls both), and for
-planned providers ``plan_ratio`` = the resolved plan / the fastest plan (``run_plan`` both). A point
-passes when both are within ``--bar`` (default 1.03; 1.25 under ``MAGI2_PROFILE=generic``). The
+Per point, what is judged is the *choice*, every term timed the same way: ``choice_ratio`` = the
+resolved provider forced with ``provider=`` / the fastest eligible provider forced the same way, and
+for planned providers ``plan_ratio`` = the resolved plan / the fastest plan (``run_plan`` both). A
+point passes when both are within ``--bar`` (default 1.03; 1.25 under ``MAGI2_PROFILE=generic``).
+The resolved call itself is timed beside them and reported, not judged: ``call_ratio`` = resolved
+call / fastest forced provider, and ``call_overhead_ms`` = resolved call - its own provider forced.
+Where the profile picks the fastest provider those two differ from 1 and 0 only by the resolution
+step (``magi2 overhead`` measures it, a few microseconds) and by timing noise, which at a short,
+launch-bound call exceeds 3% (a call compared with itself would fail the bar by chance). The
 eager ``reference`` is never timed (at production sizes it needs more memory and time than any
 check should spend): a call that resolves to it while another provider is eligible fails as
 "fell to the reference"; a point only the reference can serve is reported as such.
@@ -64,10 +70,15 @@ def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float
     planned = {k: v for k, v in planned.items() if f"plan {k}" in fns}
     ms = measure(fns, reps, warmup=warmup, device=device, timer=timer, label=shape.id)
     fastest = min(timed, key=lambda p: ms[f"provider {p}"]["p50"])
-    ratio = ms["resolved"]["p50"] / ms[f"provider {fastest}"]["p50"]
-    row |= {"ms": ms, "fastest_provider": fastest, "provider_ratio": ratio}
-    ok, why = ratio <= bar, [f"resolved {prep.resolved} {ms['resolved']['p50']:.4g} ms, fastest {fastest} "
-                             f"{ms[f'provider {fastest}']['p50']:.4g} ms ({ratio:.3f}x)"]
+    best_ms = ms[f"provider {fastest}"]["p50"]
+    if f"provider {prep.resolved}" not in ms:
+        return row | {"ms": ms, "ok": False, "why": f"the resolved provider {prep.resolved} raised when forced: {errors}"}
+    mine_ms = ms[f"provider {prep.resolved}"]["p50"]
+    choice = mine_ms / best_ms
+    row |= {"ms": ms, "fastest_provider": fastest, "choice_ratio": choice,
+            "call_ratio": ms["resolved"]["p50"] / best_ms, "call_overhead_ms": ms["resolved"]["p50"] - mine_ms}
+    ok, why = choice <= bar, [f"resolved {prep.resolved} {mine_ms:.4g} ms, fastest {fastest} {best_ms:.4g} ms "
+                              f"({choice:.3f}x; the resolved call {ms['resolved']['p50']:.4g} ms)"]
     if resolved_plan is not None:
         mine = [k for k, (prov, _, _) in planned.items() if prov == prep.resolved]
         chosen = next((k for k in mine if plan_key(planned[k][1]) == plan_key(resolved_plan)), None)
@@ -105,13 +116,14 @@ def run(points: Sequence[Shape], *, device: str, reps: int, warmup: int, bar: fl
 
             torch.cuda.empty_cache()
     failed = [r["id"] for r in rows if not r["ok"]]
-    ratios = [r[k] for r in rows for k in ("provider_ratio", "plan_ratio") if k in r]
+    ratios = [r[k] for r in rows for k in ("choice_ratio", "plan_ratio") if k in r]
     return {
         "env": env_record(device), "profile": _profile_record(device), "bar": bar, "reps": reps, "warmup": warmup,
         "seconds": round(time.perf_counter() - started, 1), "points": rows,
         "summary": {"points": len(rows), "failed": failed, "fell_to_reference": [r["id"] for r in rows
                                                                                  if "fell to the reference" in r["why"]],
-                    "worst_ratio": max(ratios, default=math.nan)},
+                    "worst_ratio": max(ratios, default=math.nan),
+                    "worst_call_ratio": max((r["call_ratio"] for r in rows if "call_ratio" in r), default=math.nan)},
     }  # fmt: skip
 
 
@@ -135,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     s = result["summary"]
     print(f"profile {result['profile']['name']} ({result['profile']['source']}): {s['points'] - len(s['failed'])} of "
-          f"{s['points']} points within {bar}x; worst {s['worst_ratio']:.3f}x; failed: {s['failed'] or 'none'}; "
+          f"{s['points']} points within {bar}x; worst choice {s['worst_ratio']:.3f}x (resolved call "
+          f"{s['worst_call_ratio']:.3f}x, not judged); failed: {s['failed'] or 'none'}; "
           f"fell to the reference: {s['fell_to_reference'] or 'none'}; {result['seconds']} s")
     return 1 if s["failed"] else 0
 

@@ -1,7 +1,9 @@
 """One timing harness for ``magi2 tune`` and the benchmarks: device events, L2 flush, alternation, spread.
 
-Each function is warmed up first (Triton compiles, caches fill); then ``reps`` rounds call every
-function once, in an order rotated by one each round, so none always follows the same neighbour.
+Before a process's first measurement on a device, the device is kept busy for a quarter second
+(:func:`spin_up`): an idle GPU runs at a fraction of its clock, and the first candidates timed would
+see it ramp up. Each function is warmed up (Triton compiles, caches fill); then ``reps`` rounds call
+every function once, in an order rotated by one each round, so none always follows the same neighbour.
 Before every call a buffer larger than the L2 is zeroed (outside the timed region). Each call is
 timed by a :class:`Timer`: device events around the call on a GPU (:class:`EventTimer`), the host
 clock on the CPU (:class:`HostTimer`, for dry runs of the plumbing), or whatever a test injects.
@@ -18,11 +20,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["FLUSH_BYTES", "EventTimer", "HostTimer", "Reading", "Timer", "default_timer", "flush_l2", "measure",
-           "percentile", "stats", "time_alternating"]
+__all__ = ["FLUSH_BYTES", "SPIN_UP_SECONDS", "EventTimer", "HostTimer", "Reading", "Timer", "default_timer", "flush_l2", "measure",
+           "percentile", "spin_up", "stats", "time_alternating"]
 
 FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+SPIN_UP_SECONDS = 0.25  # of back-to-back matrix products before a process's first measurement on a device
 _flush_bufs: dict[tuple[str, int], Any] = {}
+_spun: set[str] = set()
 
 Reading = Callable[[], float]
 """A call's time in milliseconds, read after :meth:`Timer.synchronize` (device events resolve late)."""
@@ -122,6 +126,23 @@ def flush_l2(device: str = "cuda", nbytes: int = FLUSH_BYTES) -> None:
     buf.zero_()
 
 
+def spin_up(device: str = "cuda", seconds: float = SPIN_UP_SECONDS) -> None:
+    """Keep ``device`` busy for ``seconds`` of matrix products, once per process and device, so that
+    its clocks have left the idle state before anything is timed (no-op on CPU and after the first call)."""
+    if device == "cpu" or device in _spun:
+        return
+    import torch
+
+    mod = getattr(torch, device.split(":")[0])
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(8):
+            a = (a @ a).clamp_(-1.0, 1.0)
+        mod.synchronize()
+    _spun.add(device)
+
+
 def time_alternating(
     fns: Mapping[str, Callable[[], object]],
     iters: int,
@@ -137,6 +158,8 @@ def time_alternating(
     order, the L2 flushed before each call, each call timed by ``timer`` (default: :func:`default_timer`).
     ``label`` prefixes the names the timer sees (``"<label>/<name>"``)."""
     timer = timer or default_timer(device)
+    if isinstance(timer, EventTimer):  # a real device: not a host dry run nor an injected fake
+        spin_up(device)
     for fn in fns.values():
         for _ in range(warmup):
             fn()

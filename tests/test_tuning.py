@@ -355,7 +355,9 @@ def test_profile_check_times_the_resolved_call_and_never_the_reference(monkeypat
     timer = FakeTimer(cost)
     (norm,) = norm_points(8)
     row = check_point(norm, device="cpu", reps=2, warmup=0, bar=1.03, timer=timer)
-    assert row["ok"] and row["resolved"] == "toy_a" and row["provider_ratio"] == pytest.approx(1.02)
+    # the choice is judged (toy_a forced is the fastest forced provider); the resolved call is reported beside it
+    assert row["ok"] and row["resolved"] == "toy_a" and row["choice_ratio"] == pytest.approx(1.0)
+    assert row["call_ratio"] == pytest.approx(1.02) and row["call_overhead_ms"] == pytest.approx(0.02)
     assert row["fastest_provider"] == "toy_a" and "reference" in row["eligible"]
     moe = ExpertsShape(op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16,
                        dtype="float32")
