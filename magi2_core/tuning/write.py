@@ -51,14 +51,20 @@ def _kept(rows: Sequence[R], ops: Sequence[OpName]) -> list[R]:
 
 
 def checkout_commit() -> str | None:
-    """The commit of the git checkout magi2-core runs from (``None``: not a checkout, or no git here)."""
+    """The commit of the git checkout magi2-core runs from, when its tracked files are that commit's
+    (``None``: not a checkout, no git here, or modified files: the commit would not name what ran)."""
     here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             check=True, timeout=10)
+        if git("status", "--porcelain", "--untracked-files=no"):
+            return None
+        return git("rev-parse", "--short", "HEAD") or None
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
 
 
 def build_profile(
