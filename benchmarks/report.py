@@ -601,6 +601,28 @@ def route_fused_rows(d: Data) -> list[Row]:
     return rows
 
 
+def profile_check_rows(d: Data) -> list[Row]:
+    """One `benchmarks/profile_check.py` run: does the active profile pick the fastest eligible provider and plan?"""
+    s, prof, env = d["summary"], d["profile"], d["env"]
+    kind = {"env": "named by MAGI2_PROFILE", "generic": "generic (derived from the capability)"}.get(
+        prof["source"], prof["source"])
+    if prof["name"].startswith("tuned-"):
+        kind = "written by `magi2 tune` earlier in the same run"
+    ops = sorted({p["op"] for p in d["points"]})
+    met = s["points"] - len(s["failed"])
+    fell = f"; fell to the reference: {', '.join(s['fell_to_reference'])}" if s["fell_to_reference"] else \
+        "; none fell to the reference"
+    return [(
+        f"device profile check, {prof['name']}",
+        f"{s['points']} grid points ({', '.join(ops)})",
+        f"worst choice {s['worst_ratio']:.3f}x the fastest (resolved provider and plan, forced)",
+        f"every eligible provider forced and every MoE plan, same run, {d['reps']} calls each; "
+        f"the resolved call itself worst {s['worst_call_ratio']:.3f}x (not judged)",
+        f"profile {kind}; target <= {d['bar']:g}x: met at {met} of {s['points']} points{fell}; "
+        f"{env['device']}, {_short(env['git_commit'])}",
+    )]
+
+
 # The newest `benchmarks/moe.py` run (the table's kernel, the previous kernel and `_grouped_mm`; also plotted).
 MOE_BENCH = "moe_h200_cabdec4.json"
 
@@ -628,6 +650,9 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_ablation_h200.json": moe_ablation_rows,
     "moe_sweep_pdl_h200.json": moe_sweep_rows,
     "moe_sweep_ws_persistent_h200.json": moe_sweep_rows,
+    "profile_check_tuned_h200.json": profile_check_rows,
+    "profile_check_shipped_h200.json": profile_check_rows,
+    "profile_check_generic_h200.json": profile_check_rows,
 }
 
 
