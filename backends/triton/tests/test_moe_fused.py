@@ -424,10 +424,11 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
     candidates = triton_moe_experts.plan_candidates(call_problem(x, idx, wg, False))
     plan = next((c for c in candidates if not kinds or c.variant in kinds), None)
     if plan is None and variant == "single":
-        # no row of this device offers a one-kernel plan here: the pointer kernel, which runs any shape,
-        # with the first plan's rows per block and a 4-warp slice
+        # no row of this device offers a one-kernel plan here: the pointer kernel with the first plan's rows
+        # per block, a 4-warp slice and the widest BLOCK_I (32 or 16) that divides the intermediate size
         first = candidates[0]
-        tile = {"BLOCK_M": first.tile["BLOCK_M"], "BLOCK_I": 32, "num_warps": 4, "num_stages": 3}
+        block_i = 32 if inter % 32 == 0 else 16
+        tile = {"BLOCK_M": first.tile["BLOCK_M"], "BLOCK_I": block_i, "num_warps": 4, "num_stages": 3}
         plan = first.model_copy(update={"variant": "pointer", "tile": tile, "align": (
             first.align if first.align != "lists" else "atomic"), "why": "test: the pointer one-kernel plan"})
     assert plan is not None, f"no {variant} plan for {shape}"
