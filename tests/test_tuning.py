@@ -338,6 +338,14 @@ def test_cli_tune_refuses_what_it_cannot_do(args: list[str], message: str, tmp_p
     assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
 
 
+def test_cli_tune_on_a_machine_without_musa_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import magi2_core.devices
+
+    monkeypatch.setattr(magi2_core.devices, "musa_available", lambda: False)
+    result = _cli(["tune", "--device", "musa"])
+    assert result.exit_code == 2 and "no usable MUSA device" in " ".join(result.output.split()), result.output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cli_tune_without_a_gpu_says_so() -> None:
     result = _cli(["tune"])

@@ -93,16 +93,19 @@ def tune(
 def _check_device(device: str, reject: Callable[[str], NoReturn]) -> None:
     import torch
 
+    from magi2_core.devices import cuda_available, musa_available
+
     kind = device.split(":")[0]
     if kind == "cpu":
         return
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not cuda_available():
         reject(f"--device {device}: magi2 tune measures kernels on this machine's GPU, and torch {torch.__version__} "
                f"sees no CUDA device here (--device cpu runs the machinery on the host, for testing)")
     if kind not in ("cuda", "musa"):
         reject(f"--device {device}: expected cuda, cuda:N, musa or cpu")
-    if kind == "musa" and not (getattr(torch, "musa", None) and torch.musa.is_available()):  # type: ignore[attr-defined]
-        reject(f"--device {device}: no MUSA device here (torch_musa imported and a device present)")
+    if kind == "musa" and not musa_available():  # imports torch_musa (torch.musa exists only after that)
+        reject(f"--device {device}: no usable MUSA device here (torch_musa and a MUSA device are needed; "
+               f"--device cpu runs the machinery on the host, for testing)")
 
 
 def _measure(points: list[Shape], *, device: str, reps: int, warmup: int, out: Path | None, fresh: bool,
