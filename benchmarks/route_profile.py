@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, default_config, fused_route
+from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, default_config, fused_route, router_planes
 
 import magi2_core as m2
 from benchmarks._common import env_record, graphed, stats, time_alternating
@@ -66,10 +66,12 @@ class Setup:
     top_k: int
     configs: tuple[RouteConfig, ...]
     device: str
+    ablate: tuple[RouteConfig, ...] = ()  # configs also timed as GEMM alone and selection alone
 
 
-PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda")
-DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu")
+PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda",
+                   ablate=(CANDIDATES[1], CANDIDATES[3], CANDIDATES[8]))
+DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu", ablate=CANDIDATES[:1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,10 +141,14 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
     kw: dict[str, Any] = {"top_k": k, "route_scale": ROUTE_SCALE, "route_norm": True, "score_func": "sigmoid"}
     xf = x.float()
     w = router.view(hl, -1, s.d)
-    fns: dict[str, Callable[[], Any]] = {
-        f"fused[{c.name}]": (lambda c=c: fused_route(x, router, bias, config=c, **kw))
-        for c in s.configs
-    }
+    planes = router_planes(router)
+    fns: dict[str, Callable[[], Any]] = {}
+    for c in s.configs:
+        fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
+        fns[f"fused[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes, **kw)
+    for c in s.ablate:
+        fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
+        fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
     fns |= {
         "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),
@@ -160,7 +166,7 @@ def _contract(fns: dict[str, Callable[[], Any]], x: torch.Tensor, router: torch.
     truth = route_truth(x, router, bias, top_k=top_k, route_scale=ROUTE_SCALE, route_norm=True, score_func="sigmoid")
     out: dict[str, Any] = {}
     for name, fn in fns.items():
-        if name == "gemm_fp32":
+        if name == "gemm_fp32" or name.startswith(("gemm_only", "select_only")):
             continue
         probs, idx = fn()
         verdict = accept_moe_route(probs, idx, truth)

@@ -50,7 +50,7 @@ from magi2_core.backend import Problem, Reason, ScoreFunc
 if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
 
-__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
+__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route", "router_planes",
            "triton_fused_moe_route"]
 
 
@@ -105,16 +105,16 @@ SHARED_BUDGET = 220 * 1024
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 256, 32, 4, 3),
     RouteConfig(32, 256, 32, 4, 3),
-    RouteConfig(32, 64, 32, 4, 3),
+    RouteConfig(32, 128, 32, 4, 3),
     RouteConfig(64, 64, 32, 4, 3),
+    RouteConfig(64, 64, 32, 4, 3, split_acc=False),
     RouteConfig(64, 128, 32, 4, 3),
-    RouteConfig(64, 128, 64, 4, 2),
+    RouteConfig(64, 128, 32, 8, 3),
     RouteConfig(64, 256, 32, 8, 3),
-    RouteConfig(128, 64, 32, 4, 3),
     RouteConfig(128, 64, 32, 8, 3),
+    RouteConfig(128, 64, 32, 8, 3, split_acc=False),
     RouteConfig(128, 64, 64, 8, 2),
     RouteConfig(128, 128, 32, 8, 3),
-    RouteConfig(128, 128, 64, 8, 2),
 )
 
 # The default, by routed rows (local tokens x heads): (most rows served, config), the last row for every
@@ -174,9 +174,11 @@ def _chunk_logits(
     w_ptr,
     w_rows,
     col_ok,
+    plane_stride,
     D: tl.constexpr,
     X_TERMS: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
+    PLANES: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -199,9 +201,15 @@ def _chunk_logits(
             w_mask = col_ok[None, :] & (kk < D)[:, None]
         xt = tl.load(x_rows[:, None] + kk[None, :], mask=x_mask, other=0.0)
         # [BLOCK_D, BLOCK_N]: w^T, contiguous along d
-        w0, rest = _top_bf16(tl.load(w_ptr + w_rows[None, :] + kk[:, None], mask=w_mask, other=0.0))
-        w1, rest = _top_bf16(rest)
-        w2, rest = _top_bf16(rest)
+        w_at = w_ptr + w_rows[None, :] + kk[:, None]
+        if PLANES:  # prepared: the three BF16 planes, hi, mid, lo, plane_stride elements apart
+            w0 = tl.load(w_at, mask=w_mask, other=0.0)
+            w1 = tl.load(w_at + plane_stride, mask=w_mask, other=0.0)
+            w2 = tl.load(w_at + 2 * plane_stride, mask=w_mask, other=0.0)
+        else:
+            w0, rest = _top_bf16(tl.load(w_at, mask=w_mask, other=0.0))
+            w1, rest = _top_bf16(rest)
+            w2, rest = _top_bf16(rest)
         if X_TERMS == 1:
             x0 = xt
         else:
@@ -235,6 +243,13 @@ def _chunk_logits(
     return z
 
 
+@triton.jit
+def _better(key_a, id_a, s_a, key_b, id_b, s_b):
+    """The combine of the selection's reduction: the larger key, on equal keys the lower expert id."""
+    take_a = (key_a > key_b) | ((key_a == key_b) & (id_a < id_b))
+    return tl.where(take_a, key_a, key_b), tl.where(take_a, id_a, id_b), tl.where(take_a, s_a, s_b)
+
+
 @triton.jit(do_not_specialize=["n_tok"])
 def _route_kernel(
     x_ptr,
@@ -245,6 +260,7 @@ def _route_kernel(
     n_tok,
     stride_xt,
     stride_xh,
+    plane_stride,
     route_scale,
     E: tl.constexpr,
     D: tl.constexpr,
@@ -254,19 +270,24 @@ def _route_kernel(
     SOFTMAX: tl.constexpr,
     NORM: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
+    PLANES: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
     WIDE_W: tl.constexpr,
+    ABLATE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    CHUNK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     head = tl.program_id(1).to(tl.int64)
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < n_tok
     cols = tl.arange(0, BLOCK_N)
     x_rows = x_ptr + toks * stride_xt + head * stride_xh
+    N_CHUNKS: tl.constexpr = (E + BLOCK_N - 1) // BLOCK_N
 
     # ---- softmax only: the row's max and normaliser, over every chunk (online) -----------------------
     if SOFTMAX:
@@ -278,8 +299,8 @@ def _route_kernel(
             w_rows = tl.program_id(1) * E + ids
             if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every tile)
                 w_rows = w_rows.to(tl.int64)
-            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, D, X_TERMS, SPLIT_ACC, UPCAST_DOT,
-                              EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC, PLANES,
+                              UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
             z = tl.where(col_ok[None, :], z, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, axis=1))
             # equal maxima (-inf included: no NaN from -inf - -inf) keep the sum as it is
@@ -289,64 +310,89 @@ def _route_kernel(
             row_sum = row_sum * rescale + tl.sum(p, axis=1)
             row_max = new_max
 
-    # ---- per chunk: logits, scores, keys; merged into the running top-k ------------------------------
+    # ---- per chunk: logits, scores, keys; the chunk's own top CHUNK_K into the candidate slots --------
     kcols = tl.arange(0, BLOCK_K)
-    run_key = tl.full([BLOCK_T, BLOCK_K], _REMOVED, dtype=tl.int32)
-    run_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
-    run_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    ccols = tl.arange(0, BLOCK_C)
+    cand_key = tl.full([BLOCK_T, BLOCK_C], _REMOVED, dtype=tl.int32)
+    cand_id = tl.full([BLOCK_T, BLOCK_C], _NO_ID, dtype=tl.int32)
+    cand_s = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    check = tl.zeros([BLOCK_T], dtype=tl.float32)
     for n0 in range(0, E, BLOCK_N):
         ids = n0 + cols
         col_ok = ids < E
         w_rows = tl.program_id(1) * E + ids
         if WIDE_W:
             w_rows = w_rows.to(tl.int64)
-        z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, D, X_TERMS, SPLIT_ACC, UPCAST_DOT, EVEN_D,
-                          BLOCK_T, BLOCK_N, BLOCK_D)
-        if SOFTMAX:
-            s = tl.exp(z - row_max[:, None]) / row_sum[:, None]
+        if ABLATE == 2:  # measurement only: the selection without the GEMM (logits from the indices)
+            z = ((toks[:, None] * 7919 + ids[None, :] * 104729) % 4093).to(tl.float32) * 1e-3
         else:
-            s = 1.0 / (1.0 + tl.exp(-z))
-        sel = s
-        if HAS_BIAS:
-            sel = s + tl.load(bias_ptr + head * E + ids, mask=col_ok, other=0.0)[None, :]
-        sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
-        sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
-        bits = sel.to(tl.int32, bitcast=True)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
-        key = tl.where(col_ok[None, :], key, _REMOVED)
+            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
+                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+        if ABLATE == 1:  # measurement only: the GEMM without the selection
+            check += tl.sum(z, axis=1)
+        else:
+            if SOFTMAX:
+                s = tl.exp(z - row_max[:, None]) / row_sum[:, None]
+            else:
+                s = 1.0 / (1.0 + tl.exp(-z))
+            sel = s
+            if HAS_BIAS:
+                sel = s + tl.load(bias_ptr + head * E + ids, mask=col_ok, other=0.0)[None, :]
+            sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
+            sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
+            bits = sel.to(tl.int32, bitcast=True)
+            key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
+            key = tl.where(col_ok[None, :], key, _REMOVED)
+            chunk_ids = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.int32) + ids[None, :]
+            slot0 = (n0 // BLOCK_N) * CHUNK_K
+            for k in tl.static_range(CHUNK_K):
+                best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
+                key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
+                slot = (ccols == slot0 + k)[None, :]
+                cand_key = tl.where(slot, best[:, None], cand_key)
+                cand_id = tl.where(slot, expert[:, None], cand_id)
+                cand_s = tl.where(slot, score[:, None], cand_s)
 
-        # top_k steps over the chunk and the running entries: the largest key, the lowest id holding it
-        new_key = tl.full([BLOCK_T, BLOCK_K], _REMOVED, dtype=tl.int32)
-        new_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
-        new_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        for k in tl.static_range(K):
-            best = tl.maximum(tl.max(key, axis=1), tl.max(run_key, axis=1))
-            in_chunk = tl.min(tl.where(key == best[:, None], ids[None, :], _NO_ID), axis=1)
-            in_run = tl.min(tl.where(run_key == best[:, None], run_id, _NO_ID), axis=1)
-            from_run = in_run <= in_chunk  # the running entries hold lower ids: they win equal keys
-            from_chunk = in_chunk < in_run  # (not ~from_run: Triton 3.3's interpreter cannot invert an int1)
-            expert = tl.minimum(in_run, in_chunk)
-            hit = (ids[None, :] == expert[:, None]) & from_chunk[:, None]
-            # the key too: an entry picked when nothing real was left may share a real entry's id
-            run_hit = (run_id == expert[:, None]) & (run_key == best[:, None]) & from_run[:, None]
-            key = tl.where(hit, _REMOVED, key)
-            run_key = tl.where(run_hit, _REMOVED, run_key)
-            # exactly the winner's unbiased score: one term, the rest zeros
-            score = tl.sum(tl.where(hit, s, 0.0), axis=1) + tl.sum(tl.where(run_hit, run_s, 0.0), axis=1)
-            slot = kcols[None, :] == k
-            new_key = tl.where(slot, best[:, None], new_key)
-            new_id = tl.where(slot, expert[:, None], new_id)
-            new_s = tl.where(slot, score[:, None], new_s)
-        run_key, run_id, run_s = new_key, new_id, new_s
+    if ABLATE == 1:
+        out = (head * n_tok + toks)[:, None] * K + kcols[None, :]
+        mask = tok_ok[:, None] & (kcols < 1)[None, :]
+        tl.store(probs_ptr + out, check[:, None] + tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32), mask=mask)
+    else:
+        # ---- the row's top K among the candidates (every chunk's best CHUNK_K, distinct experts) -------
+        if N_CHUNKS == 1:
+            run_id = cand_id
+            run_s = cand_s
+        else:
+            run_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+            run_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+            for k in tl.static_range(K):
+                best, expert, score = tl.reduce((cand_key, cand_id, cand_s), 1, _better)
+                cand_key = tl.where(cand_id == expert[:, None], _REMOVED, cand_key)
+                slot = (kcols == k)[None, :]
+                run_id = tl.where(slot, expert[:, None], run_id)
+                run_s = tl.where(slot, score[:, None], run_s)
+        kk = tl.arange(0, BLOCK_K) if N_CHUNKS > 1 else tl.arange(0, BLOCK_C)
+        wts = tl.where((kk < K)[None, :], run_s, 0.0)
+        if NORM:
+            wts = wts / tl.maximum(tl.sum(tl.abs(wts), axis=1), 1e-12)[:, None]
+        wts = wts * route_scale
+        out = (head * n_tok + toks)[:, None] * K + kk[None, :]
+        mask = tok_ok[:, None] & (kk < K)[None, :]
+        tl.store(probs_ptr + out, wts, mask=mask)
+        tl.store(idx_ptr + out, run_id.to(tl.int64), mask=mask)
 
-    wts = run_s
-    if NORM:
-        wts = wts / tl.maximum(tl.sum(tl.abs(wts), axis=1), 1e-12)[:, None]
-    wts = wts * route_scale
-    out = (head * n_tok + toks)[:, None] * K + kcols[None, :]
-    mask = tok_ok[:, None] & (kcols < K)[None, :]
-    tl.store(probs_ptr + out, wts, mask=mask)
-    tl.store(idx_ptr + out, run_id.to(tl.int64), mask=mask)
+
+def router_planes(router_weight: torch.Tensor) -> torch.Tensor:
+    """The FP32 router split exactly into three BF16 planes ``[3, Hl·E, d]`` (hi, mid, lo: each the top
+    16 bits of what the planes before it leave), the split the kernel otherwise makes in registers."""
+    rest = router_weight.float().contiguous()
+    out = []
+    for _ in range(3):
+        top = rest.view(torch.int32) & -65536  # 0xFFFF0000: the top 16 bits, exactly a BF16
+        hi = top.view(torch.float32)
+        out.append(hi.bfloat16())
+        rest = rest - hi
+    return torch.stack(out)
 
 
 def fused_route(
@@ -359,10 +405,14 @@ def fused_route(
     route_norm: bool,
     score_func: ScoreFunc,
     config: RouteConfig | None = None,
+    planes: torch.Tensor | None = None,
+    _ablate: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` on validated inputs (launch only).
 
     ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
+    ``planes``: :func:`router_planes` of ``router_weight``, read instead of splitting it in registers.
+    ``_ablate`` (measurement only): 1 runs the GEMM without the selection, 2 the selection without the GEMM.
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
@@ -379,15 +429,18 @@ def fused_route(
     # a dot's N and K of 16 at least (older Triton, Triton-MUSA); no wider than the bank and the row
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(e)))
     block_d = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
+    chunk_k = min(top_k, block_n)
+    src = w if planes is None else planes.contiguous()
     _route_kernel[(triton.cdiv(t, block_t), hl)](
         x,
-        w,
+        src,
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
         t,
         x.stride(0),
         x.stride(1),
+        w.numel(),
         float(route_scale),
         E=e,
         D=d,
@@ -397,13 +450,17 @@ def fused_route(
         SOFTMAX=score_func == "softmax",
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
+        PLANES=planes is not None,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
-        WIDE_W=w.numel() >= 2**31,
+        WIDE_W=3 * w.numel() >= 2**31,
+        ABLATE=_ablate,
         BLOCK_T=block_t,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_K=triton.next_power_of_2(top_k),
+        CHUNK_K=chunk_k,
+        BLOCK_C=triton.next_power_of_2(triton.cdiv(e, block_n) * chunk_k),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
