@@ -65,11 +65,14 @@ class RouteConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_acc: bool = True
+    survivors: bool = True
+    groups: int = 16
 
     @property
     def name(self) -> str:
         return (f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}"
-                + ("" if self.split_acc else "_1acc"))
+                + ("" if self.split_acc else "_1acc") + ("" if self.survivors else "_slots")
+                + ("" if self.groups == 16 else f"_g{self.groups}"))
 
     def shared_bytes(self, x_dtype: torch.dtype = torch.bfloat16) -> int:
         """Shared memory, an upper bound: per pipeline stage an x slice and the FP32 weight slice; the
@@ -105,15 +108,14 @@ SHARED_BUDGET = 220 * 1024
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 256, 32, 4, 3),
     RouteConfig(32, 256, 32, 4, 3),
+    RouteConfig(32, 256, 32, 4, 3, groups=32),
+    RouteConfig(32, 256, 32, 4, 3, survivors=False),
     RouteConfig(32, 128, 32, 4, 3),
-    RouteConfig(64, 64, 32, 4, 3),
     RouteConfig(64, 64, 32, 4, 3, split_acc=False),
+    RouteConfig(64, 64, 32, 4, 3, split_acc=False, survivors=False),
     RouteConfig(64, 128, 32, 4, 3),
-    RouteConfig(64, 128, 32, 8, 3),
-    RouteConfig(64, 256, 32, 8, 3),
-    RouteConfig(128, 64, 32, 8, 3),
+    RouteConfig(64, 128, 32, 4, 3, split_acc=False),
     RouteConfig(128, 64, 32, 8, 3, split_acc=False),
-    RouteConfig(128, 64, 64, 8, 2),
     RouteConfig(128, 128, 32, 8, 3),
 )
 
@@ -257,6 +259,7 @@ def _route_kernel(
     bias_ptr,
     probs_ptr,
     idx_ptr,
+    scratch_ptr,
     n_tok,
     stride_xt,
     stride_xh,
@@ -271,6 +274,7 @@ def _route_kernel(
     NORM: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
     PLANES: tl.constexpr,
+    SURVIVORS: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
     WIDE_W: tl.constexpr,
@@ -281,6 +285,7 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
     CHUNK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
     head = tl.program_id(1).to(tl.int64)
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -310,12 +315,19 @@ def _route_kernel(
             row_sum = row_sum * rescale + tl.sum(p, axis=1)
             row_max = new_max
 
-    # ---- per chunk: logits, scores, keys; the chunk's own top CHUNK_K into the candidate slots --------
+    # ---- per chunk: logits, scores, keys; the chunk's contenders into the row's candidate list --------
     kcols = tl.arange(0, BLOCK_K)
     ccols = tl.arange(0, BLOCK_C)
+    gcols = tl.arange(0, GROUPS)
+    # the candidate list: registers (SURVIVORS=False: CHUNK_K slots per chunk) or this program's rows of
+    # the scratch (SURVIVORS=True: a variable count per row, three int32 planes of BLOCK_C per row)
     cand_key = tl.full([BLOCK_T, BLOCK_C], _REMOVED, dtype=tl.int32)
     cand_id = tl.full([BLOCK_T, BLOCK_C], _NO_ID, dtype=tl.int32)
     cand_s = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    prog = tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
+    scr = scratch_ptr + (prog * BLOCK_T + tl.arange(0, BLOCK_T))[:, None] * (3 * BLOCK_C)
+    count = tl.zeros([BLOCK_T], dtype=tl.int32)
+    theta = tl.full([BLOCK_T], _REMOVED, dtype=tl.int32)
     check = tl.zeros([BLOCK_T], dtype=tl.float32)
     for n0 in range(0, E, BLOCK_N):
         ids = n0 + cols
@@ -324,7 +336,7 @@ def _route_kernel(
         if WIDE_W:
             w_rows = w_rows.to(tl.int64)
         if ABLATE == 2:  # measurement only: the selection without the GEMM (logits from the indices)
-            z = ((toks[:, None] * 7919 + ids[None, :] * 104729) % 4093).to(tl.float32) * 1e-3
+            z = ((toks.to(tl.int32)[:, None] * 7919 + ids[None, :] * 104729) & 4095).to(tl.float32) * 1e-3
         else:
             z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
                               PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
@@ -344,22 +356,59 @@ def _route_kernel(
             key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
             key = tl.where(col_ok[None, :], key, _REMOVED)
             chunk_ids = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.int32) + ids[None, :]
-            slot0 = (n0 // BLOCK_N) * CHUNK_K
-            for k in tl.static_range(CHUNK_K):
-                best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
-                key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
-                slot = (ccols == slot0 + k)[None, :]
-                cand_key = tl.where(slot, best[:, None], cand_key)
-                cand_id = tl.where(slot, expert[:, None], cand_id)
-                cand_s = tl.where(slot, score[:, None], cand_s)
+            chunk = n0 // BLOCK_N
+            if SURVIVORS:
+                # A lower bound of the row's K-th largest key: the K-th largest of the chunk's GROUPS group
+                # maxima (K distinct experts reach it), raised by the earlier chunks' bound. Only keys at or
+                # above it can be selected: they are the contenders, appended to the row's list in order.
+                if K <= GROUPS:
+                    gmax = tl.max(tl.reshape(key, [BLOCK_T, GROUPS, BLOCK_N // GROUPS]), axis=2)
+                    kth = tl.sum(tl.where((gcols == GROUPS - K)[None, :], tl.sort(gmax, dim=1), 0), axis=1)
+                    theta = tl.maximum(theta, kth)
+                contender = key >= theta[:, None]
+                n_new = tl.sum(contender.to(tl.int32), axis=1)
+                # what the list must keep free: CHUNK_K for each later chunk, whichever path it takes
+                room = BLOCK_C - CHUNK_K * (N_CHUNKS - 1 - chunk)
+                if tl.max(count + n_new, axis=0) <= room:
+                    pos = count[:, None] + tl.cumsum(contender.to(tl.int32), axis=1) - 1
+                    tl.store(scr + pos, key, mask=contender)
+                    tl.store(scr + BLOCK_C + pos, chunk_ids, mask=contender)
+                    tl.store(scr + 2 * BLOCK_C + pos, s.to(tl.int32, bitcast=True), mask=contender)
+                    count += n_new
+                else:
+                    # too many contenders in some row of the tile: the chunk's own top CHUNK_K, in order
+                    for k in tl.static_range(CHUNK_K):
+                        best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
+                        key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
+                        tl.store(scr + count[:, None], best[:, None])
+                        tl.store(scr + BLOCK_C + count[:, None], expert[:, None])
+                        tl.store(scr + 2 * BLOCK_C + count[:, None], score.to(tl.int32, bitcast=True)[:, None])
+                        count += 1
+                        if k == K - 1:
+                            theta = tl.maximum(theta, best)  # the chunk's K-th largest: a tighter bound
+            else:
+                # the chunk's own top CHUNK_K, in order, into its CHUNK_K slots
+                for k in tl.static_range(CHUNK_K):
+                    best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
+                    key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
+                    slot = (ccols == chunk * CHUNK_K + k)[None, :]
+                    cand_key = tl.where(slot, best[:, None], cand_key)
+                    cand_id = tl.where(slot, expert[:, None], cand_id)
+                    cand_s = tl.where(slot, score[:, None], cand_s)
 
     if ABLATE == 1:
         out = (head * n_tok + toks)[:, None] * K + kcols[None, :]
         mask = tok_ok[:, None] & (kcols < 1)[None, :]
         tl.store(probs_ptr + out, check[:, None] + tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32), mask=mask)
     else:
-        # ---- the row's top K among the candidates (every chunk's best CHUNK_K, distinct experts) -------
-        if N_CHUNKS == 1:
+        if SURVIVORS:
+            tl.debug_barrier()  # the list's stores are visible to every thread of the program
+            have = ccols[None, :] < count[:, None]
+            cand_key = tl.load(scr + ccols[None, :], mask=have, other=_REMOVED)
+            cand_id = tl.load(scr + BLOCK_C + ccols[None, :], mask=have, other=_NO_ID)
+            cand_s = tl.load(scr + 2 * BLOCK_C + ccols[None, :], mask=have, other=0).to(tl.float32, bitcast=True)
+        # ---- the row's top K among the candidates (distinct experts: each chunk's columns once) --------
+        if N_CHUNKS == 1 and not SURVIVORS:
             run_id = cand_id
             run_s = cand_s
         else:
@@ -371,7 +420,10 @@ def _route_kernel(
                 slot = (kcols == k)[None, :]
                 run_id = tl.where(slot, expert[:, None], run_id)
                 run_s = tl.where(slot, score[:, None], run_s)
-        kk = tl.arange(0, BLOCK_K) if N_CHUNKS > 1 else tl.arange(0, BLOCK_C)
+        if N_CHUNKS == 1 and not SURVIVORS:
+            kk = tl.arange(0, BLOCK_C)
+        else:
+            kk = tl.arange(0, BLOCK_K)
         wts = tl.where((kk < K)[None, :], run_s, 0.0)
         if NORM:
             wts = wts / tl.maximum(tl.sum(tl.abs(wts), axis=1), 1e-12)[:, None]
@@ -430,13 +482,21 @@ def fused_route(
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(e)))
     block_d = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
     chunk_k = min(top_k, block_n)
+    n_chunks = triton.cdiv(e, block_n)
+    survivors = cfg.survivors
+    # candidate slots per row: CHUNK_K per chunk, and (contenders) room for a chunk's contenders on top
+    block_c = triton.next_power_of_2(n_chunks * chunk_k + (16 if survivors else 0))
+    grid = (triton.cdiv(t, block_t), hl)
+    rows = grid[0] * grid[1] * block_t
+    scratch = torch.empty((rows * 3 * block_c if survivors else 1,), dtype=torch.int32, device=x.device)
     src = w if planes is None else planes.contiguous()
-    _route_kernel[(triton.cdiv(t, block_t), hl)](
+    _route_kernel[grid](
         x,
         src,
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
+        scratch,
         t,
         x.stride(0),
         x.stride(1),
@@ -451,6 +511,7 @@ def fused_route(
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
         PLANES=planes is not None,
+        SURVIVORS=survivors,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
         WIDE_W=3 * w.numel() >= 2**31,
@@ -460,7 +521,8 @@ def fused_route(
         BLOCK_D=block_d,
         BLOCK_K=triton.next_power_of_2(top_k),
         CHUNK_K=chunk_k,
-        BLOCK_C=triton.next_power_of_2(triton.cdiv(e, block_n) * chunk_k),
+        BLOCK_C=block_c,
+        GROUPS=min(cfg.groups, block_n),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
