@@ -70,7 +70,7 @@ class Setup:
 
 
 PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda",
-                   ablate=(CANDIDATES[1], CANDIDATES[5], CANDIDATES[9]))
+                   ablate=(CANDIDATES[1], CANDIDATES[2], CANDIDATES[7], CANDIDATES[8], CANDIDATES[10]))
 DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu", ablate=CANDIDATES[:1])
 
 
@@ -144,13 +144,16 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
     planes = router_planes(router)
     fns: dict[str, Callable[[], Any]] = {}
     for c in s.configs:
-        fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
+        if not c.stacked:  # a stacked config reads prepared planes; without them it is its unstacked twin
+            fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
         fns[f"fused[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes, **kw)
     for c in s.ablate:
-        fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
+        if not c.stacked:
+            fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
         fns[f"gemm_only[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes,
                                                                      _ablate=1, **kw)
-        fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
+        if not c.stacked:
+            fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
     fns |= {
         "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),

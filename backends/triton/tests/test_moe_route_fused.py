@@ -3,8 +3,8 @@
 CPU: the kernel runs under TRITON_INTERPRET=1 on small shapes, against the float64 truth
 (``accept_moe_route``): planted near-ties, exact ties, +-inf bias, NaN logits, softmax,
 route_norm=False, FP16/FP32 activations, E not a power of two, d not a multiple of 16, T = 0 and 1.
-Under the interpreter the kernel walks the experts in chunks of 16, so every test with E > 16 merges
-chunks into the running top-k; the chunk tests below plant exact ties across chunk boundaries, a -inf
+Under the interpreter the kernel walks the experts in chunks of 16, so every test with E > 16 selects
+among several chunks' candidates; the chunk tests below plant exact ties across chunk boundaries, a -inf
 bias that exhausts a head across chunks, and NaN rows. GPU (`gpu`
 marker): production shapes against the float64 truth, every candidate config, CUDA-graph replay,
 torch.compile(fullgraph=True) and run-to-run bit equality.
@@ -21,7 +21,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from magi2_backend_reference.moe import exact_moe_route
-from magi2_backend_triton.moe_route_fused import CANDIDATES, DEFAULTS, SHARED_BUDGET, RouteConfig, fused_route
+from magi2_backend_triton.moe_route_fused import (
+    CANDIDATES,
+    DEFAULTS,
+    SHARED_BUDGET,
+    RouteConfig,
+    fused_route,
+    router_planes,
+)
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth, tally_route_ids
@@ -273,6 +280,18 @@ def test_nan_rows_across_chunks(score_func: str) -> None:
         keep = torch.ones(2, 9, dtype=torch.bool)
         keep[0, 4] = False
         assert torch.equal(idx[keep], clean_i[keep]) and torch.equal(probs[keep], clean_p[keep])
+
+
+def test_prepared_planes_are_the_in_register_split() -> None:
+    """The measurement-only planes path (what a prepared router would read) gives the same bits."""
+    x, w, b = _inputs(19, 2, 40, 48, seed=14)
+    planes = router_planes(w)
+    assert planes.dtype == torch.bfloat16 and planes.shape == (3, *w.shape)
+    assert torch.equal(planes.float().sum(0), w)  # exact: hi + mid + lo is the FP32 weight
+    for config in (None, CHUNKED):
+        split = fused_route(x, w, b, config=config, **_opts(top_k=5))  # type: ignore[arg-type]
+        read = fused_route(x, w, b, config=config, planes=planes, **_opts(top_k=5))  # type: ignore[arg-type]
+        assert _same(split[0], read[0]) and torch.equal(split[1], read[1])
 
 
 def test_public_op_resolves_to_the_fused_router_and_follows_weight_writes() -> None:

@@ -2,11 +2,11 @@
 
 One program routes ``BLOCK_T`` tokens of one head. It walks the head's experts in chunks of
 ``BLOCK_N``: per chunk, the router GEMM on tensor cores into a ``[BLOCK_T, BLOCK_N]`` accumulator, the
-scores (sigmoid or softmax), the bias (selection only), and a merge of the chunk into a running top-k
-per row held in registers (``[BLOCK_T, BLOCK_K]`` keys, ids, unbiased scores); then the L1
-normalisation and ``route_scale``. The logits are never written to memory. The program reads its
-head's router once per ``BLOCK_T`` tokens (a token block of 64-128 feeds Hopper's 64-row MMAs and
-reads the weight a quarter as often as 32 tokens did) and re-reads only its x tile per chunk.
+scores (sigmoid or softmax), the bias (selection only), and the chunk's own top-k into its slots of a
+per-row candidate list held in registers (``[BLOCK_T, BLOCK_C]`` keys, ids, unbiased scores); then the
+row's top-k among the candidates, the L1 normalisation and ``route_scale``. The logits are never written
+to memory. The program reads its head's router once per ``BLOCK_T`` tokens and re-reads only its x tile
+per chunk.
 
 FP32-accurate logits from BF16 tensor-core dots ("BF16x3"). The kernel reads the FP32 router weight and
 splits it exactly, in registers, into three BF16 planes, ``w = hi + mid + lo`` (truncation: ``hi`` is
@@ -20,15 +20,18 @@ BF16 terms) and every product whose order is below ``2**-24`` is kept, so they t
 logits on tensor cores (5 and 6 dots instead of 3).
 
 No planes are kept in memory: a derived copy of the router would go stale after writes that bypass
-the version counter and would outlive the layer's storage across layer-wise offload, for at most 7%
-of the route's time (docs/moe-notes.md, "the fused router").
+the version counter and would outlive the layer's storage across layer-wise offload. ``planes=``
+(:func:`router_planes`) reads them from memory instead, for measurement only: on one H200 that saved 3%
+of the route at T = 14601 x 3 heads and 17% at 4096 x 3, under 2% of an MoE layer (docs/moe-notes.md,
+"the fused router").
 
-Selection. The selection scores become int32 keys of the same order (``-0.0`` folded into ``+0.0``,
-every NaN into the one positive NaN, which ranks above ``+inf`` as in torch's sort). Each chunk is
-merged into the running top-k in ``top_k`` steps: the largest key among the chunk and the running
-entries, then the lowest expert id holding it (the running entries come from earlier chunks, so they
-hold lower ids and win equal keys: exact ties go to the lowest id), which is knocked out of its side
-with a key below every real one (so a ``-inf`` bias is chosen only once the row has nothing else left).
+Selection. The selection scores become int32 keys of the same order (every NaN folded into the one
+positive NaN, which ranks above ``+inf`` as in torch's sort; a score is never ``-0.0``). A chunk's top
+``CHUNK_K = min(top_k, BLOCK_N)`` are ``CHUNK_K`` reductions of (key, id, score) triples whose combine
+keeps the larger key and, on equal keys, the lower id (so exact ties go to the lowest id), each winner
+knocked out with a key below every real one (so a ``-inf`` bias is chosen only once the row has nothing
+else left). The chunks' slots hold distinct experts; the row's top-k among them is ``top_k`` more such
+reductions (none with one chunk: its slots are the answer, in order).
 Softmax needs the row's normaliser before any biased selection score is known: a first pass over the
 chunks keeps the row's running max and sum, a second recomputes the logits and selects (twice the
 GEMM; sigmoid, the release's scoring, takes one pass).
@@ -50,8 +53,8 @@ from magi2_core.backend import Problem, Reason, ScoreFunc
 if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
 
-__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route", "router_planes",
-           "triton_fused_moe_route"]
+__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
+           "router_planes", "triton_fused_moe_route"]
 
 
 class RouteConfig(NamedTuple):
@@ -65,14 +68,12 @@ class RouteConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_acc: bool = True
-    survivors: bool = True
-    groups: int = 16
+    stacked: bool = False  # with prepared planes: one GEMM of depth 3·d, one accumulator (measurement)
 
     @property
     def name(self) -> str:
         return (f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}"
-                + ("" if self.split_acc else "_1acc") + ("" if self.survivors else "_slots")
-                + ("" if self.groups == 16 else f"_g{self.groups}"))
+                + ("" if self.split_acc else "_1acc") + ("_stk" if self.stacked else ""))
 
     def shared_bytes(self, x_dtype: torch.dtype = torch.bfloat16) -> int:
         """Shared memory, an upper bound: per pipeline stage an x slice and the FP32 weight slice; the
@@ -103,40 +104,41 @@ SHARED_BUDGET = 220 * 1024
 
 # What benchmarks/route_profile.py times, at E = 256. Token blocks of 64 and 128 feed Hopper's 64-row
 # MMAs (one warpgroup per 64 rows with 8 warps at 128); chunks of 64-128 experts keep a tile at 32-64
-# registers per thread (RouteConfig.registers); 256 experts in one chunk is the old whole-row program
-# (t16/t32 were the fastest of it: at T = 512 x 3 heads a 128-token block leaves 12 programs for 132 SMs).
+# registers per thread (RouteConfig.registers); 256 experts in one chunk is the whole-row program
+# (t16/t32 are the fastest of it: at T = 512 x 3 heads a 128-token block leaves 12 programs for 132 SMs).
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 256, 32, 4, 3),
     RouteConfig(32, 256, 32, 4, 3),
-    RouteConfig(32, 256, 32, 4, 3, groups=32),
-    RouteConfig(32, 256, 32, 4, 3, survivors=False),
-    RouteConfig(32, 128, 32, 4, 3),
     RouteConfig(64, 64, 32, 4, 3, split_acc=False),
-    RouteConfig(64, 64, 32, 4, 3, split_acc=False, survivors=False),
-    RouteConfig(64, 128, 32, 4, 3),
-    RouteConfig(64, 128, 32, 4, 3, split_acc=False),
-    RouteConfig(128, 64, 32, 8, 3, split_acc=False),
-    RouteConfig(128, 128, 32, 8, 3),
+    RouteConfig(32, 256, 32, 4, 3, stacked=True),
+    RouteConfig(64, 64, 32, 4, 3, stacked=True),
+    RouteConfig(64, 128, 32, 4, 3, stacked=True),
+    RouteConfig(64, 128, 64, 4, 3, stacked=True),
+    RouteConfig(64, 256, 32, 8, 3, stacked=True),
+    RouteConfig(128, 64, 32, 8, 3, stacked=True),
+    RouteConfig(128, 64, 64, 8, 3, stacked=True),
+    RouteConfig(128, 128, 32, 8, 3, stacked=True),
+    RouteConfig(128, 128, 64, 8, 3, stacked=True),
 )
 
 # The default, by routed rows (local tokens x heads): (most rows served, config), the last row for every
-# larger call. Measured on one H200 (route_fused_h200.json at fd0a424, graph p50 over the CANDIDATES):
-# the whole-row programs won at every shape, t16 up to 4096 x 3 heads (0.0159 / 0.0471 ms at 512 / 4096)
-# and t32 above (0.1325 ms at 14601 x 3, 0.1441 at 4096 x 12); the best chunked program, t128_n64_w8, was
-# 0.062 / 0.170 / 0.172 ms at 4096 x 3 / 14601 x 3 / 4096 x 12 (docs/moe-notes.md, "the fused router").
+# larger call. Measured on one H200 (route_fused_h200.json, graph p50 over the CANDIDATES, configs read
+# without prepared planes): the whole-row programs won at every shape, t16 up to 4096 x 3 heads and t32
+# above; only with prepared planes do the chunked t64_n64 programs beat them, by 2-7% at 4096 x 3 to
+# 4096 x 12 (docs/moe-notes.md, "the fused router").
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
     (4096 * 3, RouteConfig(16, 256, 32, 4, 3)),
     (None, RouteConfig(32, 256, 32, 4, 3)),
 )
 
 # The interpreter pays per program and per op, not per warp: a bigger token block keeps the CPU tests
-# fast, and chunks of 16 experts make every CPU test with E > 16 walk the chunk merge.
+# fast, and chunks of 16 experts make every CPU test with E > 16 select across chunks.
 _INTERPRETER = RouteConfig(32, 16, 32, 4, 1)
 # Activations split into this many BF16 terms: BF16 is one already; FP16 has 11 significant bits, FP32 24.
 _X_TERMS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 # Below every real key: the order-mapped -inf is -2**31 + 2**23 - 1. Knocked-out experts, masked columns
-# and the empty running slots hold it; such an entry is picked only when nothing real is left in the
-# chunk and the running top-k together, which cannot happen at the last chunk (top_k <= E).
+# and the unused candidate slots hold it; such an entry is picked only when a chunk has fewer than CHUNK_K
+# real experts left, and never in the final selection (the chunks hold top_k <= E real candidates).
 _REMOVED = tl.constexpr(-(2**31))
 # Above every expert id: the min-id reduction's neutral value.
 _NO_ID = tl.constexpr(2**30)
@@ -252,6 +254,23 @@ def _better(key_a, id_a, s_a, key_b, id_b, s_b):
     return tl.where(take_a, key_a, key_b), tl.where(take_a, id_a, id_b), tl.where(take_a, s_a, s_b)
 
 
+@triton.jit
+def _stacked_logits(x_rows, tok_ok, w_ptr, w_rows, col_ok, plane_stride, D: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The chunk's logits from prepared planes and BF16 x, ``D`` a multiple of ``BLOCK_D``: one GEMM of
+    depth ``3·D``, ``[x x x] · [lo; mid; hi]``, into one accumulator, the small planes first."""
+    dd = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for d0 in range(0, 3 * D, BLOCK_D):
+        plane = 2 - d0 // D
+        kk = d0 % D + dd
+        xt = tl.load(x_rows[:, None] + kk[None, :], mask=tok_ok[:, None], other=0.0)
+        wt = tl.load(w_ptr + plane.to(w_rows.dtype) * plane_stride + w_rows[None, :] + kk[:, None],
+                     mask=col_ok[None, :], other=0.0)
+        acc = _dot(xt, wt, acc, UPCAST_DOT)
+    return acc
+
+
 @triton.jit(do_not_specialize=["n_tok"])
 def _route_kernel(
     x_ptr,
@@ -259,7 +278,6 @@ def _route_kernel(
     bias_ptr,
     probs_ptr,
     idx_ptr,
-    scratch_ptr,
     n_tok,
     stride_xt,
     stride_xh,
@@ -274,7 +292,7 @@ def _route_kernel(
     NORM: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
     PLANES: tl.constexpr,
-    SURVIVORS: tl.constexpr,
+    STACKED: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
     WIDE_W: tl.constexpr,
@@ -285,7 +303,6 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
     CHUNK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    GROUPS: tl.constexpr,
 ):
     head = tl.program_id(1).to(tl.int64)
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -304,8 +321,12 @@ def _route_kernel(
             w_rows = tl.program_id(1) * E + ids
             if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every tile)
                 w_rows = w_rows.to(tl.int64)
-            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC, PLANES,
-                              UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            if STACKED:
+                z = _stacked_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, UPCAST_DOT, BLOCK_T,
+                                    BLOCK_N, BLOCK_D)
+            else:
+                z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
+                                  PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
             z = tl.where(col_ok[None, :], z, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, axis=1))
             # equal maxima (-inf included: no NaN from -inf - -inf) keep the sum as it is
@@ -318,16 +339,10 @@ def _route_kernel(
     # ---- per chunk: logits, scores, keys; the chunk's contenders into the row's candidate list --------
     kcols = tl.arange(0, BLOCK_K)
     ccols = tl.arange(0, BLOCK_C)
-    gcols = tl.arange(0, GROUPS)
-    # the candidate list: registers (SURVIVORS=False: CHUNK_K slots per chunk) or this program's rows of
-    # the scratch (SURVIVORS=True: a variable count per row, three int32 planes of BLOCK_C per row)
+    # the candidates: CHUNK_K slots per chunk (distinct experts: each chunk's columns once), in registers
     cand_key = tl.full([BLOCK_T, BLOCK_C], _REMOVED, dtype=tl.int32)
     cand_id = tl.full([BLOCK_T, BLOCK_C], _NO_ID, dtype=tl.int32)
     cand_s = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    prog = tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
-    scr = scratch_ptr + (prog * BLOCK_T + tl.arange(0, BLOCK_T))[:, None] * (3 * BLOCK_C)
-    count = tl.zeros([BLOCK_T], dtype=tl.int32)
-    theta = tl.full([BLOCK_T], _REMOVED, dtype=tl.int32)
     check = tl.zeros([BLOCK_T], dtype=tl.float32)
     for n0 in range(0, E, BLOCK_N):
         ids = n0 + cols
@@ -338,8 +353,12 @@ def _route_kernel(
         if ABLATE == 2:  # measurement only: the selection without the GEMM (logits from the indices)
             z = ((toks.to(tl.int32)[:, None] * 7919 + ids[None, :] * 104729) & 4095).to(tl.float32) * 1e-3
         else:
-            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
-                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            if STACKED:
+                z = _stacked_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, UPCAST_DOT, BLOCK_T,
+                                    BLOCK_N, BLOCK_D)
+            else:
+                z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
+                                  PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
         if ABLATE == 1:  # measurement only: the GEMM without the selection
             check += tl.sum(z, axis=1)
         else:
@@ -350,65 +369,29 @@ def _route_kernel(
             sel = s
             if HAS_BIAS:
                 sel = s + tl.load(bias_ptr + head * E + ids, mask=col_ok, other=0.0)[None, :]
-            sel = tl.where(sel == 0.0, 0.0, sel)  # -0.0 equals +0.0 for the comparison, so one key for both
+            # (never -0.0: the scores are +0.0 or more, and +0.0 + -0.0 is +0.0, so no fold is needed)
             sel = tl.where(sel != sel, float("nan"), sel)  # every NaN -> the one positive NaN (ranks highest)
             bits = sel.to(tl.int32, bitcast=True)
             key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude, so int order = float order
             key = tl.where(col_ok[None, :], key, _REMOVED)
             chunk_ids = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.int32) + ids[None, :]
             chunk = n0 // BLOCK_N
-            if SURVIVORS:
-                # A lower bound of the row's K-th largest key: the K-th largest of the chunk's GROUPS group
-                # maxima (K distinct experts reach it), raised by the earlier chunks' bound. Only keys at or
-                # above it can be selected: they are the contenders, appended to the row's list in order.
-                if K <= GROUPS:
-                    gmax = tl.max(tl.reshape(key, [BLOCK_T, GROUPS, BLOCK_N // GROUPS]), axis=2)
-                    kth = tl.sum(tl.where((gcols == GROUPS - K)[None, :], tl.sort(gmax, dim=1), 0), axis=1)
-                    theta = tl.maximum(theta, kth)
-                contender = key >= theta[:, None]
-                n_new = tl.sum(contender.to(tl.int32), axis=1)
-                # what the list must keep free: CHUNK_K for each later chunk, whichever path it takes
-                room = BLOCK_C - CHUNK_K * (N_CHUNKS - 1 - chunk)
-                if tl.max(count + n_new, axis=0) <= room:
-                    pos = count[:, None] + tl.cumsum(contender.to(tl.int32), axis=1) - 1
-                    tl.store(scr + pos, key, mask=contender)
-                    tl.store(scr + BLOCK_C + pos, chunk_ids, mask=contender)
-                    tl.store(scr + 2 * BLOCK_C + pos, s.to(tl.int32, bitcast=True), mask=contender)
-                    count += n_new
-                else:
-                    # too many contenders in some row of the tile: the chunk's own top CHUNK_K, in order
-                    for k in tl.static_range(CHUNK_K):
-                        best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
-                        key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
-                        tl.store(scr + count[:, None], best[:, None])
-                        tl.store(scr + BLOCK_C + count[:, None], expert[:, None])
-                        tl.store(scr + 2 * BLOCK_C + count[:, None], score.to(tl.int32, bitcast=True)[:, None])
-                        count += 1
-                        if k == K - 1:
-                            theta = tl.maximum(theta, best)  # the chunk's K-th largest: a tighter bound
-            else:
-                # the chunk's own top CHUNK_K, in order, into its CHUNK_K slots
-                for k in tl.static_range(CHUNK_K):
-                    best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
-                    key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
-                    slot = (ccols == chunk * CHUNK_K + k)[None, :]
-                    cand_key = tl.where(slot, best[:, None], cand_key)
-                    cand_id = tl.where(slot, expert[:, None], cand_id)
-                    cand_s = tl.where(slot, score[:, None], cand_s)
+            # the chunk's own top CHUNK_K, in order, into its CHUNK_K slots: one reduction per winner
+            for k in tl.static_range(CHUNK_K):
+                best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
+                key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
+                slot = (ccols == chunk * CHUNK_K + k)[None, :]
+                cand_key = tl.where(slot, best[:, None], cand_key)
+                cand_id = tl.where(slot, expert[:, None], cand_id)
+                cand_s = tl.where(slot, score[:, None], cand_s)
 
     if ABLATE == 1:
         out = (head * n_tok + toks)[:, None] * K + kcols[None, :]
         mask = tok_ok[:, None] & (kcols < 1)[None, :]
         tl.store(probs_ptr + out, check[:, None] + tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32), mask=mask)
     else:
-        if SURVIVORS:
-            tl.debug_barrier()  # the list's stores are visible to every thread of the program
-            have = ccols[None, :] < count[:, None]
-            cand_key = tl.load(scr + ccols[None, :], mask=have, other=_REMOVED)
-            cand_id = tl.load(scr + BLOCK_C + ccols[None, :], mask=have, other=_NO_ID)
-            cand_s = tl.load(scr + 2 * BLOCK_C + ccols[None, :], mask=have, other=0).to(tl.float32, bitcast=True)
         # ---- the row's top K among the candidates (distinct experts: each chunk's columns once) --------
-        if N_CHUNKS == 1 and not SURVIVORS:
+        if N_CHUNKS == 1:
             run_id = cand_id
             run_s = cand_s
         else:
@@ -420,7 +403,7 @@ def _route_kernel(
                 slot = (kcols == k)[None, :]
                 run_id = tl.where(slot, expert[:, None], run_id)
                 run_s = tl.where(slot, score[:, None], run_s)
-        if N_CHUNKS == 1 and not SURVIVORS:
+        if N_CHUNKS == 1:
             kk = tl.arange(0, BLOCK_C)
         else:
             kk = tl.arange(0, BLOCK_K)
@@ -482,13 +465,7 @@ def fused_route(
     block_n = min(cfg.block_n, max(16, triton.next_power_of_2(e)))
     block_d = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
     chunk_k = min(top_k, block_n)
-    n_chunks = triton.cdiv(e, block_n)
-    survivors = cfg.survivors
-    # candidate slots per row: CHUNK_K per chunk, and (contenders) room for a chunk's contenders on top
-    block_c = triton.next_power_of_2(n_chunks * chunk_k + (16 if survivors else 0))
     grid = (triton.cdiv(t, block_t), hl)
-    rows = grid[0] * grid[1] * block_t
-    scratch = torch.empty((rows * 3 * block_c if survivors else 1,), dtype=torch.int32, device=x.device)
     src = w if planes is None else planes.contiguous()
     _route_kernel[grid](
         x,
@@ -496,7 +473,6 @@ def fused_route(
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
-        scratch,
         t,
         x.stride(0),
         x.stride(1),
@@ -511,7 +487,7 @@ def fused_route(
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
         PLANES=planes is not None,
-        SURVIVORS=survivors,
+        STACKED=planes is not None and cfg.stacked and x.dtype == torch.bfloat16 and d % block_d == 0,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
         WIDE_W=3 * w.numel() >= 2**31,
@@ -521,8 +497,7 @@ def fused_route(
         BLOCK_D=block_d,
         BLOCK_K=triton.next_power_of_2(top_k),
         CHUNK_K=chunk_k,
-        BLOCK_C=block_c,
-        GROUPS=min(cfg.groups, block_n),
+        BLOCK_C=triton.next_power_of_2(triton.cdiv(e, block_n) * chunk_k),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
