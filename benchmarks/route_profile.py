@@ -10,8 +10,13 @@ Hl = 12. Every variant is captured in its own CUDA graph and replayed with the L
 alternating (benchmarks/_common); p50 with p10/p90:
 
 * ``fused[<config>]``: the fused kernel, every candidate config
-  (``magi2_backend_triton.moe_route_fused.CANDIDATES``); ``fused``: the public op (provider
-  ``triton_fused``, the default config);
+  (``magi2_backend_triton.moe_route_fused.CANDIDATES``), splitting the FP32 router in registers as
+  shipped; ``fused[<config>+planes]``: the same reading the three BF16 planes from memory (what a router
+  prepared at load time would save); ``fused``: the public op (provider ``triton_fused``, the default
+  config);
+* ``gemm_only[<config>]`` / ``select_only[<config>]`` (a few configs): the kernel with the selection
+  left out (the logits summed per row) and with the GEMM left out (logits made from the indices):
+  where the time goes;
 * ``triton``: the current provider (torch FP32 GEMM + the selection kernel); ``torch``: the
   reference provider (torch FP32 GEMM, sigmoid, stable sort, gather, L1 norm); ``gemm_fp32``: the
   FP32 router GEMM alone;
@@ -70,7 +75,7 @@ class Setup:
 
 
 PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda",
-                   ablate=(CANDIDATES[1], CANDIDATES[2], CANDIDATES[7], CANDIDATES[8], CANDIDATES[10]))
+                   ablate=(CANDIDATES[1], CANDIDATES[4], CANDIDATES[7]))
 DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu", ablate=CANDIDATES[:1])
 
 
@@ -144,16 +149,13 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
     planes = router_planes(router)
     fns: dict[str, Callable[[], Any]] = {}
     for c in s.configs:
-        if not c.stacked:  # a stacked config reads prepared planes; without them it is its unstacked twin
-            fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
+        fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
         fns[f"fused[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes, **kw)
     for c in s.ablate:
-        if not c.stacked:
-            fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
+        fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
         fns[f"gemm_only[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes,
                                                                      _ablate=1, **kw)
-        if not c.stacked:
-            fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
+        fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
     fns |= {
         "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),

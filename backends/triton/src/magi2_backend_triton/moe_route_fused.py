@@ -68,12 +68,11 @@ class RouteConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_acc: bool = True
-    stacked: bool = False  # with prepared planes: one GEMM of depth 3·d, one accumulator (measurement)
 
     @property
     def name(self) -> str:
         return (f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}"
-                + ("" if self.split_acc else "_1acc") + ("_stk" if self.stacked else ""))
+                + ("" if self.split_acc else "_1acc"))
 
     def shared_bytes(self, x_dtype: torch.dtype = torch.bfloat16) -> int:
         """Shared memory, an upper bound: per pipeline stage an x slice and the FP32 weight slice; the
@@ -109,16 +108,13 @@ SHARED_BUDGET = 220 * 1024
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 256, 32, 4, 3),
     RouteConfig(32, 256, 32, 4, 3),
+    RouteConfig(32, 128, 32, 4, 3),
+    RouteConfig(64, 64, 32, 4, 3),
     RouteConfig(64, 64, 32, 4, 3, split_acc=False),
-    RouteConfig(32, 256, 32, 4, 3, stacked=True),
-    RouteConfig(64, 64, 32, 4, 3, stacked=True),
-    RouteConfig(64, 128, 32, 4, 3, stacked=True),
-    RouteConfig(64, 128, 64, 4, 3, stacked=True),
-    RouteConfig(64, 256, 32, 8, 3, stacked=True),
-    RouteConfig(128, 64, 32, 8, 3, stacked=True),
-    RouteConfig(128, 64, 64, 8, 3, stacked=True),
-    RouteConfig(128, 128, 32, 8, 3, stacked=True),
-    RouteConfig(128, 128, 64, 8, 3, stacked=True),
+    RouteConfig(64, 128, 32, 4, 3),
+    RouteConfig(128, 64, 32, 8, 3),
+    RouteConfig(128, 64, 32, 8, 3, split_acc=False),
+    RouteConfig(128, 128, 32, 8, 3),
 )
 
 # The default, by routed rows (local tokens x heads): (most rows served, config), the last row for every
@@ -254,23 +250,6 @@ def _better(key_a, id_a, s_a, key_b, id_b, s_b):
     return tl.where(take_a, key_a, key_b), tl.where(take_a, id_a, id_b), tl.where(take_a, s_a, s_b)
 
 
-@triton.jit
-def _stacked_logits(x_rows, tok_ok, w_ptr, w_rows, col_ok, plane_stride, D: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The chunk's logits from prepared planes and BF16 x, ``D`` a multiple of ``BLOCK_D``: one GEMM of
-    depth ``3·D``, ``[x x x] · [lo; mid; hi]``, into one accumulator, the small planes first."""
-    dd = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for d0 in range(0, 3 * D, BLOCK_D):
-        plane = 2 - d0 // D
-        kk = d0 % D + dd
-        xt = tl.load(x_rows[:, None] + kk[None, :], mask=tok_ok[:, None], other=0.0)
-        wt = tl.load(w_ptr + plane.to(w_rows.dtype) * plane_stride + w_rows[None, :] + kk[:, None],
-                     mask=col_ok[None, :], other=0.0)
-        acc = _dot(xt, wt, acc, UPCAST_DOT)
-    return acc
-
-
 @triton.jit(do_not_specialize=["n_tok"])
 def _route_kernel(
     x_ptr,
@@ -292,7 +271,6 @@ def _route_kernel(
     NORM: tl.constexpr,
     SPLIT_ACC: tl.constexpr,
     PLANES: tl.constexpr,
-    STACKED: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     EVEN_D: tl.constexpr,
     WIDE_W: tl.constexpr,
@@ -321,12 +299,8 @@ def _route_kernel(
             w_rows = tl.program_id(1) * E + ids
             if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every tile)
                 w_rows = w_rows.to(tl.int64)
-            if STACKED:
-                z = _stacked_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, UPCAST_DOT, BLOCK_T,
-                                    BLOCK_N, BLOCK_D)
-            else:
-                z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
-                                  PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
+                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
             z = tl.where(col_ok[None, :], z, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, axis=1))
             # equal maxima (-inf included: no NaN from -inf - -inf) keep the sum as it is
@@ -353,12 +327,8 @@ def _route_kernel(
         if ABLATE == 2:  # measurement only: the selection without the GEMM (logits from the indices)
             z = ((toks.to(tl.int32)[:, None] * 7919 + ids[None, :] * 104729) & 4095).to(tl.float32) * 1e-3
         else:
-            if STACKED:
-                z = _stacked_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, UPCAST_DOT, BLOCK_T,
-                                    BLOCK_N, BLOCK_D)
-            else:
-                z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
-                                  PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
+                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
         if ABLATE == 1:  # measurement only: the GEMM without the selection
             check += tl.sum(z, axis=1)
         else:
@@ -487,7 +457,6 @@ def fused_route(
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
         PLANES=planes is not None,
-        STACKED=planes is not None and cfg.stacked and x.dtype == torch.bfloat16 and d % block_d == 0,
         UPCAST_DOT=interp,
         EVEN_D=d % block_d == 0,
         WIDE_W=3 * w.numel() >= 2**31,
