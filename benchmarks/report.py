@@ -583,6 +583,15 @@ def route_fused_rows(d: Data) -> list[Row]:
         ms = {k: v["p50"] for k, v in r["ms"].items()}
         # runs at 4556481 also timed the prepared router's planes against the in-register split
         unprepared = f"without preparation {_ms(ms['fused_unprepared'])} ms; " if "fused_unprepared" in ms else ""
+        # later runs time every config reading prepared planes too, and the kernel without each half
+        planes = {k: v for k, v in ms.items() if k.startswith("fused[") and k.endswith("+planes]")}
+        if planes:
+            best_planes = min(planes, key=planes.__getitem__)
+            unprepared += f"best with prepared planes {best_planes} {_ms(planes[best_planes])} ms; "
+        for part, label in (("gemm_only[", "GEMM alone"), ("select_only[", "selection alone")):
+            parts = {k: v for k, v in ms.items() if k.startswith(part) and not k.endswith("+planes]")}
+            if parts:
+                unprepared += f"{label} {_ms(min(parts.values()))} ms; "
         acc = r["accuracy"]
         wrong = sum(v["clear_rows_wrong"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
         ok = all(v["contract_ok"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
