@@ -44,7 +44,12 @@ SUPERSEDED = {
     "moe_h200_run3.json": "moe_h200_954e8b5.json",
     "distributed_tiny_h200x2.json": "distributed_h200x2.json",
     "route_profile_h200_3d65876.json": "route_profile_h200.json",
-    "route_fused_h200_4556481.json": "route_fused_h200_fd0a424.json",
+    "route_fused_h200_4556481.json": "route_fused_h200_589d461.json",
+    "route_fused_h200_fd0a424.json": "route_fused_h200_589d461.json",
+    # the selection's variants measured on the way (docs/moe-notes.md, "the fused router")
+    "route_fused_h200_e486a01.json": "route_fused_h200_589d461.json",
+    "route_fused_h200_51f95b1.json": "route_fused_h200_589d461.json",
+    "route_fused_h200_93349d4.json": "route_fused_h200_589d461.json",
     # the Gluon kernel's first sweep, before its wgmmas stopped being serialized (docs/moe-notes.md)
     "moe_sweep_gluon_serialized_h200.json": "moe_sweep_gluon_h200.json",
     # the same benchmarks at 954e8b5 (the Gluon kernel in the table); the earlier files keep the
@@ -588,10 +593,11 @@ def route_fused_rows(d: Data) -> list[Row]:
         if planes:
             best_planes = min(planes, key=planes.__getitem__)
             unprepared += f"best with prepared planes {best_planes} {_ms(planes[best_planes])} ms; "
-        for part, label in (("gemm_only[", "GEMM alone"), ("select_only[", "selection alone")):
-            parts = {k: v for k, v in ms.items() if k.startswith(part) and not k.endswith("+planes]")}
-            if parts:
-                unprepared += f"{label} {_ms(min(parts.values()))} ms; "
+        gemm = {k: v for k, v in ms.items() if k.startswith("gemm_only[")}
+        if gemm:  # the kernel with its selection left out: the default config's, and the fastest one's
+            name = f"gemm_only[{r['default_config']}]"
+            unprepared += f"its GEMM alone {_ms(ms[name])} ms; " if name in gemm else ""
+            unprepared += f"fastest GEMM alone {_ms(min(gemm.values()))} ms; "
         acc = r["accuracy"]
         wrong = sum(v["clear_rows_wrong"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
         ok = all(v["contract_ok"] for a in acc.values() for k, v in a.items() if k.startswith("fused"))
@@ -653,7 +659,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_layers_h200_73cdf12.json": moe_layers_rows,
     "moe_align_h200_cabdec4.json": moe_align_rows,
     "route_profile_h200.json": route_profile_rows,
-    "route_fused_h200_fd0a424.json": route_fused_rows,
+    "route_fused_h200_589d461.json": route_fused_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
     "vllm_omni_stack_h200.json": vllm_omni_stack_rows,
     "moe_ablation_h200.json": moe_ablation_rows,

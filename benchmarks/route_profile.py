@@ -14,9 +14,10 @@ alternating (benchmarks/_common); p50 with p10/p90:
   shipped; ``fused[<config>+planes]``: the same reading the three BF16 planes from memory (what a router
   prepared at load time would save); ``fused``: the public op (provider ``triton_fused``, the default
   config);
-* ``gemm_only[<config>]`` / ``select_only[<config>]`` (a few configs): the kernel with the selection
-  left out (the logits summed per row) and with the GEMM left out (logits made from the indices):
-  where the time goes;
+* ``gemm_only[<config>]`` (a few configs, with and without planes): the kernel with the selection left
+  out (the logits summed per row), so the selection's share is the difference. (A selection-only
+  variant, logits made from the indices, was dropped: its tiles lose the dot's register layout and it
+  ran 2-5x slower than the whole kernel, so it measured a different selection.)
 * ``triton``: the current provider (torch FP32 GEMM + the selection kernel); ``torch``: the
   reference provider (torch FP32 GEMM, sigmoid, stable sort, gather, L1 norm); ``gemm_fp32``: the
   FP32 router GEMM alone;
@@ -155,7 +156,6 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
         fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
         fns[f"gemm_only[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes,
                                                                      _ablate=1, **kw)
-        fns[f"select_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=2, **kw)
     fns |= {
         "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),
@@ -173,7 +173,7 @@ def _contract(fns: dict[str, Callable[[], Any]], x: torch.Tensor, router: torch.
     truth = route_truth(x, router, bias, top_k=top_k, route_scale=ROUTE_SCALE, route_norm=True, score_func="sigmoid")
     out: dict[str, Any] = {}
     for name, fn in fns.items():
-        if name == "gemm_fp32" or name.startswith(("gemm_only", "select_only")):
+        if name == "gemm_fp32" or name.startswith("gemm_only"):
             continue
         probs, idx = fn()
         verdict = accept_moe_route(probs, idx, truth)

@@ -365,7 +365,7 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t if self._real_rows == t.shape[0] else t[: self._real_rows]
 
-    # -- the router weight, prepared for moe_route's provider like the experts (issue 28) --------------
+    # -- routing: the router parameter itself (the fused router splits it in registers: no derived copy) --
     def _local_forward(self, x_heads: torch.Tensor) -> torch.Tensor:
         """Route and run this rank's real heads: ``[T, real_local_heads, d]`` -> same shape."""
         if x_heads.shape[0] == 0:

@@ -324,11 +324,8 @@ def _route_kernel(
         w_rows = tl.program_id(1) * E + ids
         if WIDE_W:
             w_rows = w_rows.to(tl.int64)
-        if ABLATE == 2:  # measurement only: the selection without the GEMM (logits from the indices)
-            z = ((toks.to(tl.int32)[:, None] * 7919 + ids[None, :] * 104729) & 4095).to(tl.float32) * 1e-3
-        else:
-            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
-                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+        z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC, PLANES,
+                          UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
         if ABLATE == 1:  # measurement only: the GEMM without the selection
             check += tl.sum(z, axis=1)
         else:
@@ -417,7 +414,7 @@ def fused_route(
 
     ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
     ``planes``: :func:`router_planes` of ``router_weight``, read instead of splitting it in registers.
-    ``_ablate`` (measurement only): 1 runs the GEMM without the selection, 2 the selection without the GEMM.
+    ``_ablate=1`` (measurement only) runs the GEMM without the selection: the logits summed per row.
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
