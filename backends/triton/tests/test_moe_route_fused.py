@@ -294,6 +294,28 @@ def test_prepared_planes_are_the_in_register_split() -> None:
         assert _same(split[0], read[0]) and torch.equal(split[1], read[1])
 
 
+@pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
+def test_the_reduction_of_triples_is_the_max_min_id_selection(score_func: str) -> None:
+    """The GPU's selection (one reduction of (key, id, score) triples per winner) against the
+    interpreter's (max, min id, one-term sum): bit-equal, ties, -inf bias and NaN rows included, and
+    a last chunk of 4 experts (fewer than top_k: its slots repeat ids on removed-key entries)."""
+    e, k = 52, 6
+    x, w, _ = _inputs(9, 2, e, 32, seed=15)
+    w = w.clone()
+    w[[5, 16, 31]] = w[20].clone()  # exact ties within and across chunks of 16
+    bias = torch.zeros(2 * e)
+    bias[[5, 16, 20, 31]] = 2.0
+    bias[e:e + 30] = float("-inf")  # head 1: ten finite experts, the rest -inf: exhausted rows
+    x = x.clone()
+    x[3, 0, 1] = float("nan")
+    for config in (None, CHUNKED, RouteConfig(16, 64, 16, 4, 1)):
+        opts = _opts(top_k=k, score_func=score_func)
+        triples = fused_route(x, w, bias.to(DEVICE), config=config, _triples=True, **opts)  # type: ignore[arg-type]
+        plain = fused_route(x, w, bias.to(DEVICE), config=config, _triples=False, **opts)  # type: ignore[arg-type]
+        assert _same(triples[0], plain[0]) and torch.equal(triples[1], plain[1])
+        assert triples[1][0, 0, :4].tolist() == [5, 16, 20, 31]
+
+
 def test_public_op_resolves_to_the_fused_router_and_follows_weight_writes() -> None:
     x, w, b = _inputs(11, 2, 16, 32, seed=6)
     assert m2.resolve("moe_route", x, w, b, top_k=4).chosen == "triton_fused"

@@ -21,14 +21,15 @@ logits on tensor cores (5 and 6 dots instead of 3).
 
 No planes are kept in memory: a derived copy of the router would go stale after writes that bypass
 the version counter and would outlive the layer's storage across layer-wise offload. ``planes=``
-(:func:`router_planes`) reads them from memory instead, for measurement only: on one H200 that saved 3%
-of the route at T = 14601 x 3 heads and 17% at 4096 x 3, under 2% of an MoE layer (docs/moe-notes.md,
-"the fused router").
+(:func:`router_planes`) reads them from memory instead, for measurement only: on one H200 the best
+config reading them was 2-6% faster than the best splitting in registers at 4096-14601 tokens (slower at
+512), at most 0.5% of an MoE layer (docs/moe-notes.md, "the fused router").
 
 Selection. The selection scores become int32 keys of the same order (every NaN folded into the one
 positive NaN, which ranks above ``+inf`` as in torch's sort; a score is never ``-0.0``). A chunk's top
 ``CHUNK_K = min(top_k, BLOCK_N)`` are ``CHUNK_K`` reductions of (key, id, score) triples whose combine
-keeps the larger key and, on equal keys, the lower id (so exact ties go to the lowest id), each winner
+keeps the larger key and, on equal keys, the lower id (so exact ties go to the lowest id; under the
+interpreter a max, a min-id and a one-term sum, the same answer faster there), each winner
 knocked out with a key below every real one (so a ``-inf`` bias is chosen only once the row has nothing
 else left). The chunks' slots hold distinct experts; the row's top-k among them is ``top_k`` more such
 reductions (none with one chunk: its slots are the answer, in order).
@@ -136,7 +137,7 @@ _X_TERMS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 # and the unused candidate slots hold it; such an entry is picked only when a chunk has fewer than CHUNK_K
 # real experts left, and never in the final selection (the chunks hold top_k <= E real candidates).
 _REMOVED = tl.constexpr(-(2**31))
-# Above every expert id: the min-id reduction's neutral value.
+# Above every expert id: the id of an empty candidate slot.
 _NO_ID = tl.constexpr(2**30)
 
 
@@ -205,7 +206,7 @@ def _chunk_logits(
         if PLANES:  # prepared: the three BF16 planes, hi, mid, lo, plane_stride elements apart
             w0 = tl.load(w_at, mask=w_mask, other=0.0)
             w1 = tl.load(w_at + plane_stride, mask=w_mask, other=0.0)
-            w2 = tl.load(w_at + 2 * plane_stride, mask=w_mask, other=0.0)
+            w2 = tl.load(w_at + plane_stride + plane_stride, mask=w_mask, other=0.0)  # (no int32 2x overflow)
         else:
             w0, rest = _top_bf16(tl.load(w_at, mask=w_mask, other=0.0))
             w1, rest = _top_bf16(rest)
@@ -250,6 +251,24 @@ def _better(key_a, id_a, s_a, key_b, id_b, s_b):
     return tl.where(take_a, key_a, key_b), tl.where(take_a, id_a, id_b), tl.where(take_a, s_a, s_b)
 
 
+@triton.jit
+def _best(key, ids, s, TRIPLES: tl.constexpr):
+    """Per row: the largest key, the lowest id holding it, and the score of that (key, id) entry.
+
+    ``TRIPLES``: one reduction of (key, id, score) triples (the GPU's path); otherwise a max, a min over
+    the ids holding it and a masked sum over the entries with that key and id (one term: a candidate
+    list may repeat a real expert's id on a removed-key entry picked from an exhausted chunk): the same
+    answer, and what the interpreter runs fast (it walks a custom combine element by element in Python)."""
+    if TRIPLES:
+        best, expert, score = tl.reduce((key, ids, s), 1, _better)
+    else:
+        best = tl.max(key, axis=1)
+        expert = tl.min(tl.where(key == best[:, None], ids, _NO_ID), axis=1)
+        hit = (ids == expert[:, None]) & (key == best[:, None])
+        score = tl.sum(tl.where(hit, s, 0.0), axis=1)
+    return best, expert, score
+
+
 @triton.jit(do_not_specialize=["n_tok"])
 def _route_kernel(
     x_ptr,
@@ -272,6 +291,7 @@ def _route_kernel(
     SPLIT_ACC: tl.constexpr,
     PLANES: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    TRIPLES: tl.constexpr,
     EVEN_D: tl.constexpr,
     WIDE_W: tl.constexpr,
     ABLATE: tl.constexpr,
@@ -310,7 +330,7 @@ def _route_kernel(
             row_sum = row_sum * rescale + tl.sum(p, axis=1)
             row_max = new_max
 
-    # ---- per chunk: logits, scores, keys; the chunk's contenders into the row's candidate list --------
+    # ---- per chunk: logits, scores, keys; the chunk's top CHUNK_K into its slots of the candidates -----
     kcols = tl.arange(0, BLOCK_K)
     ccols = tl.arange(0, BLOCK_C)
     # the candidates: CHUNK_K slots per chunk (distinct experts: each chunk's columns once), in registers
@@ -345,7 +365,7 @@ def _route_kernel(
             chunk = n0 // BLOCK_N
             # the chunk's own top CHUNK_K, in order, into its CHUNK_K slots: one reduction per winner
             for k in tl.static_range(CHUNK_K):
-                best, expert, score = tl.reduce((key, chunk_ids, s), 1, _better)
+                best, expert, score = _best(key, chunk_ids, s, TRIPLES)
                 key = tl.where(chunk_ids == expert[:, None], _REMOVED, key)
                 slot = (ccols == chunk * CHUNK_K + k)[None, :]
                 cand_key = tl.where(slot, best[:, None], cand_key)
@@ -365,7 +385,7 @@ def _route_kernel(
             run_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
             run_s = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
             for k in tl.static_range(K):
-                best, expert, score = tl.reduce((cand_key, cand_id, cand_s), 1, _better)
+                best, expert, score = _best(cand_key, cand_id, cand_s, TRIPLES)
                 cand_key = tl.where(cand_id == expert[:, None], _REMOVED, cand_key)
                 slot = (kcols == k)[None, :]
                 run_id = tl.where(slot, expert[:, None], run_id)
@@ -409,12 +429,14 @@ def fused_route(
     config: RouteConfig | None = None,
     planes: torch.Tensor | None = None,
     _ablate: int = 0,
+    _triples: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` on validated inputs (launch only).
 
     ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
     ``planes``: :func:`router_planes` of ``router_weight``, read instead of splitting it in registers.
     ``_ablate=1`` (measurement only) runs the GEMM without the selection: the logits summed per row.
+    ``_triples`` (tests): the selection's reduction of triples (None: on a GPU, not under the interpreter).
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
@@ -455,6 +477,7 @@ def fused_route(
         SPLIT_ACC=cfg.split_acc,
         PLANES=planes is not None,
         UPCAST_DOT=interp,
+        TRIPLES=(not interp) if _triples is None else _triples,
         EVEN_D=d % block_d == 0,
         WIDE_W=3 * w.numel() >= 2**31,
         ABLATE=_ablate,
