@@ -305,7 +305,7 @@ def test_the_reduction_of_triples_is_the_max_min_id_selection(score_func: str) -
     w[[5, 16, 31]] = w[20].clone()  # exact ties within and across chunks of 16
     bias = torch.zeros(2 * e)
     bias[[5, 16, 20, 31]] = 2.0
-    bias[e:e + 30] = float("-inf")  # head 1: ten finite experts, the rest -inf: exhausted rows
+    bias[e:e + 30] = float("-inf")  # head 1: its first 30 experts -inf (they come last, lowest id first)
     x = x.clone()
     x[3, 0, 1] = float("nan")
     for config in (None, CHUNKED, RouteConfig(16, 64, 16, 4, 1)):
