@@ -436,7 +436,7 @@ def fused_route(
     ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
     ``planes``: :func:`router_planes` of ``router_weight``, read instead of splitting it in registers.
     ``_ablate=1`` (measurement only) runs the GEMM without the selection: the logits summed per row.
-    ``_triples`` (tests): the selection's reduction of triples (None: on a GPU, not under the interpreter).
+    ``_triples`` (tests): the selection's reduction of triples (None: on CUDA, not under the interpreter).
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
@@ -477,7 +477,9 @@ def fused_route(
         SPLIT_ACC=cfg.split_acc,
         PLANES=planes is not None,
         UPCAST_DOT=interp,
-        TRIPLES=(not interp) if _triples is None else _triples,
+        # the reduction of triples is measured on CUDA only; elsewhere (Triton-MUSA, the interpreter) the
+        # max / min-id / one-term-sum selection, bit-equal, that the earlier kernel's operations match
+        TRIPLES=(x.device.type == "cuda" and not interp) if _triples is None else _triples,
         EVEN_D=d % block_d == 0,
         WIDE_W=3 * w.numel() >= 2**31,
         ABLATE=_ablate,
