@@ -292,6 +292,10 @@ def test_prepared_planes_are_the_in_register_split() -> None:
         split = fused_route(x, w, b, config=config, **_opts(top_k=5))  # type: ignore[arg-type]
         read = fused_route(x, w, b, config=config, planes=planes, **_opts(top_k=5))  # type: ignore[arg-type]
         assert _same(split[0], read[0]) and torch.equal(split[1], read[1])
+    with pytest.raises(ValueError, match="planes must be router_planes"):
+        fused_route(x, w, b, planes=planes[:2], **_opts(top_k=5))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="_ablate must be 0"):
+        fused_route(x, w, b, _ablate=2, **_opts(top_k=5))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])

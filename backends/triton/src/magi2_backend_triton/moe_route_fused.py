@@ -440,6 +440,12 @@ def fused_route(
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
+    if planes is not None and (planes.dtype != torch.bfloat16 or tuple(planes.shape) != (3, *router_weight.shape)
+                               or planes.device != router_weight.device):
+        raise ValueError(f"fused_route: planes must be router_planes(router_weight), BF16 [3, {hl * e}, {d}] on "
+                         f"{router_weight.device}; got {planes.dtype} {list(planes.shape)} on {planes.device}")
+    if _ablate not in (0, 1):
+        raise ValueError(f"fused_route: _ablate must be 0 (the kernel) or 1 (the GEMM alone); got {_ablate!r}")
     probs = torch.empty((hl, t, top_k), dtype=torch.float32, device=x.device)
     idx = torch.empty((hl, t, top_k), dtype=torch.int64, device=x.device)
     if t == 0:
@@ -481,7 +487,7 @@ def fused_route(
         # max / min-id / one-term-sum selection, bit-equal, that the earlier kernel's operations match
         TRIPLES=(x.device.type == "cuda" and not interp) if _triples is None else _triples,
         EVEN_D=d % block_d == 0,
-        WIDE_W=3 * w.numel() >= 2**31,
+        WIDE_W=(1 if planes is None else 3) * w.numel() >= 2**31,  # planes: three router-sized planes
         ABLATE=_ablate,
         BLOCK_T=block_t,
         BLOCK_N=block_n,
