@@ -74,7 +74,7 @@ def shared_env(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
     pip = (str(venv / "bin" / "python"), "-m", "pip", "install", "-q")
     session.run(*pip, TORCH, "pytest>=8", external=True)
-    session.run(*pip, *CORE, *BACKENDS, *PLUGINS, *INTERPRETER, "hypothesis>=6", "mypy>=1.10", external=True)
+    session.run(*pip, *CORE, *BACKENDS, *PLUGINS, *INTERPRETER, "hypothesis>=6", "mypy>=1.10", "einops", external=True)
 
 
 @nox.session(venv_backend="none", requires=SHARED)

@@ -174,9 +174,9 @@ def make_pack(model: nn.Module, cfg: Any, tokens: int, dev: str) -> Pack:
     )
 
 
-def providers(model: nn.Module, cfg: Any, pack: Pack) -> dict[str, str | None]:
-    """What the plugin-on model's layer-0 calls resolve to (``magi2 explain`` says why)."""
-    layer = model.block.layers[0]
+def providers(model: nn.Module, cfg: Any, pack: Any) -> dict[str, str | None]:
+    """What the plugin-on model's first MoE layer's calls resolve to (``magi2 explain`` says why)."""
+    layer = next(layer for layer in model.block.layers if hasattr(layer.mlp, "moe_mlp"))
     t, dev, dt = pack.hidden.shape[0], pack.hidden.device, cfg.params_dtype
     q = torch.randn(t, cfg.num_heads_q, cfg.head_dim, device=dev).to(dt)
     kv = torch.randn(t, cfg.num_heads_kv, cfg.head_dim, device=dev).to(dt)

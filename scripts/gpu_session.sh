@@ -93,6 +93,12 @@ step "vllm-omni MAGI-2 layer stack, plugin off vs on (MAGI2_STACK_ARGS: extra ar
 python3 -m benchmarks.vllm_omni_stack --wheel "${MAGI2_VLLM_OMNI_WHEEL:?no vllm-omni wheel in the wheelhouse}" \
   --out "$OUT/vllm_omni_stack_${tag}.json" ${MAGI2_STACK_ARGS:-} > "$OUT/vllm_stack.log" 2>&1; tail -30 "$OUT/vllm_stack.log"
 fi
+if want dit_step; then
+step "the whole MAGI-2 DiT step, plugin off vs on, eager / compiled / graph (MAGI2_DIT_ARGS: extra arguments)"
+python3 -m benchmarks.dit_step --wheel "${MAGI2_VLLM_OMNI_WHEEL:?no vllm-omni wheel in the wheelhouse}" \
+  --out "$OUT/dit_step_${tag}${MAGI2_DIT_SUFFIX:-}.json" ${MAGI2_DIT_ARGS:-} > "$OUT/dit_step${MAGI2_DIT_SUFFIX:-}.log" 2>&1
+echo "dit_step exit $?"; tail -40 "$OUT/dit_step${MAGI2_DIT_SUFFIX:-}.log"
+fi
 if want demo; then
 step "demo"
 python3 -m magi2_core.cli demo --device cuda 2>&1 | tail -9

@@ -1,0 +1,139 @@
+"""Where a call's GPU time goes: the torch profiler's kernels, sorted into the MAGI-2 layer's operators.
+
+Each kernel is put in one category, first by its name (magi2-core's and vllm-omni's own kernels,
+FlashAttention, inductor's fused kernels, torch's copies and gathers), then, for a matrix product
+from cuBLAS, by the shapes of the aten op that launched it: the mHC projection reads the 4-stream
+width (``K = streams x hidden``), the attention gate writes one logit per head (``N = heads``), the
+shared experts' GEMMs have their intermediate width on one side; every other product is a dense
+GEMM. What no rule names is "other", and the largest kernels of every category are kept by name so
+that a reader can check the sorting.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GemmWidths", "KernelTime", "breakdown", "category", "profile_call"]
+
+
+@dataclass(frozen=True)
+class GemmWidths:
+    """The widths that tell the layer's matrix products apart."""
+
+    hidden: int  # the model width (3072 in the release)
+    streams: int  # mHC streams (4)
+    heads_q: int  # attention heads: the gate projection's output width (24)
+    shared_intermediate: tuple[int, ...]  # the shared experts' intermediate widths (1280)
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel launch: its name, device time and the shapes of the aten op that launched it."""
+
+    name: str
+    us: float = 1.0
+    op: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+
+# Name rules, first match wins. Inductor's kernels are named after the ops they fuse.
+_NAME_RULES: tuple[tuple[str, str], ...] = (
+    (r"flash|fmha|FlashAttn|_sink_correction_kernel", "attention"),
+    (r"_route_kernel|_select_kernel|topk|TopK|bitonic|radix|[Ss]ort", "route"),
+    (
+        r"fused_expert|gemm1_swiglu7|gemm2_weighted|_mh_moe_kernel|_count_kernel|_offsets_kernel|_scatter_kernel"
+        r"|_stable_scatter_kernel|_blocks_kernel|_lists_kernel|_chunk_counts_kernel|_chunk_scan_kernel",
+        "routed experts",
+    ),
+    (r"_rmsnorm_kernel", "rmsnorm"),
+    (r"_mhc_", "mHC kernels"),
+    (r"^triton_", "inductor fused"),
+    (r"CatArrayBatchedCopy|cat_", "torch.cat"),
+    (r"indexSelect|index_select|gather|scatter|index_elementwise|indexing_backward", "gathers"),
+)
+_GEMM = re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|sm90_|sm80_|ampere_|hopper_|splitKreduce|Kernel2", re.I)
+
+
+def _gemm_category(k: KernelTime, w: GemmWidths) -> str:
+    dims = [s for s in k.shapes if len(s) >= 2]
+    if len(dims) >= 2:
+        a, b = dims[0], dims[1]
+        depth, width = a[-1], (b[-1] if k.op != "aten::linear" else b[0])
+        if depth == w.streams * w.hidden:
+            return "mHC projection"
+        if width == w.heads_q and depth == w.hidden:
+            return "attention gate projection"
+        if depth in w.shared_intermediate or width in {2 * i for i in w.shared_intermediate}:
+            return "shared experts"
+    return "dense GEMMs"
+
+
+def category(k: KernelTime, widths: GemmWidths) -> str:
+    """The operator a kernel belongs to (see the module's docstring)."""
+    for pattern, name in _NAME_RULES:
+        if re.search(pattern, k.name):
+            return name
+    if _GEMM.search(k.name):
+        return _gemm_category(k, widths)
+    return "torch elementwise and copies"
+
+
+def breakdown(kernels: Iterable[KernelTime], widths: GemmWidths, *, top: int = 6) -> dict[str, Any]:
+    """Milliseconds and launches per category, largest first, with each category's largest kernels."""
+    ms: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    by_name: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for k in kernels:
+        cat = category(k, widths)
+        ms[cat] += k.us / 1e3
+        launches[cat] += 1
+        by_name[cat][k.name[:120]] += k.us / 1e3
+    total = sum(ms.values())
+    rows = {
+        cat: {
+            "ms": round(v, 4),
+            "share": round(v / total, 4) if total else 0.0,
+            "launches": launches[cat],
+            "top_kernels": {n: round(t, 4) for n, t in sorted(by_name[cat].items(), key=lambda x: -x[1])[:top]},
+        }
+        for cat, v in sorted(ms.items(), key=lambda x: -x[1])
+    }
+    return {"kernel_ms": round(total, 4), "launches": sum(launches.values()), "categories": rows}
+
+
+def _shapes(ev: Any) -> tuple[tuple[int, ...], ...]:
+    shapes = getattr(ev, "input_shapes", None) or ()
+    return tuple(tuple(int(d) for d in s) for s in shapes if isinstance(s, Sequence))
+
+
+def _launcher(ev: Any) -> Any:
+    """The nearest aten op at or above ``ev`` (the runtime call that launched a kernel has none)."""
+    node = ev
+    while node is not None and not str(getattr(node, "name", "")).startswith("aten::"):
+        node = getattr(node, "cpu_parent", None)
+    return node if node is not None else ev
+
+
+def profile_call(fn: Callable[[], object]) -> list[KernelTime]:
+    """Run ``fn`` once under the torch profiler (CPU + CUDA, shapes recorded): its kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: list[KernelTime] = []
+    for ev in prof.events():
+        for kern in getattr(ev, "kernels", ()) or ():
+            op = _launcher(ev)
+            out.append(KernelTime(str(kern.name), float(kern.duration), str(op.name), _shapes(op)))
+    if not out:  # kernels not linked to their launching ops: take the device events alone
+        for ev in prof.events():
+            if str(getattr(ev, "device_type", "")).endswith("CUDA"):
+                out.append(KernelTime(str(ev.name), float(getattr(ev, "device_time", 0.0) or 0.0)))
+    return out

@@ -1,0 +1,79 @@
+"""benchmarks/dit_step.py on the CPU: the 272p / 10 s pack as vllm-omni's data proxy builds it, the
+smoke run of every mode and form, and the profiler breakdown's sorting of kernels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import dit_step
+from benchmarks._breakdown import GemmWidths, KernelTime, breakdown, category
+
+WIDTHS = GemmWidths(hidden=3072, streams=4, heads_q=24, shared_intermediate=(1280,))
+
+
+def test_step_pack_is_the_pipelines_272p_10s_cfg_pack(vllm_omni: object) -> None:
+    shape = dit_step.step_shape(False, text_tokens=370)
+    assert shape.video == (1, 48, 32, 16, 28) and shape.audio == (1, 250, 64)
+    summary = dit_step.pack_summary(dit_step.step_input(shape, "cpu"))
+    per = {"video": 32 * 16 * 28, "audio": 250, "text": 370, "total": 32 * 16 * 28 + 250 + 370}
+    assert summary["per_sequence"] == [per, per]  # conditional and unconditional branch
+    assert summary["tokens"] == 2 * per["total"] and summary["max_seqlen"] == per["total"]
+
+
+def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dit.json"
+    assert dit_step.main(["--wheel", str(vllm_omni_root), "--smoke", "--iters", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["errors"] == [] and report["device"] == "cpu" and report["vllm_omni"] == "0.30.0"
+    assert report["config"]["layers"] == 6 and report["config"]["moe_layers"] == [2, 3]
+    assert report["pack"]["sequences"] == 2
+    timed = {(r["form"], r["mode"], r["plugin"]) for r in report["results"] if "s_per_step" in r}
+    for plugin in ("off", "on"):
+        assert {
+            ("forward", "eager", plugin),
+            ("forward", "compiled", plugin),
+            ("block", "graph", plugin),
+            ("distinct-banks", "eager", plugin),
+        } <= timed
+    checks = [r for r in report["results"] if r["form"] == "check"]
+    assert [c["mode"] for c in checks] == ["eager", "compiled"]
+    assert all(c["finite"] and 0 < c["rel_l2_on_vs_off"] < 0.2 for c in checks)  # BF16: the ops round differently
+    assert report["dynamo_counters"]["stats"]["unique_graphs"] > 0
+
+
+@pytest.mark.parametrize(
+    ("kernel", "want"),
+    [
+        (KernelTime("void flash::FlashAttnFwdSm90<...>"), "attention"),
+        (KernelTime("_sink_correction_kernel"), "attention"),
+        (KernelTime("fused_expert_tma_kernel"), "routed experts"),
+        (KernelTime("_mh_moe_kernel"), "routed experts"),
+        (KernelTime("_route_kernel"), "route"),
+        (KernelTime("_rmsnorm_kernel"), "rmsnorm"),
+        (KernelTime("_mhc_mix_kernel"), "mHC kernels"),
+        (KernelTime("triton_red_fused_mean_mul_pow_rsqrt_0"), "inductor fused"),
+        (KernelTime("nvjet_sss_64x8", 1.0, "aten::mm", ((8, 12288), (12288, 24))), "mHC projection"),
+        (KernelTime("gemv2T_kernel", 1.0, "aten::mm", ((8, 3072), (3072, 24))), "attention gate projection"),
+        (KernelTime("sm90_xmma_gemm", 1.0, "aten::linear", ((8, 3072), (24, 3072))), "attention gate projection"),
+        (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 3072), (3072, 2560))), "shared experts"),
+        (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 1280), (1280, 3072))), "shared experts"),
+        (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 3072), (3072, 9216))), "dense GEMMs"),
+        (KernelTime("CatArrayBatchedCopy<...>"), "torch.cat"),
+        (KernelTime("indexSelectLargeIndex<...>"), "gathers"),
+        (KernelTime("vectorized_elementwise_kernel<...>"), "torch elementwise and copies"),
+    ],
+)
+def test_breakdown_sorts_kernels_into_the_layers_operators(kernel: KernelTime, want: str) -> None:
+    assert category(kernel, WIDTHS) == want
+
+
+def test_breakdown_sums_and_shares() -> None:
+    rows = breakdown([KernelTime("_rmsnorm_kernel", 300.0), KernelTime("_rmsnorm_kernel", 100.0),
+                      KernelTime("fused_expert_kernel", 600.0)], WIDTHS)  # fmt: skip
+    assert rows["kernel_ms"] == 1.0 and rows["launches"] == 3
+    assert list(rows["categories"]) == ["routed experts", "rmsnorm"]
+    assert rows["categories"]["rmsnorm"] == {"ms": 0.4, "share": 0.4, "launches": 2,
+                                             "top_kernels": {"_rmsnorm_kernel": 0.4}}  # fmt: skip
