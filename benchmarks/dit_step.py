@@ -52,6 +52,7 @@ script working.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -407,6 +408,103 @@ def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: R
                 report.add("breakdown", {"form": "forward", "mode": mode, "plugin": plugin, **rows})
 
 
+# -- fidelity ----------------------------------------------------------------------------------------
+
+EXACT = {"attention": "reference", "moe": "reference", "rmsnorm": "reference"}
+
+
+def fidelity_shape(smoke: bool) -> StepShape:
+    """A short clip at the release's channel counts (the FP32 oracle's attention is quadratic in memory)."""
+    if smoke:
+        return StepShape(video=(1, 4, 2, 2, 4), audio=(1, 4, 4), text_tokens=4, text_channels=8)
+    return StepShape(video=(1, 48, 4, 8, 14), audio=(1, 20, 64), text_tokens=32, text_channels=5120)
+
+
+def build_oracle(cfg: Any, off: nn.Module, dev: str) -> nn.Module:
+    """The plugin-on model in FP32 with ``off``'s weights (its MoE bank too): every op is run by
+    magi2-core's exact reference under :data:`EXACT`, nothing is rounded to BF16."""
+    fp32 = dataclasses.replace(cfg, params_dtype=torch.float32)
+    with torch.device("meta"):
+        oracle = _mod("modeling_magi2").Magi2PreviewTransformer(fp32)
+    src = _moe_modules(off)
+    banks = [tuple(nn.Parameter(getattr(src[0], n).detach().float(), requires_grad=False) for n in BANK_NAMES)]
+    materialize(oracle, dev, banks if src else [])
+    with torch.no_grad():
+        theirs = dict(off.named_parameters(remove_duplicate=False))
+        for name, p in oracle.named_parameters(remove_duplicate=False):
+            if name.rsplit(".", 1)[-1] not in BANK_NAMES:
+                p.copy_(theirs[name])
+    with m2.use(**EXACT):
+        share_prepared_layouts(oracle)
+    return oracle.eval().requires_grad_(False)
+
+
+def _capture_moe_inputs(model: nn.Module) -> tuple[dict[int, torch.Tensor], list[Any]]:
+    seen: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.block.layers):
+        if hasattr(layer.mlp, "moe_mlp"):
+            hooks.append(layer.mlp.moe_mlp.register_forward_pre_hook(lambda _m, a, i=i: seen.__setitem__(i, a[0])))
+    return seen, hooks
+
+
+def _routes(moe: nn.Module, x: torch.Tensor, theirs: bool) -> torch.Tensor:
+    """The sorted expert ids ``[H, T, K]`` that ``moe`` picks for its input ``x [T, H·d]``."""
+    heads = x.reshape(x.shape[0], moe.num_heads, moe.d_head)
+    if theirs:
+        idx = moe._route(heads)[1]
+    else:
+        bias = moe.router.expert_bias_ema
+        idx = m2.moe_route(heads, moe.gate.float(), bias.float(), top_k=moe.top_k, route_scale=4.9)[1]
+    return idx.sort(dim=-1).values
+
+
+def _flip_share(idx: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((idx != ref).any(dim=-1).float().mean())
+
+
+def fidelity(report: Report, off: Variant, on: Variant, cfg: Any, dev: str, smoke: bool) -> None:
+    """Per layer, on one input: plugin off's and plugin on's error against the FP32 oracle.
+
+    Every layer gets the oracle's own stream rounded to BF16, so the three results start from the
+    same input; the error is the relative L2 of the layer's increment (output minus input). A route
+    flip is a (token, head) whose expert set differs from the oracle's."""
+    packed = step_input(fidelity_shape(smoke), dev)
+    oracle = Variant(build_oracle(cfg, off.model, dev), on.attention)
+    binput = block_input(off.model, packed, dev)
+    x = binput.dispatcher.permute(binput.hidden)
+    args = (binput.rope, binput.varlen, binput.dispatcher, [x.shape[0]])
+    captures = {name: _capture_moe_inputs(v.model) for name, v in (("off", off), ("on", on), ("oracle", oracle))}
+    rows = []
+    for i, layers in enumerate(
+        zip(off.model.block.layers, on.model.block.layers, oracle.model.block.layers, strict=True)
+    ):
+        outs = {}
+        for (name, v), layer in zip((("off", off), ("on", on), ("oracle", oracle)), layers, strict=True):
+            v.use()
+            with m2.use(**EXACT) if name == "oracle" else contextlib.nullcontext():
+                outs[name] = layer(x.float() if name == "oracle" else x, *args)
+        step = (outs["oracle"].double() - x.double()).norm()
+        row: dict[str, Any] = {"layer": i, "moe": hasattr(layers[0].mlp, "moe_mlp")}
+        for name in ("off", "on"):
+            row[f"{name}_rel_err"] = float((outs[name].double() - outs["oracle"].double()).norm() / step)
+        if row["moe"]:
+            with m2.use(**EXACT):
+                ref = _routes(layers[2].mlp.moe_mlp, captures["oracle"][0][i], theirs=False)
+            row["off_route_flips"] = _flip_share(_routes(layers[0].mlp.moe_mlp, captures["off"][0][i], True), ref)
+            row["on_route_flips"] = _flip_share(_routes(layers[1].mlp.moe_mlp, captures["on"][0][i], False), ref)
+        rows.append(row)
+        x = outs["oracle"].to(cfg.params_dtype)
+    for _, hooks in captures.values():
+        for h in hooks:
+            h.remove()
+    worse = [r["layer"] for r in rows if r["on_rel_err"] > r["off_rel_err"]]
+    report.put("fidelity", {"pack": pack_summary(packed), "layers": rows, "on_worse_than_off_at": worse,
+                            "method": fidelity.__doc__})  # fmt: skip
+    print(f"fidelity: {len(rows)} layers; plugin on worse than off at layers {worse}", flush=True)
+    _free(oracle, binput, x)
+
+
 def _free(*objs: object) -> None:
     del objs
     gc.collect()
@@ -470,7 +568,7 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
 
 
 def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, modes: Sequence[str], smoke: bool,
-        distinct: bool, ep4: bool) -> dict[str, Any]:  # fmt: skip
+        distinct: bool, ep4: bool, check_fidelity: bool) -> dict[str, Any]:  # fmt: skip
     from benchmarks.vllm_omni_stack import providers
     from magi2_core.integrations import vllm_omni as integ
 
@@ -504,9 +602,13 @@ def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, mo
                         shared_intermediate=(moe.shared_expert_intermediate_size,
                                              moe.modality_shared_expert_intermediate_size))  # fmt: skip
     with torch.inference_mode():
+        if check_fidelity:
+            fidelity(report, off, on, cfg, dev, smoke)
         _modes(off, on, packed, binput, report, modes=modes, iters=iters, dev=dev, smoke=smoke, widths=widths)
-    activation = next((r["activation_gib"] for r in report.data["results"]
-                       if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"), None)  # fmt: skip
+        activation = next((r["activation_gib"] for r in report.data["results"]
+                           if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"), None)  # fmt: skip
+        if activation is None and ep4 and dev != "cpu":
+            activation = (peak_gib(forward_fn(on, packed), dev) or {}).get("activation_gib")
     _free(off, on, off_m, on_m, binput)
     with torch.inference_mode():
         if distinct:
@@ -525,7 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--banks", type=int, default=1, help="distinct MoE banks the 36 MoE layers share (default 1)")
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS, help="text tokens per CFG branch")
     p.add_argument("--iters", type=int, help="timed calls per variant (default 5; smoke: 2)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="timed modes (none: skip timing)")
+    p.add_argument("--no-fidelity", action="store_true", help="skip the per-layer check against the FP32 oracle")
     p.add_argument("--no-distinct-banks", action="store_true", help="skip the 4-layer distinct-banks check")
     p.add_argument("--no-ep4", action="store_true", help="skip the EP4 rank-memory allocation")
     p.add_argument("--smoke", action="store_true", help="tiny configuration on the CPU (checks the script only)")
@@ -541,7 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stubs.install(root)
         try:
             report = run(a.wheel, a.out, banks=a.banks, text_tokens=a.text_tokens, iters=a.iters or (2 if a.smoke else 5),
-                         modes=a.modes, smoke=a.smoke, distinct=not a.no_distinct_banks, ep4=not a.no_ep4)  # fmt: skip
+                         modes=a.modes, smoke=a.smoke, distinct=not a.no_distinct_banks, ep4=not a.no_ep4,
+                         check_fidelity=not a.no_fidelity)  # fmt: skip
         finally:
             integ.unregister()
             stubs.uninstall()

@@ -42,6 +42,10 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
     assert [c["mode"] for c in checks] == ["eager", "compiled"]
     assert all(c["finite"] and 0 < c["rel_l2_on_vs_off"] < 0.2 for c in checks)  # BF16: the ops round differently
     assert report["dynamo_counters"]["stats"]["unique_graphs"] > 0
+    layers = report["fidelity"]["layers"]
+    assert [r["layer"] for r in layers] == list(range(6)) and [r["moe"] for r in layers] == [0, 0, 1, 1, 0, 0]
+    assert all(0 < r["off_rel_err"] < 0.2 and 0 < r["on_rel_err"] < 0.2 for r in layers)  # BF16 vs FP32
+    assert all(0 <= r["on_route_flips"] <= 1 for r in layers if r["moe"])
 
 
 @pytest.mark.parametrize(
