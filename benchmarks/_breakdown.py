@@ -1,6 +1,7 @@
 """Where a call's GPU time goes: the torch profiler's kernels, sorted into the MAGI-2 layer's operators.
 
-Each kernel is put in one category, first by its name (magi2-core's and vllm-omni's own kernels,
+The kernels are read from the profiler's Chrome trace, where each appears once (Triton's launches
+too, which no aten op encloses). Each kernel is put in one category, first by its name (magi2-core's and vllm-omni's own kernels,
 FlashAttention, inductor's fused kernels, torch's copies and gathers), then, for a matrix product
 from cuBLAS, by the shapes of the aten op that launched it: the mHC projection reads the 4-stream
 width (``K = streams x hidden``), the attention gate writes one logit per head (``N = heads``), the
@@ -11,13 +12,17 @@ that a reader can check the sorting.
 
 from __future__ import annotations
 
+import bisect
+import json
 import re
+import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["GemmWidths", "KernelTime", "breakdown", "category", "profile_call"]
+__all__ = ["GemmWidths", "KernelTime", "breakdown", "category", "kernels_from_trace", "profile_call"]
 
 
 @dataclass(frozen=True)
@@ -105,17 +110,49 @@ def breakdown(kernels: Iterable[KernelTime], widths: GemmWidths, *, top: int = 6
     return {"kernel_ms": round(total, 4), "launches": sum(launches.values()), "categories": rows}
 
 
-def _shapes(ev: Any) -> tuple[tuple[int, ...], ...]:
-    shapes = getattr(ev, "input_shapes", None) or ()
-    return tuple(tuple(int(d) for d in s) for s in shapes if isinstance(s, Sequence))
+def _enclosing_op(launch: dict[str, Any] | None, ops: dict[Any, list[dict[str, Any]]],
+                  starts: dict[Any, list[float]]) -> dict[str, Any] | None:  # fmt: skip
+    """The innermost aten op running on the launching thread when ``launch`` (a runtime call) ran."""
+    if launch is None:
+        return None
+    key = (launch.get("pid"), launch.get("tid"))
+    thread, t = ops.get(key, []), float(launch.get("ts", 0.0))
+    i = bisect.bisect_right(starts.get(key, []), t) - 1
+    for op in reversed(thread[max(0, i - 400) : i + 1]):  # ops started before the launch, latest first
+        if op["name"].startswith("aten::") and float(op["ts"]) + float(op.get("dur", 0.0)) >= t:
+            return op
+    return None
 
 
-def _launcher(ev: Any) -> Any:
-    """The nearest aten op at or above ``ev`` (the runtime call that launched a kernel has none)."""
-    node = ev
-    while node is not None and not str(getattr(node, "name", "")).startswith("aten::"):
-        node = getattr(node, "cpu_parent", None)
-    return node if node is not None else ev
+def kernels_from_trace(trace: dict[str, Any] | list[dict[str, Any]]) -> list[KernelTime]:
+    """Every device kernel, copy and memset of a Chrome trace (the torch profiler's export), once each,
+    with the shapes of the aten op that launched it (linked by the launch's correlation id)."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    ops: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    launches: dict[Any, dict[str, Any]] = {}
+    device: list[dict[str, Any]] = []
+    for e in events:
+        cat = e.get("cat", "")
+        if cat == "cpu_op":
+            ops[(e.get("pid"), e.get("tid"))].append(e)
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            launches[e.get("args", {}).get("correlation")] = e
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            device.append(e)
+    for thread in ops.values():
+        thread.sort(key=lambda e: float(e["ts"]))
+    starts = {key: [float(e["ts"]) for e in thread] for key, thread in ops.items()}
+    out = []
+    for k in device:
+        op = _enclosing_op(launches.get(k.get("args", {}).get("correlation")), ops, starts)
+        dims = (op or {}).get("args", {}).get("Input Dims", []) if op else []
+        shapes = tuple(
+            tuple(int(d) for d in s) for s in dims if isinstance(s, list) and all(isinstance(d, int) for d in s)
+        )
+        out.append(
+            KernelTime(str(k.get("name", "")), float(k.get("dur", 0.0)), str((op or {}).get("name", "")), shapes)
+        )
+    return out
 
 
 def profile_call(fn: Callable[[], object]) -> list[KernelTime]:
@@ -127,13 +164,7 @@ def profile_call(fn: Callable[[], object]) -> list[KernelTime]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         fn()
         torch.cuda.synchronize()
-    out: list[KernelTime] = []
-    for ev in prof.events():
-        for kern in getattr(ev, "kernels", ()) or ():
-            op = _launcher(ev)
-            out.append(KernelTime(str(kern.name), float(kern.duration), str(op.name), _shapes(op)))
-    if not out:  # kernels not linked to their launching ops: take the device events alone
-        for ev in prof.events():
-            if str(getattr(ev, "device_type", "")).endswith("CUDA"):
-                out.append(KernelTime(str(ev.name), float(getattr(ev, "device_time", 0.0) or 0.0)))
-    return out
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return kernels_from_trace(json.loads(path.read_text()))

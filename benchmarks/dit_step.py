@@ -59,6 +59,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -387,25 +388,41 @@ def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: R
         fwd = {"off": forward_fn(off, packed), "on": forward_fn(on, packed)}
         blk = {"off": block_fn(off, packed, binput), "on": block_fn(on, packed, binput)}
         if mode == "graph":
-            try:
-                blk = {k: graphed(f, dev) for k, f in blk.items()}
-            except Exception as exc:  # a model that cannot be captured is a result
-                report.add("errors", {"form": "block", "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:2000]})
-                print(f"graph capture failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
+            blk = _captured(blk, report, dev)
         else:
             want, got = fwd["off"](), fwd["on"]()
             report.add("results", {"form": "check", "mode": mode, "finite": bool(torch.isfinite(want).all()
                                    and torch.isfinite(got).all()), "rel_l2_on_vs_off": rel_l2(got, want)})  # fmt: skip
+        if iters and mode != "graph":
             _record_times(report, "forward", mode, dict(fwd), iters, dev)
-        _record_times(report, "block", mode, dict(blk), iters, dev)
-        for plugin in ("off", "on"):
-            memory = peak_gib((blk if mode == "graph" else fwd)[plugin], dev)
+        if iters and mode != "eager" and len(blk) == 2:
+            _record_times(report, "block", mode, dict(blk), iters, dev)
+        for plugin, fn in (blk if mode == "graph" else fwd).items():
+            memory = peak_gib(fn, dev)
             if memory:
                 report.add("results", {"form": "memory", "mode": mode, "plugin": plugin, **memory})
             if mode != "graph" and dev != "cpu":
-                rows = breakdown(profile_call(fwd[plugin]), widths)
+                rows = breakdown(profile_call(fn), widths)
                 report.add("breakdown", {"form": "forward", "mode": mode, "plugin": plugin, **rows})
+
+
+def _captured(fns: dict[str, Callable[[], object]], report: Report, dev: str) -> dict[str, Callable[[], object]]:
+    """Each call captured in one CUDA graph; one that cannot be captured is recorded with where it failed."""
+    out = {}
+    for plugin, fn in fns.items():
+        try:
+            out[plugin] = graphed(fn, dev)
+        except Exception as exc:  # a model that cannot be captured is a result
+            frames = [
+                f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
+            ]
+            report.add("errors", {"form": "block", "mode": "graph", "plugin": plugin,
+                                  "error": f"{type(exc).__name__}: {exc}"[:1000], "where": frames[-8:]})  # fmt: skip
+            print(f"graph capture failed (plugin {plugin}): {type(exc).__name__}: {str(exc)[:200]} at {frames[-3:]}",
+                  flush=True)  # fmt: skip
+            if dev != "cpu":
+                torch.cuda.synchronize()
+    return out
 
 
 # -- fidelity ----------------------------------------------------------------------------------------
@@ -611,10 +628,10 @@ def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, mo
             activation = (peak_gib(forward_fn(on, packed), dev) or {}).get("activation_gib")
     _free(off, on, off_m, on_m, binput)
     with torch.inference_mode():
-        if distinct:
-            _distinct_banks(report, packed, theirs, iters=iters, dev=dev, smoke=smoke)
         if ep4 and dev != "cpu":
             _ep4_rank_memory(report, cfg, activation, dev)
+        if distinct:
+            _distinct_banks(report, packed, theirs, iters=max(iters, 3), dev=dev, smoke=smoke)
     return report.data
 
 
@@ -626,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--banks", type=int, default=1, help="distinct MoE banks the 36 MoE layers share (default 1)")
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS, help="text tokens per CFG branch")
-    p.add_argument("--iters", type=int, help="timed calls per variant (default 5; smoke: 2)")
+    p.add_argument("--iters", type=int, help="timed calls per variant (default 5; smoke: 2; 0: profile only)")
     p.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="timed modes (none: skip timing)")
     p.add_argument("--no-fidelity", action="store_true", help="skip the per-layer check against the FP32 oracle")
     p.add_argument("--no-distinct-banks", action="store_true", help="skip the 4-layer distinct-banks check")
@@ -635,15 +652,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not a.smoke and not torch.cuda.is_available():
         p.error("needs a CUDA GPU (or --smoke)")
-    if a.banks < 1 or a.text_tokens < 1:
-        p.error("--banks and --text-tokens must be >= 1")
+    if a.banks < 1 or a.text_tokens < 1 or (a.iters is not None and a.iters < 0):
+        p.error("--banks and --text-tokens must be >= 1, --iters >= 0")
+    iters = (2 if a.smoke else 5) if a.iters is None else a.iters
     from magi2_core.integrations import vllm_omni as integ
 
     with tempfile.TemporaryDirectory() as tmp:
         root = stubs.unpack(a.wheel, Path(tmp))
         stubs.install(root)
         try:
-            report = run(a.wheel, a.out, banks=a.banks, text_tokens=a.text_tokens, iters=a.iters or (2 if a.smoke else 5),
+            report = run(a.wheel, a.out, banks=a.banks, text_tokens=a.text_tokens, iters=iters,
                          modes=a.modes, smoke=a.smoke, distinct=not a.no_distinct_banks, ep4=not a.no_ep4,
                          check_fidelity=not a.no_fidelity)  # fmt: skip
         finally:

@@ -35,7 +35,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e backends/reference -
 export MAGI2_GIT_COMMIT=${MAGI2_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 # Result files are named after the GPU (NVIDIA H200 -> *_h200.json); MAGI2_DEVICE_TAG overrides.
-tag=${MAGI2_DEVICE_TAG:-$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")}
+# (NVIDIA H100 80GB HBM3 -> h100: the first word that is letters then digits)
+tag=${MAGI2_DEVICE_TAG:-$(python3 -c "import re, torch; n = torch.cuda.get_device_name(); m = re.search(r'\b[A-Z]+[0-9]+[A-Za-z]*\b', n); print((m.group(0) if m else n.split()[-1]).lower())")}
 python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those

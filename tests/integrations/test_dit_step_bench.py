@@ -81,3 +81,23 @@ def test_breakdown_sums_and_shares() -> None:
     assert list(rows["categories"]) == ["routed experts", "rmsnorm"]
     assert rows["categories"]["rmsnorm"] == {"ms": 0.4, "share": 0.4, "launches": 2,
                                              "top_kernels": {"_rmsnorm_kernel": 0.4}}  # fmt: skip
+
+
+def test_kernels_from_trace_links_each_kernel_to_its_launching_op_once() -> None:
+    from benchmarks._breakdown import kernels_from_trace
+
+    op = {"cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10.0, "dur": 5.0,
+          "args": {"Input Dims": [[8, 12288], [12288, 24]]}}  # fmt: skip
+    outer = {"cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 2, "ts": 9.0, "dur": 8.0, "args": {}}
+    launch = {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0,
+              "args": {"correlation": 7}}  # fmt: skip
+    triton = {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "pid": 1, "tid": 2, "ts": 30.0, "dur": 1.0,
+              "args": {"correlation": 8}}  # fmt: skip
+    gemm = {"cat": "kernel", "name": "sm80_xmma_gemm_f32f32", "ts": 13.0, "dur": 40.0, "args": {"correlation": 7}}
+    norm = {"cat": "kernel", "name": "_rmsnorm_kernel", "ts": 60.0, "dur": 20.0, "args": {"correlation": 8}}
+    kernels = kernels_from_trace({"traceEvents": [outer, op, launch, triton, gemm, norm]})
+    assert [(k.name, k.us, k.op, k.shapes) for k in kernels] == [
+        ("sm80_xmma_gemm_f32f32", 40.0, "aten::mm", ((8, 12288), (12288, 24))),
+        ("_rmsnorm_kernel", 20.0, "", ()),
+    ]
+    assert [category(k, WIDTHS) for k in kernels] == ["mHC projection", "rmsnorm"]
