@@ -290,7 +290,7 @@ def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str
         compiled = torch.compile(fns["prepared_in_turn"], fullgraph=True)
         fns["prepared_in_turn_compiled"] = compiled
     for fn in fns.values():
-        fn()  # first pass: compiles, packs the raw layers' banks
+        fn()  # first pass: compiles (raw layers are read in place, never packed)
     packs0 = pack_count()
     samples = time_alternating(fns, iters)
     res: dict[str, Any] = {

@@ -37,6 +37,7 @@ __all__ = [
     "Variable",
     "boolean",
     "choice",
+    "current",
     "declare",
     "effective",
     "fraction",
@@ -318,6 +319,32 @@ def get(name: str) -> Any:
     return value
 
 
+def current(name: str) -> Any:
+    """The parsed value of ``name`` as the environment holds it now, for a variable read on every use.
+
+    The environment is read on every call (one lookup; the parse is redone only when the text changed)
+    and the cached value follows it, so :func:`get` and ``magi2 backends --json`` agree with the last
+    read. A value that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the variable.
+    """
+    var = VARIABLES.get(name)
+    if var is None:
+        raise KeyError(f"{name} is not a declared magi2 configuration variable; declared: {sorted(VARIABLES)}")
+    raw = os.environ.get(name)
+    seen = _current_raw.get(name, _UNREAD)
+    if seen is not _UNREAD and seen == raw and name in _values:
+        return _values[name]
+    value = _parse(var)
+    with _lock:
+        if name in VARIABLES:
+            _values[name] = value
+            _current_raw[name] = raw
+    return value
+
+
+_UNREAD = object()
+_current_raw: dict[str, object] = {}  # name -> the environment text `current` last parsed
+
+
 def effective() -> dict[str, object]:
     """Every declared variable with its effective value (parsing any not read yet)."""
     return {name: get(name) for name in list(VARIABLES)}
@@ -338,6 +365,7 @@ def reload_config() -> dict[str, object]:
     with _lock:
         _values.clear()
         _values.update(fresh)
+        _current_raw.clear()
         generation += 1
     for listener in list(_listeners):
         listener()
@@ -398,3 +426,4 @@ def withdraw(owner: str) -> None:
                 continue
             del _declared[name], VARIABLES[name]
             _values.pop(name, None)
+            _current_raw.pop(name, None)

@@ -184,3 +184,18 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
         registry.unregister("toy_det")
         monkeypatch.delenv("MAGI2_DETERMINISTIC")
         m2.reload_config()
+
+
+def test_current_follows_the_environment_on_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAGI2_STRICT", raising=False)
+    assert config.current("MAGI2_STRICT") is False
+    monkeypatch.setenv("MAGI2_STRICT", "1")
+    assert config.current("MAGI2_STRICT") is True  # no reload_config() between
+    assert config.get("MAGI2_STRICT") is True  # the cached value follows the last read
+    monkeypatch.setenv("MAGI2_STRICT", "maybe")
+    with pytest.raises(m2.ConfigError, match="MAGI2_STRICT"):
+        config.current("MAGI2_STRICT")
+    monkeypatch.delenv("MAGI2_STRICT")
+    assert config.current("MAGI2_STRICT") is False
+    with pytest.raises(KeyError, match="MAGI2_NO_SUCH"):
+        config.current("MAGI2_NO_SUCH")

@@ -140,7 +140,10 @@ class ExpertsShape(BaseModel):
         probs = torch.rand(h, t, k, device=device, generator=g)
         w_gate, w_up = ((torch.randn(h * e, d, i, device=device, generator=g) * d**-0.5).to(dt) for _ in range(2))
         w_down = (torch.randn(h * e, i, d, device=device, generator=g) * i**-0.5).to(dt)
-        return Built(m2.moe_experts, (x, probs, idx, w_gate, w_up, w_down), {"deterministic": self.deterministic})
+        # Laid out as a model lays them out at load time (prepare_moe_weights): the plans are timed on the
+        # weights they serve in production. The checkpoint views of the layout are read in place by any provider.
+        w = m2.prepare_moe_weights(w_gate, w_up, w_down)
+        return Built(m2.moe_experts, (x, probs, idx, w.w_gate, w.w_up, w.w_down), {"deterministic": self.deterministic})
 
 
 class RouteShape(BaseModel):

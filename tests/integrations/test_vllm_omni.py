@@ -364,24 +364,58 @@ def test_router_bias_source_selects_the_bias_as_upstream(
     x = torch.randn(33, 64)
     outputs = {}
     with torch.no_grad():
-        for spelled in (ema, main):
+        for spelled in (ema, main, ema):  # no reload_config(): both read it on every forward
             monkeypatch.setenv("MAGI2_ROUTER_BIAS_SOURCE", spelled)
-            m2.reload_config()  # ours reads it with the configuration; vllm-omni on every forward
             want = upstream(x)
             torch.testing.assert_close(ours(x), want, rtol=2e-5, atol=2e-5)
             outputs[spelled] = want
     assert not torch.allclose(outputs[ema], outputs[main])  # the two biases do select differently
 
 
-def test_bad_router_bias_source_names_the_accepted_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MAGI2_ROUTER_BIAS_SOURCE", "average")  # vllm-omni would silently take "ema"
-    try:
+@torch.no_grad()
+def test_router_bias_source_set_after_the_swap_agrees_with_plugin_off(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap resolves providers when the model module is imported, which parses every variable: a
+    setting made after that, in any sequence, is what the next forward of either layer uses."""
+    monkeypatch.delenv("MAGI2_ROUTER_BIAS_SOURCE", raising=False)
+    integ.register()
+    modeling = _mod("modeling_magi2")  # the swap: every MAGI2_* variable parsed here
+    assert modeling.Magi2MultiHeadMoE is integ.Magi2MultiHeadMoE
+    mh_moe = _mod("mh_moe")
+    dims = {"hidden_size": 64, "num_heads": 4, "num_experts": 8, "top_k": 2, "expert_intermediate_size": 32}
+    cfg = mh_moe.Magi2MultiHeadMoEConfig(params_dtype=torch.float32, route_scale=4.9, **dims)
+    on, off = modeling.Magi2MultiHeadMoE(cfg), mh_moe.Magi2MultiHeadMoE(cfg)  # plugin on / vllm-omni's own
+    state = _moe_state(off) | {"router.expert_bias": torch.randn(off.router.expert_bias.shape) * 3}
+    on.load_state_dict(state)
+    off.load_state_dict(state)
+    x = torch.randn(33, 64)
+    torch.testing.assert_close(on(x), off(x), rtol=2e-5, atol=2e-5)  # a first forward with the default
+    seen = []
+    for value in ("main", "", "MAIN", "ema", " main ", None):
+        if value is None:
+            monkeypatch.delenv("MAGI2_ROUTER_BIAS_SOURCE")
+        else:
+            monkeypatch.setenv("MAGI2_ROUTER_BIAS_SOURCE", value)
+        want = off(x)
+        torch.testing.assert_close(on(x), want, rtol=2e-5, atol=2e-5, msg=lambda m, v=value: f"{v!r}: {m}")
+        seen.append(want)
+    assert not torch.allclose(seen[0], seen[1])  # main and the default select differently here
+
+
+def test_bad_router_bias_source_names_the_accepted_values(vllm_omni: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream, ours = _moe_pair(torch.float32)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        ours(x)
+        monkeypatch.setenv("MAGI2_ROUTER_BIAS_SOURCE", "average")  # vllm-omni would silently take "ema"
         with pytest.raises(ConfigError, match="MAGI2_ROUTER_BIAS_SOURCE") as info:
-            m2.reload_config()
+            ours(x)  # refused at the next forward, not ignored
         assert "ema | main" in str(info.value)
-    finally:
-        monkeypatch.delenv("MAGI2_ROUTER_BIAS_SOURCE")
-        m2.reload_config()
+        with pytest.raises(ConfigError, match="MAGI2_ROUTER_BIAS_SOURCE"):
+            m2.reload_config()
+        monkeypatch.setenv("MAGI2_ROUTER_BIAS_SOURCE", "main")
+        torch.testing.assert_close(ours(x), upstream(x), rtol=2e-5, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------

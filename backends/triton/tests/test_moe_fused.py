@@ -32,7 +32,7 @@ from magi2_backend_triton.moe.align import (
     route_capacity,
 )
 from magi2_backend_triton.moe.fused import run_fused
-from magi2_backend_triton.moe.pack import pack_w13
+from magi2_backend_triton.moe.pack import pack_count, pack_w13
 from magi2_backend_triton.moe.tiles import SliceTile
 
 import magi2_core as m2
@@ -281,25 +281,30 @@ def test_pack_w13_interleaves_gate_and_up_per_output_channel() -> None:
     assert torch.equal(packed[:, 1::2, :], wu.transpose(1, 2))
 
 
-def test_packed_w13_cache_reused_and_invalidated() -> None:
+def test_raw_weights_are_read_in_place_by_the_plans_raw_step() -> None:
     x, probs, idx, wg, wu, wd = make_moe(5, 2, 4, 32, 32, 2)
-    state = MoEState()
+    packs = pack_count()
+    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
+    assert run.plan is not None and run.plan.tile.get("PACKED_W13") == 0 and "raw gate/up" in run.plan.why
+    bank = pack_w13(wg, wu)
+    prepared = run_fused(x, probs, idx, bank[:, 0::2].transpose(1, 2), bank[:, 1::2].transpose(1, 2), wd)
+    assert prepared.plan is not None and prepared.plan.tile.get("PACKED_W13", 1) == 1
+    assert torch.equal(run.y, prepared.y)  # the raw step is bit-identical
+    assert pack_count() == packs + 1  # the bank above; the raw call packed nothing
+    wg.data.mul_(0.5)  # bypasses the version counter: still what the next call reads
+    assert_within_one_ulp(run_fused(x, probs, idx, wg, wu, wd).y, exact_moe_experts(x, probs, idx, wg, wu, wd))
+
+
+def test_an_explicit_plan_that_reads_a_bank_packs_raw_weights_for_that_call_only() -> None:
+    x, probs, idx, wg, wu, wd = make_moe(5, 2, 4, 32, 32, 2)
     tiles = VARIANTS["single_packed"]
-    run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles)
-    run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles)
-    assert state.w13.builds == 1  # no per-call repack
-    wg.add_(0.25)  # in-place update bumps the version counter
-    y = run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles).y
-    assert state.w13.builds == 2
+    packs = pack_count()
+    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=tiles)
+    assert run.plan == tiles and pack_count() == packs + 1  # run as given, with its own bank
+    wg.data.add_(0.25)  # bypasses the version counter: the next call packs the new values
+    y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=tiles).y
+    assert pack_count() == packs + 2
     assert_within_one_ulp(y, exact_moe_experts(x, probs, idx, wg, wu, wd))
-    wu2 = wu.clone()  # same values, another tensor: rebuilt (identity is part of the key)
-    run_fused(x, probs, idx, wg, wu2, wd, state=state, plan=tiles)
-    assert state.w13.builds == 3
-    with torch.inference_mode():  # inference tensors have no version counter; still cached
-        wi, ui = wg.clone(), wu.clone()
-        run_fused(x, probs, idx, wi, ui, wd, state=state, plan=tiles)
-        run_fused(x, probs, idx, wi, ui, wd, state=state, plan=tiles)
-    assert state.w13.builds == 4
 
 
 # ---- forward against the reference schedule ---------------------------------------------------
@@ -477,11 +482,8 @@ def test_gpu_stable_alignment_kernels_equal_the_torch_statement(heads: int, toke
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_caches_follow_device_moves() -> None:
-    _, _, idx, wg, wu, _ = make_moe(5, 2, 4, 32, 32, 2, device="cpu")
+    idx = make_moe(5, 2, 4, 32, 32, 2, device="cpu")[2]
     state = MoEState()
     cpu_bufs = state.route_buffers(idx.numel(), 8, 16, torch.device("cpu"))
-    packed_cpu = state.w13.get(wg, wu)
-    wg_cuda, wu_cuda = wg.cuda(), wu.cuda()
-    assert state.w13.get(wg_cuda, wu_cuda).device.type == "cuda" and state.w13.builds == 2
     assert state.route_buffers(idx.numel(), 8, 16, torch.device("cuda", 0)) is not cpu_bufs
-    assert packed_cpu.device.type == "cpu"
+    assert cpu_bufs.sorted_ids.device.type == "cpu"

@@ -23,6 +23,7 @@ from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState, gluon, tma
 from magi2_backend_triton.moe import plan as mp
 from magi2_backend_triton.moe.fused import call_problem, run_fused, run_plan
+from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import SliceTile
 from magi2_backend_triton.providers import triton_moe_experts
 from test_moe_fused import INTERPRET, assert_within_one_ulp, make_moe, two_kernel_plan
@@ -240,7 +241,7 @@ def test_the_launchers_plans_are_dropped_with_the_configuration() -> None:
 
     import magi2_core as m2
 
-    fused._planned(torch.device("cpu"), torch.float32, False, True, 16, 1, 4, 2, 32, 64)
+    fused._planned(torch.device("cpu"), torch.float32, False, True, False, 16, 1, 4, 2, 32, 64)
     assert fused._planned.cache_info().currsize >= 1
     m2.reload_config()  # MAGI2_PROFILE may have changed: the plans follow the profile read now
     assert fused._planned.cache_info().currsize == 0
@@ -301,14 +302,14 @@ def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: An
     assert plan.variant == "gluon" and "row 2 (gluon_routed): its route lists need" in plan.why
 
 
-def test_the_capture_step_reads_raw_weights_in_place(off_interpreter: Any) -> None:
+def test_the_raw_weights_step_reads_them_in_place(off_interpreter: Any) -> None:
     off_interpreter(False, True, True)
     problem = _h200_problem(512)
     plan, _ = mp.plan_for(problem, H200, *mp.rows_for(H200))
     captured, launch = mp.without_bank(plan, problem, H200)
     assert (captured.variant, captured.align) == ("pointer", "stable_kernels")
     assert captured.tile == plan.tile | {"PACKED_W13": 0, "INTERLEAVED": 0} and not launch.packed_w13
-    assert captured.why.startswith(plan.why) and "CUDA-graph capture" in captured.why
+    assert captured.why.startswith(plan.why) and "raw gate/up have no packed bank" in captured.why
     two = two_kernel_plan(align="atomic")
     assert mp.without_bank(two, problem, H200)[0].tile == two.tile | {"PACKED_W13": 0}
     bare = two_kernel_plan(align="atomic", PACKED_W13=0)
@@ -324,8 +325,12 @@ def test_run_fused_follows_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
 
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 64, 2)
     problem = call_problem(x, idx, wg, False)
-    run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
+    bank = pack_w13(wg, wu)  # prepared weights run the plan as it is; raw ones its raw step
+    gate, up = bank[:, 0::2].transpose(1, 2), bank[:, 1::2].transpose(1, 2)
+    run = run_fused(x, probs, idx, gate, up, wd, state=MoEState())
     assert run.plan == triton_moe_experts.plan(problem)
+    raw = run_fused(x, probs, idx, wg, wu, wd, state=MoEState()).plan
+    assert raw == mp.without_bank(run.plan, problem, mp.device_id("cpu", None))[0]
     assert run.buffers is not None and run.buffers.block_m == run.plan.tile["BLOCK_M"] and run.inter is None
     # other rows, other kernels: the launcher runs what the rows say
     row = mp.PlanRow(plan=mp.RowPlan(variant="two_kernel", tile=two_kernel_plan(bm=32).tile, align="device"), why="t")

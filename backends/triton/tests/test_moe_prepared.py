@@ -1,4 +1,4 @@
-"""Prepared MoE weights, the bounded raw-weight cache, compile/deterministic/FP16/FP32 serving.
+"""Prepared MoE weights, raw weights read as they are now, compile/deterministic/FP16/FP32 serving.
 
 CPU: the Triton kernels run under TRITON_INTERPRET=1 on small shapes (the provider is registered
 for the CPU there). GPU (`gpu` marker): real widths, CUDA graphs, torch.compile with Inductor.
@@ -6,9 +6,9 @@ for the CPU there). GPU (`gpu` marker): real widths, CUDA graphs, torch.compile 
 
 from __future__ import annotations
 
-import gc
 import math
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,14 +17,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from magi2_backend_reference.moe import exact_moe_experts
-from magi2_backend_triton.moe import fused
 from magi2_backend_triton.moe.align import (
     RouteBuffers,
     align_routes,
     align_routes_stable,
     route_capacity,
 )
-from magi2_backend_triton.moe.pack import PackedW13Cache, interleaved_bank, pack_count, pack_w13
+from magi2_backend_triton.moe.pack import interleaved_bank, pack_count, pack_w13
 from magi2_backend_triton.providers import TritonMoEExperts
 
 import magi2_core as m2
@@ -80,7 +79,7 @@ def test_triton_prepares_one_bank_and_exposes_checkpoint_views() -> None:
     assert torch.equal(prepared.w_gate, wg) and torch.equal(prepared.w_up, wu) and prepared.w_down is down
     for view in (prepared.w_gate, prepared.w_up):  # views of the bank, not copies
         assert view.untyped_storage().data_ptr() == w13.untyped_storage().data_ptr()
-    # Bytes per layer: raw weights + the cached bank before; the bank + w_down once prepared.
+    # Bytes per layer: the bank + w_down once prepared, as many as the raw weights.
     raw = wg.nbytes + wu.nbytes + wd.nbytes
     assert prepared.nbytes == raw == w13.nbytes + wd.nbytes
     assert interleaved_bank(prepared.w_gate, prepared.w_up) is not None
@@ -123,10 +122,10 @@ def test_prepared_weights_reject_extra_tensors_and_bad_layouts() -> None:
         m2.prepare_moe_weights(wg, wu, wd.transpose(1, 2))
 
 
-# ---- no re-packs across layers; bounded cache --------------------------------------------------
+# ---- no re-packs across layers; raw weights never cached -----------------------------------------
 
 
-def test_layers_called_in_turn_never_repack_after_the_first_pass() -> None:
+def test_layers_called_in_turn_never_pack() -> None:
     layers = [make_moe(5, 2, 4, 32, 32, 2, seed=10 + n) for n in range(3)]
     x, probs, idx = layers[0][:3]
     prepared = [m2.prepare_moe_weights(*w[3:]) for w in layers]
@@ -138,25 +137,64 @@ def test_layers_called_in_turn_never_repack_after_the_first_pass() -> None:
         if not first:
             first, after_first = outs, pack_count()
         assert all(torch.equal(a, b) for a, b in zip(outs, first, strict=True))
-    assert after_first - start <= 3  # raw layers: one bank each, built on the first pass only
-    assert pack_count() == after_first  # no re-pack on later passes, prepared or raw
-    assert len(fused._DEFAULT_STATE.w13) <= fused._DEFAULT_STATE.w13.capacity
+    assert after_first == start  # prepared layers read their bank, raw ones are read in place
+    assert pack_count() == after_first
 
 
-def test_raw_cache_is_bounded_and_drops_banks_of_freed_weights() -> None:
-    cache = PackedW13Cache(capacity=2)
-    pairs = [(torch.randn(2, 8, 4), torch.randn(2, 8, 4)) for _ in range(3)]
-    for wg, wu in pairs:
-        cache.get(wg, wu)
-    assert len(cache) == 2 and cache.builds == 3  # least recently used evicted
-    cache.get(*pairs[2])
-    assert cache.builds == 3  # hit
-    pairs[2][0].add_(1.0)  # in-place update: new version, new bank
-    assert torch.equal(cache.get(*pairs[2])[:, 0::2], pairs[2][0].transpose(1, 2))
-    assert cache.builds == 4
-    del pairs[1:], wg, wu
-    gc.collect()
-    assert len(cache) == 0  # both cached sources died: their banks are gone
+def _data_copy(w: torch.nn.Parameter, new: torch.Tensor) -> None:
+    w.data.copy_(new)  # how vLLM's weight loaders and RL refits write: autograd's version counter stays
+
+
+def _data_assign(w: torch.nn.Parameter, new: torch.Tensor) -> None:
+    w.data = new.clone()
+
+
+def _numpy(w: torch.nn.Parameter, new: torch.Tensor) -> None:
+    w.detach().view(torch.int16).numpy()[...] = new.view(torch.int16).numpy()  # BF16 bits, through numpy
+
+
+def _copy(w: torch.nn.Parameter, new: torch.Tensor) -> None:
+    with torch.no_grad():
+        w.copy_(new)
+
+
+def _optimizer_step(w: torch.nn.Parameter, new: torch.Tensor) -> None:
+    w.grad = (w.detach() - new).float().to(w.dtype)
+    torch.optim.SGD([w], lr=1.0).step()  # w - (w - new) = new, in place
+
+
+WRITES: dict[str, Callable[[torch.nn.Parameter, torch.Tensor], None]] = {
+    "data.copy_": _data_copy, "data =": _data_assign, "numpy": _numpy, "copy_": _copy, "optimizer": _optimizer_step,
+}  # fmt: skip
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test")
+@pytest.mark.parametrize("write", WRITES.values(), ids=list(WRITES))
+@pytest.mark.parametrize("form", ["raw", "prepared"])
+def test_weights_written_between_calls_are_what_the_next_call_computes_with(
+    write: Callable[[torch.nn.Parameter, torch.Tensor], None], form: str
+) -> None:
+    x, probs, idx, wg, wu, wd = make_moe(9, 2, 4, 32, 32, 2, seed=21)
+    *_, ng, nu, nd = make_moe(9, 2, 4, 32, 32, 2, seed=22)
+    if form == "prepared":
+        prepared = m2.prepare_moe_weights(wg, wu, wd, provider="triton")
+        wg, wu, wd = prepared.w_gate, prepared.w_up, prepared.w_down
+    params = [torch.nn.Parameter(w, requires_grad=False) for w in (wg, wu, wd)]
+
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return m2.moe_experts(x, probs, idx, *params, provider="triton")  # the same objects every call
+
+    before = [p.detach().clone() for p in params]
+    assert_within_one_ulp(call(), exact_moe_experts(x, probs, idx, *before))
+    for p, new in zip(params, (ng, nu, nd), strict=True):
+        if write is _optimizer_step:
+            p.requires_grad_(True)
+        write(p, new)
+        p.requires_grad_(False)
+    now = [p.detach().clone() for p in params]  # the new values (an optimizer step rounds on the way)
+    assert not any(torch.equal(a, b) for a, b in zip(now, before, strict=True))
+    assert_within_one_ulp(call(), exact_moe_experts(x, probs, idx, *now))
 
 
 def test_interleaved_bank_is_recognised_only_for_views_of_one_bank() -> None:
@@ -357,11 +395,10 @@ def test_gpu_cuda_graph_two_layer_stack_replays_bit_equal() -> None:
 def test_gpu_cuda_graph_with_raw_weights_reads_them_in_place() -> None:
     e, d, i, k = PROD
     x, probs, idx, wg, wu, wd = make_moe(4096, 3, e, d, i, k, device="cuda")
-    eager = m2.moe_experts(x, probs, idx, wg, wu, wd)  # warm-up (packs a cached bank for eager calls)
+    eager = m2.moe_experts(x, probs, idx, wg, wu, wd)  # warm-up (raw weights: read in place, never packed)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = m2.moe_experts(x, probs, idx, wg, wu, wd)
-    fused._DEFAULT_STATE.w13.clear()  # the graph must not depend on the cache
     torch.cuda.empty_cache()
     graph.replay()
     torch.cuda.synchronize()

@@ -12,9 +12,9 @@ checkpoint's), with the flattened ``(head, expert)`` axis first:
 ``router.expert_bias_ema`` FP32 [Hl·E]      selection bias, moving average ("ema", the default)
 ========================  ================  =====================================================
 
-``MAGI2_ROUTER_BIAS_SOURCE`` (``ema`` | ``main``) picks the bias, as in vllm-omni, but is read once
-with the rest of magi2-core's configuration (:func:`magi2_core.reload_config` reads it again), where
-vllm-omni reads it on every forward. Expert parallelism shards the heads: each rank holds
+``MAGI2_ROUTER_BIAS_SOURCE`` (``ema`` | ``main``) picks the bias, read on every forward as vllm-omni
+reads it (a value that is neither raises ``ConfigError`` naming the variable, where vllm-omni takes it
+as ``ema``). Expert parallelism shards the heads: each rank holds
 ``Hl = ceil(H / EP)`` heads' rows (:func:`magi2_core.distributed.ep_slice`); heads past H are zero
 "phantom" heads that are never computed.
 
@@ -41,12 +41,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from magi2_core import config as m2_config
 from magi2_core import ops
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.integrations.vllm_omni.settings import ROUTER_BIAS_SOURCE
+from magi2_core.integrations.vllm_omni.settings import router_bias_source
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.registry import REFERENCE
 
@@ -359,7 +358,7 @@ class Magi2MultiHeadMoE(nn.Module, metaclass=_StandsIn):
         )
 
     def _router_bias(self) -> torch.Tensor:
-        name = "expert_bias" if m2_config.get(ROUTER_BIAS_SOURCE.name) == "main" else "expert_bias_ema"
+        name = "expert_bias" if router_bias_source() == "main" else "expert_bias_ema"
         return cast(torch.Tensor, getattr(self.router, name))
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,11 @@
 """The ``MAGI2_*`` variables of the vllm-omni integration, declared by the integration itself.
 
 They are declared when the integration is imported (by vLLM's plugin loader, or by code that builds
-its layers), under the owner :data:`OWNER`, and read through :func:`magi2_core.config.get` like the
-core's own; ``docs/configuration.md`` lists them with that owner.
+its layers), under the owner :data:`OWNER`; ``docs/configuration.md`` lists them with that owner.
+``MAGI2_VLLM_OMNI`` is read once, by the plugin when vLLM loads it (:func:`magi2_core.config.get`).
+``MAGI2_ROUTER_BIAS_SOURCE`` is read on every forward of a MoE layer, as vllm-omni reads it
+(:func:`router_bias_source`), so plugin on and off select with the same bias after any sequence of
+settings.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from magi2_core import config
 from magi2_core.hookspecs import Setting
 
-__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI"]
+__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI", "router_bias_source"]
 
 OWNER = "magi2-core (vllm-omni integration)"
 
@@ -19,7 +22,8 @@ VLLM_OMNI = Setting(
     kind="boolean",
     default=True,
     help="The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
-         "0.30.x is installed; 0 leaves vllm-omni's own operators in place.",
+         "0.30.x is installed; 0 leaves vllm-omni's own operators in place. Read once, when vLLM loads the plugin "
+         "(the swap happens then, before any model is built).",
 )
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
@@ -27,9 +31,16 @@ ROUTER_BIAS_SOURCE = Setting(
     choices=("ema", "main"),
     default="ema",
     help="The checkpoint bias vllm-omni's MAGI-2 MoE layers select experts with: `ema` "
-         "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`).",
+         "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`). Read on every "
+         "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
+         "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
 SETTINGS = (VLLM_OMNI, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:
     config.declare(_setting, OWNER)
+
+
+def router_bias_source() -> str:
+    """``ema`` or ``main``: ``MAGI2_ROUTER_BIAS_SOURCE`` as the environment holds it now."""
+    return str(config.current(ROUTER_BIAS_SOURCE.name))

@@ -54,7 +54,8 @@ class TritonMoEExperts:
         return device_reasons(problem.device_type)
 
     def plan(self, problem: Problem) -> Plan:
-        """The plan a call of ``problem`` runs on this host's device of its type (outside a CUDA-graph capture)."""
+        """The plan a call of ``problem`` with prepared weights runs on this host's device of its type (raw
+        gate/up run its raw-weights step, `moe.plan.without_bank`)."""
         device = moe_plan.device_id(problem.device_type, problem.device_index)
         return moe_plan.plan_for(problem, device, *moe_plan.rows_for(device))[0]
 

@@ -2,7 +2,9 @@
 
 Host-side work per call is shape arithmetic and cache lookups: no host sync and no allocation
 whose size depends on data, so a warmed-up forward can be captured in a CUDA graph. Under capture
-the call owns its route buffers and reads raw gate/up in place (see `run_fused`).
+the call owns its route buffers. Raw gate/up (not views of a prepared bank) are read in place, by
+the plan's step for raw weights (`plan.without_bank`): no copy of them outlives a call, so whatever
+the caller writes into them between calls is what the next call computes with.
 """
 
 from __future__ import annotations
@@ -30,25 +32,24 @@ from .align import (
 )
 from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_gluon_ws
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
-from .pack import PackedW13Cache, interleaved_bank
-from .plan import DeviceId, device_id, plan_for, plan_reason, rows_for, without_bank
+from .pack import interleaved_bank, pack_w13
+from .plan import device_id, plan_for, plan_reason, rows_for, without_bank
 from .tiles import TENSOR_DESCRIPTORS, Alignment, Launch, launch_of
 from .tma import launch_fused_tma
 
 
 class MoEState:
-    """Reusable route buffers and a bounded cache of packed gate/up banks for raw weights.
+    """Reusable route buffers (no weights: raw gate/up are never cached, see the module docstring).
 
-    Prepared weights (views of a packed bank) bypass the cache. Layers called in turn share the route
+    Layers called in turn share the route
     buffers: they are rewritten by every call before they are read, so they are allocated outside
     inference mode: an inference tensor cannot be written by a later call under ``no_grad`` (a normal
     tensor can be written under either).
     """
 
-    def __init__(self, w13_capacity: int = 8) -> None:
+    def __init__(self) -> None:
         self._routes: RouteBuffers | None = None
         self._lists: ExpertLists | None = None
-        self.w13 = PackedW13Cache(w13_capacity)
         self.route_allocations = 0
 
     def route_buffers(self, num_routes: int, num_experts: int, block_m: int, device: torch.device) -> RouteBuffers:
@@ -86,11 +87,9 @@ class MoEState:
     def clear(self) -> None:
         self._routes = None
         self._lists = None
-        self.w13.clear()
 
 
-# Shared by plain calls: bounded (8 raw layers' banks at most, freed with their weights). A model
-# with more layers prepares its weights (prepare_moe_weights) and never touches this cache.
+# Shared by plain calls: route buffers only, reallocated when a call needs other sizes.
 _DEFAULT_STATE = MoEState()
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -113,14 +112,15 @@ def call_problem(x: Tensor, idx: Tensor, w_gate: Tensor, deterministic: bool) ->
 
 @functools.lru_cache(maxsize=256)
 def _planned(
-    device: torch.device, dtype: torch.dtype, deterministic: bool, interpreting: bool,
+    device: torch.device, dtype: torch.dtype, deterministic: bool, interpreting: bool, raw: bool,
     tokens: int, heads: int, flat_experts: int, topk: int, d: int, inter: int,
-) -> tuple[Plan, Launch, Problem, DeviceId]:
-    """The plan of a call of this shape (``interpreting`` is part of the key: the alignment depends on it)."""
+) -> tuple[Plan, Launch]:
+    """The plan of a call of this shape (``interpreting`` is part of the key: the alignment depends on it);
+    ``raw``: gate/up are not views of a packed bank, so the plan's step for raw weights applies."""
     problem = _problem(device, dtype, deterministic, tokens, heads, flat_experts, topk, d, inter)
     dev = device_id(device.type, device.index)
     plan, launch = plan_for(problem, dev, *rows_for(dev))
-    return plan, launch, problem, dev
+    return without_bank(plan, problem, dev) if raw else (plan, launch)
 
 
 # The plan of a shape follows the active profile: re-read after magi2_core.reload_config().
@@ -225,7 +225,9 @@ def run_fused(
 
     An explicit ``plan`` is not checked against the call here (`run_plan` checks it); the launchers
     refuse a kernel they cannot run, with the reason. The one change to a plan is the plan's own step
-    for CUDA-graph capture (`plan.without_bank`), which the returned `FusedRun.plan` shows.
+    for raw gate/up (`plan.without_bank`), which the returned `FusedRun.plan` shows: always for the
+    call's own plan, and for an explicit one under CUDA-graph capture; outside a capture, an explicit
+    plan that reads a bank gets one packed for this call alone.
     """
     state = _DEFAULT_STATE if state is None else state
     num_tokens, heads, d = x.shape
@@ -238,12 +240,20 @@ def run_fused(
     if num_routes == 0:
         return FusedRun(y.zero_(), None, None, None, None)
     interp = _interpreting()
+    w13 = interleaved_bank(w_gate, w_up)  # prepared weights: views of a packed bank, read in place
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if plan is None:
-        plan, launch, problem, dev = _planned(
-            x.device, dtype, deterministic, interp, num_tokens, heads, num_experts, topk, d, inter_dim
+        plan, launch = _planned(
+            x.device, dtype, deterministic, interp, w13 is None, num_tokens, heads, num_experts, topk, d, inter_dim
         )
     else:
-        launch, problem, dev = launch_of(plan), None, None
+        launch = launch_of(plan)
+        if w13 is None and capturing:
+            # Nothing the graph reads may be owned by a buffer that outlives the capture's own pool.
+            plan, launch = without_bank(plan, call_problem(x, idx, w_gate, deterministic),
+                                        device_id(x.device.type, x.device.index))
+        elif w13 is None and (launch.packed_w13 or launch.variant in TENSOR_DESCRIPTORS):
+            w13 = pack_w13(w_gate, w_up)  # this call's own bank: an explicit plan runs as given
     # The interpreter multiplies raw BF16 bits in tl.dot (hence FP32 operands there), and its FP32 -> BF16
     # cast truncates (hence rounding by hand). FP32 activations: IEEE dots (the default would be TF32).
     upcast = interp or dtype == torch.float32
@@ -252,19 +262,6 @@ def run_fused(
     w_down = w_down.contiguous()
     probs_flat = probs.reshape(-1).to(torch.float32)
 
-    # Prepared weights are views of a packed bank: read it in place. Raw weights: the cached bank
-    # when the plan wants it (or the tensors are not contiguous), else the tensors as given.
-    contiguous = w_gate.is_contiguous() and w_up.is_contiguous()
-    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    w13 = interleaved_bank(w_gate, w_up)
-    if w13 is None and capturing:
-        # Inside a CUDA-graph capture nothing the graph reads may be owned by a cache that could free it
-        # later (a reallocated route buffer, an evicted bank): buffers come from the graph's own pool and
-        # raw gate/up are read in place, by the plan's step for that case (plan.without_bank).
-        problem = problem or call_problem(x, idx, w_gate, deterministic)
-        plan, launch = without_bank(plan, problem, dev or device_id(x.device.type, x.device.index))
-    elif w13 is None and (launch.packed_w13 or launch.variant in TENSOR_DESCRIPTORS or not contiguous):
-        w13 = state.w13.get(w_gate, w_up)  # [F, 2I, d]: gate row 2i, up row 2i+1
     single = launch.single
     if single is not None and (d & (d - 1) != 0 or inter_dim % single.block_i != 0):
         raise InvalidValueError(
@@ -274,7 +271,7 @@ def run_fused(
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
-    else:
+    else:  # raw gate/up in place (a non-contiguous pair is copied for this call)
         wg, wu = w_gate.contiguous(), w_up.contiguous()
         w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
 

@@ -24,10 +24,12 @@ profile written by `magi2 tune`, or the one ``MAGI2_PROFILE`` names), then the s
    the atomic kernels otherwise); a named alignment that cannot serve the call (deterministic mode
    needs a stable order, the stable kernels need CUDA outside the interpreter) falls back, and
    ``why`` says so.
-3. Run-time state the problem does not carry: inside a CUDA-graph capture raw gate/up weights have
-   no packed bank (a cache could free it while the graph still reads it). `without_bank` gives the
-   plan such a call runs: the pointer kernel with the same tile reading gate/up in place (the
-   variants are bit-identical by test), ``why`` saying so. The launcher applies exactly this step.
+3. Run-time state the problem does not carry: raw gate/up weights (not views of a bank that
+   `magi2_core.prepare_moe_weights` packed) have no packed bank, and none is cached for them (a
+   cached copy goes stale when the caller writes the weights in place by a route that bypasses
+   autograd's version counter, ``.data.copy_`` among them). `without_bank` gives the plan such a
+   call runs: the pointer kernel with the same tile reading gate/up in place (the variants are
+   bit-identical by test), ``why`` saying so. The launcher applies exactly this step.
 
 `fused.run_fused` executes the plan it is given and never changes it.
 """
@@ -344,7 +346,7 @@ def plan_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], source
 
 
 def without_bank(plan: Plan, problem: Problem, device: DeviceId) -> tuple[Plan, Launch]:
-    """Step 3 of the module docstring: the plan of a call whose raw gate/up may not be packed (CUDA-graph capture)."""
+    """Step 3 of the module docstring: the plan of a call with raw gate/up (read in place, never packed)."""
     launch = launch_of(plan)
     tile = dict(plan.tile) | {"PACKED_W13": 0}
     variant: Variant = launch.variant
@@ -355,7 +357,7 @@ def without_bank(plan: Plan, problem: Problem, device: DeviceId) -> tuple[Plan, 
         align = choose_alignment(device, _flat_experts(problem), Feature.DETERMINISTIC in problem.features)
     if variant == launch.variant and tile == plan.tile and align == plan.align:
         return plan, launch
-    why = (f"{plan.why}; under CUDA-graph capture raw gate/up have no packed bank (a cache could free it): "
+    why = (f"{plan.why}; raw gate/up have no packed bank (prepare_moe_weights makes one): "
            f"the {variant} kernel with the same tile reads them in place (bit-identical)")
     new = Plan(variant=variant, tile=tile, align=align, why=why)
     return new, launch_of(new)

@@ -19,9 +19,10 @@ Variants:
 Tile keys: the one-kernel variants take ``BLOCK_M``, ``BLOCK_I`` (intermediate slice), ``num_warps``
 and ``num_stages``; ``two_kernel`` takes ``BLOCK_M`` and, per GEMM ``g`` in 1, 2, ``BLOCK_N{g}``,
 ``BLOCK_K{g}``, ``GROUP_M{g}``, ``num_warps{g}`` and ``num_stages{g}``. Both may add ``PACKED_W13``
-(1, the default: raw gate/up are read from their cached interleaved ``[F, 2I, d]`` bank; 0: as given)
-and the one-kernel variants ``INTERLEAVED`` (1, the default: one dot over the bank's interleaved
-gate/up columns; 0: two half-width dots). Prepared weights are a bank already and are read in place.
+(1, the default: gate/up are read from an interleaved ``[F, 2I, d]`` bank; 0: as given) and the
+one-kernel variants ``INTERLEAVED`` (1, the default: one dot over the bank's interleaved gate/up
+columns; 0: two half-width dots). Prepared weights are a bank already and are read in place; raw
+gate/up have none, so a call with them runs the plan's raw step (`plan.without_bank`: 0 and 0).
 
 Alignments: ``atomic`` (four kernels, routes in the order the atomics gave), ``stable_kernels`` (five
 kernels without atomics, each expert's routes in route order; CUDA), ``stable_torch`` (the stable
