@@ -106,7 +106,9 @@ def _runtime_reasons(provider: LoadedProvider, problem: Problem) -> list[Reason]
     return []
 
 
-def _reasons_on(provider: LoadedProvider, problem: Problem, device: VirtualDevice) -> tuple[list[Reason], tuple[str, ...]]:
+def _reasons_on(
+    provider: LoadedProvider, problem: Problem, device: VirtualDevice
+) -> tuple[list[Reason], tuple[str, ...]]:
     """:func:`_runtime_reasons` for a described device, and what was assumed (the candidate's notes)."""
     impl, error = provider.load()
     if error is not None:
@@ -119,12 +121,15 @@ def _reasons_on(provider: LoadedProvider, problem: Problem, device: VirtualDevic
     host = absent_device(device.type)
     reasons = list(impl.check(problem))
     kept = [r for r in reasons if r not in host]
-    note = ("judged by its check on this host (it has no check_on for a described device)"
-            + ("; the reason that this host has no such device was set aside" if len(kept) < len(reasons) else ""))
+    note = "judged by its check on this host (it has no check_on for a described device)" + (
+        "; the reason that this host has no such device was set aside" if len(kept) < len(reasons) else ""
+    )
     return kept, (note,)
 
 
-def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = (), notes: Sequence[str] = ()) -> Candidate:
+def _candidate(
+    p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = (), notes: Sequence[str] = ()
+) -> Candidate:
     c = p.capability
     return Candidate(
         provider=c.name,
@@ -149,8 +154,13 @@ def _forced(op: OpName, provider: str | None, reg: RegistryState) -> tuple[str, 
     return None
 
 
-def resolve_problem(problem: Problem, provider: str | None = None, registry: Registry | None = None, *,
-                    device: VirtualDevice | None = None) -> Resolution:
+def resolve_problem(
+    problem: Problem,
+    provider: str | None = None,
+    registry: Registry | None = None,
+    *,
+    device: VirtualDevice | None = None,
+) -> Resolution:
     """Resolve ``problem`` without running anything; raise with the full Resolution if nothing fits.
 
     ``device``: resolve as that described device would (module doc; ``problem.device_type`` must be its
@@ -163,8 +173,9 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
     return resolve_in(problem, provider, (registry or get_registry()).state(), device)
 
 
-def resolve_in(problem: Problem, provider: str | None, reg: RegistryState,
-               device: VirtualDevice | None = None) -> Resolution:
+def resolve_in(
+    problem: Problem, provider: str | None, reg: RegistryState, device: VirtualDevice | None = None
+) -> Resolution:
     providers = reg.providers[problem.op]
     notes: dict[str, tuple[str, ...]] = {}  # a described device's assumptions, per provider
     runtime: Callable[[LoadedProvider], list[Reason]]
@@ -175,10 +186,13 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState,
             return _runtime_reasons(p, problem)
     else:
         if device.type != problem.device_type:
-            raise ValueError(f"a {problem.device_type} problem cannot be resolved for the described device {device}; "
-                             f"describe a {problem.device_type} device, or set the problem's device_type to {device.type}")
-        profile = profile_of(DeviceKey(device.type, device.name, device.capability), reg.profiles,
-                             profile=device.profile)
+            raise ValueError(
+                f"a {problem.device_type} problem cannot be resolved for the described device {device}; "
+                f"describe a {problem.device_type} device, or set the problem's device_type to {device.type}"
+            )
+        profile = profile_of(
+            DeviceKey(device.type, device.name, device.capability), reg.profiles, profile=device.profile
+        )
 
         def runtime(p: LoadedProvider) -> list[Reason]:
             reasons, notes[p.name] = _reasons_on(p, problem, device)
@@ -200,8 +214,9 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState,
             if p is target:
                 reasons = static_reasons(p.capability, problem) or runtime(p)
                 chosen = None if reasons else p.name
-                candidates.append(_candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons,
-                                             notes.get(p.name, ())))
+                candidates.append(
+                    _candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons, notes.get(p.name, ()))
+                )
             else:
                 candidates.append(
                     _candidate(
@@ -226,7 +241,7 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState,
             chosen=chosen,
             quarantined=reg.quarantined,
             profile=profile.note,
-        described=device,
+            described=device,
         )
         if chosen is None:
             raise ProviderNotEligibleError(

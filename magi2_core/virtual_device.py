@@ -52,6 +52,8 @@ class VirtualDevice(BaseModel):
     def lines(self) -> list[str]:
         """What ``explain()`` says about the device and the assumptions it made."""
         forced = f"; profile {self.profile!r} given in place of MAGI2_PROFILE" if self.profile else ""
-        return [f"device: {self} - described, not this host's{forced}",
-                "  providers are judged on its capability, with their libraries assumed installed as on that "
-                "device (a note names any that does not import here); this host's environment applies"]
+        return [
+            f"device: {self} - described, not this host's{forced}",
+            "  providers are judged on its capability, with their libraries assumed installed as on that "
+            "device (a note names any that does not import here); this host's environment applies",
+        ]

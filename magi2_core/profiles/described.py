@@ -35,8 +35,13 @@ KNOWN_CAPABILITIES: dict[str, str] = {
 }
 
 
-def describe_device(device_type: str, name: str | None = None, capability: str | None = None,
-                    profile: str | None = None, backends: Sequence[Fragment] | None = None) -> VirtualDevice:
+def describe_device(
+    device_type: str,
+    name: str | None = None,
+    capability: str | None = None,
+    profile: str | None = None,
+    backends: Sequence[Fragment] | None = None,
+) -> VirtualDevice:
     """A :class:`VirtualDevice`, its capability found where the caller gives none (module doc).
 
     ``backends``: the backends' profile fragments (default: the process registry's). Raises
@@ -48,28 +53,39 @@ def describe_device(device_type: str, name: str | None = None, capability: str |
     if name is None and capability is None:  # this host's device of that type, if it has one
         name, capability = device_identity(device_type)
         if capability is not None:
-            return VirtualDevice(type=device_type, name=name, capability=capability,
-                                 capability_from="this host's device", profile=profile)
+            return VirtualDevice(
+                type=device_type,
+                name=name,
+                capability=capability,
+                capability_from="this host's device",
+                profile=profile,
+            )
     if capability is not None:
         parts = capability.split(".")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"capability {capability!r}: give it as MAJOR.MINOR, e.g. 9.0 (Hopper) or 10.0 "
-                             f"(Blackwell)")
-        return VirtualDevice(type=device_type, name=name, capability=capability, capability_from="given",
-                             profile=profile)
+            raise ValueError(
+                f"capability {capability!r}: give it as MAJOR.MINOR, e.g. 9.0 (Hopper) or 10.0 (Blackwell)"
+            )
+        return VirtualDevice(
+            type=device_type, name=name, capability=capability, capability_from="given", profile=profile
+        )
     if name is None:
         return VirtualDevice(type=device_type, profile=profile)
     found = _profile_capability(device_type, name, backends)
     if found is not None:
-        return VirtualDevice(type=device_type, name=name, capability=found[0], capability_from=found[1],
-                             profile=profile)
+        return VirtualDevice(
+            type=device_type, name=name, capability=found[0], capability_from=found[1], profile=profile
+        )
     known = KNOWN_CAPABILITIES.get(name) if device_type == "cuda" else None
     if known is not None:
-        return VirtualDevice(type=device_type, name=name, capability=known, capability_from="known device names",
-                             profile=profile)
-    raise ValueError(f"{device_type} device {name!r}: its compute capability is not known here (no profile names "
-                     f"this device, and it is not one of the known names: {', '.join(KNOWN_CAPABILITIES)}); "
-                     f"give it, e.g. capability 9.0 for Hopper or 10.0 for Blackwell")
+        return VirtualDevice(
+            type=device_type, name=name, capability=known, capability_from="known device names", profile=profile
+        )
+    raise ValueError(
+        f"{device_type} device {name!r}: its compute capability is not known here (no profile names "
+        f"this device, and it is not one of the known names: {', '.join(KNOWN_CAPABILITIES)}); "
+        f"give it, e.g. capability 9.0 for Hopper or 10.0 for Blackwell"
+    )
 
 
 def _given_profile(device_type: str, profile: str, backends: Sequence[Fragment] | None) -> str:
@@ -88,12 +104,17 @@ def _given_profile(device_type: str, profile: str, backends: Sequence[Fragment] 
         every = (*shipped_profiles(), *(backend_fragments() if backends is None else backends))
         kinds = {f.profile.name: f.profile.device.type for f in every}
         if profile not in kinds:
-            raise ValueError(f"profile {profile!r}: no shipped profile has that name; shipped: "
-                             f"{', '.join(sorted({*kinds, GENERIC}))}, or give a profile file (.json)")
+            mine = sorted({GENERIC, *(n for n, k in kinds.items() if k == device_type)})
+            raise ValueError(
+                f"profile {profile!r}: no shipped profile has that name; shipped for {device_type}: "
+                f"{', '.join(mine)}, or give a profile file (.json)"
+            )
         kind, found = kinds[profile], profile
     if kind != device_type:
-        raise ValueError(f"profile {profile!r} is for {kind} devices, not {device_type}; give a {device_type} "
-                         f"profile, or describe a {kind} device")
+        raise ValueError(
+            f"profile {profile!r} is for {kind} devices, not {device_type}; give a {device_type} "
+            f"profile, or describe a {kind} device"
+        )
     return found
 
 

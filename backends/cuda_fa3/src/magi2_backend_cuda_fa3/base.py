@@ -41,8 +41,13 @@ def device_capability(index: int | None = None) -> tuple[int, int] | None:
 
 def capability_unknown(label: str) -> Reason:
     """The reason a FlashAttention provider gives for a described device without a compute capability."""
-    return Reason(code=ReasonCode.CHECK, field="compute_capability", expected="a known compute capability",
-                  actual="unknown", detail=f"{label} runs on some capabilities only: describe the device with one")
+    return Reason(
+        code=ReasonCode.CHECK,
+        field="compute_capability",
+        expected="a known compute capability",
+        actual="unknown",
+        detail=f"{label} runs on some capabilities only: describe the device with one",
+    )
 
 
 def cuda_sink_correction() -> SinkCorrection:

@@ -120,6 +120,14 @@ class PlanRow(BaseModel):
     def matches(self, problem: Problem) -> bool:
         return all(c.holds(problem) for c in self.when)
 
+    def cited(self) -> str:
+        """The row's ``why`` and, where it has one, its provenance (kind: source, date, tool)."""
+        p = self.provenance
+        if not p.get("source"):
+            return self.why
+        where = ", ".join(v for v in (p.get("source"), p.get("date"), p.get("tool")) if v)
+        return f"{self.why} [provenance: {p.get('kind', 'unknown')}: {where}]"
+
     def launch(self, align: Alignment) -> Launch:
         """The row's kernel and tile with a concrete alignment (an error names a malformed tile)."""
         return launch_of(Plan(variant=self.plan.variant, tile=self.plan.tile, align=align, why=""))
@@ -343,7 +351,7 @@ def plan_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], source
             passed.append(f"row {i} ({row.plan.variant}): {reason}")
             continue
         when = " and ".join(str(c) for c in row.when) or "every call"
-        why = f"{source}; row {i} ({when}): {row.why}"
+        why = f"{source}; row {i} ({when}): {row.cited()}"
         why += "".join(f"; {w}" for w in (align_why, *(["passed over " + "; ".join(passed)] if passed else [])) if w)
         return Plan(variant=row.plan.variant, tile=dict(row.plan.tile), align=align, why=why), launch
     raise InvalidValueError(OP, "plan", f"a row of {source} that can run this call",
