@@ -1,5 +1,5 @@
 """Explain for a device this host does not have (``--device-name``, ``--capability``, ``--profile``), and
-why a device gets its profile. These run on a CPU host: the devices are described, never present."""
+why a device gets its profile. The devices are described, never present: these hold on any host."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem
 from magi2_core.cli import app
-from magi2_core.devices import absent_device, cuda_available
+from magi2_core.devices import absent_device, cuda_available, device_identity
 from magi2_core.profiles import active_profile, reset_profiles, shipped_profiles
 from magi2_core.profiles.described import describe_device
 from magi2_core.reasons import Reason, ReasonCode
@@ -28,7 +28,6 @@ from magi2_core.virtual_device import VirtualDevice
 
 runner = CliRunner()
 H100 = "NVIDIA H100 80GB HBM3"
-pytestmark = pytest.mark.skipif(cuda_available(), reason="explains devices this host lacks; this host has CUDA")
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +125,7 @@ def test_a_blackwell_device_gets_fa4_for_attention_and_the_portable_moe_rows() -
     _, data = _explain("attention", "--device", "cuda", "--device-name", "NVIDIA B200")
     assert (data["profile"]["name"], data["chosen"]) == ("generic-cuda-10.0", "fa4")
     fa3 = next(c for c in data["candidates"] if c["provider"] == "fa3")
-    assert [(r["field"], r["expected"], r["actual"]) for r in fa3["reasons"]] == [("compute_capability", "9.x", "10.0")]
+    assert [(r["field"], r["actual"]) for r in fa3["reasons"]] == [("compute_capability", "10.0")]
     _, data = _explain("moe_experts", "--device", "cuda", "--device-name", "NVIDIA B200")
     assert data["plan"]["why"].startswith("generic rows generic-cuda (") and not data["plan"]["variant"].startswith(
         "gluon"
@@ -156,8 +155,8 @@ def test_a_given_profile_file_decides_in_place_of_magi2_profile(tmp_path: Path) 
     assert "profile: mine (given to explain: " in text
     _, data = _explain("attention", "--device", "cuda", "--device-name", "NVIDIA H200", "--profile", "generic")
     assert data["profile"]["name"] == "generic-cuda-9.0" and data["profile"]["why"].startswith("--profile=generic")
-    _, data = _explain("attention", "--device", "cuda", "--profile", str(path))  # this host has no cuda device
-    assert data["described"]["name"] is None and data["profile"]["name"] == "mine"
+    _, data = _explain("attention", "--device", "cuda", "--profile", str(path))  # this host's cuda device, if any
+    assert data["described"]["name"] == device_identity("cuda")[0] and data["profile"]["name"] == "mine"
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -216,6 +215,7 @@ def test_a_provider_without_check_on_is_judged_by_its_check_without_the_absent_d
         resolve_problem(Problem(dtype="bfloat16", **norm | {"device_type": "musa"}), registry=reg, device=device)
 
 
+@pytest.mark.skipif(cuda_available(), reason="compares with this host's own resolution, which has no CUDA device")
 def test_every_explain_says_why_the_device_gets_its_profile_and_a_described_one_leaves_the_host_alone() -> None:
     res = m2.resolve("rmsnorm", torch.ones(4, 8), torch.zeros(8))
     assert (
