@@ -13,7 +13,8 @@ The names, by what they are for:
 * what a kernel receives and answers: the call records (:class:`AttentionCall`, :class:`RouteCall`,
   :class:`ExpertsCall`, :class:`RMSNormCall`) and each op's kernel Protocol, :class:`Problem` and
   :class:`Feature`, :class:`Reason` and :class:`ReasonCode` (why a kernel's ``check`` rejects),
-  :class:`Checkable`, :class:`Planned` and :class:`Plan`, :data:`SinkRescale`;
+  :class:`Checkable`, :class:`Planned` and :class:`Plan`, :data:`SinkRescale`; for explain on a
+  described device (:class:`VirtualDevice`): :class:`CheckableOn` (:class:`CheckedOn`) and :class:`PlannedOn`;
 * the contracts a kernel implements: ``validate_<op>`` (the op's own checks, building its call record,
   for a backend's validating entry point), :func:`router_scores`, :func:`swiglu7` and its constants;
 * errors: :class:`ConfigError` and the input errors;
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
         InvalidValueError,
     )
     from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
-    from magi2_core.kernel import Checkable, Planned, SinkRescale
+    from magi2_core.kernel import Checkable, CheckableOn, CheckedOn, Planned, PlannedOn, SinkRescale
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
     from magi2_core.ops.attention import validate as validate_attention
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from magi2_core.reasons import Reason, ReasonCode
     from magi2_core.sink_correction.choice import SinkCorrection, sink_correction_for
     from magi2_core.sink_correction.reference import sink_correction
+    from magi2_core.virtual_device import VirtualDevice
 
 # Each name's home: (module, attribute).
 _HOME: dict[str, tuple[str, str]] = {
@@ -105,6 +107,10 @@ _HOME: dict[str, tuple[str, str]] = {
     "profile_of": ("magi2_core.profiles", "profile_of"),
     "Checkable": ("magi2_core.kernel", "Checkable"),
     "Planned": ("magi2_core.kernel", "Planned"),
+    "CheckableOn": ("magi2_core.kernel", "CheckableOn"),
+    "CheckedOn": ("magi2_core.kernel", "CheckedOn"),
+    "PlannedOn": ("magi2_core.kernel", "PlannedOn"),
+    "VirtualDevice": ("magi2_core.virtual_device", "VirtualDevice"),
     "SinkRescale": ("magi2_core.kernel", "SinkRescale"),
     "Reason": ("magi2_core.reasons", "Reason"),
     "ReasonCode": ("magi2_core.reasons", "ReasonCode"),
@@ -115,11 +121,12 @@ _HOME: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "Condition", "ConfigError",
+    "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "CheckableOn", "CheckedOn",
+    "Condition", "ConfigError",
     "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
-    "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned",
+    "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned", "PlannedOn",
     "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
-    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
+    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale", "VirtualDevice",
     "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
     "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
     "validate_moe_route", "validate_rmsnorm", "with_routes_per_expert"

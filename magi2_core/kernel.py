@@ -14,18 +14,25 @@ q's device, ``max_seqlen_*`` are Python ints, ``softcap`` is ``max(softcap, 0.0)
 
 A kernel object that chooses among kernels of its own may also implement :class:`Planned`: its plan
 for a problem (shown by ``magi2 explain``) and the alternatives ``magi2 tune`` may time.
+
+For ``magi2 explain`` on a described device (:class:`~magi2_core.virtual_device.VirtualDevice`, one this
+host may not have), a kernel object may implement :class:`CheckableOn` and :class:`PlannedOn`: the same
+answers for that device, judged on its capability, with the provider's libraries assumed installed as on
+that device. Only explain calls them. Without ``check_on``, explain calls ``check`` and sets aside the
+reason that :func:`magi2_core.devices.absent_device` gives (this host lacks the device), saying so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from magi2_core.plan import Plan
 from magi2_core.problem import Problem
 from magi2_core.reasons import Reason
+from magi2_core.virtual_device import VirtualDevice
 
-__all__ = ["Checkable", "Planned", "SinkRescale"]
+__all__ = ["Checkable", "CheckableOn", "CheckedOn", "Planned", "PlannedOn", "SinkRescale"]
 
 SinkRescale = Literal["fp32", "activation"]
 
@@ -47,4 +54,31 @@ class Planned(Protocol):
 
     def plan_candidates(self, problem: Problem) -> Sequence[Plan]:
         """Every plan worth timing for ``problem``, each one correct for it; the chosen plan first."""
+        ...
+
+
+class CheckedOn(NamedTuple):
+    """A provider's verdict on a described device: ``reasons`` it could not serve the problem there
+    (empty: it could) and ``assumed``: what it took for granted to say so (its library does not import
+    here, and which build was assumed)."""
+
+    reasons: tuple[Reason, ...] = ()
+    assumed: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class CheckableOn(Protocol):
+    """Optional on a kernel object: ``check`` for a described device instead of this host's (module doc)."""
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        """Could this provider serve ``problem`` on ``device``, its libraries installed as on that device?"""
+        ...
+
+
+@runtime_checkable
+class PlannedOn(Protocol):
+    """Optional on a kernel object: ``plan`` for a described device instead of this host's (module doc)."""
+
+    def plan_on(self, problem: Problem, device: VirtualDevice) -> Plan:
+        """The plan a call of ``problem`` would run on ``device`` (its profile: ``device.profile`` if given)."""
         ...

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from magi2_core.problem import Problem
+from magi2_core.virtual_device import VirtualDevice
 
 __all__ = [
     "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution",
@@ -64,6 +65,8 @@ class Candidate(BaseModel):
     priority: int
     verdict: Verdict
     reasons: tuple[Reason, ...] = ()
+    notes: tuple[str, ...] = Field((), description="what was assumed to judge it for a described device "
+                                                   "(a library that does not import here, say); never a reason")
 
 
 DecidedBy = Literal["argument", "context", "env", "profile", "priority"]
@@ -86,17 +89,22 @@ class ProfileNote(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    source: Literal["env", "user", "shipped", "generic"]
+    source: Literal["env", "given", "user", "shipped", "generic"]
     origin: str = Field(description="the file(s) or package resources it was read from")
     device: str = Field(description="the device it was chosen for (type, name, capability)")
     provenance: str
     libraries: tuple[str, ...] = Field((), description="kernel library versions it was measured with that "
                                                            "differ from the installed ones")
+    why: str = Field("", description="why the device gets this profile: what named it, or which device name "
+                                     "and capability matched or did not")
 
     def lines(self) -> list[str]:
-        where = {"env": "MAGI2_PROFILE", "user": "user profile", "shipped": "shipped", "generic": "generic"}
-        out = [f"profile: {self.name} ({where[self.source]}: {self.origin}; for {self.device})",
-               f"  provenance: {self.provenance}"]
+        where = {"env": "MAGI2_PROFILE", "given": "given to explain", "user": "user profile", "shipped": "shipped",
+                 "generic": "generic"}
+        out = [f"profile: {self.name} ({where[self.source]}: {self.origin}; for {self.device})"]
+        if self.why:
+            out.append(f"  why this profile: {self.why}")
+        out.append(f"  provenance: {self.provenance}")
         if self.source == "generic":
             out.append("  generic profile: no measurements for this device, so the descriptors' priorities decide "
                        "where no row does; run `magi2 tune` to measure this machine")
@@ -129,6 +137,7 @@ class Resolution(BaseModel):
     quarantined: tuple[QuarantinedPlugin, ...] = ()
     profile: ProfileNote | None = None
     preference: PreferenceNote | None = None  # the profile's row that matched (None: no row did)
+    described: VirtualDevice | None = None  # the device explained for, when not this host's (magi2 explain --device-name)
 
     @property
     def ok(self) -> bool:
@@ -139,6 +148,8 @@ class Resolution(BaseModel):
         asked = ", ".join(f"{k}={v}" for k, v in p.model_dump(exclude={"op", "features"}, exclude_none=True).items())
         feats = ", ".join(sorted(f.value for f in p.features)) or "none"
         lines = [f"{p.op}: {asked}; features: {feats}"]
+        if self.described is not None:
+            lines += self.described.lines()
         how = {
             "argument": f"forced by provider={self.override!r}",
             "context": f"forced by magi2_core.use(...) -> {self.override!r}",
@@ -165,6 +176,8 @@ class Resolution(BaseModel):
             lines.append(f"  {i}. {c.provider} ({c.backend} {c.version}, priority {c.priority}): {c.verdict.value}")
             for r in c.reasons:
                 lines.append(f"       - {r}")
+            for note in c.notes:
+                lines.append(f"       note: {note}")
         for q in self.quarantined:
             lines.append(f"  quarantined plugin {q.entry_point} ({q.distribution}): {q.reason}")
         return "\n".join(lines)

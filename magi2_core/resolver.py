@@ -8,28 +8,34 @@ others by priority descending, then name. So a preference never sends a call to 
 because the preferred one cannot serve it: the next eligible one wins.
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
+
+For a described device (``device=``, :class:`~magi2_core.virtual_device.VirtualDevice`: ``magi2 explain
+--device-name``), the profile is the one that device gets (:func:`~magi2_core.profiles.profile_of`) and the
+run-time check is the kernel object's ``check_on`` (:class:`~magi2_core.kernel.CheckableOn`), or its
+``check`` without the reason that this host lacks the device. Calls of the ops never pass ``device``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from magi2_core.capability import Capability
+from magi2_core.devices import absent_device
 from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.kernel import Checkable
+from magi2_core.kernel import Checkable, CheckableOn
 from magi2_core.overrides import FAMILY, layered_overrides
 from magi2_core.problem import OpName, Problem
-from magi2_core.profiles.active import profile_for
+from magi2_core.profiles.active import DeviceKey, profile_for, profile_of
 from magi2_core.reasons import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
 from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
 
 if TYPE_CHECKING:
-    pass
+    from magi2_core.virtual_device import VirtualDevice
 
 __all__ = ["resolve_in", "resolve_problem", "static_reasons"]
 
@@ -100,7 +106,30 @@ def _runtime_reasons(provider: LoadedProvider, problem: Problem) -> list[Reason]
     return []
 
 
-def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = ()) -> Candidate:
+def _reasons_on(
+    provider: LoadedProvider, problem: Problem, device: VirtualDevice
+) -> tuple[list[Reason], tuple[str, ...]]:
+    """:func:`_runtime_reasons` for a described device, and what was assumed (the candidate's notes)."""
+    impl, error = provider.load()
+    if error is not None:
+        return _runtime_reasons(provider, problem), ()
+    if isinstance(impl, CheckableOn):
+        verdict = impl.check_on(problem, device)
+        return list(verdict.reasons), tuple(verdict.assumed)
+    if not isinstance(impl, Checkable):
+        return [], ()
+    host = absent_device(device.type)
+    reasons = list(impl.check(problem))
+    kept = [r for r in reasons if r not in host]
+    note = "judged by its check on this host (it has no check_on for a described device)" + (
+        "; the reason that this host has no such device was set aside" if len(kept) < len(reasons) else ""
+    )
+    return kept, (note,)
+
+
+def _candidate(
+    p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = (), notes: Sequence[str] = ()
+) -> Candidate:
     c = p.capability
     return Candidate(
         provider=c.name,
@@ -109,6 +138,7 @@ def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = 
         priority=c.priority,
         verdict=verdict,
         reasons=tuple(reasons),
+        notes=tuple(notes),
     )
 
 
@@ -124,19 +154,50 @@ def _forced(op: OpName, provider: str | None, reg: RegistryState) -> tuple[str, 
     return None
 
 
-def resolve_problem(problem: Problem, provider: str | None = None, registry: Registry | None = None) -> Resolution:
+def resolve_problem(
+    problem: Problem,
+    provider: str | None = None,
+    registry: Registry | None = None,
+    *,
+    device: VirtualDevice | None = None,
+) -> Resolution:
     """Resolve ``problem`` without running anything; raise with the full Resolution if nothing fits.
+
+    ``device``: resolve as that described device would (module doc; ``problem.device_type`` must be its
+    type), not as this host's device of that type.
 
     Raises :class:`UnknownProviderError` for an override naming no installed provider,
     :class:`ProviderNotEligibleError` for a forced provider that cannot serve the problem, and
     :class:`NoEligibleProviderError` when no provider can.
     """
-    return resolve_in(problem, provider, (registry or get_registry()).state())
+    return resolve_in(problem, provider, (registry or get_registry()).state(), device)
 
 
-def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
+def resolve_in(
+    problem: Problem, provider: str | None, reg: RegistryState, device: VirtualDevice | None = None
+) -> Resolution:
     providers = reg.providers[problem.op]
-    profile = profile_for(problem.device_type, problem.device_index, reg.profiles)
+    notes: dict[str, tuple[str, ...]] = {}  # a described device's assumptions, per provider
+    runtime: Callable[[LoadedProvider], list[Reason]]
+    if device is None:
+        profile = profile_for(problem.device_type, problem.device_index, reg.profiles)
+
+        def runtime(p: LoadedProvider) -> list[Reason]:
+            return _runtime_reasons(p, problem)
+    else:
+        if device.type != problem.device_type:
+            raise ValueError(
+                f"a {problem.device_type} problem cannot be resolved for the described device {device}; "
+                f"describe a {problem.device_type} device, or set the problem's device_type to {device.type}"
+            )
+        profile = profile_of(
+            DeviceKey(device.type, device.name, device.capability), reg.profiles, profile=device.profile
+        )
+
+        def runtime(p: LoadedProvider) -> list[Reason]:
+            reasons, notes[p.name] = _reasons_on(p, problem, device)
+            return reasons
+
     forced = _forced(problem.op, provider, reg)
     candidates: list[Candidate] = []
     chosen: str | None = None
@@ -151,9 +212,11 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Re
             )
         for p in providers:
             if p is target:
-                reasons = static_reasons(p.capability, problem) or _runtime_reasons(p, problem)
+                reasons = static_reasons(p.capability, problem) or runtime(p)
                 chosen = None if reasons else p.name
-                candidates.append(_candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons))
+                candidates.append(
+                    _candidate(p, Verdict.REJECTED if reasons else Verdict.CHOSEN, reasons, notes.get(p.name, ()))
+                )
             else:
                 candidates.append(
                     _candidate(
@@ -178,6 +241,7 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Re
             chosen=chosen,
             quarantined=reg.quarantined,
             profile=profile.note,
+            described=device,
         )
         if chosen is None:
             raise ProviderNotEligibleError(
@@ -191,12 +255,12 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Re
     for p in providers:
         reasons = static_reasons(p.capability, problem)
         if chosen is None:
-            reasons = reasons or _runtime_reasons(p, problem)
+            reasons = reasons or runtime(p)
             if not reasons:
                 chosen = p.name
-                candidates.append(_candidate(p, Verdict.CHOSEN))
+                candidates.append(_candidate(p, Verdict.CHOSEN, (), notes.get(p.name, ())))
                 continue
-            candidates.append(_candidate(p, Verdict.REJECTED, reasons))
+            candidates.append(_candidate(p, Verdict.REJECTED, reasons, notes.get(p.name, ())))
         elif reasons:
             candidates.append(_candidate(p, Verdict.REJECTED, reasons))
         else:
@@ -222,6 +286,7 @@ def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Re
         chosen=chosen,
         quarantined=reg.quarantined,
         profile=profile.note,
+        described=device,
         preference=None if row is None else profile.preference_note(row),
     )
     if chosen is None:

@@ -25,7 +25,8 @@ CORE = "magi2_core"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors and configuration", (
         "magi2_core._version", "magi2_core.errors", "magi2_core.config", "magi2_core.problem",
-        "magi2_core.capability", "magi2_core.reasons", "magi2_core.resolution", "magi2_core.plan", "magi2_core.kernel",
+        "magi2_core.capability", "magi2_core.virtual_device", "magi2_core.reasons", "magi2_core.resolution",
+        "magi2_core.plan", "magi2_core.kernel",
         "magi2_core.hookspecs", "magi2_core.devices", "magi2_core.overrides", "magi2_core.strict",
         "magi2_core.profiles.*", "magi2_core.timing",
     )),

@@ -11,6 +11,7 @@ from magi2_core.cli._output import console, print_json, usage_error
 if TYPE_CHECKING:
     from magi2_core.plan import Plan
     from magi2_core.problem import Problem
+    from magi2_core.virtual_device import VirtualDevice
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 
@@ -46,6 +47,12 @@ def explain(
                                                         "as NAME=VALUE (repeatable; wins over the options above)")
                      ] = None,
     provider: Annotated[str | None, typer.Option(help="force a provider, as provider= would")] = None,
+    device_name: Annotated[str | None, typer.Option(help="explain for this device (as torch names it, e.g. "
+                                                         "'NVIDIA H200'), whether or not this host has it")] = None,
+    capability: Annotated[str | None, typer.Option(help="its compute capability, MAJOR.MINOR (default: from a "
+                                                        "profile naming the device, or a known name)")] = None,
+    profile: Annotated[str | None, typer.Option(help="resolve under this profile: a file, 'generic' or a shipped "
+                                                     "name, in place of MAGI2_PROFILE")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
@@ -53,6 +60,7 @@ def explain(
     from magi2_core.errors import ResolutionError
     from magi2_core.ops import SPECS
     from magi2_core.problem import OPS, Feature, Problem
+    from magi2_core.profiles.described import describe_device
     from magi2_core.report import present_device_types
     from magi2_core.resolver import resolve_problem
 
@@ -94,14 +102,20 @@ def explain(
         if not sep or key not in spec.int_fields or not text.strip().isdigit():
             reject(f"--field {item!r}: expected NAME=INT with NAME one of {', '.join(spec.int_fields)}")
         fields[key] = int(text)
+    described: VirtualDevice | None = None
+    if device_name is not None or capability is not None or profile is not None:
+        try:
+            described = describe_device(device, device_name, capability, profile)
+        except ValueError as exc:
+            reject(f"{exc} (--device-name, --capability, --profile)")
     problem = Problem(op=op, device_type=device, dtype=dt, features=frozenset(feats), **fields)
     try:
-        res = resolve_problem(problem, provider)
+        res = resolve_problem(problem, provider, device=described)
     except ResolutionError as exc:
         if exc.resolution is None:  # an unknown provider name: nothing was resolved
             reject(str(exc))
         res = exc.resolution
-    plan = _plan(res.problem, res.chosen)
+    plan = _plan(res.problem, res.chosen, described)
     if json_out:
         data = res.model_dump(mode="json")
         if plan is not None:
@@ -111,7 +125,7 @@ def explain(
         console.print(res.explain(), highlight=False, markup=False)
         if plan is not None:
             console.print(f"plan ({res.chosen}): {plan.describe()}\n  why: {plan.why}", highlight=False, markup=False)
-        if device not in present_device_types():
+        if described is None and device not in present_device_types():
             console.print(f"note: there is no {device} device on this host, so every provider that needs one at "
                           f"run time is rejected as unavailable; on a machine with one the choice may differ",
                           highlight=False, markup=False)
@@ -119,13 +133,16 @@ def explain(
         raise typer.Exit(1)
 
 
-def _plan(problem: Problem, chosen: str | None) -> Plan | None:
-    """The chosen provider's plan for ``problem`` when its kernel object is :class:`Planned`, else None."""
-    from magi2_core.kernel import Planned
+def _plan(problem: Problem, chosen: str | None, described: VirtualDevice | None) -> Plan | None:
+    """The chosen provider's plan for ``problem`` (on the ``described`` device, if any) when its kernel
+    object is :class:`Planned` (:class:`PlannedOn`), else None."""
+    from magi2_core.kernel import Planned, PlannedOn
     from magi2_core.registry import get_registry
 
     loaded = get_registry().provider(problem.op, chosen) if chosen else None
     kernel = loaded.load()[0] if loaded is not None else None
+    if described is not None:
+        return kernel.plan_on(problem, described) if isinstance(kernel, PlannedOn) else None
     return kernel.plan(problem) if isinstance(kernel, Planned) else None
 
 

@@ -19,6 +19,7 @@ from magi2_core.profiles.active import (
     LoadedProfile,
     Source,
     active_profile,
+    backend_fragments,
     boundaries,
     fragment_from_resource,
     installed_version,
@@ -43,7 +44,7 @@ from magi2_core.profiles.model import (
 
 __all__ = [
     "FORMAT", "GENERIC", "VERSION", "DeviceKey", "Fragment", "LoadedProfile", "PlanRow", "Preference", "Profile",
-    "ProfileDevice", "ProfileError", "Source", "active_profile", "boundaries", "fragment_from_resource",
+    "ProfileDevice", "ProfileError", "Source", "active_profile", "backend_fragments", "boundaries", "fragment_from_resource",
     "installed_version", "load_profile", "loads_profile", "parse_profile", "profile_for", "profile_of", "reset_profiles", "shipped_profiles",
     "user_profile_dir", "user_profiles",
 ]

@@ -42,13 +42,13 @@ from magi2_core.profiles.model import (
 from magi2_core.reasons import PreferenceNote, ProfileNote
 
 __all__ = [
-    "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "boundaries",
+    "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "backend_fragments", "boundaries",
     "fragment_from_resource", "installed_version", "profile_for", "profile_of", "reset_profiles", "shipped_profiles",
     "use_backend_fragments", "user_profile_dir", "user_profiles",
 ]
 
 GENERIC = "generic"
-Source = Literal["env", "user", "shipped", "generic"]
+Source = Literal["env", "given", "user", "shipped", "generic"]
 log = logging.getLogger("magi2_core")
 
 
@@ -123,6 +123,11 @@ _bounds: dict[tuple[Any, ...], dict[str, tuple[int, ...]]] = {}
 # Where active_profile() finds the backends' fragments by default: set by the process registry
 # (magi2_core.registry hands over its own, so that this module never imports the registry).
 _backend_fragments: Callable[[], Sequence[Fragment]] | None = None
+
+
+def backend_fragments() -> Sequence[Fragment]:
+    """The backends' fragments that :func:`active_profile` merges by default (see :func:`use_backend_fragments`)."""
+    return () if _backend_fragments is None else _backend_fragments()
 
 
 def use_backend_fragments(source: Callable[[], Sequence[Fragment]] | None) -> None:
@@ -227,9 +232,10 @@ def _library_notes(profile: Profile) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, base: Profile | None = None) -> LoadedProfile:
+def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, why: str,
+           base: Profile | None = None) -> LoadedProfile:
     """One profile from ``frags`` in order (``base``: its name, device and provenance), each row keeping
-    its own provenance (or its fragment's)."""
+    its own provenance (or its fragment's); ``why``: why the device gets it."""
     head = base or frags[0].profile
     prefs: list[Preference] = []
     plans: list[PlanRow] = []
@@ -243,19 +249,23 @@ def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, base: P
     merged = head.model_copy(update={"preferences": tuple(prefs), "plans": tuple(plans), "libraries": libraries})
     origins = tuple(f.origin for f in frags) or ("derived from the device type and capability",)
     note = ProfileNote(name=merged.name, source=source, origin=" + ".join(origins), device=str(device),
-                       provenance=str(merged.provenance), libraries=_library_notes(merged))
+                       provenance=str(merged.provenance), libraries=_library_notes(merged), why=why)
     return LoadedProfile(merged, source, origins, device, note)
 
 
-def _generic(device: DeviceKey, backends: Sequence[Fragment]) -> LoadedProfile:
+def _generic(device: DeviceKey, backends: Sequence[Fragment], why: str) -> LoadedProfile:
+    """The generic profile of the device's type and capability; ``why``: what led to it (the profile's
+    name and what it covers are appended)."""
     name = "-".join([GENERIC, device.type] + ([device.capability] if device.capability else []))
+    covers = f"{device.type} capability {device.capability}" if device.capability else f"any {device.type} device"
+    why = f"{why} -> {name} (the generic profile of {covers})"
     base = Profile(
         format=FORMAT, version=VERSION, name=name,
         device=ProfileDevice(type=device.type, capability=device.capability),
         provenance=Provenance(kind="policy", source="magi2_core.profiles",
                               note="derived from the device type and capability; no measurements of this device"),
     )  # fmt: skip
-    return _merge([f for f in backends if _generic_for(f, device)], "generic", device, base)
+    return _merge([f for f in backends if _generic_for(f, device)], "generic", device, why, base)
 
 
 def _shipped_named(name: str, backends: Sequence[Fragment]) -> list[Fragment]:
@@ -270,26 +280,44 @@ def _shipped_named(name: str, backends: Sequence[Fragment]) -> list[Fragment]:
     return [f for f in every if _names_device(f, named.profile.device)]
 
 
-def _select(device: DeviceKey, backends: Sequence[Fragment]) -> LoadedProfile:
-    forced: str | None = config.get("MAGI2_PROFILE")
+def _select(device: DeviceKey, backends: Sequence[Fragment], given: str | None = None) -> LoadedProfile:
+    """The profile ``device`` gets, with why (:class:`ProfileNote`'s ``why``). ``given``: a profile named as
+    ``MAGI2_PROFILE`` names one, used in its place (explain's ``--profile``)."""
+    forced: str | None = given if given is not None else config.get("MAGI2_PROFILE")
+    by = "--profile" if given is not None else "MAGI2_PROFILE"
+    who = _who(device)
     if forced == GENERIC:
-        return _generic(device, backends)
+        return _generic(device, backends, f"{by}=generic")
+    passed = ""
     if forced is not None:
         if config.looks_like_path(forced):
             frags = [Fragment(_file(forced), forced)]
         else:
             frags = _shipped_named(forced, backends)
-        if frags[0].profile.device.type == device.type:
-            return _merge(frags, "env", device)
+        kind = frags[0].profile.device.type
+        if kind == device.type:
+            return _merge(frags, "given" if given is not None else "env", device, f"{by} names {forced}")
+        passed = f"{by} names a {kind} profile, not one for {device.type}; "
     if device.name is not None:
         mine = [f for f in user_profiles() if _names_device(f, device)]
         if mine:
             current = [f for f in mine if not _library_notes(f.profile)]
-            return _merge([(current or mine)[0]], "user", device)
+            why = "measured with the installed libraries" if current else "none measured with the installed libraries"
+            return _merge([(current or mine)[0]], "user", device,
+                          f"{passed}{who}: a user profile (magi2 tune) names this device and capability ({why})")
         shipped = [f for f in (*shipped_profiles(), *backends) if _names_device(f, device)]
         if shipped:
-            return _merge(shipped, "shipped", device)
-    return _generic(device, backends)
+            return _merge(shipped, "shipped", device,
+                          f"{passed}{who}: a shipped profile names this device and capability")
+        return _generic(device, backends, f"{passed}{who}: no user or shipped profile for this device name "
+                                          "and capability")
+    return _generic(device, backends, f"{passed}{who}")
+
+
+def _who(device: DeviceKey) -> str:
+    if device.name is None:
+        return f"no {device.type} device name known here"
+    return device.name + (f" (capability {device.capability})" if device.capability else "")
 
 
 def _device(device: Any) -> tuple[str, int | None]:
@@ -306,7 +334,7 @@ def active_profile(device: Any = "cpu", backends: Sequence[Fragment] | None = No
     over by :func:`use_backend_fragments`).
     """
     if backends is None:
-        backends = () if _backend_fragments is None else _backend_fragments()
+        backends = backend_fragments()
     kind, index = _device(device)
     return profile_for(kind, index, backends)
 
@@ -326,16 +354,18 @@ def profile_for(device_type: str, device_index: int | None, backends: Sequence[F
     return found
 
 
-def profile_of(device: DeviceKey, backends: Sequence[Fragment] | None = None) -> LoadedProfile:
+def profile_of(device: DeviceKey, backends: Sequence[Fragment] | None = None, *,
+               profile: str | None = None) -> LoadedProfile:
     """The profile active for a device given by its key (type, name, capability), without asking torch:
-    what a provider that keys its own data by device (the Triton MoE plan) reads. ``backends``: as in
-    :func:`active_profile`."""
+    what a provider that keys its own data by device (the Triton MoE plan) reads, and what explain reads
+    for a described device. ``backends``: as in :func:`active_profile`; ``profile``: a profile named as
+    ``MAGI2_PROFILE`` names one, used in its place (None: ``MAGI2_PROFILE`` applies)."""
     if backends is None:
-        backends = () if _backend_fragments is None else _backend_fragments()
-    key = ("key", tuple(f.origin for f in backends), device)
+        backends = backend_fragments()
+    key = ("key", tuple(f.origin for f in backends), device, profile)
     found = _active.get(key)
     if found is None:
-        found = _select(device, backends)
+        found = _select(device, backends, profile)
         with _lock:
             _active[key] = found
     return found

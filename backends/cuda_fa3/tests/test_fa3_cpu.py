@@ -27,6 +27,7 @@ from magi2_core.sink_correction.choice import sink_correction_for, torch_correct
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
+from magi2_core.virtual_device import VirtualDevice
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
@@ -315,6 +316,24 @@ def test_check_reasons(monkeypatch, ops_registered) -> None:
     (r,) = _provider(monkeypatch, ops_registered, fake, build).check(_problem("float16"))
     assert r.code == ReasonCode.DTYPE and "FLASHATTENTION_DISABLE_FP16" in r.detail
     assert _provider(monkeypatch, ops_registered, fake, _build()).check(_problem("float16", Feature.SOFTCAP)) == []
+
+
+def test_check_on_a_described_device_judges_its_capability_and_says_what_it_assumed(monkeypatch,
+                                                                                    ops_registered) -> None:
+    """``magi2 explain --device-name``: no device and no FA3 build here, yet FA3 is judged on that device."""
+    hopper, blackwell = VirtualDevice(type="cuda", capability="9.0"), VirtualDevice(type="cuda", capability="10.0")
+    none = FA3Attention(loader=lambda: load_fa3(()), capability=lambda index: None)
+    reasons, (note,) = none.check_on(_problem("float16", Feature.SOFTCAP), hopper)
+    assert reasons == () and "no FA3 build imports here" in note and "sm90a" in note
+    (r,), _ = none.check_on(_problem(), blackwell)
+    assert (r.code, r.field, r.expected, r.actual) == (ReasonCode.CHECK, "compute_capability", "9.x", "10.0")
+    (r,), _ = none.check_on(_problem(), VirtualDevice(type="cuda", name="NVIDIA H999"))
+    assert (r.field, r.actual) == ("compute_capability", "unknown")
+    # a build that imports here is judged as it is (its flags), whatever this host's device is
+    built = _provider(monkeypatch, ops_registered, FakeVarlen(), _build(FP16=True), cc=None)
+    (r,), (note,) = built.check_on(_problem("float16"), hopper)
+    assert r.code == ReasonCode.DTYPE and "this host's build, fa3-fwd 9.9.9" in note
+    assert built.check_on(_problem(), VirtualDevice(type="cuda", capability="8.0")).reasons == ()  # SM8x built
 
 
 def test_without_cuda_the_real_provider_reports_cleanly() -> None:

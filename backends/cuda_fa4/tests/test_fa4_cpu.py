@@ -40,6 +40,7 @@ from magi2_core.sink_correction.choice import torch_correction
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import InProcessBackend, call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
+from magi2_core.virtual_device import VirtualDevice
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo
@@ -280,6 +281,21 @@ def test_check_reasons(monkeypatch) -> None:
                                                            f"{cc[0]}.{cc[1]}")
     for cc in ((9, 0), (10, 0), (10, 3)):
         assert _provider(monkeypatch, FakeFA4(), cc=cc).check(_problem("float16", *Feature)) == []
+
+
+def test_check_on_a_described_device_judges_its_capability_and_says_what_it_assumed(monkeypatch) -> None:
+    """``magi2 explain --device-name``: flash-attn-4 absent here is assumed installed on that device."""
+    none = FA4Attention(loader=lambda: LoadResult(None, "flash-attn-4 is not installed"), capability=lambda *_: None)
+    for cc in ("9.0", "10.0"):
+        reasons, (note,) = none.check_on(_problem(), VirtualDevice(type="cuda", capability=cc))
+        assert reasons == () and "flash-attn-4 does not import here" in note and "assumed installed" in note
+    (r,), _ = none.check_on(_problem(), VirtualDevice(type="cuda", capability="12.0"))
+    assert (r.code, r.field, r.expected, r.actual) == (ReasonCode.CHECK, "compute_capability", "9.x | 10.x", "12.0")
+    (r,), _ = none.check_on(_problem(), VirtualDevice(type="cuda"))
+    assert (r.field, r.actual) == ("compute_capability", "unknown")
+    reasons, (note,) = _provider(monkeypatch, FakeFA4(), cc=None).check_on(_problem(), VirtualDevice(type="cuda",
+                                                                                                     capability="10.0"))
+    assert reasons == () and "this host's build, flash-attn-4 4.0.0b36" in note
 
 
 def test_without_cuda_the_real_provider_reports_cleanly() -> None:

@@ -34,6 +34,7 @@ from magi2_core.errors import InvalidValueError
 from magi2_core.kernel import Planned
 from magi2_core.plan import Plan
 from magi2_core.problem import Feature, Problem
+from magi2_core.virtual_device import VirtualDevice
 
 H200 = mp.DeviceId("cuda", "NVIDIA H200", (9, 0))
 H20 = mp.DeviceId("cuda", "NVIDIA H20", (9, 0))
@@ -399,6 +400,26 @@ def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
     else:
         assert "plan (triton): two_kernel (BLOCK_M=16, " in result.output
         assert "why: generic rows generic-cpu" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("name", "capability", "source", "variant"), [
+    ("NVIDIA H200", "9.0", "profile nvidia-h200 (magi2_backend_triton/profiles/nvidia-h200.json", "gluon_ws"),
+    ("NVIDIA H100 80GB HBM3", "9.0", "generic rows generic-cuda-sm90", "gluon_ws"),
+    ("NVIDIA B200", "10.0", "generic rows generic-cuda (", "two_kernel"),  # Gluon is Hopper's wgmma: not here
+])  # fmt: skip
+def test_plan_on_a_described_device_is_the_plan_that_device_runs(
+    off_interpreter: Any, name: str, capability: str, source: str, variant: str
+) -> None:
+    """``magi2 explain --device-name`` on a host without that GPU: the rows and plan of that device."""
+    off_interpreter(False, True, True)
+    device = VirtualDevice(type="cuda", name=name, capability=capability)
+    plan = triton_moe_experts.plan_on(_h200_problem(4096), device)
+    dev = mp.DeviceId("cuda", name, tuple(int(p) for p in capability.split(".")))  # type: ignore[arg-type]
+    assert plan == mp.plan_for(_h200_problem(4096), dev, *mp.rows_for(dev))[0]
+    assert plan.why.startswith(source) and plan.variant == variant, plan.why
+    if name == "NVIDIA H200":  # a profile given in place of MAGI2_PROFILE reaches the plan too
+        generic = triton_moe_experts.plan_on(_h200_problem(4096), device.model_copy(update={"profile": "generic"}))
+        assert generic.why.startswith("generic rows generic-cuda-sm90")
 
 
 def test_the_moe_modules_import_one_another_without_a_cycle() -> None:

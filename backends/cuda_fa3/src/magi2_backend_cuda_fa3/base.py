@@ -13,9 +13,9 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
-from magi2_core.backend import SinkCorrection, sink_correction_for
+from magi2_core.backend import Reason, ReasonCode, SinkCorrection, sink_correction_for
 
-__all__ = ["FlashAttentionProvider", "Loaded", "cuda_sink_correction", "device_capability"]
+__all__ = ["FlashAttentionProvider", "Loaded", "capability_unknown", "cuda_sink_correction", "device_capability"]
 
 AbiT = TypeVar("AbiT")
 AbiT_co = TypeVar("AbiT_co", covariant=True)
@@ -37,6 +37,17 @@ def device_capability(index: int | None = None) -> tuple[int, int] | None:
         return None
     major, minor = torch.cuda.get_device_capability(index)
     return int(major), int(minor)
+
+
+def capability_unknown(label: str) -> Reason:
+    """The reason a FlashAttention provider gives for a described device without a compute capability."""
+    return Reason(
+        code=ReasonCode.CHECK,
+        field="compute_capability",
+        expected="a known compute capability",
+        actual="unknown",
+        detail=f"{label} runs on some capabilities only: describe the device with one",
+    )
 
 
 def cuda_sink_correction() -> SinkCorrection:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from magi2_backend_cuda_fa3.abi import FA3Abi, load_fa3
-from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
-from magi2_core.backend import Feature, Problem, Reason, ReasonCode
+from magi2_backend_cuda_fa3.base import FlashAttentionProvider, capability_unknown, device_capability
+from magi2_core.backend import CheckedOn, Feature, Problem, Reason, ReasonCode, VirtualDevice
 
 if TYPE_CHECKING:
     from magi2_core.backend import AttentionCall
@@ -45,6 +45,28 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
         if cc is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
                            detail=f"torch {torch.__version__}; FA3 build {abi.label}")]
+        return self._build_reasons(abi, cc, problem)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        """For a described device: this host's FA3 build, or where none imports here, a build with sm90a
+        kernels (what fa3-fwd, flash_attn_3 and tokenspeed-fa3 have in common), assumed installed there."""
+        cc = device.compute_capability
+        if cc is None:
+            return CheckedOn((capability_unknown(self.label),))
+        abi = self.loaded.abi
+        if abi is not None:
+            return CheckedOn(tuple(self._build_reasons(abi, cc, problem)), (f"judged with this host's build, "
+                                                                            f"{abi.label}, as installed there",))
+        assumed = (f"no FA3 build imports here ({self.loaded.why_none()}); judged as a build with sm90a kernels "
+                   f"installed on that device (fa3-fwd, flash_attn_3 or tokenspeed-fa3; one that compiles FP16 or "
+                   f"softcap out rejects such calls)",)
+        if cc[0] == 9:
+            return CheckedOn((), assumed)
+        return CheckedOn((Reason(code=ReasonCode.CHECK, field="compute_capability", expected="9.x",
+                                 actual=f"{cc[0]}.{cc[1]}", detail="FA3 builds have sm90a kernels"),), assumed)
+
+    def _build_reasons(self, abi: FA3Abi, cc: tuple[int, int], problem: Problem) -> list[Reason]:
+        """Why ``abi`` cannot serve ``problem`` on a device of capability ``cc``."""
         out: list[Reason] = []
         if cc[0] not in abi.cc_majors:
             majors = " | ".join(f"{m}.x" for m in abi.cc_majors)

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from magi2_backend_cuda_fa3.base import FlashAttentionProvider, device_capability
+from magi2_backend_cuda_fa3.base import FlashAttentionProvider, capability_unknown, device_capability
 
 from magi2_backend_cuda_fa4.abi import FA4Abi, load_fa4
 from magi2_backend_cuda_fa4.native_sinks import contract_lse, native_sink
-from magi2_core.backend import Problem, Reason, ReasonCode
+from magi2_core.backend import CheckedOn, Problem, Reason, ReasonCode, VirtualDevice
 
 if TYPE_CHECKING:
     from magi2_core.backend import AttentionCall
@@ -59,12 +59,19 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
         if cc is None:
             return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
                            detail=f"torch {torch.__version__}; FA4 build {abi.label}")]
-        if cc[0] not in CC_MAJORS:
-            return [Reason(code=ReasonCode.CHECK, field="compute_capability",
-                           expected=" | ".join(f"{m}.x" for m in CC_MAJORS), actual=f"{cc[0]}.{cc[1]}",
-                           detail=f"{abi.label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
-                                  "(Blackwell B200/GB200) kernels only")]  # fmt: skip
-        return []
+        return _capability_reasons(cc, abi.label)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        """For a described device: judged on its capability, flash-attn-4 assumed installed there."""
+        cc = device.compute_capability
+        if cc is None:
+            return CheckedOn((capability_unknown(self.label),))
+        abi = self.loaded.abi
+        if abi is not None:
+            return CheckedOn(tuple(_capability_reasons(cc, abi.label)),
+                             (f"judged with this host's build, {abi.label}, as installed there",))
+        assumed = f"flash-attn-4 does not import here ({self.loaded.why_none()}); assumed installed on that device"
+        return CheckedOn(tuple(_capability_reasons(cc, "FA4")), (assumed,))
 
     def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         abi = self._abi()
@@ -108,6 +115,16 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
             return o, lse.t().contiguous()
         raise RuntimeError(f"{abi.label} returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[hq, tq]} "
                            f"or [Tq, Hq] = {[tq, hq]}")
+
+
+def _capability_reasons(cc: tuple[int, int], label: str) -> list[Reason]:
+    """Why FA4 (``label``: the build) is not served on a device of capability ``cc`` (empty: it is)."""
+    if cc[0] in CC_MAJORS:
+        return []
+    return [Reason(code=ReasonCode.CHECK, field="compute_capability",
+                   expected=" | ".join(f"{m}.x" for m in CC_MAJORS), actual=f"{cc[0]}.{cc[1]}",
+                   detail=f"{label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
+                          "(Blackwell B200/GB200) kernels only")]  # fmt: skip
 
 
 fa4_attention = FA4Attention()

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from magi2_core.backend import Feature, Problem, Reason, ReasonCode, absent_device, sink_correction_for
+from magi2_core.backend import (
+    CheckedOn,
+    Feature,
+    Problem,
+    Reason,
+    ReasonCode,
+    VirtualDevice,
+    absent_device,
+    sink_correction_for,
+)
 
 if TYPE_CHECKING:
     from magi2_core.backend import AttentionCall
@@ -36,6 +45,13 @@ class TorchVarlenAttention:
         absent = absent_device(problem.device_type)
         if absent:  # before _api: a host without the device never imports varlen (and torch._dynamo)
             return absent
+        return self._api_reasons(problem)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        """For a described device: this host's torch is assumed there (its varlen keywords decide)."""
+        return CheckedOn(tuple(self._api_reasons(problem)))
+
+    def _api_reasons(self, problem: Problem) -> list[Reason]:
         api = self._api
         if isinstance(api, str):
             return [

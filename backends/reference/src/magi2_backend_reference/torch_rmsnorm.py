@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from magi2_backend_reference.rmsnorm import broadcast_scale
-from magi2_core.backend import Problem, Reason, absent_device
+from magi2_core.backend import CheckedOn, Problem, Reason, VirtualDevice, absent_device
 
 if TYPE_CHECKING:
     from magi2_core.backend import RMSNormCall
@@ -23,6 +23,9 @@ __all__ = ["TorchRMSNorm", "torch_rmsnorm"]
 class TorchRMSNorm:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return absent_device(problem.device_type)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return CheckedOn()  # torch's rms_norm runs on every device torch does
 
     def __call__(self, call: RMSNormCall) -> torch.Tensor:
         x = call.x

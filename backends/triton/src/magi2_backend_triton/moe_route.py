@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from magi2_backend_triton.providers import device_reasons
-from magi2_core.backend import Problem, Reason, RouteCall, router_scores
+from magi2_backend_triton.providers import described_reasons, device_reasons
+from magi2_core.backend import CheckedOn, Problem, Reason, RouteCall, VirtualDevice, router_scores
 from magi2_core.backend import validate_moe_route as validate_route
 
 __all__ = ["TritonMoERoute", "select_routes", "triton_moe_route", "triton_select_routes"]
@@ -168,6 +168,9 @@ class TritonMoERoute:
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return described_reasons(device)
 
     def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
         scores = router_scores(call.x, call.router_weight, call.score_func)

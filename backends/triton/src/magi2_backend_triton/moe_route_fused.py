@@ -48,8 +48,8 @@ import triton
 import triton.language as tl
 
 from magi2_backend_triton.interpret import interpreting
-from magi2_backend_triton.providers import device_reasons
-from magi2_core.backend import Problem, Reason, ScoreFunc
+from magi2_backend_triton.providers import described_reasons, device_reasons
+from magi2_core.backend import CheckedOn, Problem, Reason, ScoreFunc, VirtualDevice
 
 if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
@@ -508,6 +508,9 @@ class TritonFusedMoERoute:
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return described_reasons(device)
 
     def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
         return fused_route(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,

@@ -17,28 +17,32 @@ from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
-from magi2_core.backend import Plan, Problem, Reason, ReasonCode, absent_device
+from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, VirtualDevice, absent_device
 
 if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
-__all__ = ["TritonMoEExperts", "TritonRMSNorm", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
+__all__ = ["TritonMoEExperts", "TritonRMSNorm", "described_reasons", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
 
 
 def device_reasons(device_type: str) -> list[Reason]:
     """Can Triton launch on this device type here? (CPU only through ``TRITON_INTERPRET=1``.)"""
     if device_type == "cpu":
-        if not interpreting():
-            return [
-                Reason(
-                    code=ReasonCode.UNAVAILABLE,
-                    field="TRITON_INTERPRET",
-                    expected="1 (interpreter on CPU)",
-                    actual="unset or not 1",
-                )
-            ]
-        return []
+        return _interpreter_reasons()
     return absent_device(device_type)
+
+
+def _interpreter_reasons() -> list[Reason]:
+    if interpreting():
+        return []
+    return [Reason(code=ReasonCode.UNAVAILABLE, field="TRITON_INTERPRET", expected="1 (interpreter on CPU)",
+                   actual="unset or not 1")]
+
+
+def described_reasons(device: VirtualDevice) -> CheckedOn:
+    """:func:`device_reasons` for a described device: Triton launches on any GPU it is installed for (this
+    host's Triton is assumed), on the CPU through the interpreter."""
+    return CheckedOn(tuple(_interpreter_reasons()) if device.type == "cpu" else ())
 
 
 class TritonMoEExperts:
@@ -53,11 +57,19 @@ class TritonMoEExperts:
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
 
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return described_reasons(device)
+
     def plan(self, problem: Problem) -> Plan:
         """The plan a call of ``problem`` with prepared weights runs on this host's device of its type (raw
         gate/up run its raw-weights step, `moe.plan.without_bank`)."""
         device = moe_plan.device_id(problem.device_type, problem.device_index)
         return moe_plan.plan_for(problem, device, *moe_plan.rows_for(device))[0]
+
+    def plan_on(self, problem: Problem, device: VirtualDevice) -> Plan:
+        """The plan a call of ``problem`` would run on the described ``device``, with this host's Triton."""
+        dev = moe_plan.described_id(device)
+        return moe_plan.plan_for(problem, dev, *moe_plan.rows_for(dev, device.profile))[0]
 
     def plan_candidates(self, problem: Problem) -> Sequence[Plan]:
         """The plan first, then the other kernels, tiles and alignments of the device's rows that can run
@@ -97,6 +109,9 @@ class TritonRMSNorm:
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         return device_reasons(problem.device_type)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return described_reasons(device)
 
     def __call__(self, call: RMSNormCall) -> torch.Tensor:
         return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,

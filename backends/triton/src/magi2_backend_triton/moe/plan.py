@@ -53,6 +53,7 @@ from magi2_core.backend import (
     InvalidValueError,
     Plan,
     Problem,
+    VirtualDevice,
     profile_of,
     with_routes_per_expert,
 )
@@ -63,7 +64,7 @@ from .tiles import ONE_KERNEL, Alignment, Launch, Variant, launch_of
 from .tma import tma_device_reason
 
 __all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", "PlanRow", "alignment_for",
-           "candidates_for", "choose_alignment", "device_id", "fragment_for", "load_fragment", "plan_for",
+           "candidates_for", "choose_alignment", "described_id", "device_id", "fragment_for", "load_fragment", "plan_for",
            "plan_reason", "problem_of", "rows_for", "shipped_fragments", "variant_reason", "without_bank"]
 
 OP = "moe_experts"
@@ -120,6 +121,14 @@ class PlanRow(BaseModel):
 
     def matches(self, problem: Problem) -> bool:
         return all(c.holds(problem) for c in self.when)
+
+    def cited(self) -> str:
+        """The row's ``why`` and, where it has one, its provenance (kind: source, date, tool)."""
+        p = self.provenance
+        if not p.get("source"):
+            return self.why
+        where = ", ".join(v for v in (p.get("source"), p.get("date"), p.get("tool")) if v)
+        return f"{self.why} [provenance: {p.get('kind', 'unknown')}: {where}]"
 
     def launch(self, align: Alignment) -> Launch:
         """The row's kernel and tile with a concrete alignment (an error names a malformed tile)."""
@@ -191,11 +200,11 @@ def _fragment_rows(device: DeviceId, generic: bool) -> tuple[tuple[PlanRow, ...]
                        f"`magi2 tune` measures this device")
 
 
-def _profile_rows(device: DeviceId) -> tuple[tuple[PlanRow, ...], str, bool]:
-    """This provider's rows in the core's active profile for ``device`` (a tuned one, ``MAGI2_PROFILE``'s),
-    where they come from, and whether that profile is the generic one."""
+def _profile_rows(device: DeviceId, profile: str | None) -> tuple[tuple[PlanRow, ...], str, bool]:
+    """This provider's rows in the core's active profile for ``device`` (a tuned one, ``MAGI2_PROFILE``'s, or
+    ``profile`` in its place), where they come from, and whether that profile is the generic one."""
     cap = None if device.capability is None else f"{device.capability[0]}.{device.capability[1]}"
-    loaded = profile_of(DeviceKey(device.type, device.name, cap))
+    loaded = profile_of(DeviceKey(device.type, device.name, cap), profile=profile)
     rows = []
     for i, row in enumerate(loaded.plans_for(OP, PROVIDER)):
         mine = PlanRow.model_validate({
@@ -212,14 +221,15 @@ def _profile_rows(device: DeviceId) -> tuple[tuple[PlanRow, ...], str, bool]:
     return tuple(rows), f"profile {loaded.name} ({loaded.source}: {' + '.join(loaded.origins)})", loaded.generic
 
 
-def rows_for(device: DeviceId) -> tuple[tuple[PlanRow, ...], str]:
+def rows_for(device: DeviceId, profile: str | None = None) -> tuple[tuple[PlanRow, ...], str]:
     """The plan rows for ``device`` and where they come from (the text that opens every ``why``).
 
     The one place that decides where rows come from: the rows of the core's active profile for this
-    device (`magi2 tune`'s, or ``MAGI2_PROFILE``'s) first, then this backend's shipped fragment for the
-    device (its generic fragment where the active profile is the generic one).
+    device (`magi2 tune`'s, or ``MAGI2_PROFILE``'s; ``profile``, named as ``MAGI2_PROFILE`` names one, in
+    its place: explain's ``--profile``) first, then this backend's shipped fragment for the device (its
+    generic fragment where the active profile is the generic one).
     """
-    tuned, tuned_source, generic = _profile_rows(device)
+    tuned, tuned_source, generic = _profile_rows(device, profile)
     rows, source = _fragment_rows(device, generic)
     if not tuned:
         return rows, source
@@ -239,6 +249,11 @@ def device_id(device_type: str, index: int | None) -> DeviceId:
         i = musa.current_device() if index is None else index
         return DeviceId("musa", str(musa.get_device_name(i)), None)
     return DeviceId(device_type, None, None)
+
+
+def described_id(device: VirtualDevice) -> DeviceId:
+    """A described device (``magi2 explain --device-name``) as fragments are matched against it."""
+    return DeviceId(device.type, device.name, device.compute_capability)
 
 
 def problem_of(problem: Problem) -> Problem:
@@ -338,7 +353,7 @@ def plan_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], source
             passed.append(f"row {i} ({row.plan.variant}): {reason}")
             continue
         when = " and ".join(str(c) for c in row.when) or "every call"
-        why = f"{source}; row {i} ({when}): {row.why}"
+        why = f"{source}; row {i} ({when}): {row.cited()}"
         why += "".join(f"; {w}" for w in (align_why, *(["passed over " + "; ".join(passed)] if passed else [])) if w)
         return Plan(variant=row.plan.variant, tile=dict(row.plan.tile), align=align, why=why), launch
     raise InvalidValueError(OP, "plan", f"a row of {source} that can run this call",
