@@ -183,7 +183,7 @@ def materialize(model: nn.Module, dev: str, banks: Sequence[tuple[nn.Parameter, 
     """Give a model built on the meta device real storage: the MoE layers hold ``banks`` round-robin,
     every other parameter its own tensor. Values: the RoPE bands as vllm-omni defines them, the rest
     unset (copy or randomize them next)."""
-    moes = _moe_modules(model)
+    moes = _moe_modules(model) if banks else []  # no banks: each MoE layer gets its own below
     for i, moe in enumerate(moes):
         for name, p in zip(BANK_NAMES, banks[i % len(banks)], strict=True):
             setattr(moe, name, p)
@@ -359,6 +359,11 @@ def _record_times(report: Report, form: str, mode: str, fns: dict[str, Callable[
     for plugin, ms in times.items():
         report.add("results", {"form": form, "mode": mode, "plugin": plugin, **extra,
                                "s_per_step": stats([t / 1e3 / per for t in ms]), "samples_ms": ms})  # fmt: skip
+    if len(times) < 2:  # one plugin could not run this form (a capture failed): no ratio
+        print(
+            f"{form:>15} {mode:>8}: " + ", ".join(f"{k} {stats(v)['p50'] / 1e3 / per:.4f} s" for k, v in times.items())
+        )
+        return
     off, on = (stats(times[k])["p50"] for k in ("off", "on"))
     print(
         f"{form:>15} {mode:>8}: off {off / 1e3 / per:.4f} s, on {on / 1e3 / per:.4f} s, speed-up {off / on:.2f}x",
@@ -395,7 +400,7 @@ def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: R
                                    and torch.isfinite(got).all()), "rel_l2_on_vs_off": rel_l2(got, want)})  # fmt: skip
         if iters and mode != "graph":
             _record_times(report, "forward", mode, dict(fwd), iters, dev)
-        if iters and mode != "eager" and len(blk) == 2:
+        if iters and mode != "eager" and blk:
             _record_times(report, "block", mode, dict(blk), iters, dev)
         for plugin, fn in (blk if mode == "graph" else fwd).items():
             memory = peak_gib(fn, dev)
