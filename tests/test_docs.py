@@ -61,12 +61,43 @@ def test_no_absolute_or_machine_specific_path(page: Path) -> None:
     assert not found, f"{_rel(page)} names paths or machinery a user does not have: {found}"
 
 
-def test_the_readme_layout_names_every_doc() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_contributors_layout_names_every_doc() -> None:
+    text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
     layout = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     missing = [p.name for p in DOCS if p.name not in layout]
-    assert not missing, f"README's Layout section does not list {missing}"
+    assert not missing, f"docs/contributing.md's Layout section does not list {missing}"
     assert "img/" in layout  # docs/img holds the generated plots
+
+
+def test_the_readme_is_short_and_fits_100_columns() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+    wide = [f"line {n}: {len(line)}" for n, line in enumerate(lines, 1) if len(line) > 100]
+    assert not wide, f"README.md lines over 100 columns: {wide}"
+
+
+def test_the_readme_keeps_its_two_commands() -> None:
+    """.ci/run runs the line after '# run the tests'; the demo's install and run follow its comment."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    tests = lines[lines.index("# run the tests (lint, types, every backend's CPU tests, the conformance kit)") + 1]
+    assert tests.endswith(".venv/bin/nox") and "pip install -q nox" in tests
+    demo = lines.index("# set up and run the demo (the exact CPU reference when no GPU is present)")
+    assert "-e backends/reference -e ." in lines[demo + 1] and lines[demo + 2] == ".venv/bin/magi2 demo"
+
+
+def readme_python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_the_readme_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every python block of the README, exactly as written, in one namespace, on the CPU."""
+    blocks = readme_python_blocks(README.read_text(encoding="utf-8"))
+    assert blocks, "README.md has no python example"
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "chosen: reference" in out  # explain() on a CPU: the exact reference serves attention
 
 
 @pytest.mark.parametrize(
