@@ -12,9 +12,10 @@ then the kernel object's run-time ``check`` (imports, compute capability).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from magi2_core import overrides
 from magi2_core.capability import Capability
 from magi2_core.errors import (
     NoEligibleProviderError,
@@ -22,7 +23,7 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.kernel import Checkable
-from magi2_core.overrides import FAMILY, layered_overrides
+from magi2_core.overrides import FAMILY, env_overrides, env_var, key_ops, layered_overrides
 from magi2_core.problem import OpName, Problem
 from magi2_core.profiles.active import profile_for
 from magi2_core.reasons import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
@@ -112,6 +113,47 @@ def _candidate(p: LoadedProvider, verdict: Verdict, reasons: Sequence[Reason] = 
     )
 
 
+def valid_names(key: str, reg: RegistryState) -> list[str]:
+    """The provider names an override key accepts: those of the installed providers of its ops."""
+    return sorted({p.name for op in key_ops(key) for p in reg.providers[op]})
+
+
+def invalid_env_overrides(reg: RegistryState) -> dict[str, tuple[str, list[str]]]:
+    """Each ``MAGI2_*_PROVIDER`` naming no installed provider of its ops: variable -> (value, valid)."""
+    bad: dict[str, tuple[str, list[str]]] = {}
+    given = env_overrides()
+    for key in overrides.KEYS:
+        value = given.get(env_var(key))
+        if value is not None and value not in (valid := valid_names(key, reg)):
+            bad[env_var(key)] = (value, valid)
+    return bad
+
+
+def _unknown(key: str, name: str, source: str, valid: list[str]) -> UnknownProviderError:
+    return UnknownProviderError(
+        f"{key}: no provider named {name!r} ({source}); installed: {valid}. Check the name, or install "
+        f"the backend that provides it (`magi2 backends` lists them)."
+    )
+
+
+def check_env_overrides(reg: RegistryState) -> None:
+    """Raise for the first ``MAGI2_*_PROVIDER`` that names no installed provider of its ops."""
+    for var, (value, valid) in invalid_env_overrides(reg).items():
+        key = var.removeprefix("MAGI2_").removesuffix("_PROVIDER").lower()
+        raise _unknown(key, value, f"env override {var}", valid)
+
+
+def check_use_names(names: Mapping[str, str]) -> None:
+    """``use(...)``'s names, on entry: each must be an installed provider of its key's ops."""
+    reg = get_registry().state()
+    for key, name in names.items():
+        if name not in (valid := valid_names(key, reg)):
+            raise _unknown(key, name, f"use({key}=...)", valid)
+
+
+overrides.set_name_check(check_use_names)
+
+
 def _forced(op: OpName, provider: str | None, reg: RegistryState) -> tuple[str, DecidedBy] | None:
     if provider is not None:
         return provider, "argument"
@@ -135,6 +177,7 @@ def resolve_problem(problem: Problem, provider: str | None = None, registry: Reg
 
 
 def resolve_in(problem: Problem, provider: str | None, reg: RegistryState) -> Resolution:
+    check_env_overrides(reg)  # a bad MAGI2_*_PROVIDER is reported at the first resolution of any op
     providers = reg.providers[problem.op]
     profile = profile_for(problem.device_type, problem.device_index, reg.profiles)
     forced = _forced(problem.op, provider, reg)

@@ -54,3 +54,8 @@ def env(json_out: Annotated[bool, typer.Option("--json", help="machine-readable 
         usable = f"yes ({', '.join(p['usable_on'])})" if p["usable"] else f"no: {p['why_not']}"
         providers.add_row(p["op"], p["provider"], p["backend"], usable)
     console.print(providers)
+    if report["overrides"]:
+        console.print("MAGI2_* variables set here:", markup=False)
+        for o in report["overrides"]:
+            state = "ok" if o["valid"] else f"INVALID: {o['why']}"
+            console.print(f"  {o['variable']}={o['value']}: {state}", markup=False, highlight=False)
