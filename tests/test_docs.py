@@ -85,6 +85,26 @@ def test_the_readme_keeps_its_two_commands() -> None:
     assert "-e backends/reference -e ." in lines[demo + 1] and lines[demo + 2] == ".venv/bin/magi2 demo"
 
 
+def test_the_readme_command_table_names_real_commands_and_options() -> None:
+    """Every ``magi2 COMMAND --option`` of the README's table is one the CLI takes; every command that
+    prints a table takes ``--wide`` (the line under the table says so)."""
+    import typer.main
+
+    from magi2_core.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    section = README.read_text(encoding="utf-8").split("## Command line", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `magi2 (\w+)([^`]*)` \|", section, flags=re.M)
+    assert len(rows) >= 7, section
+    for name, rest in rows:
+        options = {o for p in commands[name].params for o in (*p.opts, *p.secondary_opts)}
+        unknown = [o for o in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", rest) if o not in options]
+        assert not unknown, f"README: magi2 {name} has no option {unknown}"
+    assert "`--wide`" in section
+    for name in ("backends", "env", "check", "demo", "overhead"):
+        assert "--wide" in {o for p in commands[name].params for o in p.opts}, name
+
+
 def readme_python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
 
