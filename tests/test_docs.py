@@ -105,6 +105,27 @@ def test_the_readme_command_table_names_real_commands_and_options() -> None:
         assert "--wide" in {o for p in commands[name].params for o in p.opts}, name
 
 
+def test_the_changelog_is_split_into_versions_under_a_short_unreleased() -> None:
+    """Unreleased on top and short; then one section per version, newest first, each naming its core
+    contract and saying whether it was published (none has been: no invented release dates)."""
+    from packaging.version import Version
+
+    import magi2_core
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.*)$", text, flags=re.M)
+    assert headings[0] == "Unreleased", headings
+    versions = [re.fullmatch(r"(\d+\.\d+\.\d+) \(core contract (\d+)\): (not published|\d{4}-\d\d-\d\d)", h)
+                for h in headings[1:]]
+    assert versions and all(versions), headings
+    numbers = [Version(m.group(1)) for m in versions if m]
+    assert numbers == sorted(numbers, reverse=True) and Version(magi2_core.__version__) in numbers
+    contract = int(magi2_core.CORE_API_VERSION.split(".")[0])
+    assert versions[0] and int(versions[0].group(2)) == contract  # the newest section is the current contract
+    unreleased = text.split("## Unreleased\n", 1)[1].split("\n## ", 1)[0]
+    assert len(unreleased.splitlines()) <= 60, "CHANGELOG.md: file the Unreleased entries under a version"
+
+
 def readme_python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
 
