@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -64,6 +65,8 @@ def test_env_lists_every_magi2_variable_and_names_the_invalid_ones(monkeypatch: 
     from magi2_core import config
 
     monkeypatch.setattr(config, "_values", {})  # as in a fresh process: nothing read yet
+    for name in [n for n in os.environ if n.startswith("MAGI2_")]:  # the test suite's own (nox sets one)
+        monkeypatch.delenv(name)
     env = {"MAGI2_ATTENTION_PROVIDER": "flash", "MAGI2_STRICT": "1", "MAGI2_RMSNORM_PROVIDER": "reference"}
     result = runner.invoke(app, ["env"], env=env)
     assert result.exit_code == 0, result.output

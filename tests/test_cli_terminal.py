@@ -78,6 +78,8 @@ COMMANDS = [
     ["demo"],
     ["check", "-k", "rmsnorm[reference]-cpu-float32-2d"],
     ["explain", "attention", "--provider", "fa3"],
+    ["overhead", "--iters", "20"],
+    ["tune", "--show", "--device", "cpu"],
 ]
 
 
