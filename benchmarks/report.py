@@ -1,11 +1,13 @@
-"""Summarise benchmarks/results/*.json: README's results table, docs/benchmarks.md and its plots.
+"""Summarise benchmarks/results/*.json: README's headline table, docs/benchmarks.md and its plots.
 
     python -m benchmarks.report            # rewrite the README table, docs/benchmarks.md, docs/img/*.svg
     python -m benchmarks.report --check    # exit 1 if README's table differs from the JSON (CI test)
 
-The table needs only the standard library; the plots need matplotlib (``nox -s report`` installs it).
-Each known results file has a summariser below. The README's table holds the current results only:
-the newest run of each benchmark, and one verdict per target (the MoE speed targets are judged on the
+The tables need only the standard library; the plots need matplotlib (``nox -s report`` installs it).
+The README holds a headline table of at most 8 rows (``HEADLINES``: one result per operator, the
+vllm-omni layers, the dispatch cost, and a whole DiT step once ``dit_step_<device>.json`` exists),
+each line at most 100 columns. docs/benchmarks.md holds the full table of current results: the
+newest run of each benchmark, and one verdict per target (the MoE speed targets are judged on the
 newest `benchmarks/moe.py` run, the dispatch target on the serving path). Sweeps of kernels that have
 since been replaced are history: docs/benchmarks.md keeps their rows, CHANGELOG.md what they decided.
 A file that was superseded by a later run is listed with the run that replaced it; a file nobody
@@ -16,6 +18,7 @@ their summariser does.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import functools
 import json
 import statistics
@@ -671,6 +674,149 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
 }
 
 
+# -- a whole DiT step (benchmarks/results/dit_step_<device>.json) ----------------------------------
+DIT_STEP = "dit_step_"  # prefix of the files: one per device, records of (mode, plugin, form, s_per_step)
+
+
+def _dit_records(d: Data | list[Data]) -> list[Data]:
+    """The file's records: the file itself when it is a list, else its list under a usual key."""
+    if isinstance(d, list):
+        return d
+    for key in ("records", "results", "rows"):
+        if isinstance(d.get(key), list):
+            return list(d[key])
+    raise KeyError("records")
+
+
+def _plugin_on(value: object) -> bool:
+    return value not in (False, None, 0, "", "off", "none", "false", "False")
+
+
+def _dit_step(d: Data | list[Data]) -> list[tuple[str, list[tuple[str, float, float]]]]:
+    """Per form: (mode, seconds per step with the plugin on, off) for each mode that has both."""
+    by: dict[str, dict[str, dict[bool, float]]] = {}
+    for r in _dit_records(d):
+        by.setdefault(str(r["form"]), {}).setdefault(str(r["mode"]), {})[_plugin_on(r["plugin"])] = float(
+            r["s_per_step"]["p50"])
+    return [(form, [(m, t[True], t[False]) for m, t in modes.items() if True in t and False in t])
+            for form, modes in by.items()]
+
+
+def _secs(x: float) -> str:
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def dit_step_rows(d: Data) -> list[Row]:
+    """The whole DiT step of MAGI-2 in vllm-omni, plugin on against off (seconds per step, p50)."""
+    where = d.get("device", "?") if isinstance(d, dict) else "?"
+    commit = d.get("git_commit", d.get("commit", "?")) if isinstance(d, dict) else "?"
+    return [
+        (
+            f"whole DiT step ({form})",
+            ", ".join(m for m, _, _ in runs),
+            "plugin on " + " / ".join(_secs(on) for _, on, _ in runs) + " s per step",
+            "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s per step",
+            "speed-up " + " / ".join(f"{off / on:.2f}x" for _, on, off in runs) + f"; {where}, {_short(commit)}",
+        )
+        for form, runs in _dit_step(d) if runs
+    ]
+
+
+# -- the README's headline table -----------------------------------------------------------------
+Headline = tuple[str, str, str]  # what (p50), magi2-core, baseline in the same run
+HEADLINE_HEAD = ["| result (p50) | magi2-core | baseline, same run | on |", "| --- | --- | --- | --- |"]
+HEADLINE_ROWS, HEADLINE_WIDTH = 8, 100  # the README's limits: rows of the table, columns of a line
+
+
+def _device(d: Data) -> str:
+    """The accelerator a file measured on (for a CPU-side measurement, the one its inputs were on)."""
+    name = str(d.get("inputs_device") or d.get("device") or d.get("env", {}).get("device", "?"))
+    return name.split(": ", 1)[-1].removeprefix("NVIDIA ")
+
+
+def moe_headline(d: Data) -> list[Headline]:
+    s = d["shape"]
+    b = max((b for b in d["bench"] if b["heads"] == 3), key=lambda b: b["tokens"])
+    native = b.get("native_graph", b["native"])  # graph against graph where the baseline was captured
+    return [(f"MoE experts, T = {b['tokens']}, 3 x {s['E']} experts, top-{s['K']}",
+             f"{_ms(b['fused_graph']['p50'])} ms", f"torch `_grouped_mm` {_ms(native['p50'])} ms")]
+
+
+def attention_headline(d: Data) -> list[Headline]:
+    name, v = list(d["long"].items())[-1]
+    ms = {k: x["p50"] for k, x in v["event_ms"].items()}
+    return [(f"attention + sink, {name}, {d['heads']} x {d['head_dim']}",
+             f"{_ms(ms['resolved_sink'])} ms",
+             f"FA3 + torch sink fix {_ms(ms['kernel_fa3_sink_torchfix'])} ms")]
+
+
+def rmsnorm_headline(d: Data) -> list[Headline]:
+    r = max(d["rows"], key=lambda r: len(r["modality_sizes"] or ()))
+    res = {k: v["tb_s"] for k, v in r["results"].items()}
+    m = len(r["modality_sizes"] or ()) or 1
+    return [(f"RMSNorm, {r['shape'][0]} x {r['shape'][1]}, {m} modalities",
+             f"{res['fused_triton']:.2f} TB/s", f"torch.compile {res['composite_compiled']:.2f} TB/s")]
+
+
+def vllm_omni_headline(d: Data) -> list[Headline]:
+    runs = [r for r in d["results"] if r["tokens"] == max(r["tokens"] for r in d["results"])]
+    modes = " / ".join(r["mode"] for r in runs)
+    return [(f"vllm-omni layer, T = {runs[0]['tokens']}, {modes}",
+             " / ".join(f"{r['speedup']:.2f}x" for r in runs),
+             "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms")]
+
+
+def dispatch_headline(d: Data) -> list[Headline]:
+    worst = max(d["rows"], key=lambda r: r["added_us"])
+    return [("dispatch added per call, inputs on the GPU", f"<= {worst['added_us']:.1f} us",
+             "a kernel called directly")]
+
+
+def dit_step_headline(d: Data) -> list[Headline]:
+    form, runs = _dit_step(d)[0]
+    return [(f"whole DiT step ({form}), " + " / ".join(m for m, _, _ in runs),
+             " / ".join(f"{off / on:.2f}x" for _, on, off in runs),
+             "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s")]
+
+
+# Which file gives each headline row, in the README's order. The whole-DiT-step row comes from
+# dit_step_<device>.json when such a file exists (the first, by name) and is left out otherwise.
+HEADLINES: tuple[tuple[str, Callable[[Data], list[Headline]]], ...] = (
+    (MOE_BENCH, moe_headline),
+    ("attention_h200_final.json", attention_headline),
+    ("rmsnorm_h200.json", rmsnorm_headline),
+    ("vllm_omni_stack_h200.json", vllm_omni_headline),
+    ("dispatch_cuda.json", dispatch_headline),
+    # THE WHOLE DiT STEP: a row from benchmarks/results/dit_step_<device>.json once that benchmark has
+    # landed (records with mode, plugin, form, s_per_step {p50, ...}); no such file, no row.
+    (f"{DIT_STEP}*.json", dit_step_headline),
+)
+
+
+def headline_table(data: dict[str, Data]) -> str:
+    """The README's table: one row per HEADLINES entry whose file is present (at most 8 rows)."""
+    lines = list(HEADLINE_HEAD)
+    for pattern, summarise in HEADLINES:
+        names = sorted(n for n in data if fnmatch.fnmatch(n, pattern))
+        if not names:
+            continue
+        try:
+            rows = summarise(data[names[0]])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
+            rows = [(names[0], "-", f"not summarised: {type(exc).__name__}")]
+        d = data[names[0]]
+        on = _device(d) if isinstance(d, dict) else names[0].removeprefix(DIT_STEP).removesuffix(".json")
+        lines += [f"| {what} | {ours} | {base} | {on} |" for what, ours, base in rows]
+    return "\n".join(lines[: 2 + HEADLINE_ROWS])
+
+
+def _summariser(name: str) -> Callable[[Data], list[Row]] | None:
+    """The full table's summariser of a results file (the DiT step's files by their prefix)."""
+    if name.startswith(DIT_STEP) and name.endswith(".json"):
+        return dit_step_rows
+    return SUMMARISERS.get(name)
+
+
 def load(results: Path = RESULTS) -> tuple[dict[str, Data], list[str]]:
     """The summarised files' data, and one note per file that is not summarised (and why)."""
     data: dict[str, Data] = {}
@@ -678,7 +824,7 @@ def load(results: Path = RESULTS) -> tuple[dict[str, Data], list[str]]:
     for path in sorted(results.glob("*.json")):
         if path.name in SUPERSEDED:
             notes.append(f"`{path.name}`: an earlier run, superseded by `{SUPERSEDED[path.name]}`")
-        elif path.name not in SUMMARISERS:
+        elif _summariser(path.name) is None:
             notes.append(f"`{path.name}`: skipped, no summariser in benchmarks/report.py yet")
         else:
             try:
@@ -691,8 +837,10 @@ def load(results: Path = RESULTS) -> tuple[dict[str, Data], list[str]]:
 def results_table(data: dict[str, Data], *, history: bool = False) -> str:
     """The current results (README), or with ``history`` the earlier runs' rows (docs/benchmarks.md)."""
     lines = ["| op | shape | magi2 (resolved) | baseline, same run | notes |", "| --- | --- | --- | --- | --- |"]
-    for name, summarise in SUMMARISERS.items():
-        if name not in data or (name in HISTORY) != history:
+    names = [*SUMMARISERS, *sorted(n for n in data if n not in SUMMARISERS)]
+    for name in names:
+        summarise = _summariser(name)
+        if name not in data or summarise is None or (name in HISTORY) != history:
             continue
         try:
             rows = summarise(data[name])
@@ -829,24 +977,41 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
     return made
 
 
-def write_doc(table: str, history: str, notes: list[str], plots: list[tuple[str, str]]) -> None:
+# docs/benchmarks.md's hand-written part (what was measured, on which commit, what was not run):
+# kept as it is between these markers when the rest of the page is regenerated.
+NOTES_BEGIN, NOTES_END = "<!-- notes:begin -->", "<!-- notes:end -->"
+
+
+def doc_notes(doc: Path = DOC) -> str:
+    text = doc.read_text() if doc.exists() else ""
+    if NOTES_BEGIN not in text or NOTES_END not in text:
+        return ""
+    return text.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0].strip("\n")
+
+
+def write_doc(table: str, history: str, notes: list[str], plots: list[tuple[str, str]], doc: Path = DOC) -> None:
     parts = [
         "# Benchmarks",
         "",
-        "Generated by `python -m benchmarks.report` from `benchmarks/results/*.json`; do not edit by hand.",
-        "Each file records its device, versions and commit; the method is in each benchmark's docstring and",
-        "in the notes (`docs/moe-notes.md`, `docs/fa3-notes.md`, `docs/rmsnorm-notes.md`).",
+        "Generated by `python -m benchmarks.report` from `benchmarks/results/*.json`, except the part",
+        "between the notes markers, which is written by hand and kept. Each file records its device,",
+        "versions and commit; the method is in each benchmark's docstring and in the notes",
+        "(`docs/moe-notes.md`, `docs/fa3-notes.md`, `docs/rmsnorm-notes.md`).",
+        "",
+        NOTES_BEGIN,
+        doc_notes(doc),
+        NOTES_END,
         "",
     ]
     for name, caption in plots:
         parts += [f"## {caption}", "", f"![{caption}](img/{name})", ""]
-    parts += ["## Summary (the same table as the README)", "", table, ""]
+    parts += ["## Current results (the README's headline rows come from these files)", "", table, ""]
     parts += ["## Earlier runs", "", "Sweeps and analyses of kernels that the H200 table has since replaced "
               "(CHANGELOG.md says what each decided):", ""]
     parts += [f"- `{name}`: {why}" for name, why in HISTORY.items()] + ["", history, ""]
     parts += ["## Files not in the tables", ""]
     parts += [f"- {n}" for n in notes] or ["- none"]
-    DOC.write_text("\n".join(parts) + "\n")
+    doc.write_text("\n".join(parts) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -854,16 +1019,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="only compare README's table with the JSON")
     args = ap.parse_args(argv)
     data, notes = load()
-    table = results_table(data)
+    headline = headline_table(data)
     if args.check:
-        if readme_table() != table:
+        if readme_table() != headline:
             print("README's results table differs from benchmarks/results/*.json; run python -m benchmarks.report")
             return 1
         return 0
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    write_readme(table)
-    write_doc(table, results_table(data, history=True), notes, _plots(data))
+    write_readme(headline)
+    write_doc(results_table(data), results_table(data, history=True), notes, _plots(data))
     return 0
 
 

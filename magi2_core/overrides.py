@@ -11,7 +11,7 @@ provider of that name; the others fall through to the next layer. The environmen
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -21,10 +21,14 @@ from magi2_core.problem import OpName
 
 __all__ = [
     "FAMILY",
+    "KEYS",
     "context_token",
+    "env_overrides",
     "env_var",
     "env_vars",
+    "key_ops",
     "layered_overrides",
+    "set_name_check",
     "use",
 ]
 
@@ -35,6 +39,7 @@ FAMILY: dict[OpName, str] = {
     "rmsnorm": "rmsnorm",
 }
 _KEYS = frozenset(FAMILY) | frozenset(FAMILY.values())
+KEYS: tuple[str, ...] = ("attention", "moe", "moe_route", "moe_experts", "rmsnorm")  # env variables' order
 # A sorted tuple of (key, provider) pairs: hashable, so it can be part of the resolution cache key.
 _OVERRIDES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("magi2_overrides", default=())
 
@@ -49,9 +54,38 @@ def env_vars(op: OpName) -> tuple[str, ...]:
     return (env_var(family),) if family == op else (env_var(op), env_var(family))
 
 
+def key_ops(key: str) -> tuple[OpName, ...]:
+    """The ops an override key applies to: the op itself, or every op of the family."""
+    return (key,) if key in FAMILY else tuple(op for op, family in FAMILY.items() if family == key)
+
+
+def env_overrides() -> dict[str, str]:
+    """Every ``MAGI2_*_PROVIDER`` variable that is set, by variable name."""
+    out: dict[str, str] = {}
+    for key in KEYS:
+        name = config.get(env_var(key))
+        if name:
+            out[env_var(key)] = name
+    return out
+
+
+# Checks the provider names of a ``use(...)`` block on entry; the resolver registers the one that knows
+# the installed providers (this module sits below the registry and cannot ask it).
+_name_check: Callable[[Mapping[str, str]], None] | None = None
+
+
+def set_name_check(check: Callable[[Mapping[str, str]], None]) -> None:
+    global _name_check
+    _name_check = check
+
+
 @contextmanager
 def use(**providers: str | None) -> Iterator[None]:
     """Force providers inside a ``with`` block; ``None`` lifts an outer override for that key.
+
+    Keys are ops (``moe_route``) or families (``attention``, ``moe``, ``rmsnorm``). A name that no
+    installed provider of the key's ops has raises :class:`~magi2_core.errors.UnknownProviderError`
+    on entry, listing the valid names; a valid name that cannot serve a call raises at that call.
 
     >>> import magi2_core as m2
     >>> with m2.use(attention="reference"):
@@ -64,6 +98,9 @@ def use(**providers: str | None) -> Iterator[None]:
     if bad:
         key, name = next(iter(bad.items()))
         raise InvalidValueError("use", key, "a provider name (str) or None", repr(name))
+    named = {k: v for k, v in providers.items() if v is not None}
+    if named and _name_check is not None:
+        _name_check(named)  # an unknown name raises here, on entry, naming the valid ones
     merged = dict(_OVERRIDES.get())
     for key, name in providers.items():
         if name is None:

@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_INT_FIELDS", "OUT_DTYPE_OPS", "Feature",
+__all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_FEATURES", "OP_INT_FIELDS", "OUT_DTYPE_OPS",
+           "Feature",
            "OpName", "Problem", "features_from_mask", "op_fields", "with_routes_per_expert"]
 
 OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
@@ -97,6 +98,14 @@ OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
     "moe_route": ("tokens", "num_heads", "num_experts", "top_k", "hidden"),
     "moe_experts": ("tokens", "num_heads", "num_experts", "top_k", "hidden", "intermediate"),
     "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),
+}
+_EVERY_OP = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})
+# The features a call of each op can ask for (what ``magi2 backends`` lists of a provider's features).
+OP_FEATURES: dict[OpName, frozenset[Feature]] = {
+    "attention": _EVERY_OP | {Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE},
+    "moe_route": _EVERY_OP | {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM},
+    "moe_experts": _EVERY_OP,
+    "rmsnorm": _EVERY_OP,
 }
 OUT_DTYPE_OPS: frozenset[OpName] = frozenset({"rmsnorm"})  # the ops whose problem has an out_dtype
 

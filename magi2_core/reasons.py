@@ -16,7 +16,7 @@ from magi2_core.virtual_device import VirtualDevice
 
 __all__ = [
     "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution",
-    "Verdict",
+    "Verdict", "tune_advice",
 ]
 
 
@@ -83,6 +83,15 @@ class QuarantinedPlugin(BaseModel):
     reason: str
 
 
+def tune_advice(device_type: str) -> str:
+    """What a reader can do about a device without measurements: ``magi2 tune`` measures GPU kernels, so
+    on a CPU the advice is what a CPU user can do instead."""
+    if device_type == "cpu":
+        return ("nothing to tune on a CPU: the reference providers serve every call here (`magi2 check` "
+                "verifies them); `magi2 tune` measures GPU kernels, on the GPU machine that serves the model")
+    return f"`magi2 tune` on a machine with this {device_type or 'device'} device measures it"
+
+
 class ProfileNote(BaseModel):
     """The device profile that was active for a resolution: what it is and where it came from."""
 
@@ -97,6 +106,7 @@ class ProfileNote(BaseModel):
                                                            "differ from the installed ones")
     why: str = Field("", description="why the device gets this profile: what named it, or which device name "
                                      "and capability matched or did not")
+    device_type: str = Field("", description="the type of the device it was chosen for (cpu, cuda, musa, ...)")
 
     def lines(self) -> list[str]:
         where = {"env": "MAGI2_PROFILE", "given": "given to explain", "user": "user profile", "shipped": "shipped",
@@ -107,7 +117,7 @@ class ProfileNote(BaseModel):
         out.append(f"  provenance: {self.provenance}")
         if self.source == "generic":
             out.append("  generic profile: no measurements for this device, so the descriptors' priorities decide "
-                       "where no row does; run `magi2 tune` to measure this machine")
+                       f"where no row does; {tune_advice(self.device_type)}")
         out += [f"  {note} (it still applies)" for note in self.libraries]
         return out
 

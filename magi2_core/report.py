@@ -7,6 +7,7 @@ here, exactly as the resolver would on a first call.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -17,13 +18,14 @@ from typing import Any
 
 import torch
 
+from magi2_core import config
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.capability import Capability
 from magi2_core.devices import cuda_available, musa_available
 from magi2_core.errors import ResolutionError
 from magi2_core.problem import Problem
 from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.resolver import invalid_env_overrides, resolve_problem
 
 __all__ = ["ProviderStatus", "environment_report", "present_device_types", "provider_status"]
 
@@ -134,6 +136,21 @@ def _gpus() -> list[dict[str, Any]]:
     return out
 
 
+def overrides_report(registry: Registry | None = None) -> list[dict[str, Any]]:
+    """Every ``MAGI2_*`` variable set in the environment, its value, and whether it is valid: a provider
+    override must name an installed provider of its ops; any other must be a variable magi2 reads."""
+    bad = invalid_env_overrides((registry or get_registry()).state())
+    out: list[dict[str, Any]] = []
+    for var in sorted(v for v in os.environ if v.startswith("MAGI2_")):
+        why = ""
+        if var in bad:
+            why = f"no provider of that name; valid: {', '.join(bad[var][1])}"
+        elif config.owner(var) is None:
+            why = "not a variable magi2 or an installed backend reads (docs/configuration.md)"
+        out.append({"variable": var, "value": os.environ[var], "valid": not why, "why": why})
+    return out
+
+
 def environment_report(registry: Registry | None = None) -> dict[str, Any]:
     """Everything ``magi2 env`` prints, as plain data."""
     reg = registry or get_registry()
@@ -178,4 +195,5 @@ def environment_report(registry: Registry | None = None) -> dict[str, Any]:
         },
         "device_types_present": list(present),
         "providers": [s.as_dict() for s in statuses],
+        "overrides": overrides_report(reg),
     }

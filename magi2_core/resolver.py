@@ -17,9 +17,10 @@ run-time check is the kernel object's ``check_on`` (:class:`~magi2_core.kernel.C
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from magi2_core import overrides
 from magi2_core.capability import Capability
 from magi2_core.devices import absent_device
 from magi2_core.errors import (
@@ -28,7 +29,7 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.kernel import Checkable, CheckableOn
-from magi2_core.overrides import FAMILY, layered_overrides
+from magi2_core.overrides import FAMILY, env_overrides, env_var, key_ops, layered_overrides
 from magi2_core.problem import OpName, Problem
 from magi2_core.profiles.active import DeviceKey, profile_for, profile_of
 from magi2_core.reasons import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
@@ -142,6 +143,47 @@ def _candidate(
     )
 
 
+def valid_names(key: str, reg: RegistryState) -> list[str]:
+    """The provider names an override key accepts: those of the installed providers of its ops."""
+    return sorted({p.name for op in key_ops(key) for p in reg.providers[op]})
+
+
+def invalid_env_overrides(reg: RegistryState) -> dict[str, tuple[str, list[str]]]:
+    """Each ``MAGI2_*_PROVIDER`` naming no installed provider of its ops: variable -> (value, valid)."""
+    bad: dict[str, tuple[str, list[str]]] = {}
+    given = env_overrides()
+    for key in overrides.KEYS:
+        value = given.get(env_var(key))
+        if value is not None and value not in (valid := valid_names(key, reg)):
+            bad[env_var(key)] = (value, valid)
+    return bad
+
+
+def _unknown(key: str, name: str, source: str, valid: list[str]) -> UnknownProviderError:
+    return UnknownProviderError(
+        f"{key}: no provider named {name!r} ({source}); installed: {valid}. Check the name, or install "
+        f"the backend that provides it (`magi2 backends` lists them)."
+    )
+
+
+def check_env_overrides(reg: RegistryState) -> None:
+    """Raise for the first ``MAGI2_*_PROVIDER`` that names no installed provider of its ops."""
+    for var, (value, valid) in invalid_env_overrides(reg).items():
+        key = var.removeprefix("MAGI2_").removesuffix("_PROVIDER").lower()
+        raise _unknown(key, value, f"env override {var}", valid)
+
+
+def check_use_names(names: Mapping[str, str]) -> None:
+    """``use(...)``'s names, on entry: each must be an installed provider of its key's ops."""
+    reg = get_registry().state()
+    for key, name in names.items():
+        if name not in (valid := valid_names(key, reg)):
+            raise _unknown(key, name, f"use({key}=...)", valid)
+
+
+overrides.set_name_check(check_use_names)
+
+
 def _forced(op: OpName, provider: str | None, reg: RegistryState) -> tuple[str, DecidedBy] | None:
     if provider is not None:
         return provider, "argument"
@@ -176,6 +218,7 @@ def resolve_problem(
 def resolve_in(
     problem: Problem, provider: str | None, reg: RegistryState, device: VirtualDevice | None = None
 ) -> Resolution:
+    check_env_overrides(reg)  # a bad MAGI2_*_PROVIDER is reported at the first resolution of any op
     providers = reg.providers[problem.op]
     notes: dict[str, tuple[str, ...]] = {}  # a described device's assumptions, per provider
     runtime: Callable[[LoadedProvider], list[Reason]]

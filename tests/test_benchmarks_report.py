@@ -1,4 +1,5 @@
-"""README's results table is generated from benchmarks/results/*.json and must not drift from them."""
+"""README's headline table and docs/benchmarks.md are generated from benchmarks/results/*.json and must
+not drift from them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,42 @@ from benchmarks import report
 
 def test_readme_table_equals_the_table_generated_from_the_json() -> None:
     data, _ = report.load()
-    assert report.readme_table() == report.results_table(data), "run: python -m benchmarks.report"
+    assert report.readme_table() == report.headline_table(data), "run: python -m benchmarks.report"
     assert report.main(["--check"]) == 0
+
+
+def test_the_headline_table_fits_the_readme() -> None:
+    data, _ = report.load()
+    lines = report.headline_table(data).splitlines()
+    assert 2 < len(lines) <= 2 + report.HEADLINE_ROWS
+    assert max(len(line) for line in lines) <= report.HEADLINE_WIDTH
+    assert [r.split(" | ")[0] for r in lines[2:]] == [
+        "| MoE experts, T = 14601, 3 x 256 experts, top-6", "| attention + sink, 14601x2, 24 x 128",
+        "| RMSNorm, 65536 x 3072, 3 modalities", "| vllm-omni layer, T = 14601, eager / compiled",
+        "| dispatch added per call, inputs on the GPU",
+    ]
+
+
+def _dit(mode: str, plugin: bool, p50: float) -> dict[str, object]:
+    return {"mode": mode, "plugin": plugin, "form": "t2v 480p", "s_per_step": {"p50": p50, "p90": p50}}
+
+
+def test_a_whole_dit_step_file_adds_its_row_and_none_is_skipped(tmp_path: Path) -> None:
+    """dit_step_<device>.json (records of mode, plugin, form, s_per_step) gives one headline row and
+    rows in the full table; without such a file the table is what it was."""
+    data, _ = report.load()
+    assert "whole DiT step" not in report.headline_table(data)
+    records = [_dit("eager", True, 1.0), _dit("eager", False, 2.5), _dit("compiled", True, 0.8),
+               _dit("compiled", False, 1.6)]
+    (tmp_path / "dit_step_h200.json").write_text(json.dumps({"device": "NVIDIA H200", "records": records}))
+    dit, notes = report.load(tmp_path)
+    assert set(dit) == {"dit_step_h200.json"} and not notes
+    table = report.headline_table({**data, **dit}).splitlines()
+    assert table[-1] == "| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x | plugin off 2.500 / 1.600 s | H200 |"
+    full = report.results_table(dit)
+    assert "plugin on 1.000 / 0.800 s per step" in full and "speed-up 2.50x / 2.00x" in full
+    listed = report.results_table({"dit_step_h200.json": records})  # a bare list of records works too
+    assert "speed-up 2.50x / 2.00x" in listed
 
 
 def test_every_committed_results_file_is_summarised_or_explained() -> None:

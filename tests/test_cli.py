@@ -161,3 +161,51 @@ def test_check_failure_hint_reruns_that_case_alone_and_piped_output_has_a_line_p
         assert none.exit_code == 2 and "no case id contains 'no-such-case'" in none.stderr
     finally:
         m2.get_registry().unregister("bad_example")
+
+
+def test_backends_lists_features_only_for_the_ops_they_belong_to() -> None:
+    from magi2_core.problem import OP_FEATURES
+
+    data = json.loads(runner.invoke(app, ["backends", "--json"]).stdout)
+    ref = next(b for b in data["backends"] if b["entry_point"] == "reference")
+    for p in ref["providers"]:
+        assert set(p["features"]) <= {f.value for f in OP_FEATURES[p["op"]]}, p
+    table = runner.invoke(app, ["backends"]).stdout  # piped: one provider a line
+    for line in table.splitlines():
+        if line.split()[:1] in (["attention"], ["rmsnorm"], ["moe_experts"]):
+            assert "route_" not in line, line
+    assert any(line.startswith("moe_route ") and "route_softmax" in line for line in table.splitlines())
+
+
+def test_backends_hides_a_feature_a_descriptor_declares_for_another_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third-party descriptor may declare every feature; the table shows those of its op alone."""
+    from magi2_core.backend import Feature
+    from magi2_core.registry import get_registry
+
+    real = get_registry().backends()
+    ref = next(b for b in real if b.entry_point == "reference")
+    every = [c.model_copy(update={"features": frozenset(Feature)}) for c in ref.spec.providers]
+    fake = ref.__class__(**{**vars(ref), "spec": ref.spec.model_copy(update={"providers": tuple(every)})})
+    monkeypatch.setattr(type(get_registry()), "backends", lambda self: [fake])
+    text = runner.invoke(app, ["backends"]).stdout
+    rows = [line for line in text.splitlines() if line.startswith(("attention ", "rmsnorm "))]
+    assert rows and not any("route_" in row for row in rows), text
+
+
+def test_check_list_prints_case_ids_without_running_them() -> None:
+    listed = runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list"])
+    assert listed.exit_code == 0, listed.output
+    ids = listed.stdout.split()
+    assert ids and all(i.startswith("rmsnorm[reference]-cpu-") for i in ids), ids
+    assert "passed" not in listed.stdout  # nothing ran: no summary
+    some = runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list", "-k", "flat"])
+    assert some.exit_code == 0 and set(some.stdout.split()) == {i for i in ids if "flat" in i.lower()}
+    assert json.loads(runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list",
+                                          "--json"]).stdout) == ids
+
+
+def test_explain_on_a_cpu_gives_advice_a_cpu_user_can_follow() -> None:
+    cpu = " ".join(runner.invoke(app, ["explain", "rmsnorm", "--device", "cpu"]).stdout.split())
+    assert "nothing to tune on a CPU" in cpu and "run `magi2 tune` to measure this machine" not in cpu
+    gpu = " ".join(runner.invoke(app, ["explain", "rmsnorm", "--device", "cuda"]).stdout.split())
+    assert "`magi2 tune` on a machine with this cuda device measures it" in gpu

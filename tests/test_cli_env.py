@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -57,3 +59,19 @@ def test_backends_table_has_the_usable_here_column() -> None:
     result = runner.invoke(app, ["backends"])
     assert result.exit_code == 0
     assert "usable here" in result.stdout and "yes (cpu)" in result.stdout
+
+
+def test_env_lists_every_magi2_variable_and_names_the_invalid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from magi2_core import config
+
+    monkeypatch.setattr(config, "_values", {})  # as in a fresh process: nothing read yet
+    for name in [n for n in os.environ if n.startswith("MAGI2_")]:  # the test suite's own (nox sets one)
+        monkeypatch.delenv(name)
+    env = {"MAGI2_ATTENTION_PROVIDER": "flash", "MAGI2_STRICT": "1", "MAGI2_RMSNORM_PROVIDER": "reference"}
+    result = runner.invoke(app, ["env"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "MAGI2_ATTENTION_PROVIDER=flash: INVALID: no provider of that name; valid: " in result.stdout
+    assert "MAGI2_STRICT=1: ok" in result.stdout and "MAGI2_RMSNORM_PROVIDER=reference: ok" in result.stdout
+    report = json.loads(runner.invoke(app, ["env", "--json"], env=env).stdout)
+    bad = {o["variable"]: o for o in report["overrides"] if not o["valid"]}
+    assert set(bad) == {"MAGI2_ATTENTION_PROVIDER"} and bad["MAGI2_ATTENTION_PROVIDER"]["value"] == "flash"

@@ -119,7 +119,8 @@ def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
     ("args", "env", "needle"),
     [
         (["demo", "--json"], {"MAGI2_ATTENTION_PROVIDER": "nope"},
-         "UnknownProviderError: attention: no provider named 'nope' (env override); installed: ["),
+         "UnknownProviderError: attention: no provider named 'nope' (env override MAGI2_ATTENTION_PROVIDER); "
+         "installed: ["),
         (["demo", "--json"], {"MAGI2_MOE_PROVIDER": "not_installed"}, "no provider named 'not_installed'"),
         (["demo"], {"MAGI2_SHADOW": "2"}, "ConfigError: MAGI2_SHADOW='2' is not valid (outside [0, 1]); accepted"),
         (["demo"], {"MAGI2_PLUGINS": "nope"}, "MAGI2_PLUGINS='nope' is not valid (not installed: ['nope']"),

@@ -137,3 +137,19 @@ def test_the_reference_reads_varlen_attn_parameters_without_importing_it() -> No
         assert _varlen_parameters() == frozenset()
         return
     assert _varlen_parameters() == frozenset(inspect.signature(varlen_attn).parameters)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("explain", "atention"), "magi2 explain: error: Invalid value for 'op': unknown op 'atention'; choose one of "
+                              "attention, moe_route, moe_experts, rmsnorm"),
+    (("explain", "--bogus"), "magi2 explain: error: No such option: --bogus"),
+    (("explain", "attention", "--bogus"), "magi2 explain: error: No such option: --bogus"),
+    (("nope",), "magi2: error: No such command 'nope'"),
+])
+def test_an_unknown_op_or_option_is_refused_in_one_line_before_torch_loads(args: tuple[str, ...], needle: str) -> None:
+    """A typo answers at once: click's parsing refuses it before any command imports torch."""
+    result = _run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.rstrip().endswith("HEAVY:"), result.stdout[-300:]
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(needle), line

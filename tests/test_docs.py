@@ -61,12 +61,84 @@ def test_no_absolute_or_machine_specific_path(page: Path) -> None:
     assert not found, f"{_rel(page)} names paths or machinery a user does not have: {found}"
 
 
-def test_the_readme_layout_names_every_doc() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_contributors_layout_names_every_doc() -> None:
+    text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
     layout = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     missing = [p.name for p in DOCS if p.name not in layout]
-    assert not missing, f"README's Layout section does not list {missing}"
+    assert not missing, f"docs/contributing.md's Layout section does not list {missing}"
     assert "img/" in layout  # docs/img holds the generated plots
+
+
+def test_the_readme_is_short_and_fits_100_columns() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+    wide = [f"line {n}: {len(line)}" for n, line in enumerate(lines, 1) if len(line) > 100]
+    assert not wide, f"README.md lines over 100 columns: {wide}"
+
+
+def test_the_readme_keeps_its_two_commands() -> None:
+    """.ci/run runs the line after '# run the tests'; the demo's install and run follow its comment."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    tests = lines[lines.index("# run the tests (lint, types, every backend's CPU tests, the conformance kit)") + 1]
+    assert tests.endswith(".venv/bin/nox") and "pip install -q nox" in tests
+    demo = lines.index("# set up and run the demo (the exact CPU reference when no GPU is present)")
+    assert "-e backends/reference -e ." in lines[demo + 1] and lines[demo + 2] == ".venv/bin/magi2 demo"
+
+
+def test_the_readme_command_table_names_real_commands_and_options() -> None:
+    """Every ``magi2 COMMAND --option`` of the README's table is one the CLI takes; every command that
+    prints a table takes ``--wide`` (the line under the table says so)."""
+    import typer.main
+
+    from magi2_core.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    section = README.read_text(encoding="utf-8").split("## Command line", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `magi2 (\w+)([^`]*)` \|", section, flags=re.M)
+    assert len(rows) >= 7, section
+    for name, rest in rows:
+        options = {o for p in commands[name].params for o in (*p.opts, *p.secondary_opts)}
+        unknown = [o for o in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", rest) if o not in options]
+        assert not unknown, f"README: magi2 {name} has no option {unknown}"
+    assert "`--wide`" in section
+    for name in ("backends", "env", "check", "demo", "overhead"):
+        assert "--wide" in {o for p in commands[name].params for o in p.opts}, name
+
+
+def test_the_changelog_is_split_into_versions_under_a_short_unreleased() -> None:
+    """Unreleased on top and short; then one section per version, newest first, each naming its core
+    contract and saying whether it was published (none has been: no invented release dates)."""
+    from packaging.version import Version
+
+    import magi2_core
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.*)$", text, flags=re.M)
+    assert headings[0] == "Unreleased", headings
+    versions = [re.fullmatch(r"(\d+\.\d+\.\d+) \(core contract (\d+)\): (not published|\d{4}-\d\d-\d\d)", h)
+                for h in headings[1:]]
+    assert versions and all(versions), headings
+    numbers = [Version(m.group(1)) for m in versions if m]
+    assert numbers == sorted(numbers, reverse=True) and Version(magi2_core.__version__) in numbers
+    contract = int(magi2_core.CORE_API_VERSION.split(".")[0])
+    assert versions[0] and int(versions[0].group(2)) == contract  # the newest section is the current contract
+    unreleased = text.split("## Unreleased\n", 1)[1].split("\n## ", 1)[0]
+    assert len(unreleased.splitlines()) <= 60, "CHANGELOG.md: file the Unreleased entries under a version"
+
+
+def readme_python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_the_readme_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every python block of the README, exactly as written, in one namespace, on the CPU."""
+    blocks = readme_python_blocks(README.read_text(encoding="utf-8"))
+    assert blocks, "README.md has no python example"
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "chosen: reference" in out  # explain() on a CPU: the exact reference serves attention
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Decisions on bad values, pinned (README "Numerics and non-finite values"): typed errors for
+"""Decisions on bad values, pinned (docs/numerics.md): typed errors for
 non-numeric scalars, meta tensors and gradients; NaN parameters rejected on the host; overflow
 defined; rules see the true longest segment; compiled fakes match what the kernels return; the
 device index is part of the problem."""

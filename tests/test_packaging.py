@@ -107,3 +107,19 @@ def test_triton_bound_is_the_range_the_nox_sessions_run() -> None:
     triton = next(r for r in _requirements(_project(ROOT / "backends" / "triton")) if r.name == "triton")
     oldest, newest = min(tested, key=Version), max(tested, key=Version)
     assert triton.specifier == SpecifierSet(f">={'.'.join(oldest.split('.')[:2])},<3.{Version(newest).minor + 1}")
+
+
+def test_the_core_depends_on_numpy_so_importing_torch_prints_no_numpy_warning() -> None:
+    """torch warns "Failed to initialize NumPy" at import without numpy and does not declare it."""
+    names = {r.name for r in _requirements(_project(ROOT)) if r.marker is None}
+    assert "numpy" in names
+
+
+def test_importing_the_library_and_calling_an_op_prints_no_warning() -> None:
+    import subprocess
+    import sys
+
+    code = "import torch, magi2_core as m2; m2.rmsnorm(torch.randn(4, 8), torch.zeros(1, 1, 8)); print('ok')"
+    result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    assert "NumPy" not in result.stderr, result.stderr[-2000:]

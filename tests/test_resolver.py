@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule
+from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, overrides
 from magi2_core.capability import Provenance
 from magi2_core.dispatch import Dispatcher
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
@@ -123,9 +123,8 @@ def test_unknown_provider_lists_valid_names() -> None:
     with pytest.raises(UnknownProviderError) as err:
         _tag(provider="no_such_provider")
     assert "no_such_provider" in str(err.value) and "reference" in str(err.value)
-    with m2.use(attention="nope"), pytest.raises(UnknownProviderError):
-        m2.attention(torch.randn(2, 1, 4), torch.randn(2, 1, 4), torch.randn(2, 1, 4), torch.tensor([0, 2]),
-                     torch.tensor([0, 2]))
+    with pytest.raises(UnknownProviderError), m2.use(attention="nope"):  # on entry, before any call
+        pytest.fail("use() entered with an unknown provider name")
     with pytest.raises(m2.InvalidInputError):
         with m2.use(attn="reference"):
             pass
@@ -196,7 +195,11 @@ def test_runtime_reason_codes_and_not_reached(toy_module: types.ModuleType) -> N
     assert res.model_dump_json()  # the record is JSON-dumpable
 
 
-def test_cache_buckets_by_rule_boundaries_and_invalidates(toy_module: types.ModuleType) -> None:
+def test_cache_buckets_by_rule_boundaries_and_invalidates(
+    toy_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # use() checks names against the process registry; this test's providers live in a private one
+    monkeypatch.setattr(overrides, "_name_check", None)
     rule = Rule(id="short", when=(Condition(field="tokens", op="lt", value=32),), reason="r",
                 provenance=Provenance(kind="policy", source="test"))
     reg = Registry(discover=False)
@@ -266,3 +269,29 @@ def test_resolve_never_runs_a_kernel(toy_global: None, toy_module: types.ModuleT
     assert res.chosen == "toy_high" and toy_module.high.calls == 0
     _tag()
     assert toy_module.high.calls == 1
+
+
+def test_an_unknown_use_name_raises_on_entry_listing_the_valid_ones() -> None:
+    entered = False
+    with pytest.raises(m2.UnknownProviderError, match=r"attention: no provider named 'refrence' \(use\(attention=") as exc:
+        with m2.use(attention="refrence"):
+            entered = True
+    assert not entered and "'reference'" in str(exc.value)
+    with pytest.raises(m2.UnknownProviderError, match="moe_route: no provider named 'torch_varlen'"):
+        with m2.use(moe_route="torch_varlen"):  # an attention provider: no moe_route provider has that name
+            pass
+    with m2.use(moe="reference", attention=None):  # a name of the family's ops: fine
+        pass
+
+
+def test_an_unknown_env_provider_is_reported_by_any_op_not_only_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAGI2_ATTENTION_PROVIDER=flash once let rmsnorm run and failed only at the first attention call."""
+    monkeypatch.setenv("MAGI2_ATTENTION_PROVIDER", "flash")
+    m2.reload_config()
+    try:
+        with pytest.raises(m2.UnknownProviderError, match=r"'flash' \(env override MAGI2_ATTENTION_PROVIDER\); installed"):
+            m2.rmsnorm(torch.randn(3, 20), torch.zeros(20))
+    finally:
+        monkeypatch.delenv("MAGI2_ATTENTION_PROVIDER")
+        m2.reload_config()
+    assert m2.rmsnorm(torch.randn(3, 20), torch.zeros(20)).shape == (3, 20)

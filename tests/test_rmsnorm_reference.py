@@ -78,6 +78,18 @@ def test_flat_weight_is_modality_major(make: oracles.MakeTensor) -> None:
     assert not torch.allclose(m2.rmsnorm(x, swapped, modality_sizes=sizes), y)
 
 
+def test_a_weight_of_one_row_per_modality_is_m_by_d(make: oracles.MakeTensor) -> None:
+    """The natural layout [M, D] (modality_sizes of length M) means P = 1: the same as [M, 1, D]."""
+    x = make((8, 4, 16))
+    weight = torch.randn(3, 16) * 0.2
+    sizes = [3, 1, 4]
+    y = m2.rmsnorm(x, weight, modality_sizes=sizes)
+    assert torch.equal(y, m2.rmsnorm(x, weight.view(3, 1, 16), modality_sizes=sizes))
+    _check(y, oracles.rmsnorm(x, weight.view(3, 1, 16), modality_sizes=sizes), torch.float32)
+    with pytest.raises(m2.InvalidShapeError, match=r"\[3, 16\] \(P = 1\)"):  # [M, D] of another M: refused
+        m2.rmsnorm(x, torch.randn(2, 16), modality_sizes=sizes)
+
+
 def test_single_pattern_broadcasts_over_heads(make: oracles.MakeTensor) -> None:
     x = make((5, 6, 32), torch.bfloat16)
     weight = torch.randn(1, 1, 32) * 0.3

@@ -15,14 +15,15 @@ import typer
 
 from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.cli import backends, check, demo, env, explain, overhead, tune
-from magi2_core.cli._output import typed_errors
+from magi2_core.cli._output import OneLineErrors, fit_warnings, typed_errors
 
-# torch warns at import when numpy is missing; magi2 does not use numpy (it is no dependency), so the
-# warning names nothing a user of the command line could or should do.
+# torch warns at import when numpy is missing. numpy is a dependency of magi2-core for that reason alone
+# (magi2 does not use it), so an environment without it still gets no warning it could not act on.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 app = typer.Typer(
     name="magi2",
+    cls=OneLineErrors,
     help="MAGI-2 kernel-backend registry: list backends, report the environment, explain resolutions, "
     "run the demo, check providers, tune this device's profile.",
     no_args_is_help=True,
@@ -58,4 +59,5 @@ app.command("bench", hidden=True)(typed_errors("bench")(overhead.overhead))
 
 
 def main() -> None:
+    fit_warnings()
     app()

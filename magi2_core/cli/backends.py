@@ -7,13 +7,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from magi2_core import config
-from magi2_core.cli._output import console, print_json
+from magi2_core.cli._output import print_json, say, terminal_width
+from magi2_core.cli._table import WIDE_HELP, Column, render
 
 if TYPE_CHECKING:
     from magi2_core.registry import LoadedBackend
     from magi2_core.report import ProviderStatus
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Narrowest last: on a narrow terminal the rules go first, then the features (--wide keeps them).
+_COLUMNS = (Column("op"), Column("provider"), Column("prio"), Column("devices"), Column("dtypes"),
+            Column("features", droppable=True), Column("rules", droppable=True), Column("usable here"))
 
 
 def _backend_json(b: LoadedBackend, status: dict[tuple[str, str], ProviderStatus]) -> dict[str, Any]:
@@ -58,10 +62,12 @@ def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+def backends(
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
+) -> None:
     """List installed backends, their providers and whether each can run here; quarantined plugins with the reason."""
-    from rich.table import Table
-
+    from magi2_core.problem import OP_FEATURES
     from magi2_core.registry import get_registry
     from magi2_core.report import present_device_types, provider_status
 
@@ -82,32 +88,29 @@ def backends(json_out: Annotated[bool, typer.Option("--json", help="machine-read
             }
         )
         return
+    width = terminal_width()
     for b in loaded:
-        table = Table(
-            title=f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api}, "
-            f"loaded in {b.load_seconds:.2f} s)",
-            title_justify="left",
-        )
-        for col in ("op", "provider", "prio", "devices", "dtypes", "features", "rules", "usable here"):
-            table.add_column(col, overflow="fold")
-        for c in sorted(b.spec.providers, key=lambda c: (c.op, -c.priority, c.name)):
-            table.add_row(
+        title = (f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api}, "
+                 f"loaded in {b.load_seconds:.2f} s)")
+        rows = [
+            [
                 c.op,
                 c.name,
                 str(c.priority),
                 ",".join(c.device_types),
                 ",".join(_SHORT.get(d, d) for d in c.dtypes),
-                ",".join(sorted(f.value for f in c.features)) or "-",
+                # only the features a call of this op can ask for: a descriptor may declare more
+                ",".join(sorted(f.value for f in c.features & OP_FEATURES[c.op])) or "-",
                 "\n".join(f"{r.id}: {r.describe()}" for r in c.rules) or "-",
                 status[(c.op, c.name)].summary(),
-            )
-        console.print(table)
+            ]
+            for c in sorted(b.spec.providers, key=lambda c: (c.op, -c.priority, c.name))
+        ]
+        say(render(title, _COLUMNS, rows, width=width, wide=wide) + "\n")
     for device_type, chosen in _sink_corrections(list(present)).items():
-        console.print(f"sink correction on {device_type}: {chosen['name']}: {chosen['detail']}", markup=False)
+        say(f"sink correction on {device_type}: {chosen['name']}: {chosen['detail']}")
     if quarantined:
-        q = Table(title="quarantined plugins (not loaded; everything else works)")
-        for col in ("entry point", "distribution", "reason"):
-            q.add_column(col)
-        for item in quarantined:
-            q.add_row(item.entry_point, item.distribution, item.reason)
-        console.print(q)
+        rows = [[q.entry_point, q.distribution, q.reason] for q in quarantined]
+        say("\n" + render("quarantined plugins (not loaded; everything else works)",
+                          (Column("entry point"), Column("distribution"), Column("reason")), rows, width=width,
+                          wide=wide))

@@ -13,28 +13,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from magi2_core.cli._output import console, print_json, usage_error
+from magi2_core.cli._output import console, print_json, say, terminal_width, usage_error
+from magi2_core.cli._table import WIDE_HELP, Column, render
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rich.table import Table
-
     from magi2_core.testing.runner import AnyCase, CaseResult, KitReport
 
+_COLUMNS = (Column("op"), Column("provider"), Column("device"), Column("passed"), Column("failed"),
+            Column("ineligible", droppable=True), Column("time", droppable=True), Column("note", floor=30))
 
-def _table(report: KitReport) -> Table:
-    from rich.table import Table
 
-    table = Table(title=f"magi2 conformance (seed {report.seed})", title_justify="left")
-    for col in ("op", "provider", "device", "passed", "failed", "ineligible", "time", "note"):
-        table.add_column(col, overflow="fold")
-    for row in report.summary():
-        failed = row["failed"]
-        table.add_row(row["op"], row["provider"], row["device"], str(row["passed"]),
-                      f"[red]{failed}[/red]" if failed else "0", str(row["ineligible"]), f"{row['seconds']:.2f}s",
-                      f"skipped: {row['skipped']}" if "skipped" in row else ("FAIL" if failed else "ok"))
-    return table
+def _table(report: KitReport, *, wide: bool) -> str:
+    rows = [[row["op"], row["provider"], row["device"], str(row["passed"]), str(row["failed"]),
+             str(row["ineligible"]), f"{row['seconds']:.2f}s",
+             f"skipped: {row['skipped']}" if "skipped" in row else ("FAIL" if row["failed"] else "ok")]
+            for row in report.summary()]
+    return render(f"magi2 conformance (seed {report.seed})", _COLUMNS, rows, width=terminal_width(), wide=wide)
 
 
 def check(
@@ -48,7 +44,10 @@ def check(
     keyword: Annotated[list[str] | None, typer.Option(
         "-k", help="only cases whose id contains this text, ignoring case (repeatable); a failure prints the "
         "command that reruns it alone")] = None,
+    list_cases: Annotated[bool, typer.Option("--list", help="print the ids of the cases that would run (after -k), "
+                                                            "one a line, and run none")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
     """Run the conformance kit: generated cases per provider, compared with the reference provider."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -82,6 +81,12 @@ def check(
         if not kit.cases:
             usage_error("check", f"no case id contains {' or '.join(map(repr, keyword))} (a failing case "
                         "prints its id)", json_out=json_out)
+    if list_cases:
+        if json_out:
+            print_json([c.id for c in kit.cases])
+        else:
+            print("\n".join(c.id for c in kit.cases))
+        return
     if json_out:
         report = run_kit(kit_plan=kit)
         print_json(report.as_dict())
@@ -100,10 +105,13 @@ def check(
             report = run_kit(kit_plan=kit, on_result=advance)
     if not json_out:
         for failure in report.failed:
-            console.rule(f"[red]{failure.case.id}")
-            console.print(failure.report, markup=False, highlight=False)
-        console.print(_table(report))
-        console.print(report.format().rsplit("\n\n", 1)[-1], markup=False, highlight=False)
+            if console.is_terminal:
+                console.rule(f"[red]{failure.case.id}")
+            else:
+                say(f"--- FAILED {failure.case.id}")
+            say(failure.report)
+        say(_table(report, wide=wide))
+        say(report.format().rsplit("\n\n", 1)[-1])
     if not report.ok:
         raise typer.Exit(1)
 
@@ -120,10 +128,9 @@ def _line_per_provider(cases: list[AnyCase]) -> Callable[[CaseResult, int, int],
         counts = seen.setdefault(group, Counter())
         counts[result.status] += 1
         if result.status == "failed":
-            console.print(f"FAILED {c.id}", markup=False, highlight=False)
+            say(f"FAILED {c.id}")
         if counts.total() == planned[group]:
-            console.print(f"{c.op}[{c.provider}] on {c.device}: {counts['passed']} passed, {counts['failed']} failed, "
-                          f"{counts['ineligible']} ineligible ({done}/{total} cases, {time.monotonic() - start:.0f} s)",
-                          markup=False, highlight=False)
+            say(f"{c.op}[{c.provider}] on {c.device}: {counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['ineligible']} ineligible ({done}/{total} cases, {time.monotonic() - start:.0f} s)")
 
     return advance

@@ -6,17 +6,19 @@ from typing import Annotated, Any
 
 import typer
 
-from magi2_core.cli._output import console, print_json
+from magi2_core.cli._output import print_json, say, terminal_width
+from magi2_core.cli._table import WIDE_HELP, Column, render
 
 
 def _or_none(value: Any) -> str:
     return "-" if value in (None, "", [], {}) else str(value)
 
 
-def env(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+def env(
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
+) -> None:
     """Report versions (core, backends, torch, Triton, CUDA, driver, GPU, MUSA, FA3/FA4/MATE builds) and which providers are usable here, and why not."""
-    from rich.table import Table
-
     from magi2_core.report import environment_report
 
     report = environment_report()
@@ -38,19 +40,21 @@ def env(json_out: Annotated[bool, typer.Option("--json", help="machine-readable 
     for kind, found in report["kernel_builds"].items():
         lines.append(f"{kind + ' builds':<18}{_or_none(', '.join(f'{d} {v}' for d, v in found.items()))}")
     lines.append(f"device types      {', '.join(report['device_types_present'])}")
-    console.print("\n".join(lines), markup=False, highlight=False)
-    backends = Table(title="backends", title_justify="left")
-    for col in ("entry point", "distribution", "version", "core contract"):
-        backends.add_column(col)
-    for b in report["backends"]:
-        backends.add_row(b["entry_point"], b["distribution"], b["version"], b["core_api"])
-    for q in report["quarantined"]:
-        backends.add_row(q["entry_point"], q["distribution"], "-", f"quarantined: {q['reason']}")
-    console.print(backends)
-    providers = Table(title="providers (usable here = can run on a device of this machine)", title_justify="left")
-    for col in ("op", "provider", "backend", "usable here"):
-        providers.add_column(col, overflow="fold")
-    for p in report["providers"]:
-        usable = f"yes ({', '.join(p['usable_on'])})" if p["usable"] else f"no: {p['why_not']}"
-        providers.add_row(p["op"], p["provider"], p["backend"], usable)
-    console.print(providers)
+    width = terminal_width()
+    say("\n".join(lines) + "\n")
+    rows = [[b["entry_point"], b["distribution"], b["version"], b["core_api"]] for b in report["backends"]]
+    rows += [[q["entry_point"], q["distribution"], "-", f"quarantined: {q['reason']}"] for q in report["quarantined"]]
+    columns = (Column("entry point"), Column("distribution"), Column("version", droppable=True),
+               Column("core contract"))
+    say(render("backends", columns, rows, width=width, wide=wide) + "\n")
+    rows = [[p["op"], p["provider"], p["backend"],
+             f"yes ({', '.join(p['usable_on'])})" if p["usable"] else f"no: {p['why_not']}"]
+            for p in report["providers"]]
+    columns = (Column("op"), Column("provider"), Column("backend", droppable=True), Column("usable here", floor=20))
+    say(render("providers (usable here = can run on a device of this machine)", columns, rows, width=width,
+               wide=wide))
+    if report["overrides"]:
+        say("\nMAGI2_* variables set here:")
+        for o in report["overrides"]:
+            state = "ok" if o["valid"] else f"INVALID: {o['why']}"
+            say(f"  {o['variable']}={o['value']}: {state}")

@@ -6,18 +6,27 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from magi2_core.cli._output import console, print_json, usage_error
+from magi2_core.cli._output import print_json, say, usage_error
 
 if TYPE_CHECKING:
     from magi2_core.plan import Plan
     from magi2_core.problem import Problem
     from magi2_core.virtual_device import VirtualDevice
 
+def _known_op(op: str) -> str:
+    """Refuse an unknown op while the arguments are parsed, before torch is imported."""
+    from magi2_core.problem import OPS  # pydantic only
+
+    if op not in OPS:
+        raise typer.BadParameter(f"unknown op {op!r}; choose one of {', '.join(OPS)}")
+    return op
+
+
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
 
 
 def explain(
-    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm")],
+    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm", callback=_known_op)],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
     tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,
@@ -122,13 +131,12 @@ def explain(
             data["plan"] = plan.model_dump(mode="json")
         print_json(data)
     else:
-        console.print(res.explain(), highlight=False, markup=False)
+        say(res.explain())
         if plan is not None:
-            console.print(f"plan ({res.chosen}): {plan.describe()}\n  why: {plan.why}", highlight=False, markup=False)
+            say(f"plan ({res.chosen}): {plan.describe()}\n  why: {plan.why}")
         if described is None and device not in present_device_types():
-            console.print(f"note: there is no {device} device on this host, so every provider that needs one at "
-                          f"run time is rejected as unavailable; on a machine with one the choice may differ",
-                          highlight=False, markup=False)
+            say(f"note: there is no {device} device on this host, so every provider that needs one at "
+                f"run time is rejected as unavailable; on a machine with one the choice may differ")
     if not res.ok:
         raise typer.Exit(1)
 

@@ -6,19 +6,20 @@ from typing import Annotated
 
 import typer
 
-from magi2_core.cli._output import console, print_json, usage_error
+from magi2_core.cli._output import print_json, say, terminal_width, usage_error
+from magi2_core.cli._table import WIDE_HELP, Column, render
 
 
 def overhead(
     iters: Annotated[int, typer.Option(help="calls per measurement")] = 20000,
     device: Annotated[str, typer.Option(help="where every input lives: cpu, or cuda (the serving path)")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
     """Measure cached resolution and dispatch overhead per op call (kernel benchmarks: benchmarks/*.py)."""
     if iters < 1:
         usage_error("overhead", f"--iters must be at least 1; got {iters}", json_out=json_out)
     import torch
-    from rich.table import Table
 
     from magi2_core.overhead import DEVICES, dispatch_overhead
 
@@ -31,11 +32,9 @@ def overhead(
     if json_out:
         print_json(rows)
         return
-    table = Table(title=f"dispatch overhead per call against a no-op provider (inputs on {device}, best of 5 repeats)")
-    for col in ("op", "resolve (cached) us", "public call us", "direct provider us", "added us"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}", f"{r['added_us']:.2f}"
-        )
-    console.print(table)
+    columns = (Column("op"), Column("resolve (cached) us"), Column("public call us"), Column("direct provider us"),
+               Column("added us"))
+    cells = [[r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}",
+             f"{r['added_us']:.2f}"] for r in rows]
+    say(render(f"dispatch overhead per call against a no-op provider (inputs on {device}, best of 5 repeats)",
+               columns, cells, width=terminal_width(), wide=wide))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from magi2_core.cli._output import console, print_json, usage_error
+from magi2_core.cli._output import console, print_json, say, usage_error
 
 if TYPE_CHECKING:
     from magi2_core.profiles import LoadedProfile
@@ -87,7 +87,7 @@ def tune(
     if failed:
         lines.append(f"  {len(failed)} providers or plans raised on their first call and were not timed:")
         lines += [f"    {pid}: {name}: {err}" for pid, name, err in failed[:20]]
-    console.print("\n".join(lines), markup=False, highlight=False)
+    say("\n".join(lines))
 
 
 def _check_device(device: str, reject: Callable[[str], NoReturn]) -> None:
@@ -141,10 +141,12 @@ def _show(device: str, json_out: bool) -> None:
         print_json({"source": loaded.source, "origins": list(loaded.origins), "device": str(loaded.device),
                     "profile": loaded.profile.model_dump(mode="json", exclude_none=True)})
         return
-    console.print(_describe(loaded), markup=False, highlight=False)
+    say(_describe(loaded))
 
 
 def _describe(loaded: LoadedProfile) -> str:
+    from magi2_core.reasons import tune_advice
+
     p = loaded.profile
     lines = [f"active profile for {loaded.device}: {p.name} ({loaded.source}; {' + '.join(loaded.origins)})",
              f"  provenance: {p.provenance}"]
@@ -153,7 +155,8 @@ def _describe(loaded: LoadedProfile) -> str:
     if loaded.note.libraries:
         lines += [f"  note: {n}" for n in loaded.note.libraries]
     if loaded.generic:
-        lines.append("  no measurements of this device: priority decides where no row matches; `magi2 tune` measures it")
+        lines.append("  no measurements of this device: priority decides where no row matches; "
+                     + tune_advice(loaded.device.type))
     lines.append(f"preferences ({len(p.preferences)}):" if p.preferences else "preferences: none")
     for i, row in enumerate(p.preferences):
         lines.append(f"  {row.id or f'preferences[{i}]'}: {row.op} where {row.describe()} -> prefer {', '.join(row.prefer)}")

@@ -375,12 +375,32 @@ def attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed varlen attention with learned sinks: ``o [Tq, Hq, D]`` (and ``lse [Hq, Tq]`` FP32).
 
-    Non-causal, block-diagonal over the segments of ``cu_seqlens_q``/``cu_seqlens_k`` (int32/int64
-    prefix sums ``[B+1]``), GQA when ``Hq`` is a multiple of ``Hkv``. ``softcap <= 0`` disables the
-    cap. ``sinks`` FP32 ``[S, Hq]`` are extra softmax logits (never rounded to the activation dtype).
-    ``sink_rescale``: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (scale cast to
-    q's dtype first, as upstream CUDA MAGI-2). Pass ``max_seqlen_*`` to avoid a host sync when the
-    prefix sums live on the GPU. ``deterministic=None`` reads ``MAGI2_DETERMINISTIC=1`` from the environment.
+    Non-causal and block-diagonal: each query attends to the keys of its own segment. T is a token
+    count (the B segments of a batch one after another), H a head count, D the head dim.
+
+    Args:
+        q: ``[Tq, Hq, D]``, BF16, FP16 or FP32.
+        k, v: ``[Tk, Hkv, D]``, q's dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA: query head
+            h reads kv head ``h // (Hq / Hkv)``).
+        cu_seqlens_q, cu_seqlens_k: ``[B+1]`` prefix sums of the segment lengths, from 0 to ``Tq``
+            (``Tk``), non-decreasing; any int dtype (int32 is what the kernels take), on the host or
+            q's device.
+        max_seqlen_q, max_seqlen_k: the longest query (key) segment. Pass them when the prefix sums
+            live on an accelerator: otherwise they are read back (one host sync) to derive them.
+        softmax_scale: a finite positive float (None: ``1/sqrt(D)``).
+        softcap: ``cap·tanh(s/cap)`` on the scaled scores when positive; ``<= 0`` disables it.
+        sinks: ``[S, Hq]`` FP32 (sink-major), on q's device: S extra softmax logits per query head
+            that take probability mass without adding a value; never rounded to the activation dtype.
+            MAGI-2 uses S = 1; None (or S = 0): no sink.
+        deterministic: ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).
+        return_lse: also return the log-sum-exp of each query row, sinks included.
+        sink_rescale: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (the sink scale
+            cast to q's dtype first, as upstream CUDA MAGI-2).
+        provider: force a provider by name (see ``m2.use`` for a scope).
+
+    Returns:
+        ``o [Tq, Hq, D]`` in q's dtype; with ``return_lse=True`` the pair ``(o, lse)``, ``lse``
+        ``[Hq, Tq]`` FP32 (head-major).
     """
     if deterministic is None:
         deterministic = config.get("MAGI2_DETERMINISTIC")

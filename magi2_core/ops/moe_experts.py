@@ -196,10 +196,26 @@ def moe_experts(
 ) -> torch.Tensor:
     """Routed experts with SwiGLU7: ``x [T, Hl, d] -> y [T, Hl, d]`` in x's dtype.
 
-    ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``, or one
-    :class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights` in their place;
-    ``probs``/``idx`` as returned by :func:`moe_route`. ``deterministic=None`` reads
-    ``MAGI2_DETERMINISTIC=1`` from the environment.
+    Each (token, head) is sent to its K experts; expert e of head h is the MLP
+    ``w_down[h·E+e]ᵀ·swiglu7(w_gate[h·E+e]ᵀ·x, w_up[h·E+e]ᵀ·x)`` and the K outputs are summed with
+    the weights ``probs``. E is ``w_gate.shape[0] / Hl``; I is the expert's intermediate width.
+
+    Args:
+        x: ``[T, Hl, d]``, BF16, FP16 or FP32 (BF16 in MAGI-2), as routed.
+        probs: ``[Hl, T, K]`` FP32, head-major, as :func:`moe_route` returns it.
+        idx: ``[Hl, T, K]`` int64 or int32, expert ids within each head in ``[0, E)``, as
+            :func:`moe_route` returns it; on an accelerator, range-checked only with
+            ``MAGI2_CHECK_DEVICE_VALUES=1`` (an id out of range is undefined behaviour otherwise).
+        w_gate, w_up: ``[Hl·E, d, I]``, x's dtype and device, head-major (rows ``h·E .. h·E+E-1``
+            are head h's experts). Or, in ``w_gate``'s place, one
+            :class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`,
+            with ``w_up`` and ``w_down`` left out.
+        w_down: ``[Hl·E, I, d]``, x's dtype and device, head-major.
+        deterministic: ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).
+        provider: force a provider by name (see ``m2.use`` for a scope).
+
+    Returns:
+        ``y [T, Hl, d]`` in x's dtype.
     """
     det = config.get("MAGI2_DETERMINISTIC") if deterministic is None else bool(deterministic)
     if isinstance(w_gate, PreparedMoEWeights):
@@ -292,6 +308,16 @@ def prepare_moe_weights(
     The provider is the one ``moe_experts`` would pick for these weights' device and dtype (or
     ``provider``). A provider without a preparation step keeps the checkpoint layout (no copy).
     The result does not track later in-place updates of the inputs: prepare again after loading.
+
+    Args:
+        w_gate, w_up: ``[Hl·E, d, I]``, BF16, FP16 or FP32 (the dtype of the activations they will
+            meet), head-major, as :func:`moe_experts` takes them.
+        w_down: ``[Hl·E, I, d]``, w_gate's dtype and device.
+        provider: prepare for this provider instead of the one resolution picks.
+
+    Returns:
+        A :class:`~magi2_core.moe_weights.PreparedMoEWeights` (the provider's layout, its tensors on
+        the weights' device): pass it as ``moe_experts(x, probs, idx, prepared)``.
     """
     wg, wu, wd = check_weights(w_gate, w_up, w_down)
     problem = Problem(op=OP, device_type=wg.device.type, dtype=ck.dtype_name(wg.dtype), hidden=wg.shape[1],

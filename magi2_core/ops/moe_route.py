@@ -176,13 +176,29 @@ def moe_route(
     score_func: ScoreFunc = "sigmoid",
     provider: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head-routed top-k: ``probs [Hl, T, K]`` FP32 and per-head expert ids ``[Hl, T, K]``.
+    """Head-routed top-k: ``probs [Hl, T, K]`` FP32 and per-head expert ids ``idx [Hl, T, K]``.
 
-    ``x [T, Hl, d]``; ``router_weight`` FP32 ``[Hl·E, d]`` head-major; ``bias`` FP32 ``[Hl·E]``
-    shifts the selection only. Scores are ``sigmoid`` (MAGI-2's release) or ``softmax`` over each
-    head's experts. The ids are the ``top_k`` largest biased scores in descending order, equal scores
-    in ascending expert id. Weights are the unbiased scores of the selected experts, L1-normalised
-    (eps 1e-12) unless ``route_norm=False``, times ``route_scale``.
+    The hidden state is cut into ``Hl`` heads of width ``d``; each head routes every token to
+    ``K = top_k`` of its own ``E`` experts. E is not passed: it is ``router_weight.shape[0] / Hl``
+    (a router ``[8, 32]`` with ``x [T, 2, 32]`` is 2 heads of 4 experts).
+
+    Args:
+        x: ``[T, Hl, d]``, BF16, FP16 or FP32 (the activations; scores are computed in FP32).
+        router_weight: ``[Hl·E, d]`` FP32, head-major (rows ``h·E .. h·E+E-1`` are head h's experts),
+            on x's device; its row count must be a multiple of Hl.
+        bias: ``[Hl·E]`` FP32, head-major, on x's device, or None. It shifts the selection only: the
+            weights are computed from the unbiased scores.
+        top_k: K, an int in ``[1, E]``.
+        route_scale: a finite float multiplying the weights (MAGI-2: 4.9).
+        route_norm: L1-normalise each token's K weights (eps 1e-12) before scaling (MAGI-2: True).
+        score_func: ``"sigmoid"`` (MAGI-2's release) or ``"softmax"`` over each head's experts.
+        provider: force a provider by name (see ``m2.use`` for a scope).
+
+    Returns:
+        ``(probs, idx)``: ``probs [Hl, T, K]`` FP32, the weights; ``idx [Hl, T, K]`` int64, the
+        expert ids within each head, in ``[0, E)``: the ``top_k`` largest biased scores in
+        descending order, equal scores in ascending expert id. Both head-major, as
+        :func:`moe_experts` takes them.
     """
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
                                     or getattr(router_weight, "requires_grad", False)

@@ -71,6 +71,12 @@ class RMSNormKernel(Protocol):
         ...
 
 
+def _weight_layouts(m: int, d: int) -> str:
+    """The weight layouts a call with ``m`` modalities of width ``d`` accepts, for an error message."""
+    return (f"[{m}, P, {d}] (modalities, patterns P, width), [{m}, {d}] (P = 1), or flat [{m}·P·{d}]; "
+            f"P is the number of scale rows per modality: x's second-to-last axis, or 1 to broadcast")
+
+
 def validate(
     x: object,
     weight: object,
@@ -104,13 +110,16 @@ def validate(
             raise InvalidShapeError(OP, "modality_sizes", f"sizes summing to the token count x.shape[0] = {t}",
                                     f"{list(sizes)} (sum {sum(sizes)})")
     m = len(sizes) if sizes is not None else 1
+    accepted = _weight_layouts(m, d)
     if w.dim() == 1:
         if w.numel() % max(m * d, 1) != 0 or (d == 0 and w.numel() != 0):
-            raise InvalidShapeError(OP, "weight", f"[M·P·D] with M = {m} modalities and D = {d}", ck.describe(w))
+            raise InvalidShapeError(OP, "weight", accepted, ck.describe(w))
         # an empty width says nothing about P: one pattern, which broadcasts over any
         w = w.view(m, w.numel() // (m * d) if d else 1, d)
+    elif w.dim() == 2 and tuple(w.shape) == (m, d):  # one scale row per modality: P = 1
+        w = w.view(m, 1, d)
     if w.dim() != 3 or w.shape[0] != m or w.shape[2] != d:
-        raise InvalidShapeError(OP, "weight", f"[{m}, P, {d}] (modalities, patterns, width)", ck.describe(w))
+        raise InvalidShapeError(OP, "weight", accepted, ck.describe(w))
     p = w.shape[1]
     if p != 1 and (x.dim() < 3 or x.shape[-2] != p):
         raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", ck.describe(x))
@@ -171,8 +180,20 @@ def rmsnorm(
 ) -> torch.Tensor:
     """Multi-modality RMSNorm: ``x·rsqrt(mean(x²)+eps)·(w[m]+1)`` in FP32, cast once.
 
-    ``x [T, D]`` or ``[T, ..., P, D]``; ``weight [M, P, D]`` (or flat ``[M·P·D]``) delta-scale;
-    ``modality_sizes``: host-side sizes of the M contiguous token groups (None: one modality).
+    Args:
+        x: ``[T, D]`` or ``[T, ..., P, D]`` (e.g. ``[T, H, D]`` for a q/k norm), BF16, FP16 or FP32;
+            tokens sorted by modality. Normalised over the last axis.
+        weight: the delta-scale (the scale is ``w + 1``), any float dtype, on x's device:
+            ``[M, D]`` (one row per modality), ``[M, P, D]`` (P rows per modality, matched to x's
+            second-to-last axis; P = 1 broadcasts over it) or flat ``[M·P·D]``, M-major.
+        eps: a finite float >= 0 added to the mean square.
+        modality_sizes: host-side ints, the sizes of the M contiguous token groups, summing to T
+            (None: one modality, M = 1).
+        out_dtype: the output dtype (None: x's dtype).
+        provider: force a provider by name (see ``m2.use`` for a scope).
+
+    Returns:
+        ``y``, x's shape, in ``out_dtype``.
     """
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)):
         forward_only(OP, x=x, weight=weight)

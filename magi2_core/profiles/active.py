@@ -249,6 +249,7 @@ def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, why: st
     merged = head.model_copy(update={"preferences": tuple(prefs), "plans": tuple(plans), "libraries": libraries})
     origins = tuple(f.origin for f in frags) or ("derived from the device type and capability",)
     note = ProfileNote(name=merged.name, source=source, origin=" + ".join(origins), device=str(device),
+                       device_type=device.type,
                        provenance=str(merged.provenance), libraries=_library_notes(merged), why=why)
     return LoadedProfile(merged, source, origins, device, note)
 

@@ -44,6 +44,18 @@ def _say(request: pytest.FixtureRequest, line: str) -> None:
         reporter.write_line(line)
 
 
+def unavailable(exc: Exception, given: str | None) -> str:
+    """Why the vllm-omni tests cannot run, and what makes them run (offline: a wheel fetched elsewhere)."""
+    reason = f"the vllm-omni integration tests need vllm-omni {stubs.VERSION}'s wheel and cannot get it: {exc}"
+    if isinstance(exc, RuntimeError) and "Triton" in str(exc):
+        return reason
+    fetch = f"pip download --no-deps vllm-omni=={stubs.VERSION}"
+    if given:
+        return f"{reason}; {WHEEL_ENV}={given} must name {stubs.WHEEL} or its unpacked directory"
+    return (f"{reason}; they download it with `{fetch}` (about 8 MB), which needs the network: offline, fetch "
+            f"it elsewhere and set {WHEEL_ENV}=/path/to/{stubs.WHEEL}")
+
+
 @pytest.fixture(scope="session")
 def vllm_omni_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The unpacked vllm-omni wheel (downloaded at most once per session)."""
@@ -60,7 +72,7 @@ def vllm_omni_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
             source = stubs.download(cache)
         return stubs.unpack(source, cache)
     except (OSError, RuntimeError, ValueError) as exc:
-        reason = f"vllm-omni {stubs.VERSION}'s modules are not available: {exc}"
+        reason = unavailable(exc, given)
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{reason} ({REQUIRE_ENV}=1: these tests may not be skipped)", pytrace=False)
         pytest.skip(reason)

@@ -10,7 +10,8 @@ from pathlib import Path
 from magi2_backend_reference import __version__
 from magi2_core.backend import BackendSpec, Capability, Feature
 
-_ALL_FEATURES = frozenset(Feature)
+# Every feature an attention call can ask for (the routing ones belong to moe_route).
+_ATTENTION_FEATURES = frozenset(Feature) - {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
 _PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
@@ -60,7 +61,7 @@ PROVIDERS = (
         version=__version__,
         device_types=("*",),
         dtypes=_FLOATS,
-        features=_ALL_FEATURES,
+        features=_ATTENTION_FEATURES,
         priority=0,
         description="exact FP32 block-diagonal attention, query-chunked; sinks by the FP32 LSE correction",
     ),
