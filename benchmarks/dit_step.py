@@ -528,6 +528,7 @@ def fidelity(report: Report, off: Variant, on: Variant, cfg: Any, dev: str, smok
 
 
 def _free(*objs: object) -> None:
+    """Collect and return the device's cached blocks (the caller drops its own references first)."""
     del objs
     gc.collect()
     if torch.cuda.is_available():
@@ -537,19 +538,23 @@ def _free(*objs: object) -> None:
 def _distinct_banks(report: Report, packed: Any, theirs: Callable[..., torch.Tensor], *, iters: int, dev: str,
                     smoke: bool) -> None:  # fmt: skip
     """Per-layer time of a 4-MoE-layer stack with 4 banks and with one, plugin off and on."""
-    from magi2_core.integrations import vllm_omni as integ
 
     cfg = model_config(smoke, num_layers=4, moe_only=True)
     for banks in (4, 1):
-        off_m, on_m = build_pair(cfg, dev, banks, seed=60)
-        off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
-        binput = block_input(off_m, packed, dev)
-        fns: dict[str, Callable[[], object]] = {
-            "off": block_fn(off, packed, binput),
-            "on": block_fn(on, packed, binput),
-        }
-        _record_times(report, "distinct-banks", "eager", fns, iters, dev, per=4, banks=banks, layers=4)
-        _free(off, on, off_m, on_m, binput, fns)
+        _time_stack(report, cfg, packed, theirs, banks, iters=iters, dev=dev)
+        _free()
+
+
+def _time_stack(report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], banks: int, *,
+                iters: int, dev: str) -> None:  # fmt: skip
+    from magi2_core.integrations import vllm_omni as integ
+
+    off_m, on_m = build_pair(cfg, dev, banks, seed=60)
+    off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
+    binput = block_input(off_m, packed, dev)
+    fns: dict[str, Callable[[], object]] = {"off": block_fn(off, packed, binput), "on": block_fn(on, packed, binput)}
+    _record_times(report, "distinct-banks", "eager", fns, iters, dev, per=cfg.num_layers, banks=banks,
+                  layers=cfg.num_layers)  # fmt: skip
 
 
 def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev: str) -> None:
@@ -558,6 +563,7 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
     from magi2_core.integrations import vllm_omni as integ
     from magi2_core.integrations.vllm_omni.moe import EPGroup
 
+    integ.register()  # the model's norms and MoE layers are magi2-core's
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     with torch.device("meta"):
@@ -589,10 +595,34 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
     _free(model, block)
 
 
-def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, modes: Sequence[str], smoke: bool,
-        distinct: bool, ep4: bool, check_fidelity: bool) -> dict[str, Any]:  # fmt: skip
+def _whole_model(report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], *, banks: int,
+                 modes: Sequence[str], iters: int, dev: str, smoke: bool, check_fidelity: bool) -> float | None:  # fmt: skip
+    """Plugin off and on on the whole model: fidelity, then every mode. Returns plugin on's activation
+    peak of one eager step (GiB), measured once if no eager mode ran."""
     from benchmarks.vllm_omni_stack import providers
     from magi2_core.integrations import vllm_omni as integ
+
+    off_m, on_m = build_pair(cfg, dev, banks)
+    off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
+    binput = block_input(off_m, packed, dev)
+    report.put("providers", providers(on_m, cfg, binput))
+    moe = cfg.moe
+    widths = GemmWidths(hidden=cfg.hidden_size, streams=cfg.mhc.num_streams, heads_q=cfg.num_heads_q,
+                        shared_intermediate=(moe.shared_expert_intermediate_size,
+                                             moe.modality_shared_expert_intermediate_size))  # fmt: skip
+    if check_fidelity:
+        fidelity(report, off, on, cfg, dev, smoke)
+    _modes(off, on, packed, binput, report, modes=modes, iters=iters, dev=dev, smoke=smoke, widths=widths)
+    activation: float | None = next((r["activation_gib"] for r in report.data["results"]
+                                     if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"),
+                                    None)  # fmt: skip
+    if activation is None and dev != "cpu":
+        activation = (peak_gib(forward_fn(on, packed), dev) or {}).get("activation_gib")
+    return activation
+
+
+def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, modes: Sequence[str], smoke: bool,
+        distinct: bool, ep4: bool, check_fidelity: bool, activation_gib: float | None = None) -> dict[str, Any]:  # fmt: skip
 
     dev = "cpu" if smoke else "cuda"
     if not smoke:
@@ -615,26 +645,14 @@ def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, mo
                   "plugin off/on alternating (benchmarks/_common); MoE banks shared round-robin between layers",
     })  # fmt: skip
     print(f"pack: {report.data['pack']}", flush=True)
-    off_m, on_m = build_pair(cfg, dev, banks)
-    off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
-    binput = block_input(off_m, packed, dev)
-    report.put("providers", providers(on_m, cfg, binput))
-    moe = cfg.moe
-    widths = GemmWidths(hidden=cfg.hidden_size, streams=cfg.mhc.num_streams, heads_q=cfg.num_heads_q,
-                        shared_intermediate=(moe.shared_expert_intermediate_size,
-                                             moe.modality_shared_expert_intermediate_size))  # fmt: skip
     with torch.inference_mode():
-        if check_fidelity:
-            fidelity(report, off, on, cfg, dev, smoke)
-        _modes(off, on, packed, binput, report, modes=modes, iters=iters, dev=dev, smoke=smoke, widths=widths)
-        activation = next((r["activation_gib"] for r in report.data["results"]
-                           if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"), None)  # fmt: skip
-        if activation is None and ep4 and dev != "cpu":
-            activation = (peak_gib(forward_fn(on, packed), dev) or {}).get("activation_gib")
-    _free(off, on, off_m, on_m, binput)
-    with torch.inference_mode():
+        if modes or check_fidelity or (ep4 and activation_gib is None and dev != "cpu"):
+            measured = _whole_model(report, cfg, packed, theirs, banks=banks, modes=modes, iters=iters, dev=dev,
+                                    smoke=smoke, check_fidelity=check_fidelity)  # fmt: skip
+            activation_gib = activation_gib if activation_gib is not None else measured
+        _free()  # the whole model's two copies are gone with _whole_model's frame
         if ep4 and dev != "cpu":
-            _ep4_rank_memory(report, cfg, activation, dev)
+            _ep4_rank_memory(report, cfg, activation_gib, dev)
         if distinct:
             _distinct_banks(report, packed, theirs, iters=max(iters, 3), dev=dev, smoke=smoke)
     return report.data
@@ -653,6 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-fidelity", action="store_true", help="skip the per-layer check against the FP32 oracle")
     p.add_argument("--no-distinct-banks", action="store_true", help="skip the 4-layer distinct-banks check")
     p.add_argument("--no-ep4", action="store_true", help="skip the EP4 rank-memory allocation")
+    p.add_argument("--activation-gib", type=float, help="the EP4 rank's activation block (default: measured)")
     p.add_argument("--smoke", action="store_true", help="tiny configuration on the CPU (checks the script only)")
     a = p.parse_args(argv)
     if not a.smoke and not torch.cuda.is_available():
@@ -668,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report = run(a.wheel, a.out, banks=a.banks, text_tokens=a.text_tokens, iters=iters,
                          modes=a.modes, smoke=a.smoke, distinct=not a.no_distinct_banks, ep4=not a.no_ep4,
-                         check_fidelity=not a.no_fidelity)  # fmt: skip
+                         check_fidelity=not a.no_fidelity, activation_gib=a.activation_gib)  # fmt: skip
         finally:
             integ.unregister()
             stubs.uninstall()
