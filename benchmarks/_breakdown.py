@@ -70,6 +70,8 @@ def _gemm_category(k: KernelTime, w: GemmWidths) -> str:
         depth, width = a[-1], (b[-1] if k.op != "aten::linear" else b[0])
         if depth == w.streams * w.hidden:
             return "mHC projection"
+        if depth == w.streams and len(a) == 3:  # per-token sums over the streams (einsum / bmm)
+            return "mHC stream sums"
         if width == w.heads_q and depth == w.hidden:
             return "attention gate projection"
         if depth in w.shared_intermediate or width in {2 * i for i in w.shared_intermediate}:

@@ -42,6 +42,7 @@ SUPERSEDED = {
     "attention_h200.json": "attention_h200_final.json",
     "attention_h200_run1.json": "attention_h200_final.json",
     "attention_h200_rule2048x2048.json": "attention_h200_final.json",
+    "dit_step_h100_503129a.json": "dit_step_h100.json",
     "moe_h200_run1.json": "moe_h200_954e8b5.json",
     "moe_h200_run2.json": "moe_h200_954e8b5.json",
     "moe_h200_run3.json": "moe_h200_954e8b5.json",
@@ -696,6 +697,8 @@ def _dit_step(d: Data | list[Data]) -> list[tuple[str, list[tuple[str, float, fl
     """Per form: (mode, seconds per step with the plugin on, off) for each mode that has both."""
     by: dict[str, dict[str, dict[bool, float]]] = {}
     for r in _dit_records(d):
+        if "s_per_step" not in r:  # checks, memory and compile records carry no step time
+            continue
         by.setdefault(str(r["form"]), {}).setdefault(str(r["mode"]), {})[_plugin_on(r["plugin"])] = float(
             r["s_per_step"]["p50"])
     return [(form, [(m, t[True], t[False]) for m, t in modes.items() if True in t and False in t])

@@ -65,6 +65,8 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
         (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 3072), (3072, 2560))), "shared experts"),
         (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 1280), (1280, 3072))), "shared experts"),
         (KernelTime("sm90_xmma_gemm", 1.0, "aten::mm", ((8, 3072), (3072, 9216))), "dense GEMMs"),
+        (KernelTime("gemv2N_kernel", 1.0, "aten::bmm", ((8, 1, 4), (8, 4, 3072))), "mHC stream sums"),
+        (KernelTime("nvjet_sm90_tst_512x8", 1.0, "aten::bmm", ((8, 4, 4), (8, 4, 3072))), "mHC stream sums"),
         (KernelTime("CatArrayBatchedCopy<...>"), "torch.cat"),
         (KernelTime("indexSelectLargeIndex<...>"), "gathers"),
         (KernelTime("vectorized_elementwise_kernel<...>"), "torch elementwise and copies"),
