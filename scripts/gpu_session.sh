@@ -144,6 +144,11 @@ if want moe; then
 step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
 python3 -m benchmarks.moe --out "$OUT/moe_${tag}.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
 fi
+if want moe_raw; then
+step "MoE: raw weights read in place vs prepared vs re-packed per call (MAGI2_RAW_ARGS: extra arguments)"
+python3 -m benchmarks.moe_raw --out "$OUT/moe_raw_${tag}.json" ${MAGI2_RAW_ARGS:-} > "$OUT/moe_raw.log" 2>&1
+echo "moe_raw exit $?"; tail -12 "$OUT/moe_raw.log"
+fi
 if want moe_align; then
 step "MoE route alignment: atomic vs stable kernels vs torch; the call in default and deterministic mode"
 python3 -m benchmarks.moe_align --out "$OUT/moe_align_${tag}.json" > "$OUT/moe_align.log" 2>&1; tail -6 "$OUT/moe_align.log"
