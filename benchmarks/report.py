@@ -904,6 +904,23 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         ax.grid(True, which="both", alpha=0.3)
         save(fig, "moe_time_vs_tokens.svg", "MoE experts: time per call against tokens, per provider, with the floors")
 
+    steps = sorted(n for n in data if n.startswith(DIT_STEP) and isinstance(data[n], dict) and data[n].get("breakdown"))
+    if steps:
+        d = data[steps[0]]
+        runs = [b for b in d["breakdown"] if b["mode"] in ("eager", "compiled")]
+        cats = sorted({c for b in runs for c in b["categories"]},
+                      key=lambda c: -max(b["categories"].get(c, {}).get("ms", 0.0) for b in runs))  # fmt: skip
+        fig, ax = plt.subplots(figsize=(9.5, 4.2))
+        labels = [f"{b['mode']}\nplugin {b['plugin']}" for b in runs]
+        bottom = [0.0] * len(runs)
+        for i, c in enumerate(cats):
+            ms = [b["categories"].get(c, {}).get("ms", 0.0) / 1e3 for b in runs]
+            ax.bar(labels, ms, 0.6, bottom=bottom, label=c, color=plt.get_cmap("tab20")(i % 20))
+            bottom = [x + y for x, y in zip(bottom, ms, strict=True)]
+        ax.set(ylabel="kernel seconds per step", title=f"one MAGI-2 DiT step, 272p / 10 s, {d['device']}")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        save(fig, "dit_step_breakdown.svg", "The whole DiT step: kernel time per operator, plugin off and on, per mode")
+
     if "attention_h200_final.json" in data:
         d = data["attention_h200_final.json"]
         shapes = {**d["long"], **d["short"]}
