@@ -645,7 +645,25 @@ def profile_check_rows(d: Data) -> list[Row]:
 # The newest `benchmarks/moe.py` run (the table's kernel, the previous kernel and `_grouped_mm`; also plotted).
 MOE_BENCH = "moe_h200_cabdec4.json"
 
+def moe_raw_rows(d: Data) -> list[Row]:
+    rows = d["rows"]
+    fresh = all(r["fresh_after_data_copy"]["ok"] and r["raw_equals_prepared_bitwise"] for r in rows)
+    return [
+        (
+            "MoE experts, raw weights read in place",
+            "T = " + " / ".join(str(r["tokens"]) for r in rows),
+            "raw " + " / ".join(_ms(r["ms"]["raw"]["p50"]) for r in rows) + " ms ("
+            + " / ".join(f"{r['raw_over_prepared']:.2f}x" for r in rows) + " prepared)",
+            "prepared " + " / ".join(_ms(r["ms"]["prepared"]["p50"]) for r in rows) + " ms; re-packed per call "
+            + " / ".join(_ms(r["ms"]["raw_repacked"]["p50"]) for r in rows) + " ms",
+            ("bit-equal to prepared, fresh after .data.copy_" if fresh else "NOT equal or NOT fresh")
+            + f"; {d['device']}, {_short(d['git_commit'])}",
+        )
+    ]  # fmt: skip
+
+
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
+    "moe_raw_h100.json": moe_raw_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
     "sink_correction_h200.json": sink_rows,
     "attention_h200_final.json": attention_rows,
@@ -734,7 +752,7 @@ HEADLINE_ROWS, HEADLINE_WIDTH = 8, 100  # the README's limits: rows of the table
 def _device(d: Data) -> str:
     """The accelerator a file measured on (for a CPU-side measurement, the one its inputs were on)."""
     name = str(d.get("inputs_device") or d.get("device") or d.get("env", {}).get("device", "?"))
-    return name.split(": ", 1)[-1].removeprefix("NVIDIA ")
+    return name.split(": ", 1)[-1].removeprefix("NVIDIA ").split(" ")[0]  # "H100 80GB HBM3" -> "H100"
 
 
 def moe_headline(d: Data) -> list[Headline]:
