@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from magi2_core import config
+from magi2_core.config import WATCH
 from magi2_core.contracts._checks import replace_device_value_checks
 from magi2_core.overrides import context_token
 from magi2_core.problem import HEAD, OpName
@@ -94,6 +95,8 @@ class Dispatcher:
 
     def bound_calls(self) -> dict[tuple[Any, ...], Any]:
         """The current generation's cache of validated call layouts (empty after any change)."""
+        if WATCH.writes != WATCH.synced:  # a MAGI2_* variable was written since the last read
+            config.sync()  # a change clears this cache (on_reload); a refused or bad one raises here
         slot = self._slot
         # The registry's generation property, read without its frame: this runs on every op call.
         if slot.generation != self._registry._state.generation:
