@@ -257,6 +257,10 @@ class Registry:
             dist = REFERENCE_DIST if name == REFERENCE and _is_reference_module(plugin) else "(registered in process)"
             self._add(plugin, name, repr(plugin), dist, time.perf_counter())
             self._changed()
+            if self._fixes_config:  # its backend-load settings are read now, as an entry point's are
+                self._plugin_lists = self._load_settings()
+                for fixed in self._fixed_names():
+                    config.fix(fixed)
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -339,6 +343,9 @@ class Registry:
         if twice:
             raise ValueError(f"settings declared more than once in the spec: {twice}")
         for setting in spec.settings:
+            if setting.read == "plugin load":
+                raise ValueError(f"setting {setting.name} of {spec.name}: read='plugin load' is the vLLM plugin's "
+                                 "moment; a backend reads a setting at 'every call' or 'backend load'")
             held_by = config.owner(setting.name)
             if held_by is not None and held_by != spec.name:
                 raise ValueError(f"setting {setting.name} is already declared by {held_by}; {spec.name} declares "
