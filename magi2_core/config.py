@@ -362,8 +362,11 @@ class _Watch:
     """``writes``: how many times a ``MAGI2_*`` key of ``os.environ`` was set or deleted; ``synced``: the
     count when the cache last matched the environment. The two differ exactly when a write is unseen."""
 
-    writes = 0
-    synced = 0
+    __slots__ = ("synced", "writes")
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.synced = 0
 
 
 WATCH = _Watch()
