@@ -515,18 +515,14 @@ def sync() -> None:
         writes = WATCH.writes  # before the snapshot: a write during it is noticed next time
         env = _snapshot()
         changed = {k for k in env.keys() | _seen_env.keys() if env.get(k) != _seen_env.get(k)}
+        # Only the cached ones: a variable not read yet is parsed from the new text by its first get().
         stale = [VARIABLES[k] for k in changed if k in VARIABLES and k in _values]
         if not stale:
-            for k in changed & VARIABLES.keys():
-                _values.pop(k, None)  # not read yet, or not cached: the next get parses the new text
             _seen_env = env
             WATCH.synced = writes
             return
     fresh = {var.name: _parse_text(var, env.get(var.name)) for var in stale}
     _refuse_fixed(fresh, env, explicit=False)
-    for k in changed & VARIABLES.keys():
-        if k not in fresh:
-            _values.pop(k, None)
     _apply(fresh, env, writes, replace=False)
 
 
@@ -544,6 +540,7 @@ def reload_config() -> dict[str, object]:
     _refuse_fixed(fresh, env, explicit=True)
     _apply(fresh, env, writes, replace=True)
     return dict(fresh)
+
 
 # -- variables declared by others ---------------------------------------------------------------------
 class SettingConflict(ValueError):

@@ -47,7 +47,7 @@ class CacheKey(NamedTuple):
 
     op: OpName
     provider: str | None
-    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on reload_config)
+    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on a config change)
     head: tuple[Any, ...]  # (device, dtype, out_dtype, feature mask), as in the op's key
     buckets: tuple[int | None, ...]  # per bucketed field: the index of its value among the boundaries
 
@@ -72,8 +72,9 @@ class _Slot(NamedTuple):
 class Dispatcher:
     """Memoised resolution for op calls.
 
-    Two caches, both dropped together when the registry changes, the configuration is reloaded or
-    strict mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
+    Two caches, both dropped together when the registry changes, the configuration changes (a write to
+    a ``MAGI2_*`` key of ``os.environ``, noticed here on every call, or ``reload_config()``) or strict
+    mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
     the boundaries the installed descriptors use, to the provider; :meth:`bound_calls` is where each
     op keeps its validated call layouts (argument shapes, dtypes, devices and scalars -> normalised
     values and the provider), so that a repeated call is a tuple build and one dict lookup.
