@@ -33,6 +33,7 @@ __all__ = [
     "set_strict",
     "use",
     # errors
+    "ConfigChangeError",
     "ConfigError",
     "InvalidDTypeError",
     "InvalidDeviceError",

@@ -8,6 +8,7 @@ from magi2_core.capability import Capability, Condition, IntRange, Rule
 from magi2_core.config import reload_config
 from magi2_core.dispatch import set_device_value_checks, set_strict
 from magi2_core.errors import (
+    ConfigChangeError,
     ConfigError,
     InvalidDeviceError,
     InvalidDTypeError,

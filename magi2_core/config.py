@@ -1,11 +1,23 @@
-"""Every ``MAGI2_*`` environment variable, declared once: type, default, documentation, parser.
+"""Every ``MAGI2_*`` environment variable, declared once: type, default, documentation, parser, moment.
 
-A variable is read from the environment the first time :func:`get` asks for it, parsed and cached;
-later calls return the cached value without touching the environment. :func:`reload_config`
-(re-exported as ``magi2_core.reload_config``) re-reads and re-validates every variable at once and
-tells the parts that cache decisions (the resolution cache, shadow verification) to refresh. A value
-that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the variable, the value
-and what is accepted. An empty value counts as unset unless the variable says otherwise.
+A variable is read from the environment the first time :func:`get` asks for it, parsed and cached.
+The cache follows ``os.environ``: importing this module makes ``os.environ`` count its writes to
+``MAGI2_*`` keys (:class:`_WatchedEnviron`, the same object with a subclass of its class), and
+:func:`get` and the dispatcher's per-call cache compare that count with the one they last saw, so a
+write is noticed by the next read without scanning the environment on every call. When a declared
+variable's text changed, :func:`sync` applies the change as :func:`reload_config` would.
+
+Each variable names its :class:`Moment`: read on every call (a change takes effect at the next call),
+or read once at a moment that cannot be redone in place (backend load, vLLM plugin load), after
+which the part that read it *fixes* its value (:func:`fix`) and a change is refused: the next read
+raises :class:`~magi2_core.errors.ConfigChangeError` naming the variable, until the value is
+restored (or, for backend load, ``reload_config()`` reloads the backends with it).
+
+:func:`reload_config` (re-exported as ``magi2_core.reload_config``) re-reads and re-validates every
+variable at once and tells the parts that cache decisions (the resolution cache, shadow verification)
+to refresh. A value that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the
+variable, the value and what is accepted. An empty value counts as unset unless the variable says
+otherwise.
 
 The core's own variables are declared below. A backend declares the variables it reads as
 :class:`~magi2_core.hookspecs.Setting` entries of its ``BackendSpec``: the registry adds
@@ -18,6 +30,7 @@ variable's owner, by ``scripts/gen_config_doc.py``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -25,14 +38,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from magi2_core.errors import ConfigError
+from magi2_core.errors import ConfigChangeError, ConfigError
 
 if TYPE_CHECKING:
     from magi2_core.hookspecs import Setting
 
 __all__ = [
+    "BACKEND_LOAD",
     "CORE",
+    "EVERY_CALL",
+    "MOMENTS",
+    "PLUGIN_LOAD",
     "VARIABLES",
+    "Moment",
     "SettingConflict",
     "Variable",
     "boolean",
@@ -40,6 +58,7 @@ __all__ = [
     "current",
     "declare",
     "effective",
+    "fix",
     "fraction",
     "get",
     "looks_like_path",
@@ -47,14 +66,53 @@ __all__ = [
     "on_reload",
     "owner",
     "provider_name",
+    "release",
     "reload_config",
     "seconds",
+    "sync",
     "variable",
     "withdraw",
 ]
 
 T = TypeVar("T")
 CORE = "magi2-core"  # the owner of the variables declared in this module
+
+
+@dataclass(frozen=True)
+class Moment:
+    """When a variable is read, and what a change of its value after that moment does.
+
+    ``fixed``: the part that reads it keeps what it read (backends loaded, operators swapped), so a
+    change afterwards is refused with :class:`~magi2_core.errors.ConfigChangeError`; otherwise the
+    next read sees the change. ``reloadable``: ``reload_config()`` redoes the moment with the new value.
+    """
+
+    when: str  # the words docs/configuration.md and Setting.read use
+    change: str  # what a change after the moment does, for docs/configuration.md
+    fixed: bool = False
+    reloadable: bool = False
+
+
+EVERY_CALL = Moment(
+    "every call",
+    "A change takes effect at the next call (the next read notices the write to `os.environ`).",
+)
+BACKEND_LOAD = Moment(
+    "backend load",
+    "Read once, when the backends load (the first call, or `magi2 backends`); a change after that is refused: "
+    "the next call raises `ConfigChangeError` naming the variable, until the old value is back or "
+    "`magi2_core.reload_config()` reloads the backends with the new one.",
+    fixed=True,
+    reloadable=True,
+)
+PLUGIN_LOAD = Moment(
+    "plugin load",
+    "Read once, when vLLM loads the plugin, which swaps the operators then; a change after that is refused: the "
+    "next call, and `magi2_core.reload_config()`, raise `ConfigChangeError` naming the variable, until the old "
+    "value is back.",
+    fixed=True,
+)
+MOMENTS: dict[str, Moment] = {m.when: m for m in (EVERY_CALL, BACKEND_LOAD, PLUGIN_LOAD)}
 
 
 @dataclass(frozen=True)
@@ -71,6 +129,7 @@ class Variable(Generic[T]):
     parse: Callable[[str], T]
     empty_is_unset: bool = True
     owner: str = CORE  # who declares it and reads it: magi2-core, a backend distribution, an integration
+    read: Moment = EVERY_CALL
 
     @property
     def accepted(self) -> str:
@@ -218,6 +277,7 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "every backend).",
         _Parser("comma-separated names of installed backend entry points", _allow_list),
         empty_is_unset=False,
+        read=BACKEND_LOAD,
     ),
     Variable(
         "MAGI2_DISABLE_PLUGINS",
@@ -225,6 +285,7 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "Deny-list of backend entry points not to load. Naming `reference` is an error: the exact "
         "reference is the yardstick of `magi2 check` and shadow verification and cannot be disabled.",
         _Parser("comma-separated entry-point names, none empty, not `reference`", _deny_list),
+        read=BACKEND_LOAD,
     ),
     Variable(
         "MAGI2_PLUGIN_IMPORT_TIMEOUT",
@@ -234,6 +295,7 @@ _DECLARED: tuple[Variable[Any], ...] = (
         "goes on without it; its import keeps running in a background thread. Descriptors are meant to "
         "import in well under a second; 0 waits for ever.",
         seconds,
+        read=BACKEND_LOAD,
     ),
     *(
         Variable(f"MAGI2_{key.upper()}_PROVIDER", None, _PROVIDER_DOC.format(what=what), provider_name)
@@ -287,14 +349,78 @@ _DECLARED: tuple[Variable[Any], ...] = (
 )
 VARIABLES: dict[str, Variable[Any]] = {v.name: v for v in _DECLARED}
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _values: dict[str, Any] = {}
-generation = 0  # bumped by every successful reload_config()
+generation = 0  # bumped by every successful reload_config() and every applied sync()
 _listeners: list[Callable[[], None]] = []
+_fixed: dict[str, Any] = {}  # name -> the value the part that read it at its moment keeps using
+PREFIX = "MAGI2_"
+
+
+# -- noticing writes to os.environ ---------------------------------------------------------------------
+class _Watch:
+    """``writes``: how many times a ``MAGI2_*`` key of ``os.environ`` was set or deleted; ``synced``: the
+    count when the cache last matched the environment. The two differ exactly when a write is unseen."""
+
+    __slots__ = ("synced", "writes")
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.synced = 0
+
+
+WATCH = _Watch()
+
+
+def _watched(base: type[os._Environ[str]]) -> type[os._Environ[str]]:
+    """A subclass of ``os.environ``'s class whose ``__setitem__``/``__delitem__`` count ``MAGI2_*`` writes.
+
+    Every other way to change ``os.environ`` (``update``, ``pop``, ``setdefault``, ``clear``, ``|=``,
+    ``mock.patch.dict``, pytest's ``monkeypatch``) goes through these two.
+    """
+
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        base.__setitem__(self, key, value)
+        if isinstance(key, str) and key.startswith(PREFIX):
+            WATCH.writes += 1
+
+    def __delitem__(self: Any, key: Any) -> None:
+        base.__delitem__(self, key)
+        if isinstance(key, str) and key.startswith(PREFIX):
+            WATCH.writes += 1
+
+    return type("_WatchedEnviron", (base,), {"__setitem__": __setitem__, "__delitem__": __delitem__,
+                                             "_magi2_watched": True, "__module__": __name__})
+
+
+def watch_environ() -> bool:
+    """Make ``os.environ`` count its ``MAGI2_*`` writes (once; done at import). The object stays the same
+    (its class becomes a subclass of its own); False when it is not an ``os._Environ`` and cannot be watched."""
+    env: object = os.environ
+    if getattr(type(env), "_magi2_watched", False):
+        return True
+    if not isinstance(env, os._Environ):
+        return False
+    env.__class__ = _watched(type(env))
+    return True
+
+
+def _snapshot() -> dict[str, str]:
+    return {k: v for k, v in list(os.environ.items()) if k.startswith(PREFIX)}
+
+
+_seen_env: dict[str, str] = _snapshot()  # the MAGI2_* items of os.environ at the last sync
+if not watch_environ():
+    logging.getLogger("magi2_core").warning(
+        "magi2_core: os.environ is a %s, not os._Environ, so a change of a MAGI2_* variable is not noticed by "
+        "itself: call magi2_core.reload_config() after changing one", type(os.environ).__name__)
 
 
 def _parse(var: Variable[Any]) -> Any:
-    raw = os.environ.get(var.name)
+    return _parse_text(var, os.environ.get(var.name))
+
+
+def _parse_text(var: Variable[Any], raw: str | None) -> Any:
     if raw is None or (var.empty_is_unset and not raw.strip()):
         return var.default
     try:
@@ -304,7 +430,9 @@ def _parse(var: Variable[Any]) -> Any:
 
 
 def get(name: str) -> Any:
-    """The parsed value of ``name`` (read from the environment once, then cached)."""
+    """The parsed value of ``name`` as ``os.environ`` holds it (parsed once per change, then cached)."""
+    if WATCH.writes != WATCH.synced:
+        sync()
     try:
         return _values[name]
     except KeyError:
@@ -320,29 +448,8 @@ def get(name: str) -> Any:
 
 
 def current(name: str) -> Any:
-    """The parsed value of ``name`` as the environment holds it now, for a variable read on every use.
-
-    The environment is read on every call (one lookup; the parse is redone only when the text changed)
-    and the cached value follows it, so :func:`get` and ``magi2 backends --json`` agree with the last
-    read. A value that does not parse raises :class:`~magi2_core.errors.ConfigError` naming the variable.
-    """
-    var = VARIABLES.get(name)
-    if var is None:
-        raise KeyError(f"{name} is not a declared magi2 configuration variable; declared: {sorted(VARIABLES)}")
-    raw = os.environ.get(name)
-    seen = _current_raw.get(name, _UNREAD)
-    if seen is not _UNREAD and seen == raw and name in _values:
-        return _values[name]
-    value = _parse(var)
-    with _lock:
-        if name in VARIABLES:
-            _values[name] = value
-            _current_raw[name] = raw
-    return value
-
-
-_UNREAD = object()
-_current_raw: dict[str, object] = {}  # name -> the environment text `current` last parsed
+    """The same as :func:`get` (every read follows ``os.environ``); kept for callers that used it."""
+    return get(name)
 
 
 def effective() -> dict[str, object]:
@@ -351,24 +458,87 @@ def effective() -> dict[str, object]:
 
 
 def on_reload(listener: Callable[[], None]) -> None:
-    """Call ``listener`` after every :func:`reload_config` (cached decisions that depend on the config)."""
+    """Call ``listener`` after every :func:`reload_config` and every applied :func:`sync` (cached
+    decisions that depend on the config)."""
     _listeners.append(listener)
+
+
+def fix(name: str) -> None:
+    """Record that the value of ``name`` read now stays in use (the moment it is read cannot be redone in
+    place): a later change is refused by :func:`sync` and, unless its moment is reloadable, by
+    :func:`reload_config`."""
+    value = get(name)
+    with _lock:
+        _fixed[name] = value
+
+
+def release(name: str) -> None:
+    """Forget :func:`fix` of ``name`` (its reader let go of the value: unloaded, unregistered)."""
+    with _lock:
+        _fixed.pop(name, None)
+
+
+def _refuse_fixed(fresh: dict[str, Any], raw: dict[str, str], explicit: bool) -> None:
+    """Raise ``ConfigChangeError`` for the first variable in ``fresh`` whose fixed value it would change."""
+    for name, value in fresh.items():
+        var = VARIABLES.get(name)
+        if var is None or name not in _fixed or _fixed[name] == value or (explicit and var.read.reloadable):
+            continue
+        remedy = ("restore it, or call magi2_core.reload_config() to reload the backends with it"
+                  if var.read.reloadable else "restore it (the value in use cannot change in this process)")
+        raise ConfigChangeError(name, raw.get(name), var.read.when, _fixed[name], remedy)
+
+
+def _apply(fresh: dict[str, Any], env: dict[str, str], writes: int, *, replace: bool) -> None:
+    global generation, _seen_env
+    with _lock:
+        if replace:
+            _values.clear()
+        _values.update(fresh)
+        for name, value in fresh.items():
+            if name in _fixed and _fixed[name] != value:  # allowed by _refuse_fixed: a reloadable moment
+                del _fixed[name]  # its reader redoes the moment (a listener) and fixes the new value
+        _seen_env = env
+        WATCH.synced = writes
+        generation += 1
+    for listener in list(_listeners):
+        listener()
+
+
+def sync() -> None:
+    """Bring the cache up to ``os.environ`` after a write to a ``MAGI2_*`` key (called by reads that notice
+    one). The declared variables whose text changed are parsed again and applied as a whole, as
+    :func:`reload_config` applies; on a bad value or a refused change nothing changes and the error is
+    raised again at every read until the environment is put right."""
+    global _seen_env
+    with _lock:
+        writes = WATCH.writes  # before the snapshot: a write during it is noticed next time
+        env = _snapshot()
+        changed = {k for k in env.keys() | _seen_env.keys() if env.get(k) != _seen_env.get(k)}
+        # Only the cached ones: a variable not read yet is parsed from the new text by its first get().
+        stale = [VARIABLES[k] for k in changed if k in VARIABLES and k in _values]
+        if not stale:
+            _seen_env = env
+            WATCH.synced = writes
+            return
+    fresh = {var.name: _parse_text(var, env.get(var.name)) for var in stale}
+    _refuse_fixed(fresh, env, explicit=False)
+    _apply(fresh, env, writes, replace=False)
 
 
 def reload_config() -> dict[str, object]:
     """Re-read every ``MAGI2_*`` variable now; raise ``ConfigError`` if any is invalid.
 
-    On an error nothing changes: the previous values stay in force. Returns :func:`effective`.
+    On an error nothing changes: the previous values stay in force. A variable fixed at a moment
+    that cannot be redone (vLLM plugin load) and changed since raises ``ConfigChangeError``; one
+    fixed at backend load is taken, and the backend registry reloads with it. Returns :func:`effective`.
     """
-    global generation
+    watch_environ()
+    writes = WATCH.writes
+    env = _snapshot()
     fresh = {name: _parse(var) for name, var in list(VARIABLES.items())}
-    with _lock:
-        _values.clear()
-        _values.update(fresh)
-        _current_raw.clear()
-        generation += 1
-    for listener in list(_listeners):
-        listener()
+    _refuse_fixed(fresh, env, explicit=True)
+    _apply(fresh, env, writes, replace=True)
     return dict(fresh)
 
 
@@ -385,7 +555,7 @@ _declared: dict[str, tuple[Setting, int]] = {}
 def variable(setting: Setting, owner: str) -> Variable[Any]:
     """The :class:`Variable` that ``setting`` declares for ``owner`` (not added anywhere)."""
     parse = _PARSERS.get(setting.kind) or choice(*setting.choices)
-    return Variable(setting.name, setting.default, setting.help, parse, owner=owner)
+    return Variable(setting.name, setting.default, setting.help, parse, owner=owner, read=MOMENTS[setting.read])
 
 
 def owner(name: str) -> str | None:
@@ -426,4 +596,4 @@ def withdraw(owner: str) -> None:
                 continue
             del _declared[name], VARIABLES[name]
             _values.pop(name, None)
-            _current_raw.pop(name, None)
+            _fixed.pop(name, None)

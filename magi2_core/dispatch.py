@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from magi2_core import config
+from magi2_core.config import WATCH
 from magi2_core.contracts._checks import replace_device_value_checks
 from magi2_core.overrides import context_token
 from magi2_core.problem import HEAD, OpName
@@ -46,7 +47,7 @@ class CacheKey(NamedTuple):
 
     op: OpName
     provider: str | None
-    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on reload_config)
+    overrides: tuple[tuple[str, str], ...]  # the use(...) context (env overrides: cleared on a config change)
     head: tuple[Any, ...]  # (device, dtype, out_dtype, feature mask), as in the op's key
     buckets: tuple[int | None, ...]  # per bucketed field: the index of its value among the boundaries
 
@@ -71,8 +72,9 @@ class _Slot(NamedTuple):
 class Dispatcher:
     """Memoised resolution for op calls.
 
-    Two caches, both dropped together when the registry changes, the configuration is reloaded or
-    strict mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
+    Two caches, both dropped together when the registry changes, the configuration changes (a write to
+    a ``MAGI2_*`` key of ``os.environ``, noticed here on every call, or ``reload_config()``) or strict
+    mode / device-value checks are switched: :meth:`kernel` maps a typed problem key, bucketed by
     the boundaries the installed descriptors use, to the provider; :meth:`bound_calls` is where each
     op keeps its validated call layouts (argument shapes, dtypes, devices and scalars -> normalised
     values and the provider), so that a repeated call is a tuple build and one dict lookup.
@@ -94,6 +96,8 @@ class Dispatcher:
 
     def bound_calls(self) -> dict[tuple[Any, ...], Any]:
         """The current generation's cache of validated call layouts (empty after any change)."""
+        if WATCH.writes != WATCH.synced:  # a MAGI2_* variable was written since the last read
+            config.sync()  # a change clears this cache (on_reload); a refused or bad one raises here
         slot = self._slot
         # The registry's generation property, read without its frame: this runs on every op call.
         if slot.generation != self._registry._state.generation:

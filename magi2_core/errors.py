@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from magi2_core.reasons import Resolution
 
 __all__ = [
+    "ConfigChangeError",
     "ConfigError",
     "InvalidDTypeError",
     "InvalidDeviceError",
@@ -92,6 +93,23 @@ class ConfigError(Magi2Error, ValueError):
         self.variable, self.value, self.accepted = variable, value, accepted
         detail = f" ({why})" if why else ""
         super().__init__(f"{variable}={value!r} is not valid{detail}; accepted: {accepted}")
+
+
+class ConfigChangeError(ConfigError):
+    """A ``MAGI2_*`` variable changed after the moment it is read, and the value read then stays in use.
+
+    ``variable``, ``value`` (the new text, None when unset), ``moment``, ``in_use`` (the value kept).
+    """
+
+    def __init__(self, variable: str, value: str | None, moment: str, in_use: object, remedy: str) -> None:
+        self.variable, self.value, self.accepted = variable, value or "", ""
+        self.moment, self.in_use = moment, in_use
+        now = "unset" if value is None else f"set to {value!r}"
+        Magi2Error.__init__(
+            self,
+            f"{variable} was {now} after it was read at {moment}; {in_use!r} stays in use "
+            f"and the change cannot take effect: {remedy}",
+        )
 
 
 class ProfileError(Magi2Error, ValueError):

@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from magi2_core.capability import Capability
 
-__all__ = ["BackendSpec", "Setting", "SettingKind", "SinkCorrectionSpec", "hookimpl"]
+__all__ = ["BackendSpec", "Setting", "SettingKind", "SettingMoment", "SinkCorrectionSpec", "hookimpl"]
 
 SettingKind = Literal["boolean", "choice", "fraction", "seconds"]
+SettingMoment = Literal["every call", "backend load", "plugin load"]
 
 
 class Setting(BaseModel):
@@ -33,8 +34,8 @@ class Setting(BaseModel):
 
     The registry adds it to :mod:`magi2_core.config` when the backend loads, with the backend's name
     as its owner (``docs/configuration.md`` lists it so). It is then parsed, cached, validated and
-    re-read by ``reload_config()`` like the core's own variables: ``magi2_core.config.get(name)``
-    returns the parsed value. A name that the core or another backend already declares quarantines
+    re-read like the core's own variables: ``magi2_core.config.get(name)`` returns the parsed value as
+    ``os.environ`` holds it now; ``read`` says when the backend reads it (docs/configuration.md). A name that the core or another backend already declares quarantines
     the backend that comes second.
     """
 
@@ -46,6 +47,13 @@ class Setting(BaseModel):
     default: StrictBool | float | str | None = Field(None, description="the value when unset (None: unset)")
     choices: tuple[str, ...] = Field((), description="the accepted values of a 'choice' setting, lower case")
     help: str = Field(min_length=1, description="what it does, for docs/configuration.md")
+    read: SettingMoment = Field(
+        "every call",
+        description="when the backend reads it: 'every call' (config.get at each use; a change takes effect at the "
+                    "next call) or 'backend load' (read once when the backend loads and kept; a later change is "
+                    "refused with ConfigChangeError until reload_config() reloads the backends); 'plugin load' is "
+                    "the vLLM plugin's own",
+    )
     forces_sink_correction_on: str | None = Field(
         None, description="a device type: this 'choice' setting names the learned-sink correction used on that "
                           "device type (its choices are correction names; 'torch' is the core's own)"

@@ -148,7 +148,9 @@ class Registry:
         self._providers: dict[OpName, list[LoadedProvider]] = {op: [] for op in OPS}
         self._state = _EMPTY
         self._loading = False
-        self._plugin_lists: tuple[frozenset[str] | None, frozenset[str]] | None = None
+        self._plugin_lists: tuple[object, ...] | None = None  # the backend-load variables it loaded with
+        # The process registry fixes its backend-load variables (config.fix): a later change is refused.
+        self._fixes_config = False
         # Threads importing an entry point for this registry: a plugin that asks for the registry while
         # it is imported sees the state so far (the loading thread holds the lock while it waits).
         self._importers: set[int] = set()
@@ -178,7 +180,6 @@ class Registry:
         config.effective()  # parse every MAGI2_* variable first: a bad one is the caller's ConfigError
         allow: frozenset[str] | None = config.get("MAGI2_PLUGINS")
         deny: frozenset[str] = config.get("MAGI2_DISABLE_PLUGINS") or frozenset()
-        self._plugin_lists = (allow, deny)
         # The genuine reference first, so that no other backend can take its names; then by name.
         eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: (not _is_reference(ep), ep.name))
         installed = {ep.name for ep in eps}
@@ -201,6 +202,18 @@ class Registry:
                 continue
             self._add(plugin, ep.name, ep.value, dist, start, entry_point=True)
         config.effective()  # and the variables the backends declared: a bad one is the caller's ConfigError
+        self._plugin_lists = self._load_settings()
+        if self._fixes_config:
+            for name in self._fixed_names():
+                config.fix(name)
+
+    def _load_settings(self) -> tuple[object, ...]:
+        return tuple(config.get(name) for name in self._fixed_names())
+
+    def _fixed_names(self) -> list[str]:
+        """The variables read at backend load: the core's and the loaded backends' ``read='backend load'``."""
+        own = [s.name for b in self._backends.values() for s in b.spec.settings if s.read == "backend load"]
+        return [*_LOAD_VARIABLES, *own]
 
     def _import(self, ep: Any, limit: float | None) -> tuple[object, str | None]:
         """``ep.load()`` in a helper thread, waited for at most ``limit`` seconds (``None`` or 0: no limit).
@@ -244,6 +257,10 @@ class Registry:
             dist = REFERENCE_DIST if name == REFERENCE and _is_reference_module(plugin) else "(registered in process)"
             self._add(plugin, name, repr(plugin), dist, time.perf_counter())
             self._changed()
+            if self._fixes_config:  # its backend-load settings are read now, as an entry point's are
+                self._plugin_lists = self._load_settings()
+                for fixed in self._fixed_names():
+                    config.fix(fixed)
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -326,6 +343,9 @@ class Registry:
         if twice:
             raise ValueError(f"settings declared more than once in the spec: {twice}")
         for setting in spec.settings:
+            if setting.read == "plugin load":
+                raise ValueError(f"setting {setting.name} of {spec.name}: read='plugin load' is the vLLM plugin's "
+                                 "moment; a backend reads a setting at 'every call' or 'backend load'")
             held_by = config.owner(setting.name)
             if held_by is not None and held_by != spec.name:
                 raise ValueError(f"setting {setting.name} is already declared by {held_by}; {spec.name} declares "
@@ -397,6 +417,9 @@ class Registry:
 
     def _clear(self) -> None:
         """Drop every backend (withdrawing their settings) and quarantine entry; the next use rediscovers."""
+        if self._fixes_config:
+            for name in _LOAD_VARIABLES:
+                config.release(name)
         for backend in self._backends.values():
             config.withdraw(backend.spec.name)
         self._backends.clear()
@@ -405,9 +428,8 @@ class Registry:
         self._loaded = False
 
     def _config_reloaded(self) -> None:
-        """After ``reload_config()``: rediscover if the allow/deny lists this registry loaded with changed."""
-        lists = (config.get("MAGI2_PLUGINS"), config.get("MAGI2_DISABLE_PLUGINS") or frozenset())
-        if self._loaded and self._discover and lists != self._plugin_lists:
+        """After ``reload_config()``: rediscover if a backend-load variable this registry loaded with changed."""
+        if self._loaded and self._discover and self._load_settings() != self._plugin_lists:
             self.reload()
 
     # -- queries -------------------------------------------------------------------------------
@@ -502,6 +524,8 @@ def _older_contract(spec: BackendSpec) -> str | None:
     return None
 
 
+# The core's variables read when the backends load (config.BACKEND_LOAD).
+_LOAD_VARIABLES = tuple(name for name, var in config.VARIABLES.items() if var.read is config.BACKEND_LOAD)
 _REGISTRY: Registry | None = None
 _REGISTRY_LOCK = threading.Lock()
 
@@ -513,6 +537,7 @@ def get_registry() -> Registry:
         with _REGISTRY_LOCK:
             if _REGISTRY is None:
                 _REGISTRY = Registry()
+                _REGISTRY._fixes_config = True
                 config.on_reload(_REGISTRY._config_reloaded)
     return _REGISTRY
 

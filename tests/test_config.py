@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,17 @@ def test_bad_value_names_the_variable_and_what_is_accepted(
     monkeypatch: pytest.MonkeyPatch, var: str, raw: str, accepted: str
 ) -> None:
     m2.get_registry().state()  # the backends' settings (MAGI2_MATE_*) are declared once they have loaded
-    before = config.effective()
+    before, generation = config.effective(), config.generation
     monkeypatch.setenv(var, raw)
     with pytest.raises(m2.ConfigError) as info:
         m2.reload_config()
     assert isinstance(info.value, ValueError) and info.value.variable == var
     assert var in str(info.value) and repr(raw) in str(info.value) and accepted in str(info.value)
-    assert config.effective() == before  # a failed reload changes nothing
+    assert config.generation == generation  # a failed reload changes nothing
+    with pytest.raises(m2.ConfigError, match=var):  # and every read refuses the value until it is put right
+        config.get("MAGI2_SHADOW")
+    monkeypatch.undo()
+    assert config.effective() == before
 
 
 @pytest.mark.parametrize(("raw", "value"), [("true", True), ("1", True), ("ON", True), ("no", False), ("0", False)])
@@ -67,12 +72,33 @@ def test_shadow_raise_true_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not shadow.is_active()
 
 
-def test_values_are_read_once_until_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_to_os_environ_is_seen_by_the_next_read(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.get("MAGI2_DETERMINISTIC") is False
-    monkeypatch.setenv("MAGI2_DETERMINISTIC", "1")
-    assert config.get("MAGI2_DETERMINISTIC") is False  # cached
-    m2.reload_config()
-    assert config.get("MAGI2_DETERMINISTIC") is True
+    generation = config.generation
+    os.environ["MAGI2_DETERMINISTIC"] = "1"  # no reload_config() after it
+    try:
+        assert config.get("MAGI2_DETERMINISTIC") is True
+        assert config.generation == generation + 1  # the caches that follow the config were told
+        os.environ["MAGI2_UNDECLARED_THING"] = "x"  # an undeclared name: noticed, nothing to refresh
+        assert config.get("MAGI2_DETERMINISTIC") is True and config.generation == generation + 1
+        os.environ["PATH"] = os.environ["PATH"]  # not a MAGI2_* key: not even counted
+        assert config.WATCH.writes == config.WATCH.synced
+    finally:
+        os.environ.pop("MAGI2_UNDECLARED_THING", None)
+        del os.environ["MAGI2_DETERMINISTIC"]
+    assert config.get("MAGI2_DETERMINISTIC") is False
+
+
+def test_os_environ_stays_the_same_object_of_a_subclass_of_its_class() -> None:
+    assert isinstance(os.environ, os._Environ) and getattr(type(os.environ), "_magi2_watched", False)
+    assert config.watch_environ()  # installing again is a no-op
+    assert type(os.environ).__mro__[1] is os._Environ
+    os.environ.update(MAGI2_STRICT="1")  # MutableMapping's methods go through __setitem__
+    try:
+        assert config.get("MAGI2_STRICT") is True
+    finally:
+        os.environ.pop("MAGI2_STRICT")
+    assert config.get("MAGI2_STRICT") is False
 
 
 def test_empty_value_is_unset_except_for_the_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,13 +138,29 @@ def test_allow_list_typo_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
         m2.reload_config()
 
 
-def test_reload_applies_env_provider_overrides_to_cached_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_env_provider_override_set_after_a_call_applies_to_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w = torch.randn(2, 8), torch.randn(1, 1, 8)
-    m2.rmsnorm(x, w)  # fills the resolution cache
-    monkeypatch.setenv("MAGI2_RMSNORM_PROVIDER", "no_such_provider")
-    m2.reload_config()
+    m2.rmsnorm(x, w)  # fills the resolution cache and the bound-call cache
+    monkeypatch.setenv("MAGI2_RMSNORM_PROVIDER", "no_such_provider")  # no reload_config()
     with pytest.raises(m2.UnknownProviderError, match="no_such_provider"):
         m2.rmsnorm(x, w)
+    monkeypatch.delenv("MAGI2_RMSNORM_PROVIDER")
+    assert m2.rmsnorm(x, w).shape == (2, 8)
+
+
+def test_a_backend_load_variable_changed_after_load_is_refused_until_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = torch.randn(2, 8), torch.randn(1, 1, 8)
+    m2.rmsnorm(x, w)  # the backends are loaded
+    assert "example" in [b.entry_point for b in m2.get_registry().backends()]
+    monkeypatch.setenv("MAGI2_DISABLE_PLUGINS", "example")
+    with pytest.raises(m2.ConfigChangeError, match="MAGI2_DISABLE_PLUGINS") as info:
+        m2.rmsnorm(x, w)
+    assert "backend load" in str(info.value) and "reload_config()" in str(info.value)
+    with pytest.raises(m2.ConfigChangeError, match="MAGI2_DISABLE_PLUGINS"):
+        config.get("MAGI2_STRICT")  # every read refuses it, not only the op calls
+    m2.reload_config()  # reloads the backends with the new value
+    assert "example" not in [b.entry_point for b in m2.get_registry().backends()]
+    assert m2.rmsnorm(x, w).shape == (2, 8)
 
 
 def test_every_magi2_variable_in_the_sources_is_declared() -> None:
@@ -173,8 +215,7 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
     try:
         assert Feature.DETERMINISTIC not in m2.resolve("attention", q, k, v, cu, cu).problem.features
         m2.attention(q, k, v, cu, cu, provider="toy_det")
-        monkeypatch.setenv("MAGI2_DETERMINISTIC", "1")
-        m2.reload_config()
+        os.environ["MAGI2_DETERMINISTIC"] = "1"  # after a first call, without reload_config()
         assert Feature.DETERMINISTIC in m2.resolve("attention", q, k, v, cu, cu).problem.features
         assert Feature.DETERMINISTIC not in m2.resolve("attention", q, k, v, cu, cu, deterministic=False).problem.features
         m2.attention(q, k, v, cu, cu, provider="toy_det")
@@ -182,11 +223,10 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
         assert seen == [False, True, False]
     finally:
         registry.unregister("toy_det")
-        monkeypatch.delenv("MAGI2_DETERMINISTIC")
-        m2.reload_config()
+        os.environ.pop("MAGI2_DETERMINISTIC", None)
 
 
-def test_current_follows_the_environment_on_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_get_and_current_follow_the_environment_on_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MAGI2_STRICT", raising=False)
     assert config.current("MAGI2_STRICT") is False
     monkeypatch.setenv("MAGI2_STRICT", "1")

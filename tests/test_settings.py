@@ -334,3 +334,37 @@ def test_magi2_backends_json_shows_a_backends_settings_and_their_values() -> Non
     musa = next(b for b in data["backends"] if b["entry_point"] == "musa_mate")
     assert [s["name"] for s in musa["settings"]] == ["MAGI2_MATE_BACKEND", "MAGI2_MATE_SINK_CORRECTION"]
     assert data["config"]["MAGI2_MATE_SINK_CORRECTION"] in ("torch", "triton")
+
+
+# -- when a backend's setting is read -------------------------------------------------------------
+def test_a_backend_load_setting_changed_after_load_is_refused_until_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = m2.get_registry()
+    registry.register(_backend(OWNER, _setting(read="backend load")), "toy")
+    try:
+        assert config.VARIABLES["MAGI2_TOY_MODE"].read is config.BACKEND_LOAD
+        monkeypatch.setenv("MAGI2_TOY_MODE", "fast")
+        with pytest.raises(m2.ConfigChangeError, match="MAGI2_TOY_MODE") as info:
+            config.get("MAGI2_TOY_MODE")
+        assert "'exact' stays in use" in str(info.value)
+        m2.reload_config()  # reloads the backends: the registry forgets the in-process one
+        assert "toy" not in [b.entry_point for b in registry.backends()]
+    finally:
+        registry.unregister("toy")
+
+
+def test_an_every_call_setting_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = m2.get_registry()
+    registry.register(_backend(OWNER, _setting()), "toy")
+    try:
+        assert config.get("MAGI2_TOY_MODE") == "exact"
+        monkeypatch.setenv("MAGI2_TOY_MODE", "fast")
+        assert config.get("MAGI2_TOY_MODE") == "fast"
+    finally:
+        registry.unregister("toy")
+
+
+def test_a_backend_cannot_claim_the_plugin_load_moment() -> None:
+    reg = Registry(discover=False)
+    reg.register(_backend(OWNER, _setting(read="plugin load")), "toy")
+    (item,) = reg.quarantined()
+    assert "read='plugin load'" in item.reason and "MAGI2_TOY_MODE" in item.reason

@@ -25,6 +25,7 @@ import torch
 
 import magi2_core as m2
 from benchmarks import _vllm_stubs as stubs
+from magi2_core import config as m2_config
 from magi2_core.errors import ConfigError
 from magi2_core.integrations import vllm_omni as integ
 from magi2_core.integrations.vllm_omni import plugin
@@ -181,6 +182,23 @@ def test_patch_release_of_the_supported_minor_is_accepted(
     _fake_distribution(tmp_path, monkeypatch, "0.30.2")
     integ.register()
     assert all(_swapped(_mod("modeling_magi2")).values())
+
+
+def test_magi2_vllm_omni_changed_after_the_swap_is_refused(vllm_omni: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    integ.register()
+    assert all(_swapped(_mod("modeling_magi2")).values())
+    x, w = torch.randn(2, 8), torch.randn(1, 1, 8)
+    monkeypatch.setenv("MAGI2_VLLM_OMNI", "0")
+    with pytest.raises(m2.ConfigChangeError, match="MAGI2_VLLM_OMNI") as info:
+        m2.rmsnorm(x, w)
+    assert "plugin load" in str(info.value)
+    with pytest.raises(m2.ConfigChangeError, match="MAGI2_VLLM_OMNI"):
+        m2.reload_config()  # cannot be redone in place either
+    monkeypatch.setenv("MAGI2_VLLM_OMNI", "yes")  # the value in use, spelled otherwise: accepted
+    assert m2.rmsnorm(x, w).shape == (2, 8)
+    integ.unregister()  # lets go of it
+    monkeypatch.setenv("MAGI2_VLLM_OMNI", "0")
+    assert m2_config.get("MAGI2_VLLM_OMNI") is False
 
 
 def test_opt_out_logs_and_does_nothing(

@@ -91,6 +91,7 @@ def register() -> None:
     if importlib.util.find_spec("vllm_omni") is None:
         return
     _share_vllm_log_handlers()
+    m2_config.fix(VLLM_OMNI.name)  # the swap (or not) is decided now: a later change is refused, not ignored
     if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
@@ -127,6 +128,7 @@ def unregister() -> None:
     no longer recognises their MoE layers, so load them before unregistering.
     """
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
+    m2_config.release(VLLM_OMNI.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
         if module is not None and any(getattr(module, attr, None) is s.replacement for s in _SWAPS):

@@ -2,7 +2,8 @@
 
 They are declared when the integration is imported (by vLLM's plugin loader, or by code that builds
 its layers), under the owner :data:`OWNER`; ``docs/configuration.md`` lists them with that owner.
-``MAGI2_VLLM_OMNI`` is read once, by the plugin when vLLM loads it (:func:`magi2_core.config.get`).
+``MAGI2_VLLM_OMNI`` is read once, by the plugin when vLLM loads it, and fixed then
+(:func:`magi2_core.config.fix`): a later change raises ``ConfigChangeError`` at the next call.
 ``MAGI2_ROUTER_BIAS_SOURCE`` is read on every forward of a MoE layer, as vllm-omni reads it
 (:func:`router_bias_source`), so plugin on and off select with the same bias after any sequence of
 settings.
@@ -24,6 +25,7 @@ VLLM_OMNI = Setting(
     help="The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
          "0.30.x is installed; 0 leaves vllm-omni's own operators in place. Read once, when vLLM loads the plugin "
          "(the swap happens then, before any model is built).",
+    read="plugin load",
 )
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
@@ -43,4 +45,4 @@ for _setting in SETTINGS:
 
 def router_bias_source() -> str:
     """``ema`` or ``main``: ``MAGI2_ROUTER_BIAS_SOURCE`` as the environment holds it now."""
-    return str(config.current(ROUTER_BIAS_SOURCE.name))
+    return str(config.get(ROUTER_BIAS_SOURCE.name))
