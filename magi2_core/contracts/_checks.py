@@ -138,8 +138,9 @@ def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor
             raise InvalidDeviceError(op, arg, f"on {ref.device} like '{ref_arg}'", describe(t))
 
 
-def modality_sizes(op: str, value: object, tokens: int) -> tuple[int, ...] | None:
-    """Host-side modality group sizes (non-negative ints summing to ``tokens``) as a tuple; None stays None."""
+def modality_sizes(op: str, value: object, tokens: int, tokens_of: str) -> tuple[int, ...] | None:
+    """Host-side modality group sizes (non-negative ints summing to ``tokens``, the size ``tokens_of`` names)
+    as a tuple; None stays None."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -151,6 +152,6 @@ def modality_sizes(op: str, value: object, tokens: int) -> tuple[int, ...] | Non
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
         raise InvalidShapeError(op, "modality_sizes", "a non-empty list of non-negative ints", repr(value))
     if sum(sizes) != tokens:
-        raise InvalidShapeError(op, "modality_sizes", f"sizes summing to the token count {tokens}",
+        raise InvalidShapeError(op, "modality_sizes", f"sizes summing to the token count {tokens_of} = {tokens}",
                                 f"{list(sizes)} (sum {sum(sizes)})")
     return sizes

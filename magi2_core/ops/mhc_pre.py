@@ -138,7 +138,7 @@ def validate(
     if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
         raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", ck.describe(x))
     t, n, d = x.shape
-    sizes = ck.modality_sizes(OP, modality_sizes, t)
+    sizes = ck.modality_sizes(OP, modality_sizes, t, "streams.shape[0]")
     m = 1 if sizes is None else len(sizes)
     w = _fp32_param("norm_weight", norm_weight, None, "")
     if tuple(w.shape) not in ((m * n * d,), (m, n * d)):

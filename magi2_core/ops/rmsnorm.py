@@ -96,7 +96,7 @@ def validate(
     w = ck.tensor(OP, "weight", weight)
     ck.dtype_in(OP, "weight", w, ck.FLOATS)
     ck.same_device(OP, "x", x, weight=w)
-    sizes = ck.modality_sizes(OP, modality_sizes, t)
+    sizes = ck.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
     m = len(sizes) if sizes is not None else 1
     accepted = _weight_layouts(m, d)
     if w.dim() == 1:
