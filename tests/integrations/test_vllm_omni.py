@@ -305,6 +305,19 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
         assert verdict, f"{branch}: {verdict}"
 
 
+def test_compile_regions_with_the_swaps_match_eager(vllm_omni: Path) -> None:
+    """vllm-omni's ``compile_regions`` (fullgraph) over layers whose mHC, norms, MoE and attention run
+    on magi2-core: the custom ops stay opaque in the regions and the output is the eager one."""
+    torch._dynamo.reset()
+    modeling = _mod("modeling_magi2")
+    integ.register()
+    model = modeling.Magi2PreviewTransformer(_small_config())
+    model.load_state_dict(_random_checkpoint(model, seed=8, scale=0.05))
+    want = _run_model(model, model.config)
+    model.compile_regions(fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(_run_model(model, model.config), want, rtol=1e-6, atol=1e-6)
+
+
 def test_plugin_is_installed_as_a_vllm_general_plugin() -> None:
     found = importlib.metadata.entry_points(group="vllm.general_plugins")
     assert [ep.value for ep in found if ep.dist is not None and ep.dist.name == "magi2-core"] == [
