@@ -25,6 +25,7 @@ def _device_types() -> tuple[str, ...]:
 
 def providers() -> tuple[Capability, ...]:
     devices = _device_types()
+    no_musa = tuple(d for d in devices if d != "musa")
     return (
         Capability(
             op="moe_experts",
@@ -85,13 +86,14 @@ def providers() -> tuple[Capability, ...]:
             priority=20,
             description="one-pass multi-modality RMSNorm: FP32 sum of squares, (w[m]+1) scale, one cast",
         ),
-        # mHC: any stream count up to 8 (the release has 4), the streams' three float dtypes.
+        # mHC: any stream count up to 8 (the release has 4), the streams' three float dtypes. Not on
+        # MUSA: the FP32 IEEE tl.dot and the 3-D tiles have not run under Triton-MUSA.
         Capability(
             op="mhc_pre",
             name="triton",
             impl=f"{_PKG}:triton_mhc_pre",
             version=__version__,
-            device_types=devices,
+            device_types=no_musa,
             dtypes=("float32", "bfloat16", "float16"),
             out_dtypes=("float32", "bfloat16", "float16"),
             ranges=(IntRange(field="num_streams", min=1, max=8),),
@@ -105,7 +107,7 @@ def providers() -> tuple[Capability, ...]:
             name="triton",
             impl=f"{_PKG}:triton_mhc_mix",
             version=__version__,
-            device_types=devices,
+            device_types=no_musa,
             dtypes=("float32", "bfloat16", "float16"),
             ranges=(IntRange(field="num_streams", min=1, max=8),),
             features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
