@@ -67,8 +67,15 @@ def bench(t: int, iters: int) -> dict[str, Any]:
                  str(acc.accept_mhc_coefficients(got[1], ref[1], "post")),
                  str(acc.accept_mhc_coefficients(got[2], ref[2], "residual"))]  # fmt: skip
     mix_call = call_record("mhc_mix", x, y, ref[1], ref[2])
-    verdicts.append(str(acc.accept_mhc_mix(m2.mhc_mix(x, y, ref[1], ref[2], provider="triton"),
-                                           m2.mhc_mix(x, y, ref[1], ref[2], provider="reference"), mix_call)))
+    verdicts.append(
+        str(
+            acc.accept_mhc_mix(
+                m2.mhc_mix(x, y, ref[1], ref[2], provider="triton"),
+                m2.mhc_mix(x, y, ref[1], ref[2], provider="reference"),
+                mix_call,
+            )
+        )
+    )
     del got, ref
 
     s = x.numel() * 2
@@ -104,8 +111,10 @@ def main() -> None:
     copy = info["copy_tb_s_measured"]
     print(f"copy {copy:.2f} TB/s; {row['tokens']} tokens x {STREAMS} x {WIDTH}; " + "; ".join(row["acceptance"]))
     for name, r in row["results"].items():
-        print(f"{name:16s} p50 {r['p50_ms']:.3f} ms  {r['tb_s_design_bytes']:.2f} TB/s on the design's bytes "
-              f"({r['tb_s_design_bytes'] / copy:.2f} of copy), {r['tb_s_minimum_bytes'] / copy:.2f} on the minimum")
+        print(
+            f"{name:16s} p50 {r['p50_ms']:.3f} ms  {r['tb_s_design_bytes']:.2f} TB/s on the design's bytes "
+            f"({r['tb_s_design_bytes'] / copy:.2f} of copy), {r['tb_s_minimum_bytes'] / copy:.2f} on the minimum"
+        )
 
 
 if __name__ == "__main__":

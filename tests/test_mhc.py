@@ -19,8 +19,15 @@ from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _oracle_pre(x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[int] | None, od: torch.dtype,
-                iterations: int = 20, eps: float = 1e-6, s_eps: float = 1e-12) -> tuple[torch.Tensor, ...]:
+def _oracle_pre(
+    x: torch.Tensor,
+    params: tuple[torch.Tensor, ...],
+    sizes: list[int] | None,
+    od: torch.dtype,
+    iterations: int = 20,
+    eps: float = 1e-6,
+    s_eps: float = 1e-12,
+) -> tuple[torch.Tensor, ...]:
     """Token by token, in float64, written from the formulas of operators.md §5.2."""
     w, phi, a_pre, a_post, a_res, b_pre, b_post, b_res = (p.double() for p in params)
     t, n, d = x.shape
@@ -33,8 +40,8 @@ def _oracle_pre(x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[i
         logits = (row / torch.sqrt((row * row).mean() + eps) * (w[group[i]] + 1)) @ phi
         c = torch.sigmoid(a_pre * s * logits[:n] + b_pre).to(x.dtype).double()
         hs.append(sum(c[j] * x[i, j].double() for j in range(n)).to(x.dtype))
-        posts.append((2 * torch.sigmoid(a_post * s * logits[n:2 * n] + b_post)).to(od))
-        z = a_res * s * logits[2 * n:].reshape(n, n) + b_res
+        posts.append((2 * torch.sigmoid(a_post * s * logits[n : 2 * n] + b_post)).to(od))
+        z = a_res * s * logits[2 * n :].reshape(n, n) + b_res
         p = torch.exp(z - z.max()) if not torch.isnan(z).any() else torch.full_like(z, float("nan"))
         for _ in range(iterations):
             p = p / (p.sum(dim=0, keepdim=True) + s_eps)
@@ -45,22 +52,28 @@ def _oracle_pre(x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[i
     return torch.stack(hs), torch.stack(posts), torch.stack(ress)
 
 
-def _pre_inputs(seed: int, t: int, n: int, d: int, dtype: torch.dtype,
-                sizes: list[int] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+def _pre_inputs(
+    seed: int, t: int, n: int, d: int, dtype: torch.dtype, sizes: list[int] | None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(seed)
     return mhc_streams(g, t, n, d, dtype), mhc_parameters(g, 1 if sizes is None else len(sizes), n, d)
 
 
 def _accepts(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...], x: torch.Tensor) -> list[acc.Acceptance]:
-    return [acc.accept_mhc_branch_input(got[0], ref[0], x), acc.accept_mhc_coefficients(got[1], ref[1], "post"),
-            acc.accept_mhc_coefficients(got[2], ref[2], "residual")]
+    return [
+        acc.accept_mhc_branch_input(got[0], ref[0], x),
+        acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+        acc.accept_mhc_coefficients(got[2], ref[2], "residual"),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("t", "n", "d", "sizes"), [(13, 4, 32, None), (12, 4, 24, [5, 0, 7]), (6, 3, 16, [0, 6]),
-                                                    (0, 4, 16, [0])])
-def test_reference_matches_the_token_by_token_oracle(dtype: torch.dtype, t: int, n: int, d: int,
-                                                     sizes: list[int] | None) -> None:
+@pytest.mark.parametrize(
+    ("t", "n", "d", "sizes"), [(13, 4, 32, None), (12, 4, 24, [5, 0, 7]), (6, 3, 16, [0, 6]), (0, 4, 16, [0])]
+)
+def test_reference_matches_the_token_by_token_oracle(
+    dtype: torch.dtype, t: int, n: int, d: int, sizes: list[int] | None
+) -> None:
     x, params = _pre_inputs(t * 7 + n, t, n, d, dtype, sizes)
     for od in (None, torch.float32):
         got = m2.mhc_pre(x, *params, modality_sizes=sizes, out_dtype=od, provider="reference")
