@@ -20,6 +20,8 @@ __all__ = [
     "__version__",
     # the operators
     "attention",
+    "mhc_mix",
+    "mhc_pre",
     "moe_experts",
     "moe_route",
     "prepare_moe_weights",

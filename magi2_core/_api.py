@@ -24,7 +24,7 @@ from magi2_core.errors import (
 )
 from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.moe_weights import PreparedMoEWeights
-from magi2_core.ops import attention, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
+from magi2_core.ops import attention, mhc_mix, mhc_pre, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.reasons import Resolution

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
     from magi2_core.ops.attention import validate as validate_attention
+    from magi2_core.ops.mhc_mix import MHCMixCall, MHCMixKernel
+    from magi2_core.ops.mhc_mix import validate as validate_mhc_mix
+    from magi2_core.ops.mhc_pre import MHCPreCall, MHCPreKernel
+    from magi2_core.ops.mhc_pre import validate as validate_mhc_pre
     from magi2_core.ops.moe_experts import ExpertsCall, MoEExpertsKernel
     from magi2_core.ops.moe_experts import validate as validate_moe_experts
     from magi2_core.ops.moe_route import MoERouteKernel, RouteCall
@@ -95,6 +99,12 @@ _HOME: dict[str, tuple[str, str]] = {
     "RMSNormCall": ("magi2_core.ops.rmsnorm", "RMSNormCall"),
     "RMSNormKernel": ("magi2_core.ops.rmsnorm", "RMSNormKernel"),
     "validate_rmsnorm": ("magi2_core.ops.rmsnorm", "validate"),
+    "MHCPreCall": ("magi2_core.ops.mhc_pre", "MHCPreCall"),
+    "MHCPreKernel": ("magi2_core.ops.mhc_pre", "MHCPreKernel"),
+    "validate_mhc_pre": ("magi2_core.ops.mhc_pre", "validate"),
+    "MHCMixCall": ("magi2_core.ops.mhc_mix", "MHCMixCall"),
+    "MHCMixKernel": ("magi2_core.ops.mhc_mix", "MHCMixKernel"),
+    "validate_mhc_mix": ("magi2_core.ops.mhc_mix", "validate"),
     "attention": ("magi2_core.ops", "attention"),
     "resolve": ("magi2_core.ops", "resolve"),
     "Plan": ("magi2_core.plan", "Plan"),
@@ -124,11 +134,13 @@ __all__ = [
     "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "CheckableOn", "CheckedOn",
     "Condition", "ConfigError",
     "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
-    "InvalidShapeError", "InvalidValueError", "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned", "PlannedOn",
+    "InvalidShapeError", "InvalidValueError", "MHCMixCall", "MHCMixKernel", "MHCPreCall", "MHCPreKernel",
+    "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned", "PlannedOn",
     "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
     "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale", "VirtualDevice",
     "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
-    "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_moe_experts",
+    "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_mhc_mix", "validate_mhc_pre",
+    "validate_moe_experts",
     "validate_moe_route", "validate_rmsnorm", "with_routes_per_expert"
 ]
 

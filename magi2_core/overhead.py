@@ -29,7 +29,7 @@ from magi2_core.capability import Capability
 from magi2_core.errors import InvalidDeviceError
 from magi2_core.hookspecs import BackendSpec
 from magi2_core.ops import SPECS, dispatcher
-from magi2_core.problem import OPS, Feature
+from magi2_core.problem import OPS, OUT_DTYPE_OPS, Feature
 
 __all__ = ["DEVICES", "dispatch_overhead"]
 
@@ -46,6 +46,10 @@ def _noop_moe_route(call: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     return call[0], call[0]
 
 
+def _noop_mhc_pre(call: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return call[0], call[0], call[0]
+
+
 def _noop_tensor(call: tuple[Any, ...]) -> torch.Tensor:
     x: torch.Tensor = call[0]
     return x
@@ -53,6 +57,7 @@ def _noop_tensor(call: tuple[Any, ...]) -> torch.Tensor:
 
 _KERNELS: dict[str, Callable[..., Any]] = {
     "attention": _noop_attention, "moe_route": _noop_moe_route, "moe_experts": _noop_tensor, "rmsnorm": _noop_tensor,
+    "mhc_pre": _noop_mhc_pre, "mhc_mix": _noop_tensor,
 }
 
 
@@ -65,7 +70,7 @@ def noop_backend(device: str = "cpu") -> Iterator[None]:
     sys.modules[_NOOP] = kernels
     caps = tuple(
         Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=(device,), dtypes=("float32",),
-                   out_dtypes=("float32",) if op == "rmsnorm" else None, features=frozenset(Feature), priority=-1000)
+                   out_dtypes=("float32",) if op in OUT_DTYPE_OPS else None, features=frozenset(Feature), priority=-1000)
         for op in OPS
     )  # fmt: skip
     reg = m2.get_registry()

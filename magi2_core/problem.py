@@ -15,8 +15,8 @@ __all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_FEAT
            "Feature",
            "OpName", "Problem", "features_from_mask", "op_fields", "with_routes_per_expert"]
 
-OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm"]
-OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm")
+OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix"]
+OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix")
 
 
 class Feature(str, Enum):
@@ -37,7 +37,7 @@ class Problem(BaseModel):
     """Everything provider selection may depend on, and nothing else.
 
     Integer fields that an operator does not use stay ``None``. ``tokens`` is the query token count
-    for attention and the token count ``T`` for the MoE and RMSNorm operators.
+    for attention and the token count ``T`` for the MoE, RMSNorm and mHC operators.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -69,7 +69,9 @@ class Problem(BaseModel):
     width: int | None = None
     num_modalities: int | None = None
     num_patterns: int | None = None
-    out_dtype: str | None = None
+    out_dtype: str | None = None  # rmsnorm: the output's dtype; mhc_pre: the post/residual coefficients'
+    # mhc (hidden: the stream width D; num_modalities: the mHC norm's weight groups)
+    num_streams: int | None = None
 
 
 INT_FIELDS: tuple[str, ...] = tuple(
@@ -98,6 +100,8 @@ OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
     "moe_route": ("tokens", "num_heads", "num_experts", "top_k", "hidden"),
     "moe_experts": ("tokens", "num_heads", "num_experts", "top_k", "hidden", "intermediate"),
     "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),
+    "mhc_pre": ("tokens", "num_streams", "hidden", "num_modalities"),
+    "mhc_mix": ("tokens", "num_streams", "hidden"),
 }
 _EVERY_OP = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})
 # The features a call of each op can ask for (what ``magi2 backends`` lists of a provider's features).
@@ -106,8 +110,10 @@ OP_FEATURES: dict[OpName, frozenset[Feature]] = {
     "moe_route": _EVERY_OP | {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM},
     "moe_experts": _EVERY_OP,
     "rmsnorm": _EVERY_OP,
+    "mhc_pre": _EVERY_OP,
+    "mhc_mix": _EVERY_OP,
 }
-OUT_DTYPE_OPS: frozenset[OpName] = frozenset({"rmsnorm"})  # the ops whose problem has an out_dtype
+OUT_DTYPE_OPS: frozenset[OpName] = frozenset({"rmsnorm", "mhc_pre"})  # the ops whose problem has an out_dtype
 
 
 def op_fields(op: OpName) -> frozenset[str]:

@@ -23,7 +23,7 @@ from magi2_core._version import CORE_API_VERSION, __version__
 from magi2_core.capability import Capability
 from magi2_core.devices import cuda_available, musa_available
 from magi2_core.errors import ResolutionError
-from magi2_core.problem import Problem
+from magi2_core.problem import OPS, Problem
 from magi2_core.registry import Registry, get_registry
 from magi2_core.resolver import invalid_env_overrides, resolve_problem
 
@@ -157,7 +157,7 @@ def environment_report(registry: Registry | None = None) -> dict[str, Any]:
     present = present_device_types()
     statuses = [
         provider_status(p.capability, present, reg)
-        for op in ("attention", "moe_route", "moe_experts", "rmsnorm")
+        for op in OPS
         for p in reg.providers(op)
     ]
     musa_version = getattr(torch.version, "musa", None)

@@ -17,14 +17,18 @@ from magi2_core import shadow
 from magi2_core.capability import Capability
 from magi2_core.ops import SPECS
 from magi2_core.ops.attention import AttentionCall
+from magi2_core.ops.mhc_mix import MHCMixCall
+from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.moe_route import RouteCall
 from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.problem import OPS, Feature
 from magi2_core.testing import call_record, registered_backend
+from magi2_core.testing.op_cases.mhc_pre import mhc_parameters
 
 _MODULE = "magi2_test_call_record_kernels"
-RECORDS = {"attention": AttentionCall, "moe_route": RouteCall, "moe_experts": ExpertsCall, "rmsnorm": RMSNormCall}
+RECORDS = {"attention": AttentionCall, "moe_route": RouteCall, "moe_experts": ExpertsCall, "rmsnorm": RMSNormCall,
+           "mhc_pre": MHCPreCall, "mhc_mix": MHCMixCall}
 SEEN: list[Any] = []
 
 
@@ -36,6 +40,8 @@ def _kernel(call: Any) -> Any:
     if isinstance(call, RouteCall):
         return x.new_zeros(x.shape[1], x.shape[0], call.top_k), torch.zeros(x.shape[1], x.shape[0], call.top_k,
                                                                               dtype=torch.int64)
+    if isinstance(call, MHCPreCall):
+        return x[:, 0], x[:, :, 0], x.new_zeros(x.shape[0], x.shape[1], x.shape[1])
     return x
 
 
@@ -66,6 +72,9 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
         "moe_route": (m2.moe_route, (x, router, bias), {"top_k": 2, "score_func": "softmax", "route_norm": False}),
         "moe_experts": (m2.moe_experts, (x, probs, idx, wg, wu, wd), {"deterministic": True}),
         "rmsnorm": (m2.rmsnorm, (xn, wn), {"modality_sizes": [2, 4], "eps": 1e-5}),
+        "mhc_pre": (m2.mhc_pre, (x, *mhc_parameters(g, 2, 2, 8)),  # a flat norm weight: viewed [2, 16]
+                    {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32}),
+        "mhc_mix": (m2.mhc_mix, (x, x[:, 0], probs[0], torch.rand(6, 2, 2, generator=g)), {}),
     }
 
 

@@ -41,7 +41,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("operators and the public API", (
         "magi2_core", "magi2_core._api", "magi2_core.backend", "magi2_core.ops", "magi2_core.ops.attention",
-        "magi2_core.ops.moe_route", "magi2_core.ops.moe_experts", "magi2_core.ops.rmsnorm", "magi2_core.nn",
+        "magi2_core.ops.moe_route", "magi2_core.ops.moe_experts", "magi2_core.ops.rmsnorm", "magi2_core.ops.mhc_pre",
+        "magi2_core.ops.mhc_mix", "magi2_core.nn",
         "magi2_core.distributed.*", "magi2_core.integrations.*", "magi2_core.demo", "magi2_core.overhead",
         "magi2_core.report",
     )),

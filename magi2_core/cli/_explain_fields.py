@@ -63,12 +63,26 @@ def _moe_experts(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, A
     return _moe_route(opts, features) | {"intermediate": opts["intermediate"]}
 
 
-def _rmsnorm(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
-    tokens, dt = opts["tokens"], opts["dtype"]
-    out = opts["dtype_names"].get(opts["out_dtype"], opts["out_dtype"]) or dt
+def _out_dtype(op: str, opts: Mapping[str, Any]) -> str:
+    out: str = opts["dtype_names"].get(opts["out_dtype"], opts["out_dtype"]) or opts["dtype"]
     if out not in {ck.dtype_name(d) for d in ck.FLOATS}:
-        raise ExplainError(f"--out-dtype {opts['out_dtype']}: rmsnorm writes bfloat16, float16 or float32 "
+        raise ExplainError(f"--out-dtype {opts['out_dtype']}: {op} writes bfloat16, float16 or float32 "
                            "(the call raises for any other out_dtype)")
+    return out
+
+
+def _mhc_mix(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+    tokens = opts["tokens"]
+    return dict(tokens=tokens if tokens is not None else 4096, num_streams=opts["streams"],
+                hidden=opts["stream_width"])
+
+
+def _mhc_pre(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+    return _mhc_mix(opts, features) | {"num_modalities": opts["modalities"], "out_dtype": _out_dtype("mhc_pre", opts)}
+
+
+def _rmsnorm(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+    tokens, out = opts["tokens"], _out_dtype("rmsnorm", opts)
     return dict(tokens=tokens if tokens is not None else 4096, width=opts["width"],
                 num_modalities=opts["modalities"], num_patterns=opts["patterns"],
                 out_dtype=out)
@@ -76,4 +90,5 @@ def _rmsnorm(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
 
 EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "attention": _attention, "moe_route": _moe_route, "moe_experts": _moe_experts, "rmsnorm": _rmsnorm,
+    "mhc_pre": _mhc_pre, "mhc_mix": _mhc_mix,
 }

@@ -26,7 +26,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "fl
 
 
 def explain(
-    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm", callback=_known_op)],
+    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix", callback=_known_op)],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
     tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,
@@ -48,9 +48,12 @@ def explain(
     hidden: Annotated[int, typer.Option(help="MoE head width d")] = 256,
     intermediate: Annotated[int, typer.Option(help="expert intermediate size I")] = 1280,
     width: Annotated[int, typer.Option(help="RMSNorm width D")] = 3072,
-    modalities: Annotated[int, typer.Option(help="RMSNorm modality groups")] = 1,
+    modalities: Annotated[int, typer.Option(help="RMSNorm (and mHC norm) modality groups")] = 1,
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
-    out_dtype: Annotated[str | None, typer.Option(help="RMSNorm output dtype (default: = dtype)")] = None,
+    out_dtype: Annotated[str | None, typer.Option(help="RMSNorm output dtype, mhc_pre coefficient dtype "
+                                                       "(default: = dtype)")] = None,
+    streams: Annotated[int, typer.Option(help="mHC streams n")] = 4,
+    stream_width: Annotated[int, typer.Option(help="mHC stream width D")] = 3072,
     feature: Annotated[list[str] | None, typer.Option(help="ask for any feature by name (repeatable)")] = None,
     field: Annotated[list[str] | None, typer.Option(help="set any integer field of the op's problem, "
                                                         "as NAME=VALUE (repeatable; wins over the options above)")
@@ -88,7 +91,7 @@ def explain(
     sizes = dict(tokens=tokens, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, segments=segments,
                  head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv, moe_heads=moe_heads, experts=experts,
                  top_k=top_k, hidden=hidden, intermediate=intermediate, width=width, modalities=modalities,
-                 patterns=patterns)
+                 patterns=patterns, streams=streams, stream_width=stream_width)
     for name, value in sizes.items():
         least = 0 if name == "tokens" else 1  # zero tokens is a legal (empty) call
         if value is not None and value < least:

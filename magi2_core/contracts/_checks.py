@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -12,7 +12,7 @@ from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShap
 
 __all__ = [
     "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data", "dtype_in", "dtype_name", "rank", "replace_device_value_checks", "same_device",
-    "tensor", "FLOATS", "head_activations",
+    "tensor", "FLOATS", "head_activations", "modality_sizes",
 ]
 
 # The activation dtypes every op takes.
@@ -136,3 +136,22 @@ def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor
     for arg, t in others.items():
         if t is not None and t.device != ref.device:
             raise InvalidDeviceError(op, arg, f"on {ref.device} like '{ref_arg}'", describe(t))
+
+
+def modality_sizes(op: str, value: object, tokens: int, tokens_of: str) -> tuple[int, ...] | None:
+    """Host-side modality group sizes (non-negative ints summing to ``tokens``, the size ``tokens_of`` names)
+    as a tuple; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        raise InvalidShapeError(op, "modality_sizes", "a host-side list of ints (not a tensor: no device sync)",
+                                describe(value))
+    if not isinstance(value, Sequence):
+        raise InvalidShapeError(op, "modality_sizes", "a list of ints or None", type(value).__name__)
+    sizes = tuple(value)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
+        raise InvalidShapeError(op, "modality_sizes", "a non-empty list of non-negative ints", repr(value))
+    if sum(sizes) != tokens:
+        raise InvalidShapeError(op, "modality_sizes", f"sizes summing to the token count {tokens_of} = {tokens}",
+                                f"{list(sizes)} (sum {sum(sizes)})")
+    return sizes

@@ -1,4 +1,4 @@
-"""Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.2, §3.8, §4.4).
+"""Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.2, §3.8, §4.4, §5.4).
 
 Each rule compares a provider's output with the reference provider's output on the same inputs (the
 routing rule: with the float64 truth of the inputs, :func:`route_truth`) and returns an :class:`Acceptance` (ok, the metric that decided, a readable detail). Tests, the
@@ -19,6 +19,9 @@ __all__ = [
     "Acceptance",
     "accept_attention",
     "accept_lse",
+    "accept_mhc_branch_input",
+    "accept_mhc_coefficients",
+    "accept_mhc_mix",
     "accept_moe_experts",
     "ROUTE_GAP",
     "ROUTE_WEIGHT_TOL",
@@ -342,3 +345,61 @@ def accept_rmsnorm(actual: torch.Tensor, expected: torch.Tensor) -> Acceptance:
     if expected.dtype == torch.float32:
         return allclose(actual, expected, 1e-6, 1e-6, "rmsnorm fp32")
     return within_ulps(actual, expected, 1.0)
+
+
+# mHC (operators.md §5.4). The unit roundoff of each stream dtype (half an ULP at 1).
+_UNIT_ROUNDOFF: dict[torch.dtype, float] = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+MHC_COEF_TOL = 1e-5  # FP32 coefficients (post, residual, and the pre coefficients' share of the branch input)
+
+
+def _local_ulp(e: torch.Tensor) -> torch.Tensor:
+    """The larger gap from each value of ``e`` to its two neighbours in its own dtype, as float64."""
+    up = torch.nextafter(e, torch.full_like(e, float("inf"))).double() - e.double()
+    down = e.double() - torch.nextafter(e, torch.full_like(e, float("-inf"))).double()
+    return torch.maximum(up.nan_to_num(0.0, posinf=0.0), down.nan_to_num(0.0, posinf=0.0))
+
+
+def _within(actual: torch.Tensor, expected: torch.Tensor, tol: torch.Tensor, what: str) -> Acceptance:
+    """``|a - e| <= tol`` elementwise (equal values, infinities included, always pass); NaN only where
+    the reference has NaN."""
+    bad = _shape_mismatch(actual, expected)
+    if bad is not None:
+        return bad
+    a, e = actual.cpu().double(), expected.cpu().double()
+    close = (a == e) | (a.isnan() & e.isnan()) | ((a - e).abs() <= tol)
+    n_bad = int((~close).sum())
+    if n_bad == 0:
+        return Acceptance(True, what, f"{a.numel()} values within the bound")
+    where = torch.nonzero(~close)[0].tolist()
+    return Acceptance(False, what, f"{n_bad}/{a.numel()} values off; first at {where}: got "
+                      f"{a[tuple(where)].item():.8g}, expected {e[tuple(where)].item():.8g}, "
+                      f"bound {tol.expand_as(a)[tuple(where)].item():.3g}")
+
+
+def accept_mhc_branch_input(actual: torch.Tensor, expected: torch.Tensor, streams: torch.Tensor) -> Acceptance:
+    """``|a - e| <= ulp(e) + (2u + 1e-5)·Σ_i |streams[:, i]|``: one rounding of the output, and a pre
+    coefficient (in (0, 1)) that may round to its neighbour (2u relative, u the streams' unit roundoff)
+    or differ by the FP32 logits' error."""
+    u = _UNIT_ROUNDOFF[streams.dtype]
+    scale = streams.cpu().double().abs().sum(dim=1)
+    tol = _local_ulp(expected.cpu()) + (2 * u + MHC_COEF_TOL) * scale.nan_to_num(0.0, posinf=0.0)
+    return _within(actual, expected, tol, "mhc_pre branch input")
+
+
+def accept_mhc_coefficients(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Acceptance:
+    """FP32: ``rtol = atol = 1e-5``; BF16/FP16: within one local ULP of the reference."""
+    if expected.dtype == torch.float32:
+        return allclose(actual, expected, MHC_COEF_TOL, MHC_COEF_TOL, f"mhc_pre {what} fp32")
+    close = within_ulps(actual, expected, 1.0)
+    return Acceptance(close.ok, f"mhc_pre {what} {close.metric}", close.detail)
+
+
+def accept_mhc_mix(actual: torch.Tensor, expected: torch.Tensor, call: tuple[torch.Tensor, ...]) -> Acceptance:
+    """``|a - e| <= ulp(e) + 4u·(Σ_j |residual[i, j]·streams[j]| + |post[i]·branch_output|)``: the final
+    rounding, and each materialised term rounding to its neighbour (u: the streams' unit roundoff)."""
+    streams, branch, post, residual = (t.cpu().double() for t in call[:4])
+    u = _UNIT_ROUNDOFF[call[0].dtype]
+    mixed = torch.einsum("tij,tjc->tic", residual.abs(), streams.abs())
+    scale = mixed + post.abs().unsqueeze(-1) * branch.abs().unsqueeze(1)
+    tol = _local_ulp(expected.cpu()) + 4 * u * scale.nan_to_num(0.0, posinf=0.0)
+    return _within(actual, expected, tol, "mhc_mix")

@@ -1,7 +1,8 @@
 """The public operators, one spec module each: validate, resolve (cached), run the chosen provider.
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
-:mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`): its public function, typed
+:mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`, :mod:`~magi2_core.ops.mhc_pre`,
+:mod:`~magi2_core.ops.mhc_mix`): its public function, typed
 problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
 (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
 ``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
@@ -24,6 +25,10 @@ from magi2_core.errors import InvalidValueError
 from magi2_core.ops._spec import OpSpec
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import attention
+from magi2_core.ops.mhc_mix import SPEC as MHC_MIX
+from magi2_core.ops.mhc_mix import mhc_mix
+from magi2_core.ops.mhc_pre import SPEC as MHC_PRE
+from magi2_core.ops.mhc_pre import mhc_pre
 from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
 from magi2_core.ops.moe_experts import moe_experts, prepare_moe_weights
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
@@ -34,10 +39,10 @@ from magi2_core.problem import OPS, OpName
 from magi2_core.reasons import Resolution
 from magi2_core.resolver import resolve_problem
 
-__all__ = ["SPECS", "attention", "dispatcher", "moe_experts", "moe_route", "prepare_moe_weights", "resolve",
-           "rmsnorm"]
+__all__ = ["SPECS", "attention", "dispatcher", "mhc_mix", "mhc_pre", "moe_experts", "moe_route", "prepare_moe_weights",
+           "resolve", "rmsnorm"]
 
-SPECS: dict[OpName, OpSpec[Any, Any]] = {s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM)}
+SPECS: dict[OpName, OpSpec[Any, Any]] = {s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX)}
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
 
 
@@ -49,7 +54,7 @@ def resolve(op: str, *args: Any, **kwargs: Any) -> Resolution:
     """
     spec = SPECS.get(op)  # type: ignore[call-overload]
     if spec is None:
-        raise InvalidValueError("resolve", "op", "'attention', 'moe_route', 'moe_experts' or 'rmsnorm'", repr(op))
+        raise InvalidValueError("resolve", "op", "one of " + ", ".join(map(repr, SPECS)), repr(op))
     provider = kwargs.pop("provider", None)
     call = spec.validate_arguments(args, kwargs)
     return resolve_problem(spec.problem(call.key), provider)

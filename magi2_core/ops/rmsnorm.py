@@ -96,19 +96,7 @@ def validate(
     w = ck.tensor(OP, "weight", weight)
     ck.dtype_in(OP, "weight", w, ck.FLOATS)
     ck.same_device(OP, "x", x, weight=w)
-    sizes: tuple[int, ...] | None = None
-    if modality_sizes is not None:
-        if isinstance(modality_sizes, torch.Tensor):
-            raise InvalidShapeError(OP, "modality_sizes", "a host-side list of ints (not a tensor: no device sync)",
-                                    ck.describe(modality_sizes))
-        if not isinstance(modality_sizes, Sequence):
-            raise InvalidShapeError(OP, "modality_sizes", "a list of ints or None", type(modality_sizes).__name__)
-        sizes = tuple(modality_sizes)
-        if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
-            raise InvalidShapeError(OP, "modality_sizes", "a non-empty list of non-negative ints", repr(modality_sizes))
-        if sum(sizes) != t:
-            raise InvalidShapeError(OP, "modality_sizes", f"sizes summing to the token count x.shape[0] = {t}",
-                                    f"{list(sizes)} (sum {sum(sizes)})")
+    sizes = ck.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
     m = len(sizes) if sizes is not None else 1
     accepted = _weight_layouts(m, d)
     if w.dim() == 1:

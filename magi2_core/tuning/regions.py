@@ -32,12 +32,16 @@ CLASS_FIELDS: dict[str, tuple[str, ...]] = {
     "moe_experts": ("dtype", "num_heads", "num_experts", "top_k", "hidden", "intermediate"),
     "moe_route": ("dtype", "num_heads", "num_experts", "top_k", "hidden"),
     "rmsnorm": ("dtype", "out_dtype", "width", "num_modalities", "num_patterns"),
+    "mhc_pre": ("dtype", "out_dtype", "num_streams", "hidden", "num_modalities"),
+    "mhc_mix": ("dtype", "num_streams", "hidden"),
 }
 ORDERED: dict[str, tuple[str, ...]] = {
     "attention": ("max_seqlen_k", "tokens"),
     "moe_experts": ("tokens",),
     "moe_route": ("tokens",),
     "rmsnorm": ("tokens",),
+    "mhc_pre": ("tokens",),
+    "mhc_mix": ("tokens",),
 }
 PLAN_ORDERED: dict[str, tuple[str, ...]] = {"moe_experts": ("routes_per_expert",)}
 

@@ -29,6 +29,7 @@ from magi2_core import config as m2_config
 from magi2_core.errors import ConfigError
 from magi2_core.integrations import vllm_omni as integ
 from magi2_core.integrations.vllm_omni import plugin
+from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 
 PKG = "vllm_omni.diffusion.models.magi2"
 DIST = Path(__file__).parents[1] / "distributed"
@@ -43,6 +44,7 @@ def _swapped(modeling: ModuleType) -> dict[str, bool]:
         "attention": _mod("attention").packed_attention_with_sink is integ.packed_attention_with_sink,
         "moe": modeling.Magi2MultiHeadMoE is integ.Magi2MultiHeadMoE,
         "rmsnorm": modeling.MultiModalityRMSNorm is integ.MultiModalityRMSNorm,
+        "mhc": all(getattr(modeling.Magi2TransformerLayer, m) is getattr(MHCLayerMethods, m) for m in METHODS),
     }
 
 
@@ -118,7 +120,7 @@ def test_absent_vllm_omni_is_silent(caplog: pytest.LogCaptureFixture) -> None:
 
 
 @pytest.mark.parametrize("import_first", [False, True], ids=["hook", "already-imported"])
-def test_plugin_swaps_the_three_operators(
+def test_plugin_swaps_the_four_operators(
     vllm_omni: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, import_first: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="magi2_core")
@@ -130,10 +132,10 @@ def test_plugin_swaps_the_three_operators(
         integ.register()
         assert f"{PKG}.modeling_magi2" not in sys.modules  # nothing imported at plugin load
         modeling = _mod("modeling_magi2")
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": True}
     info = [r.getMessage() for r in _records(caplog) if r.levelno == logging.INFO]
-    assert len(info) == 3, info
-    for op, text in zip(("attention", "moe", "rmsnorm"), info, strict=True):
+    assert len(info) == 4, info
+    for op, text in zip(("attention", "moe", "rmsnorm", "mhc"), info, strict=True):
         assert f"MAGI-2 {op} " in text and "resolves" in text and "'reference'" in text, text
     model = modeling.Magi2PreviewTransformer(_small_config())
     kinds = {type(m) for m in model.modules()}
@@ -156,7 +158,7 @@ def test_register_is_idempotent_and_unregister_restores(vllm_omni: Path, caplog:
     modeling = _mod("modeling_magi2")
     integ.register()
     assert all(_swapped(modeling).values())
-    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 3
+    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 4
     integ.unregister()
     assert not any(_swapped(modeling).values())
     assert modeling.Magi2MultiHeadMoE is _mod("mh_moe").Magi2MultiHeadMoE
@@ -239,7 +241,7 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(
     modeling.MultiModalityRMSNorm = TheirNorm
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": False}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": False, "mhc": True}
     assert modeling.MultiModalityRMSNorm is TheirNorm
     warnings = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "rmsnorm left as it is" in warnings[0] and "TheirNorm" in warnings[0]
@@ -257,9 +259,81 @@ def test_a_changed_call_signature_is_left_alone(vllm_omni: Path, caplog: pytest.
     attention.packed_attention_with_sink = packed_attention_with_sink  # as if vllm-omni 0.30.x had changed it
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": False, "moe": True, "rmsnorm": True}
+    assert _swapped(modeling) == {"attention": False, "moe": True, "rmsnorm": True, "mhc": True}
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert "window" in warning and "signature" in warning
+
+
+def test_an_mhc_method_replaced_by_someone_else_is_left_alone(
+    vllm_omni: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    modeling = _mod("modeling_magi2")
+
+    def _connect(self: Any, streams: Any, output: Any, branch: str, logits: Any) -> Any:
+        raise AssertionError("not called")
+
+    modeling.Magi2TransformerLayer._connect = _connect
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    integ.register()
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert modeling.Magi2TransformerLayer._connect is _connect
+    assert modeling.Magi2TransformerLayer._branch_logits.__module__ == f"{PKG}.modeling_magi2"  # all or none
+    (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
+    assert "mhc left as it is" in warning and "_connect" in warning
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("modalities", [3, 1])
+@torch.no_grad()
+def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype: torch.dtype, modalities: int) -> None:
+    """One real layer's mHC, both branches, through vllm-omni's own methods and through the swapped
+    ones on the same parameters: the branch input and the mixed streams within operators.md §5.4
+    (the rules judge vllm-omni's result as the reference), the coefficients within one BF16 ULP."""
+    from magi2_core.contracts import acceptance as acc
+    from magi2_core.testing import call_record
+
+    modeling, layers = _mod("modeling_magi2"), _mod("layers")
+    cfg = _small_config(dtype)
+    layer = modeling.Magi2PreviewTransformer(cfg).block.layers[0 if modalities == 3 else 1]
+    layer.load_state_dict(_random_checkpoint(layer, seed=13, scale=0.3))
+    assert layer.mhc_norm.num_modality == modalities
+    upstream = {m: getattr(modeling.Magi2TransformerLayer, m) for m in METHODS}
+    t = 29
+    dispatcher = layers.ModalityDispatcher(_coords_and_modalities(t)[1].clamp(max=2), 3)
+    g = torch.Generator().manual_seed(2)
+    streams = torch.randn(t, cfg.mhc.num_streams, cfg.hidden_size, generator=g, dtype=torch.float64).to(dtype)
+    output = torch.randn(t, cfg.hidden_size, generator=g, dtype=torch.float64).to(dtype)
+    for branch in ("attn", "mlp"):
+        logits = upstream["_branch_logits"](layer, streams, branch, dispatcher)
+        want_in = upstream["_branch_input"](layer, streams, branch, logits)
+        want_out = upstream["_connect"](layer, streams, output, branch, logits)
+        ours = MHCLayerMethods._branch_logits(layer, streams, branch, dispatcher)
+        got_in = MHCLayerMethods._branch_input(layer, streams, branch, ours)
+        got_out = MHCLayerMethods._connect(layer, streams, output, branch, ours)
+        verdict = acc.accept_mhc_branch_input(got_in, want_in, streams)
+        assert verdict, f"{branch}: {verdict}"
+        post, res = layer.mhc_handler.compute_post_residual(
+            (getattr(layer, f"mhc_alpha_post_{branch}"), getattr(layer, f"mhc_bias_post_{branch}"), logits[1]),
+            (getattr(layer, f"mhc_alpha_res_{branch}"), getattr(layer, f"mhc_bias_res_{branch}"), logits[2]),
+            out_dtype=dtype)  # fmt: skip
+        for name, a, b in (("post", ours[1], post), ("residual", ours[2], res)):
+            verdict = acc.accept_mhc_coefficients(a, b, name)
+            assert verdict, f"{branch}: {verdict}"
+        verdict = acc.accept_mhc_mix(got_out, want_out, call_record("mhc_mix", streams, output, post, res))
+        assert verdict, f"{branch}: {verdict}"
+
+
+def test_compile_regions_with_the_swaps_match_eager(vllm_omni: Path) -> None:
+    """vllm-omni's ``compile_regions`` (fullgraph) over layers whose mHC, norms, MoE and attention run
+    on magi2-core: the custom ops stay opaque in the regions and the output is the eager one."""
+    torch._dynamo.reset()
+    modeling = _mod("modeling_magi2")
+    integ.register()
+    model = modeling.Magi2PreviewTransformer(_small_config())
+    model.load_state_dict(_random_checkpoint(model, seed=8, scale=0.05))
+    want = _run_model(model, model.config)
+    model.compile_regions(fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(_run_model(model, model.config), want, rtol=1e-6, atol=1e-6)
 
 
 def test_plugin_is_installed_as_a_vllm_general_plugin() -> None:
@@ -283,7 +357,7 @@ def test_plugin_lines_reach_vllms_log_handlers(vllm_omni: Path, monkeypatch: pyt
     integ.register()
     _mod("modeling_magi2")
     assert ours.handlers == [handler] and ours.level == logging.INFO
-    assert len([line for line in lines if "now runs on magi2-core" in line]) == 3
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 4
 
 
 # ---------------------------------------------------------------------------------------------

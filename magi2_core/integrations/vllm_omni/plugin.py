@@ -1,8 +1,8 @@
 """The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
 
 vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
-module attributes, chosen where vllm-omni looks them up when the model is BUILT or CALLED (a name
-that was bound at import time elsewhere would not see a patch):
+module attributes and three methods, chosen where vllm-omni looks them up when the model is BUILT or
+CALLED (a name that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
   ``load_weights``' isinstance checks (``modeling_magi2`` imported the class by name, so patching
@@ -10,7 +10,9 @@ that was bound at import time elsewhere would not see a patch):
   before the swap (vllm-omni's own), so while swapped, vllm-omni's class counts as ours in them;
 - ``modeling_magi2.MultiModalityRMSNorm``: read when every norm of the model is constructed;
 - ``attention.packed_attention_with_sink``: read on every call by the Ulysses attention wrapper,
-  after its own head exchange.
+  after its own head exchange;
+- ``modeling_magi2.Magi2TransformerLayer``'s ``_branch_logits``, ``_branch_input`` and ``_connect``
+  (the mHC of each branch): methods, read on every call, so layers built before the swap use them too.
 
 The model module is not imported here: vLLM runs general plugins in every process, most of which
 never build MAGI-2. An import hook applies the patch when ``modeling_magi2`` is first imported (or
@@ -42,6 +44,7 @@ from magi2_core import config as m2_config
 from magi2_core import devices
 from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
+from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
 from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI
@@ -69,6 +72,8 @@ class _Swap:
     replacement: Callable[..., Any]
     # isinstance(obj, replacement) also holds for the original's instances (see Magi2MultiHeadMoE)
     stands_in: bool = False
+    # When set, ``attr`` names a class whose methods of these names are replaced by ``replacement``'s
+    methods: tuple[str, ...] = ()
 
 
 _SWAPS: tuple[_Swap, ...] = (
@@ -77,6 +82,7 @@ _SWAPS: tuple[_Swap, ...] = (
     ),
     _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE, stands_in=True),
     _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
+    _Swap("mhc", _MODELING, "Magi2TransformerLayer", _MODELING, MHCLayerMethods, methods=METHODS),
 )
 # The originals this process replaced, per (module, attribute), so unregister() can put them back.
 _ORIGINALS: dict[tuple[str, str], object] = {}
@@ -131,7 +137,12 @@ def unregister() -> None:
     m2_config.release(VLLM_OMNI.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
-        if module is not None and any(getattr(module, attr, None) is s.replacement for s in _SWAPS):
+        owner_name, _, method = attr.partition(".")
+        if module is not None and method:  # a method of a class: put it back where ours is
+            owner = getattr(module, owner_name, None)
+            if owner is not None and _is_ours(owner, method):
+                setattr(owner, method, original)
+        elif module is not None and any(getattr(module, attr, None) is s.replacement for s in _SWAPS):
             setattr(module, attr, original)
         del _ORIGINALS[(module_name, attr)]
     for swap in _SWAPS:
@@ -197,11 +208,15 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
+def _is_ours(owner: object, method: str) -> bool:
+    return any(getattr(owner, method, None) is getattr(s.replacement, method, object()) for s in _SWAPS if s.methods)
+
+
 def _patch(modeling: ModuleType) -> None:
     for swap in _SWAPS:
         module = modeling if swap.module == modeling.__name__ else importlib.import_module(swap.module)
         current = getattr(module, swap.attr, None)
-        if current is swap.replacement:
+        if current is swap.replacement or (swap.methods and _is_ours(current, swap.methods[0])):
             continue  # already swapped in this process
         problem = _guard(swap, current)
         if problem is not None:
@@ -214,15 +229,21 @@ def _patch(modeling: ModuleType) -> None:
                 "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
             )
             continue
-        _ORIGINALS[(swap.module, swap.attr)] = current
-        if swap.stands_in:
-            swap.replacement.stands_in_for = (current,)  # type: ignore[attr-defined]
-        setattr(module, swap.attr, swap.replacement)
+        if swap.methods:
+            for method in swap.methods:
+                _ORIGINALS[(swap.module, f"{swap.attr}.{method}")] = getattr(current, method)
+                setattr(current, method, getattr(swap.replacement, method))
+        else:
+            _ORIGINALS[(swap.module, swap.attr)] = current
+            if swap.stands_in:
+                swap.replacement.stands_in_for = (current,)  # type: ignore[attr-defined]
+            setattr(module, swap.attr, swap.replacement)
         logger.info(
-            "magi2-core: vllm-omni MAGI-2 %s (%s.%s) now runs on magi2-core; %s",
+            "magi2-core: vllm-omni MAGI-2 %s (%s.%s%s) now runs on magi2-core; %s",
             swap.op,
             swap.module.rsplit(".", 1)[1],
             swap.attr,
+            "." + "/".join(swap.methods) if swap.methods else "",
             served_by,
         )
 
@@ -237,7 +258,14 @@ def _guard(swap: _Swap, current: object) -> str | None:
             f"(another plugin replaced it, or vllm-omni changed)"
         )
     pairs: list[tuple[str, Callable[..., Any], Callable[..., Any]]]
-    if inspect.isclass(current):
+    if swap.methods:
+        for method in swap.methods:
+            theirs = getattr(current, method, None)
+            if getattr(theirs, "__qualname__", None) != f"{swap.attr}.{method}" or theirs.__module__ != swap.origin:
+                return (f"{swap.attr}.{method} is {theirs!r}, not vllm-omni's own (another plugin replaced it, "
+                        "or vllm-omni changed)")
+        pairs = [(f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in swap.methods]
+    elif inspect.isclass(current):
         pairs = [
             (f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in ("__init__", "forward")
         ]
@@ -312,6 +340,17 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
             f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
             f"resolves routing to provider {route!r} and experts to {experts!r} "
             f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads} --tokens {t}` shows why)"
+        )
+    if op == "mhc":
+        streams, hidden = cfg.mhc.num_streams, cfg.hidden_size
+        sizes = dict(tokens=t, num_streams=streams, hidden=hidden)
+        pre = resolve_problem(Problem(op="mhc_pre", device_type=dev, dtype="bfloat16", out_dtype="bfloat16",
+                                      num_modalities=3, **sizes)).chosen
+        mix = resolve_problem(Problem(op="mhc_mix", device_type=dev, dtype="bfloat16", **sizes)).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens x {streams} streams x {hidden}, 3 modalities) resolves "
+            f"mhc_pre to provider {pre!r} and mhc_mix to {mix!r} "
+            f"(`magi2 explain mhc_pre --device {dev} --modalities 3 --tokens {t}` shows why)"
         )
     problem = Problem(
         op="rmsnorm",

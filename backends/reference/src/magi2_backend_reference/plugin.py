@@ -12,7 +12,7 @@ from magi2_core.backend import BackendSpec, Capability, Feature
 
 # Every feature an attention call can ask for (the routing ones belong to moe_route).
 _ATTENTION_FEATURES = frozenset(Feature) - {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
-_PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm calls can ask for
+_PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm/mHC calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
 _VARLEN = "torch.nn.attention.varlen"
@@ -120,6 +120,52 @@ PROVIDERS = (
         features=_PLAIN,
         priority=10,
         description="F.rms_norm on the FP32 input (no affine), then (w+1) and one cast (vllm-omni #7286)",
+    ),
+    Capability(
+        op="mhc_pre",
+        name="reference",
+        impl=f"{_PKG}.mhc:reference_mhc_pre",
+        version=__version__,
+        device_types=("*",),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=0,
+        description="float64 norm, projection, coefficients and Sinkhorn; upstream's rounding points",
+    ),
+    Capability(
+        op="mhc_pre",
+        name="torch_native",
+        impl=f"{_PKG}.torch_mhc:torch_mhc_pre",
+        version=__version__,
+        device_types=("cuda", "musa"),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=10,
+        description="vllm-omni 0.30.0's native form: FP32 norm and GEMM, sigmoid, einsum, Sinkhorn in torch",
+    ),
+    Capability(
+        op="mhc_mix",
+        name="reference",
+        impl=f"{_PKG}.mhc:reference_mhc_mix",
+        version=__version__,
+        device_types=("*",),
+        dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=0,
+        description="float64 mix and branch terms, each rounded to the streams' dtype, then their rounded sum",
+    ),
+    Capability(
+        op="mhc_mix",
+        name="torch_native",
+        impl=f"{_PKG}.torch_mhc:torch_mhc_mix",
+        version=__version__,
+        device_types=("cuda", "musa"),
+        dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=10,
+        description="vllm-omni 0.30.0's native form: two einsums and their sum",
     ),
 )
 

@@ -25,6 +25,7 @@ def _device_types() -> tuple[str, ...]:
 
 def providers() -> tuple[Capability, ...]:
     devices = _device_types()
+    no_musa = tuple(d for d in devices if d != "musa")
     return (
         Capability(
             op="moe_experts",
@@ -84,6 +85,34 @@ def providers() -> tuple[Capability, ...]:
             features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
             priority=20,
             description="one-pass multi-modality RMSNorm: FP32 sum of squares, (w[m]+1) scale, one cast",
+        ),
+        # mHC: any stream count up to 8 (the release has 4), the streams' three float dtypes. Not on
+        # MUSA: the FP32 IEEE tl.dot and the 3-D tiles have not run under Triton-MUSA.
+        Capability(
+            op="mhc_pre",
+            name="triton",
+            impl=f"{_PKG}:triton_mhc_pre",
+            version=__version__,
+            device_types=no_musa,
+            dtypes=("float32", "bfloat16", "float16"),
+            out_dtypes=("float32", "bfloat16", "float16"),
+            ranges=(IntRange(field="num_streams", min=1, max=8),),
+            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
+            priority=20,
+            description="two launches: FP32 sum of squares and IEEE-FP32 projection per token tile (the norm "
+            "folded in as a per-token scale); coefficients, weighted stream sum, post and Sinkhorn per token",
+        ),
+        Capability(
+            op="mhc_mix",
+            name="triton",
+            impl=f"{_PKG}:triton_mhc_mix",
+            version=__version__,
+            device_types=no_musa,
+            dtypes=("float32", "bfloat16", "float16"),
+            ranges=(IntRange(field="num_streams", min=1, max=8),),
+            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
+            priority=20,
+            description="one pass: the residual mix and the post x branch term in FP32, each rounded, summed",
         ),
     )
 

@@ -6,13 +6,15 @@ unavailable with that import error (a reason, not a crash).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
 
 from magi2_backend_triton.interpret import interpreting
+from magi2_backend_triton.mhc_mix import launch_mhc_mix
+from magi2_backend_triton.mhc_pre import launch_mhc_pre
 from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
@@ -22,7 +24,7 @@ from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, Vir
 if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
-__all__ = ["TritonMoEExperts", "TritonRMSNorm", "described_reasons", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
+__all__ = ["TritonMHC", "TritonMoEExperts", "TritonRMSNorm", "triton_mhc_mix", "triton_mhc_pre", "described_reasons", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
 
 
 def device_reasons(device_type: str) -> list[Reason]:
@@ -118,5 +120,23 @@ class TritonRMSNorm:
                               out_dtype=call.out_dtype)
 
 
+class TritonMHC:
+    """A fused mHC kernel pair's provider object (``launch``: :func:`launch_mhc_pre` or :func:`launch_mhc_mix`)."""
+
+    def __init__(self, launch: Callable[[Any], Any]) -> None:
+        self._launch = launch
+
+    def check(self, problem: Problem) -> Sequence[Reason]:
+        return device_reasons(problem.device_type)
+
+    def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
+        return described_reasons(device)
+
+    def __call__(self, call: Any) -> Any:
+        return self._launch(call)
+
+
+triton_mhc_pre = TritonMHC(launch_mhc_pre)
+triton_mhc_mix = TritonMHC(launch_mhc_mix)
 triton_moe_experts = TritonMoEExperts()
 triton_rmsnorm_provider = TritonRMSNorm()

@@ -1,0 +1,198 @@
+"""Fused ``mhc_pre`` (operators.md §5.2): the streams read once for the logits, once for the branch input.
+
+Two launches. The first reads each token's flattened ``n·D`` row once: it accumulates the FP32 sum of
+squares and the projection of ``x·(w[m] + 1)`` onto ``phi`` (an FP32 ``tl.dot`` at IEEE precision over
+a tile of tokens, so each ``phi`` tile is read once per tile, not once per token), and scales the
+``2n + n²`` sums by the row's ``rsqrt(mean(x²) + eps)``: the norm is a per-token scalar, so it commutes
+with the projection and the normalised row is never written. The logits go to a small FP32 buffer
+(``T·(2n + n²)`` values). The second launch forms the sigmoid pre coefficients, rounds them to the
+streams' dtype (upstream's materialisation), reads the streams again for the weighted sum (FP32, one
+cast), and writes the post coefficients and the Sinkhorn-normalised residual matrix (a NaN anywhere in
+a token's matrix spreads to all of it, as upstream's ``amax`` does).
+
+The loop bounds (the row width, the stream width, the Sinkhorn iterations) are compile-time
+constants: a model has a few of each.
+
+Modalities: host-side group sizes become token boundaries passed as scalar arguments (no
+host-to-device copy, so the call is CUDA-graph safe); one launch serves up to four groups.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from magi2_backend_triton.bf16 import rne_bf16, rne_bf16_bits
+from magi2_backend_triton.interpret import interpreting
+
+if TYPE_CHECKING:
+    from magi2_core.backend import MHCPreCall
+
+__all__ = ["launch_mhc_pre"]
+
+_MOD_PER_LAUNCH = 4
+_BLOCK_T_LOGITS = 32  # tokens per logits tile (tl.dot needs at least 16)
+_BLOCK_K = 64
+_BLOCK_T_APPLY = 2
+_BLOCK_D = 512
+_TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _rounded(x, DTYPE: tl.constexpr, RNE: tl.constexpr):
+    """FP32 ``x`` rounded to ``DTYPE`` and back (RNE: by bit arithmetic, where the interpreter truncates)."""
+    if RNE:
+        return rne_bf16_bits(x).to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _cast(x, DTYPE: tl.constexpr, RNE: tl.constexpr):
+    if RNE:
+        return rne_bf16(x)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit(do_not_specialize=["T", "b1", "b2", "b3"])
+def _mhc_logits_kernel(
+    x_ptr, w_ptr, phi_ptr, out_ptr,
+    T, NL, stride_xt, stride_wm,
+    b1, b2, b3, eps,
+    K: tl.constexpr, NUM_MOD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    mod = tl.zeros_like(rows)
+    if NUM_MOD > 1:
+        mod += (rows >= b1).to(tl.int64)
+    if NUM_MOD > 2:
+        mod += (rows >= b2).to(tl.int64)
+    if NUM_MOD > 3:
+        mod += (rows >= b3).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < NL
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    sumsq = tl.zeros((BLOCK_T,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        m = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        sumsq += tl.sum(x * x, axis=1)
+        w = tl.load(w_ptr + mod[:, None] * stride_wm + ks[None, :], mask=m, other=0.0) + 1.0
+        phi = tl.load(phi_ptr + ks[:, None] * NL + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc += tl.dot(x * w, phi, input_precision="ieee")
+    inv_rms = tl.math.rsqrt(sumsq / K + eps)
+    tl.store(
+        out_ptr + rows[:, None] * NL + cols[None, :], acc * inv_rms[:, None], mask=row_ok[:, None] & col_ok[None, :]
+    )
+
+
+@triton.jit(do_not_specialize=["T"])
+def _mhc_apply_kernel(
+    x_ptr, logits_ptr, a_pre_ptr, a_post_ptr, a_res_ptr, b_pre_ptr, b_post_ptr, b_res_ptr,
+    h_ptr, post_ptr, res_ptr,
+    T, stride_xt, stride_xn, scale, sinkhorn_eps,
+    D: tl.constexpr, ITERATIONS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, NL: tl.constexpr,
+    X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, X_RNE: tl.constexpr, OUT_RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    i = tl.arange(0, NP)
+    i_ok = i < N
+    ti = row_ok[:, None] & i_ok[None, :]
+    lg = logits_ptr + rows[:, None] * NL + i[None, :]
+
+    # pre coefficients, rounded to the streams' dtype before the weighted sum (as upstream)
+    a_pre = tl.load(a_pre_ptr)
+    c = tl.sigmoid((a_pre * scale) * tl.load(lg, mask=ti, other=0.0) + tl.load(b_pre_ptr + i, mask=i_ok, other=0.0))
+    c = tl.where(ti, _rounded(c, X_DTYPE, X_RNE), 0.0)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        c_ok = cols < D
+        m3 = ti[:, :, None] & c_ok[None, None, :]
+        x = tl.load(
+            x_ptr + rows[:, None, None] * stride_xt + i[None, :, None] * stride_xn + cols[None, None, :],
+            mask=m3,
+            other=0.0,
+        ).to(tl.float32)
+        h = tl.sum(c[:, :, None] * x, axis=1)
+        tl.store(
+            h_ptr + rows[:, None] * D + cols[None, :], _cast(h, X_DTYPE, X_RNE), mask=row_ok[:, None] & c_ok[None, :]
+        )
+
+    a_post = tl.load(a_post_ptr)
+    post = 2.0 * tl.sigmoid(
+        (a_post * scale) * tl.load(lg + N, mask=ti, other=0.0) + tl.load(b_post_ptr + i, mask=i_ok, other=0.0)
+    )
+    tl.store(post_ptr + rows[:, None] * N + i[None, :], _cast(post, OUT_DTYPE, OUT_RNE), mask=ti)
+
+    # residual matrix [BLOCK_T, NP (i), NP (j)]: Sinkhorn-Knopp, pads held at 0
+    j = tl.arange(0, NP)
+    ok2 = i_ok[:, None] & (j < N)[None, :]
+    m3 = row_ok[:, None, None] & ok2[None, :, :]
+    ij = i[:, None] * N + j[None, :]
+    a_res = tl.load(a_res_ptr)
+    lr = tl.load(logits_ptr + rows[:, None, None] * NL + 2 * N + ij[None, :, :], mask=m3, other=0.0)
+    mat = (a_res * scale) * lr + tl.load(b_res_ptr + ij, mask=ok2, other=0.0)[None, :, :]
+    mat = tl.where(ok2[None, :, :], mat, float("-inf"))
+    has_nan = tl.sum(tl.sum((mat != mat).to(tl.int32), axis=2), axis=1) != 0
+    peak = tl.max(tl.max(mat, axis=2), axis=1)
+    peak = tl.where(has_nan, float("nan"), peak)
+    mat = tl.where(ok2[None, :, :], tl.exp(mat - peak[:, None, None]), 0.0)
+    for _ in range(ITERATIONS):
+        mat = mat / (tl.sum(mat, axis=1)[:, None, :] + sinkhorn_eps)
+        mat = mat / (tl.sum(mat, axis=2)[:, :, None] + sinkhorn_eps)
+    tl.store(res_ptr + rows[:, None, None] * (N * N) + ij[None, :, :], _cast(mat, OUT_DTYPE, OUT_RNE), mask=m3)
+
+
+def launch_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run both kernels for a validated call; returns ``(branch_input, post, residual)``."""
+    x = call.streams if call.streams.stride(2) == 1 else call.streams.contiguous()
+    t, n, d = x.shape
+    od = call.out_dtype
+    h = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    post = torch.empty((t, n), dtype=od, device=x.device)
+    res = torch.empty((t, n, n), dtype=od, device=x.device)
+    if t == 0:
+        return h, post, res
+    k, nl = n * d, 2 * n + n * n
+    flat = x.reshape(t, k)  # a view for [T, n, D] with contiguous rows; a copy otherwise
+    w = call.norm_weight.contiguous()
+    phi = call.phi.contiguous()
+    logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
+    sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
+    t0 = 0
+    for g0 in range(0, len(sizes), _MOD_PER_LAUNCH):
+        group = sizes[g0 : g0 + _MOD_PER_LAUNCH]
+        t1 = t0 + sum(group)
+        if t1 > t0:
+            bounds = [sum(group[: i + 1]) for i in range(len(group) - 1)]
+            bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
+            _mhc_logits_kernel[(triton.cdiv(t1 - t0, _BLOCK_T_LOGITS),)](
+                flat[t0:t1], w[g0:], phi, logits[t0:t1],
+                t1 - t0, nl, flat.stride(0), w.stride(0),
+                bounds[0], bounds[1], bounds[2], float(call.eps),
+                K=k, NUM_MOD=len(group), BLOCK_T=_BLOCK_T_LOGITS, BLOCK_K=_BLOCK_K,
+                BLOCK_N=max(16, triton.next_power_of_2(nl)), num_warps=4,
+            )  # fmt: skip
+        t0 = t1
+    interp = interpreting()
+    _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
+        x, logits, call.alpha_pre, call.alpha_post, call.alpha_res,
+        call.bias_pre.contiguous(), call.bias_post.contiguous(), call.bias_res.contiguous(),
+        h, post, res,
+        t, x.stride(0), x.stride(1), 1.0 / math.sqrt(k), float(call.sinkhorn_eps),
+        D=d, ITERATIONS=call.sinkhorn_iterations, N=n, NP=triton.next_power_of_2(n), NL=nl,
+        X_DTYPE=_TL_DTYPE[x.dtype], OUT_DTYPE=_TL_DTYPE[od],
+        X_RNE=interp and x.dtype == torch.bfloat16, OUT_RNE=interp and od == torch.bfloat16,
+        BLOCK_T=_BLOCK_T_APPLY, BLOCK_D=_BLOCK_D, num_warps=4,
+    )  # fmt: skip
+    return h, post, res

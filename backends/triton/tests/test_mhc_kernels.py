@@ -1,0 +1,97 @@
+"""Fused mHC kernels against the float64 reference (operators.md §5.4), under ``TRITON_INTERPRET=1`` on
+the CPU (on CUDA when present): the conformance kit on fresh seeds, more modality groups than one
+launch serves, non-finite semantics, the rounding points, strided streams."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import magi2_core as m2
+from magi2_core.contracts import acceptance as acc
+from magi2_core.testing import call_record, run_kit
+from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
+
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def _inputs(seed: int, t: int, n: int, d: int, dtype: torch.dtype, m: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(a.to(DEVICE) for a in (mhc_streams(g, t, n, d, dtype), *mhc_parameters(g, m, n, d)))
+
+
+def _pre(args: tuple[torch.Tensor, ...], provider: str, **kw: object) -> tuple[torch.Tensor, ...]:
+    return tuple(o.cpu() for o in m2.mhc_pre(*args, provider=provider, **kw))  # type: ignore[arg-type]
+
+
+def test_the_kit_passes_on_a_fresh_seed() -> None:
+    seed = random.SystemRandom().randrange(2**31)
+    report = run_kit(["triton"], ops=["mhc_pre", "mhc_mix"], devices=[DEVICE], seed=seed)
+    assert report.ok, f"seed {seed}:\n{report.format()}"
+    assert len(report.results) > 60
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_more_modality_groups_than_one_launch_serves(dtype: torch.dtype) -> None:
+    sizes = [3, 0, 2, 0, 4, 1]  # six groups, two of them empty: two launches of the logits kernel
+    args = _inputs(11, sum(sizes), 4, 24, dtype, len(sizes))
+    got = _pre(args, "triton", modality_sizes=sizes, out_dtype=torch.float32)
+    ref = _pre(args, "reference", modality_sizes=sizes, out_dtype=torch.float32)
+    x = args[0].cpu()
+    for verdict in (acc.accept_mhc_branch_input(got[0], ref[0], x),
+                    acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+                    acc.accept_mhc_coefficients(got[2], ref[2], "residual")):  # fmt: skip
+        assert verdict, str(verdict)
+
+
+def test_nonfinite_tokens_and_a_nan_residual_bias_match_the_reference() -> None:
+    args = list(_inputs(4, 9, 4, 16, torch.bfloat16, 1))
+    args[0][2, 1, 5] = float("inf")
+    args[0][6, 3, 0] = float("nan")
+    got, ref = _pre(tuple(args), "triton"), _pre(tuple(args), "reference")
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a.isnan(), b.isnan())
+    assert got[2][2].isnan().all() and got[2][0].isfinite().all()
+    args[-1] = args[-1].clone()
+    args[-1][3, 0] = float("nan")
+    assert _pre(tuple(args), "triton")[2].isnan().all()
+
+
+def test_coefficients_in_bf16_are_the_fp32_results_rounded_once() -> None:
+    args = _inputs(8, 13, 4, 32, torch.bfloat16, 1)
+    h16, post16, res16 = _pre(args, "triton")
+    h32, post32, res32 = _pre(args, "triton", out_dtype=torch.float32)
+    assert torch.equal(h16, h32)  # the branch input does not depend on the coefficients' dtype
+    assert torch.equal(post16, post32.bfloat16()) and torch.equal(res16, res32.bfloat16())
+
+
+def test_the_mix_rounds_each_term_before_the_sum() -> None:
+    x = torch.tensor([[[1.0], [0.0]]], dtype=torch.bfloat16, device=DEVICE)
+    residual = torch.tensor([[[1.0 + 2**-8, 0.0], [0.0, 1.0]]], device=DEVICE)
+    post = torch.tensor([[2**-8, 0.0]], device=DEVICE)
+    y = torch.tensor([[1.0]], dtype=torch.bfloat16, device=DEVICE)
+    assert m2.mhc_mix(x, y, post, residual, provider="triton")[0, 0, 0].item() == 1.0  # not 1 + 2⁻⁷
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_strided_streams_and_coefficients(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    wide = mhc_streams(g, 10, 4, 48, dtype).to(DEVICE)
+    x = wide[:, :, :40]  # rows of a wider tensor, read in place
+    y = mhc_streams(g, 10, 1, 40, dtype)[:, 0].to(DEVICE)
+    post = torch.rand(4, 10, generator=g).to(DEVICE).t()  # [T, n] with token stride 1
+    res = torch.rand(10, 4, 4, generator=g).to(DEVICE).transpose(1, 2)
+    got = m2.mhc_mix(x, y, post, res, provider="triton").cpu()
+    ref = m2.mhc_mix(x, y, post, res, provider="reference").cpu()
+    verdict = acc.accept_mhc_mix(got, ref, call_record("mhc_mix", x.cpu(), y.cpu(), post.cpu(), res.cpu()))
+    assert verdict, str(verdict)
+    args = (x, *_inputs(5, 10, 4, 40, dtype, 1)[1:])
+    got_pre, ref_pre = _pre(args, "triton"), _pre(args, "reference")
+    verdict = acc.accept_mhc_branch_input(got_pre[0], ref_pre[0], x.cpu())
+    assert verdict, str(verdict)

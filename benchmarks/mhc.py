@@ -1,0 +1,121 @@
+"""Fused mHC (Triton ``mhc_pre`` + ``mhc_mix``) vs vllm-omni 0.30.0's native form, eager and compiled.
+
+    python -m benchmarks.mhc [--iters N] [--tokens T] [--json PATH]
+
+One branch's mHC at the 272p / 10 s CFG pack (29,912 tokens, 4 streams of 3072, BF16, 3 modalities):
+``mhc_pre`` then ``mhc_mix`` (the branch itself is left out: its output is a fixed tensor). The native
+form is the ``torch_native`` provider's code (operators.md §5: FP32 norm written out, FP32 GEMM,
+sigmoid, einsums, Sinkhorn), eager and under ``torch.compile``. All variants alternate call by call,
+each after an L2 flush, timed with CUDA events (``benchmarks/_common.py``). Bandwidth is reported
+on two byte counts: what the fused design moves (the streams read twice by ``mhc_pre`` and once by
+``mhc_mix``, the branch input and the new streams written, the branch output read) and the minimum
+(the streams read once by each op). Before timing, the fused outputs are judged against the float64
+reference by the contract's rules (operators.md §5.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from magi2_backend_reference.torch_mhc import torch_mhc_mix, torch_mhc_pre
+
+import magi2_core as m2
+from benchmarks._common import env_record, stats, time_alternating
+from benchmarks.rmsnorm import measure_copy_tbs
+from magi2_core.contracts import acceptance as acc
+from magi2_core.testing import call_record
+from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
+
+STREAMS, WIDTH = 4, 3072
+PACK_TOKENS = 29912
+
+
+def _sizes(t: int) -> list[int]:
+    """Video, audio and text groups of a pack (video-dominant, as the 272p / 10 s pack)."""
+    audio, text = t // 9, t // 40
+    return [t - audio - text, audio, text]
+
+
+def bench(t: int, iters: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    sizes = _sizes(t)
+    x = mhc_streams(g, t, STREAMS, WIDTH, torch.bfloat16).cuda()
+    params = tuple(p.cuda() for p in mhc_parameters(g, len(sizes), STREAMS, WIDTH))
+    y = torch.randn(t, WIDTH, generator=g).to(torch.bfloat16).cuda()
+
+    def fused() -> torch.Tensor:
+        _h, post, res = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="triton")
+        return m2.mhc_mix(x, y, post, res, provider="triton")
+
+    pre_call = call_record("mhc_pre", x, *params, modality_sizes=sizes)
+
+    def native(pre: Callable[[Any], Any] = torch_mhc_pre, mix: Callable[[Any], Any] = torch_mhc_mix) -> torch.Tensor:
+        _h, post, res = pre(pre_call)
+        return mix(call_record("mhc_mix", x, y, post, res))
+
+    pre_c, mix_c = torch.compile(torch_mhc_pre), torch.compile(torch_mhc_mix)
+
+    verdicts: list[str] = []
+    got = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="triton")
+    ref = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="reference")
+    verdicts += [str(acc.accept_mhc_branch_input(got[0], ref[0], x)),
+                 str(acc.accept_mhc_coefficients(got[1], ref[1], "post")),
+                 str(acc.accept_mhc_coefficients(got[2], ref[2], "residual"))]  # fmt: skip
+    mix_call = call_record("mhc_mix", x, y, ref[1], ref[2])
+    verdicts.append(
+        str(
+            acc.accept_mhc_mix(
+                m2.mhc_mix(x, y, ref[1], ref[2], provider="triton"),
+                m2.mhc_mix(x, y, ref[1], ref[2], provider="reference"),
+                mix_call,
+            )
+        )
+    )
+    del got, ref
+
+    s = x.numel() * 2
+    design = 3 * s + s + 2 * y.numel() * 2  # pre reads twice, mix reads once and writes; h written, y read
+    minimum = 2 * s + s + 2 * y.numel() * 2
+    fns: dict[str, Callable[[], object]] = {
+        "fused_triton": fused,
+        "native_eager": native,
+        "native_compiled": lambda: native(pre_c, mix_c),
+    }
+    ms = time_alternating(fns, iters)
+    results = {}
+    for name, samples in ms.items():
+        st = stats(samples)
+        results[name] = {"p10_ms": st["p10"], "p50_ms": st["p50"], "p90_ms": st["p90"],
+                         "tb_s_design_bytes": design / (st["p50"] * 1e-3) / 1e12,
+                         "tb_s_minimum_bytes": minimum / (st["p50"] * 1e-3) / 1e12}  # fmt: skip
+    return {"tokens": t, "streams": STREAMS, "width": WIDTH, "modality_sizes": sizes, "design_bytes": design,
+            "minimum_bytes": minimum, "acceptance": verdicts, "results": results}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
+    ap.add_argument("--json", default="benchmarks/results/mhc.json")
+    args = ap.parse_args()
+    info = {**env_record(), "copy_tb_s_measured": measure_copy_tbs()}
+    row = bench(args.tokens, args.iters)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"benchmark": "mhc", "env": info, "rows": [row]}, f, indent=2)
+    copy = info["copy_tb_s_measured"]
+    print(f"copy {copy:.2f} TB/s; {row['tokens']} tokens x {STREAMS} x {WIDTH}; " + "; ".join(row["acceptance"]))
+    for name, r in row["results"].items():
+        print(
+            f"{name:16s} p50 {r['p50_ms']:.3f} ms  {r['tb_s_design_bytes']:.2f} TB/s on the design's bytes "
+            f"({r['tb_s_design_bytes'] / copy:.2f} of copy), {r['tb_s_minimum_bytes'] / copy:.2f} on the minimum"
+        )
+
+
+if __name__ == "__main__":
+    main()
