@@ -144,6 +144,10 @@ if want moe; then
 step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
 python3 -m benchmarks.moe --out "$OUT/moe_${tag}.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
 fi
+if want mhc; then
+step "mHC: fused mhc_pre + mhc_mix vs vllm-omni's native form, eager and compiled"
+python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
+fi
 if want moe_raw; then
 step "MoE: raw weights read in place vs prepared vs re-packed per call (MAGI2_RAW_ARGS: extra arguments)"
 python3 -m benchmarks.moe_raw --out "$OUT/moe_raw_${tag}.json" ${MAGI2_RAW_ARGS:-} > "$OUT/moe_raw.log" 2>&1

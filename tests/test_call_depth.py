@@ -21,6 +21,7 @@ from magi2_core.capability import Capability
 from magi2_core.contracts import _checks
 from magi2_core.ops import dispatcher
 from magi2_core.ops.attention import AttentionCall
+from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_route import RouteCall
 from magi2_core.problem import OPS, Feature
 from magi2_core.testing import magi2_frames_at, registered_backend
@@ -35,6 +36,8 @@ def _recording_kernel(call: Any) -> Any:
         return x, x.new_zeros(x.shape[1], x.shape[0]) if call.return_lse else None
     if isinstance(call, RouteCall):
         return x, x
+    if isinstance(call, MHCPreCall):
+        return x[:, 0], x[:, :, 0], x
     return x
 
 
@@ -60,11 +63,17 @@ def _calls() -> dict[str, Callable[[str], object]]:
     probs, idx = torch.rand(2, 6, 2, generator=g), torch.randint(0, 4, (2, 6, 2), generator=g)
     wg, wu, wd = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, 8, generator=g)
     xn, wn = torch.randn(6, 32, generator=g), torch.randn(2, 1, 32, generator=g)
+    streams, branch = torch.randn(6, 2, 8, generator=g), torch.randn(6, 8, generator=g)  # n = 2 streams, D = 8
+    mw, phi = torch.randn(2 * 16, generator=g), torch.randn(16, 8, generator=g)  # 2 modalities; 2n + n² = 8
+    a, bn, bnn = torch.rand(1, generator=g), torch.randn(2, generator=g), torch.randn(2, 2, generator=g)
+    post, res = torch.rand(6, 2, generator=g), torch.rand(6, 2, 2, generator=g)
     return {
         "attention": lambda p: m2.attention(q, k, v, cu, cu, sinks=sinks, softcap=3.0, return_lse=True, provider=p),
         "moe_route": lambda p: m2.moe_route(x, router, bias, top_k=2, provider=p),
         "moe_experts": lambda p: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p),
         "rmsnorm": lambda p: m2.rmsnorm(xn, wn, modality_sizes=[2, 4], provider=p),
+        "mhc_pre": lambda p: m2.mhc_pre(streams, mw, phi, a, a, a, bn, bn, bnn, modality_sizes=[2, 4], provider=p),
+        "mhc_mix": lambda p: m2.mhc_mix(streams, branch, post, res, provider=p),
     }
 
 

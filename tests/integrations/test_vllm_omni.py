@@ -15,7 +15,9 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +39,31 @@ DIST = Path(__file__).parents[1] / "distributed"
 
 def _mod(name: str) -> ModuleType:
     return importlib.import_module(f"{PKG}.{name}")
+
+
+@pytest.fixture(autouse=True)
+def _mhc_swap_on() -> Iterator[None]:
+    """The mHC swap is opt-in (MAGI2_VLLM_OMNI_MHC); these tests check it with the others, except where
+    a test deletes the variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
+    teardown after the ``vllm_omni`` fixture's.)"""
+    before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
+    os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
+    yield
+    if before is None:
+        os.environ.pop("MAGI2_VLLM_OMNI_MHC", None)
+    else:
+        os.environ["MAGI2_VLLM_OMNI_MHC"] = before
+
+
+def test_the_mhc_swap_is_left_off_unless_asked_for(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("MAGI2_VLLM_OMNI_MHC")
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    integ.register()
+    modeling = _mod("modeling_magi2")
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=1 swaps it in)" in r.getMessage() for r in caplog.records)
 
 
 def _swapped(modeling: ModuleType) -> dict[str, bool]:

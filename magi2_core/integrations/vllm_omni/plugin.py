@@ -47,7 +47,7 @@ from magi2_core.integrations.vllm_omni.attention import packed_attention_with_si
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
-from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI
+from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI, VLLM_OMNI_MHC
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolver import resolve_problem
 
@@ -74,6 +74,8 @@ class _Swap:
     stands_in: bool = False
     # When set, ``attr`` names a class whose methods of these names are replaced by ``replacement``'s
     methods: tuple[str, ...] = ()
+    # When set, the swap happens only when this boolean setting is on (read at plugin load)
+    enabled_by: str | None = None
 
 
 _SWAPS: tuple[_Swap, ...] = (
@@ -82,7 +84,8 @@ _SWAPS: tuple[_Swap, ...] = (
     ),
     _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE, stands_in=True),
     _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
-    _Swap("mhc", _MODELING, "Magi2TransformerLayer", _MODELING, MHCLayerMethods, methods=METHODS),
+    _Swap("mhc", _MODELING, "Magi2TransformerLayer", _MODELING, MHCLayerMethods, methods=METHODS,
+          enabled_by=VLLM_OMNI_MHC.name),
 )
 # The originals this process replaced, per (module, attribute), so unregister() can put them back.
 _ORIGINALS: dict[tuple[str, str], object] = {}
@@ -98,6 +101,7 @@ def register() -> None:
         return
     _share_vllm_log_handlers()
     m2_config.fix(VLLM_OMNI.name)  # the swap (or not) is decided now: a later change is refused, not ignored
+    m2_config.fix(VLLM_OMNI_MHC.name)
     if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
@@ -135,6 +139,7 @@ def unregister() -> None:
     """
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
     m2_config.release(VLLM_OMNI.name)
+    m2_config.release(VLLM_OMNI_MHC.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
         owner_name, _, method = attr.partition(".")
@@ -214,6 +219,9 @@ def _is_ours(owner: object, method: str) -> bool:
 
 def _patch(modeling: ModuleType) -> None:
     for swap in _SWAPS:
+        if swap.enabled_by is not None and not m2_config.get(swap.enabled_by):
+            logger.info("magi2-core: vllm-omni MAGI-2 %s left as it is (%s=1 swaps it in)", swap.op, swap.enabled_by)
+            continue
         module = modeling if swap.module == modeling.__name__ else importlib.import_module(swap.module)
         current = getattr(module, swap.attr, None)
         if current is swap.replacement or (swap.methods and _is_ours(current, swap.methods[0])):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from magi2_core import config
 from magi2_core.hookspecs import Setting
 
-__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI", "router_bias_source"]
+__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI", "VLLM_OMNI_MHC", "router_bias_source"]
 
 OWNER = "magi2-core (vllm-omni integration)"
 
@@ -27,6 +27,15 @@ VLLM_OMNI = Setting(
          "(the swap happens then, before any model is built).",
     read="plugin load",
 )
+VLLM_OMNI_MHC = Setting(
+    name="MAGI2_VLLM_OMNI_MHC",
+    kind="boolean",
+    default=False,
+    help="1: the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
+         "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. Off by default until their Triton kernels have run "
+         "on a GPU (docs/vllm-omni.md). Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
+    read="plugin load",
+)
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
     kind="choice",
@@ -37,7 +46,7 @@ ROUTER_BIAS_SOURCE = Setting(
          "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
          "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
-SETTINGS = (VLLM_OMNI, ROUTER_BIAS_SOURCE)
+SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:
     config.declare(_setting, OWNER)
