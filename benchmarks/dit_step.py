@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,7 @@ def _random_like(p: torch.Tensor, name: str, seed: int) -> torch.Tensor:
     """The stack benchmark's scales (``vllm_omni_stack.randomize``) for one parameter, seeded by name."""
     holder = nn.Module()
     holder.register_parameter(name.rsplit(".", 1)[-1], nn.Parameter(torch.empty_like(p), requires_grad=False))
-    randomize(holder, seed=seed + sum(name.encode()))
+    randomize(holder, seed=seed + zlib.crc32(name.encode()))
     return next(holder.parameters())
 
 
