@@ -112,6 +112,10 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     probs, idx = on(torch.rand(2, 4, 2)), on(torch.randint(0, 4, (2, 4, 2)))
     wg, wu, wd = on(torch.randn(8, 8, 16)), on(torch.randn(8, 8, 16)), on(torch.randn(8, 16, 8))
     xn, wn = on(torch.randn(4, 8)), on(torch.randn(1, 1, 8))
+    streams, branch = on(torch.randn(4, 2, 8)), on(torch.randn(4, 8))  # n = 2 streams of D = 8
+    mw, phi = on(torch.randn(16)), on(torch.randn(16, 8))  # 2n + n² = 8 logits
+    a, bn, bnn = on(torch.rand(1)), on(torch.randn(2)), on(torch.randn(2, 2))
+    post, res = on(torch.rand(4, 2)), on(torch.rand(4, 2, 2))
     p = NOOP_PROVIDER
     calls: dict[str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...],
                            dict[str, Any]]] = {
@@ -122,6 +126,10 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
         "moe_experts": (lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p), _noop_tensor,
                         (x, probs, idx, wg, wu, wd), {}),
         "rmsnorm": (lambda: m2.rmsnorm(xn, wn, provider=p), _noop_tensor, (xn, wn), {}),
+        "mhc_pre": (lambda: m2.mhc_pre(streams, mw, phi, a, a, a, bn, bn, bnn, provider=p), _noop_mhc_pre,
+                    (streams, mw, phi, a, a, a, bn, bn, bnn), {}),
+        "mhc_mix": (lambda: m2.mhc_mix(streams, branch, post, res, provider=p), _noop_tensor,
+                    (streams, branch, post, res), {}),
     }  # fmt: skip
     rows = []
     with noop_backend(device):
