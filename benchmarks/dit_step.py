@@ -72,7 +72,14 @@ import magi2_core as m2
 from benchmarks import _vllm_stubs as stubs
 from benchmarks._breakdown import GemmWidths, breakdown, profile_call
 from benchmarks._common import env_record, graphed, stats, time_alternating
-from benchmarks.vllm_omni_stack import GPU_COMPILE, SMOKE_COMPILE, _mod, randomize
+from benchmarks.vllm_omni_stack import (
+    GPU_COMPILE,
+    SMOKE_COMPILE,
+    _mod,
+    keep_upstream_mhc,
+    randomize,
+    upstream_mhc_methods,
+)
 
 BANK_NAMES = ("W_gate", "W_up", "W_down")
 TEXT_TOKENS = 370
@@ -230,6 +237,7 @@ def build_pair(cfg: Any, dev: str, banks: int, *, seed: int = 30) -> tuple[nn.Mo
         for name, p in off.named_parameters():  # named_parameters yields a shared bank once
             if id(p) not in banked and not name.endswith("bands"):
                 p.copy_(_random_like(p, name, seed))
+    mhc_methods = upstream_mhc_methods(modeling)
     integ.register()  # the swap applies to models built from here on
     with torch.device("meta"):
         on = modeling.Magi2PreviewTransformer(cfg)
@@ -241,6 +249,7 @@ def build_pair(cfg: Any, dev: str, banks: int, *, seed: int = 30) -> tuple[nn.Mo
             if name.rsplit(".", 1)[-1] not in BANK_NAMES:
                 p.copy_(theirs[name])
     share_prepared_layouts(on)
+    keep_upstream_mhc(off, mhc_methods)
     if moes and type(_moe_modules(on)[0]) is not integ.Magi2MultiHeadMoE:
         raise RuntimeError("the plugin did not swap vllm-omni's MoE layer (see the magi2_core log lines)")
     return off.eval().requires_grad_(False), on.eval().requires_grad_(False)

@@ -1,11 +1,15 @@
 """Fused mHC (Triton ``mhc_pre`` + ``mhc_mix``) vs vllm-omni 0.30.0's native form, eager and compiled.
 
-    python -m benchmarks.mhc [--iters N] [--tokens T] [--json PATH]
+    python -m benchmarks.mhc [--iters N] [--tokens T] [--json PATH] [--wheel VLLM_OMNI_WHEEL_OR_DIR]
 
 One branch's mHC at the 272p / 10 s CFG pack (29,912 tokens, 4 streams of 3072, BF16, 3 modalities):
 ``mhc_pre`` then ``mhc_mix`` (the branch itself is left out: its output is a fixed tensor). The native
 form is the ``torch_native`` provider's code (operators.md §5: FP32 norm written out, FP32 GEMM,
-sigmoid, einsums, Sinkhorn), eager and under ``torch.compile``. All variants alternate call by call,
+sigmoid, einsums, Sinkhorn), eager and under ``torch.compile``. With ``--wheel``, vllm-omni's own
+path runs too: one real ``Magi2TransformerLayer`` of the released config (vLLM stubbed,
+``benchmarks/_vllm_stubs.py``) with the same mHC parameters, its ``_branch_logits``,
+``_branch_input`` and ``_connect`` eager (its Triton Sinkhorn and mix kernels) and compiled as
+vllm-omni's pipeline compiles (``fullgraph=True, dynamic=True``: its native path). All variants alternate call by call,
 each after an L2 flush, timed with CUDA events (``benchmarks/_common.py``). Bandwidth is reported
 on two byte counts: what the fused design moves (the streams read twice by ``mhc_pre`` and once by
 ``mhc_mix``, the branch input and the new streams written, the branch output read) and the minimum
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +47,40 @@ def _sizes(t: int) -> list[int]:
     return [t - audio - text, audio, text]
 
 
-def bench(t: int, iters: int) -> dict[str, Any]:
+def vllm_omni_variants(root: Path, x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[int],
+                       y: torch.Tensor) -> dict[str, Callable[[], object]]:  # fmt: skip
+    """vllm-omni's own mHC of one branch on a real layer holding ``params``: eager and compiled."""
+    from benchmarks import _vllm_stubs as stubs
+    from benchmarks.dit_step import model_config
+    from benchmarks.vllm_omni_stack import GPU_COMPILE, _mod
+
+    stubs.install(stubs.unpack(root, Path(tempfile.mkdtemp())) if root.is_file() else root)
+    modeling, layers = _mod("modeling_magi2"), _mod("layers")
+    cfg = model_config(False)
+    with torch.device("meta"):
+        layer = modeling.Magi2TransformerLayer(cfg, cfg.multimodal_layers[0])
+    layer.to_empty(device=x.device)
+    names = ("mhc_norm.weight", *(f"mhc_{n}_attn" for n in ("phi_fused", "alpha_pre", "alpha_post", "alpha_res",
+                                                            "bias_pre", "bias_post", "bias_res")))  # fmt: skip
+    own = dict(layer.named_parameters())
+    with torch.no_grad():
+        for name, value in zip(names, params, strict=True):
+            own[name].copy_(value.view_as(own[name]))
+    modality = torch.cat([torch.full((n,), i, device=x.device) for i, n in enumerate(sizes)])
+    dispatcher = layers.ModalityDispatcher(modality, len(sizes))
+    cls = modeling.Magi2TransformerLayer
+
+    def branch() -> torch.Tensor:
+        logits = cls._branch_logits(layer, x, "attn", dispatcher)
+        cls._branch_input(layer, x, "attn", logits)
+        out: torch.Tensor = cls._connect(layer, x, y, "attn", logits)
+        return out
+
+    compiled = torch.compile(branch, **GPU_COMPILE)
+    return {"vllm_omni_eager": branch, "vllm_omni_compiled": compiled}
+
+
+def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     sizes = _sizes(t)
     x = mhc_streams(g, t, STREAMS, WIDTH, torch.bfloat16).cuda()
@@ -86,6 +125,12 @@ def bench(t: int, iters: int) -> dict[str, Any]:
         "native_eager": native,
         "native_compiled": lambda: native(pre_c, mix_c),
     }
+    if wheel is not None:
+        upstream = vllm_omni_variants(wheel, x, params, sizes, y)
+        verdicts.append("vllm-omni's own mix vs the fused: " + str(acc.accept_mhc_mix(
+            fused(), upstream["vllm_omni_eager"](), call_record("mhc_mix", x, y, *m2.mhc_pre(
+                x, *params, modality_sizes=sizes, provider="reference")[1:]))))  # fmt: skip
+        fns.update(upstream)
     ms = time_alternating(fns, iters)
     results = {}
     for name, samples in ms.items():
@@ -102,9 +147,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
     ap.add_argument("--json", default="benchmarks/results/mhc.json")
+    ap.add_argument(
+        "--wheel", type=Path, help="vllm-omni 0.30.0 wheel or unpacked directory: its own path as a baseline"
+    )
     args = ap.parse_args()
     info = {**env_record(), "copy_tb_s_measured": measure_copy_tbs()}
-    row = bench(args.tokens, args.iters)
+    row = bench(args.tokens, args.iters, args.wheel)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"benchmark": "mhc", "env": info, "rows": [row]}, f, indent=2)

@@ -36,6 +36,7 @@ import json
 import math
 import sys
 import tempfile
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,9 @@ class Variant:
 
     def __call__(self, pack: Pack) -> torch.Tensor:
         _mod("attention").packed_attention_with_sink = self.attention
-        out: torch.Tensor = self.model.block(pack.hidden, pack.rope, pack.varlen, pack.dispatcher, [pack.hidden.shape[0]])
+        out: torch.Tensor = self.model.block(
+            pack.hidden, pack.rope, pack.varlen, pack.dispatcher, [pack.hidden.shape[0]]
+        )
         return out
 
 
@@ -142,14 +145,39 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
     with torch.device(dev):
         off = modeling.Magi2PreviewTransformer(cfg)
     randomize(off, seed=30)
+    mhc_methods = upstream_mhc_methods(modeling)
     integ.register()  # modeling is imported: the swap applies now, to models built from here on
     with torch.device(dev):
         on = modeling.Magi2PreviewTransformer(cfg)
     on.load_state_dict(off.state_dict(), strict=True)
     if type(on.block.layers[0].mlp.moe_mlp) is not integ.Magi2MultiHeadMoE:
         raise RuntimeError("the plugin did not swap vllm-omni's MoE layer (see the magi2_core log lines)")
+    keep_upstream_mhc(off, mhc_methods)
     return (Variant(off.eval().requires_grad_(False), theirs),
             Variant(on.eval().requires_grad_(False), integ.packed_attention_with_sink))  # fmt: skip
+
+
+def upstream_mhc_methods(modeling: Any) -> dict[str, Any]:
+    """vllm-omni's own mHC methods of its layer class, read before the plugin registers."""
+    from magi2_core.integrations.vllm_omni.mhc import METHODS
+
+    return {name: getattr(modeling.Magi2TransformerLayer, name) for name in METHODS}
+
+
+def keep_upstream_mhc(model: nn.Module, methods: dict[str, Any]) -> bool:
+    """Bind vllm-omni's own mHC methods on ``model``'s layers when the plugin swapped them.
+
+    The mHC swap (``MAGI2_VLLM_OMNI_MHC=1``) replaces methods on the layer class, which a model built
+    before the plugin ran shares; bound on the instances, plugin off keeps upstream's mHC. Returns
+    whether the swap was in place.
+    """
+    cls = type(model.block.layers[0])
+    swapped = any(getattr(cls, name) is not fn for name, fn in methods.items())
+    if swapped:
+        for layer in model.block.layers:
+            for name, fn in methods.items():
+                setattr(layer, name, types.MethodType(fn, layer))
+    return swapped
 
 
 def make_pack(model: nn.Module, cfg: Any, tokens: int, dev: str) -> Pack:
@@ -163,7 +191,9 @@ def make_pack(model: nn.Module, cfg: Any, tokens: int, dev: str) -> Pack:
     coords[:video, 3:6] = coords[:video, 6:] = torch.tensor([frames, 16.0, 16.0], device=dev)
     coords[video : video + audio, 0] = torch.arange(audio, device=dev).float()
     coords[video : video + audio, 3] = coords[video : video + audio, 6] = float(audio)
-    modality = torch.cat([torch.full((n,), m, device=dev) for m, n in enumerate((video, audio, tokens - video - audio))])
+    modality = torch.cat(
+        [torch.full((n,), m, device=dev) for m, n in enumerate((video, audio, tokens - video - audio))]
+    )
     cu = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
     hidden = torch.randn(tokens, cfg.virtual_width, generator=g, device=dev).to(cfg.params_dtype)
     return Pack(
@@ -193,6 +223,30 @@ def providers(model: nn.Module, cfg: Any, pack: Any) -> dict[str, str | None]:
         "moe_route": m2.resolve("moe_route", heads, moe.gate, moe.router.expert_bias_ema, top_k=moe.top_k).chosen,
         "moe_experts": m2.resolve("moe_experts", heads, probs, idx, moe.prepared_weights()).chosen,
         "rmsnorm": m2.resolve("rmsnorm", x, norm_weight, modality_sizes=sizes).chosen,
+        **mhc_providers(layer, pack),
+    }
+
+
+def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
+    """What the layer's mHC calls resolve to when the plugin swapped them in (else: nothing)."""
+    from magi2_core.integrations.vllm_omni.mhc import MHCLayerMethods
+
+    if type(layer)._branch_logits is not MHCLayerMethods._branch_logits:
+        return {"mhc_pre": None, "mhc_mix": None}
+    streams = pack.hidden.view(pack.hidden.shape[0], layer.config.mhc.num_streams, -1)
+    args = (
+        streams,
+        layer.mhc_norm.weight,
+        *(
+            getattr(layer, f"mhc_{name}_attn")
+            for name in ("phi_fused", "alpha_pre", "alpha_post", "alpha_res", "bias_pre", "bias_post", "bias_res")
+        ),
+    )
+    sizes = list(pack.dispatcher.group_size_cpu) if layer.mhc_norm.num_modality > 1 else None
+    branch_input, post, residual = m2.mhc_pre(*args, modality_sizes=sizes)
+    return {
+        "mhc_pre": m2.resolve("mhc_pre", *args, modality_sizes=sizes).chosen,
+        "mhc_mix": m2.resolve("mhc_mix", streams, branch_input, post, residual).chosen,
     }
 
 
@@ -267,7 +321,9 @@ def run(source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--wheel", required=True, type=Path, help="vllm-omni 0.30.0's wheel, or a directory holding vllm_omni/")
+    p.add_argument(
+        "--wheel", required=True, type=Path, help="vllm-omni 0.30.0's wheel, or a directory holding vllm_omni/"
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, nargs="+", help="tokens per pack (default 4096 14601; smoke: 40 17)")

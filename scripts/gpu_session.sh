@@ -146,7 +146,7 @@ python3 -m benchmarks.moe --out "$OUT/moe_${tag}.json" --tokens 512 4096 14601 -
 fi
 if want mhc; then
 step "mHC: fused mhc_pre + mhc_mix vs vllm-omni's native form, eager and compiled"
-python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
+python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" ${MAGI2_VLLM_OMNI_WHEEL:+--wheel "$MAGI2_VLLM_OMNI_WHEEL"} > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
 fi
 if want moe_raw; then
 step "MoE: raw weights read in place vs prepared vs re-packed per call (MAGI2_RAW_ARGS: extra arguments)"

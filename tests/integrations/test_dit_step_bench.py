@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import dit_step
 from benchmarks._breakdown import GemmWidths, KernelTime, breakdown, category
@@ -103,3 +104,36 @@ def test_kernels_from_trace_links_each_kernel_to_its_launching_op_once() -> None
         ("_rmsnorm_kernel", 20.0, "", ()),
     ]
     assert [category(k, WIDTHS) for k in kernels] == ["mHC projection", "rmsnorm"]
+
+
+def test_with_the_mhc_swap_on_plugin_off_keeps_upstreams_mhc(vllm_omni: Path) -> None:
+    """The mHC swap replaces methods on vllm-omni's layer class, which the plugin-off model shares: the
+    benchmark binds upstream's methods back on plugin off's layers, so off is vllm-omni's own mHC."""
+    import os
+
+    from benchmarks.vllm_omni_stack import providers
+    from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
+
+    before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
+    os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
+    try:
+        cfg = dit_step.model_config(True)
+        off, on = dit_step.build_pair(cfg, "cpu", banks=1)
+        for name in METHODS:
+            assert all(getattr(layer, name).__func__ is getattr(MHCLayerMethods, name) for layer in on.block.layers)
+            assert all(
+                getattr(layer, name).__func__ is not getattr(MHCLayerMethods, name) for layer in off.block.layers
+            )
+        packed = dit_step.step_input(dit_step.step_shape(True, text_tokens=8), "cpu")
+        binput = dit_step.block_input(off, packed, "cpu")
+        chosen = providers(on, cfg, binput)
+        assert chosen["mhc_pre"] is not None and chosen["mhc_mix"] is not None
+        with torch.inference_mode():
+            args = (binput.hidden, binput.rope, binput.varlen, binput.dispatcher, [binput.hidden.shape[0]])
+            want, got = off.block(*args), on.block(*args)
+        assert torch.isfinite(got).all() and 0 < float((got - want).norm() / want.norm()) < 0.2
+    finally:
+        if before is None:
+            os.environ.pop("MAGI2_VLLM_OMNI_MHC", None)
+        else:
+            os.environ["MAGI2_VLLM_OMNI_MHC"] = before

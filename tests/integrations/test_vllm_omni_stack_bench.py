@@ -17,7 +17,10 @@ def test_stack_benchmark_smoke_writes_every_variant(vllm_omni_root: Path, tmp_pa
     assert report["errors"] == []
     assert report["vllm_omni"] == "0.30.0" and report["device"] == "cpu" and report["git_commit"]
     assert report["config"]["moe_layers"] == 2 and report["compile_regions"]["fullgraph"] is True
-    assert report["providers"]["24"] == dict.fromkeys(("attention", "moe_route", "moe_experts", "rmsnorm"), "reference")
+    assert report["providers"]["24"] == {
+        **dict.fromkeys(("attention", "moe_route", "moe_experts", "rmsnorm"), "reference"),
+        **dict.fromkeys(("mhc_pre", "mhc_mix"), None),  # the mHC swap is opt-in (MAGI2_VLLM_OMNI_MHC=1)
+    }
     assert [(r["mode"], r["tokens"]) for r in report["results"]] == [("eager", 24), ("compiled", 24)]
     for r in report["results"]:
         assert r["finite"] and 0 < r["rel_l2_on_vs_off"] < 0.1  # BF16: the swapped ops round differently
