@@ -174,6 +174,12 @@ profile_check() {  # $1: label; $2: MAGI2_PROFILE ("" = the shipped one for this
     ${MAGI2_CHECK_ARGS:-} > "$OUT/profile_check_$1.log" 2>&1; echo "profile_check exit $?" >> "$OUT/profile_check_$1.log"
   grep -E "FAIL|^profile |exit" "$OUT/profile_check_$1.log" | tail -20
 }
+if want profile_check; then
+step "profile check before any tune: what this device gets, the nvidia-h200 profile, the generic one (resolved vs every eligible provider)"
+profile_check shipped ""
+profile_check h200 nvidia-h200
+profile_check generic generic
+fi
 if want tune; then
 step "magi2 tune over the default grid (timed; target <= 300 s), then the resolved call vs every eligible provider under it"
 t0=$(date +%s)
@@ -182,11 +188,6 @@ env "${tune_env[@]}" python3 -m magi2_core.cli tune --fresh --out "$OUT/profile_
   > "$OUT/tune.log" 2>&1; echo "tune exit $? in $(( $(date +%s) - t0 )) s" >> "$OUT/tune.log"
 tail -6 "$OUT/tune.log"
 [ -f "$OUT/profile_tuned_${tag}.json" ] && profile_check tuned "$OUT/profile_tuned_${tag}.json"
-fi
-if want profile_check; then
-step "profile check: the shipped profile and the generic one (resolved vs every eligible provider, one run per profile)"
-profile_check shipped ""
-profile_check generic generic
 fi
 step "done"
 # One archive of the logs beside the JSON results (MAGI2_PACK_LOGS=1), for copying them off the machine.
