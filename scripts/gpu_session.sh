@@ -167,8 +167,9 @@ python3 -m benchmarks.moe --out "$OUT/moe_layers_${tag}.json" --tokens 512 4096 
 fi
 # tune and profile_check read no user profile of this machine (their own XDG cache) and share FA4's
 # compile cache, so the checks after the tune pay no JIT compilation.
-tune_env=(XDG_CACHE_HOME="$OUT/xdg_cache" FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
-          FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$OUT/xdg_cache/fa4")
+tune_cache=${TMPDIR:-/tmp}/magi2-tune-cache  # outside $OUT: the FA4 compile cache is many small files
+tune_env=(XDG_CACHE_HOME="$tune_cache" FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+          FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$tune_cache/fa4")
 profile_check() {  # $1: label; $2: MAGI2_PROFILE ("" = the shipped one for this device)
   env "${tune_env[@]}" MAGI2_PROFILE="$2" python3 -m benchmarks.profile_check --out "$OUT/profile_check_$1_${tag}.json" \
     ${MAGI2_CHECK_ARGS:-} > "$OUT/profile_check_$1.log" 2>&1; echo "profile_check exit $?" >> "$OUT/profile_check_$1.log"

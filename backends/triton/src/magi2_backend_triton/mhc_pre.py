@@ -20,6 +20,7 @@ host-to-device copy, so the call is CUDA-graph safe); one launch serves up to fo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,11 +33,25 @@ from magi2_backend_triton.interpret import interpreting
 if TYPE_CHECKING:
     from magi2_core.backend import MHCPreCall
 
-__all__ = ["launch_mhc_pre"]
+__all__ = ["LOGITS", "LogitsConfig", "launch_mhc_pre"]
 
 _MOD_PER_LAUNCH = 4
-_BLOCK_T_LOGITS = 32  # tokens per logits tile (tl.dot needs at least 16)
-_BLOCK_K = 64
+
+
+@dataclass(frozen=True)
+class LogitsConfig:
+    """The logits kernel's launch: tokens per tile (``tl.dot`` needs at least 16), the K step, the
+    dot's FP32 precision (``ieee``: FMA; ``tf32x3``: three TF32 tensor-core products, an FP32-level
+    error), warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates."""
+
+    block_t: int = 32
+    block_k: int = 64
+    precision: str = "ieee"
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+LOGITS = LogitsConfig()
 _BLOCK_T_APPLY = 2
 _BLOCK_D = 512
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -65,6 +80,7 @@ def _mhc_logits_kernel(
     T, NL, stride_xt, stride_wm,
     b1, b2, b3, eps,
     K: tl.constexpr, NUM_MOD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
@@ -87,7 +103,7 @@ def _mhc_logits_kernel(
         sumsq += tl.sum(x * x, axis=1)
         w = tl.load(w_ptr + mod[:, None] * stride_wm + ks[None, :], mask=m, other=0.0) + 1.0
         phi = tl.load(phi_ptr + ks[:, None] * NL + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.dot(x * w, phi, input_precision="ieee")
+        acc += tl.dot(x * w, phi, input_precision=PRECISION)
     inv_rms = tl.math.rsqrt(sumsq / K + eps)
     tl.store(
         out_ptr + rows[:, None] * NL + cols[None, :], acc * inv_rms[:, None], mask=row_ok[:, None] & col_ok[None, :]
@@ -153,7 +169,9 @@ def _mhc_apply_kernel(
     tl.store(res_ptr + rows[:, None, None] * (N * N) + ij[None, :, :], _cast(mat, OUT_DTYPE, OUT_RNE), mask=m3)
 
 
-def launch_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch_mhc_pre(
+    call: MHCPreCall, logits_config: LogitsConfig = LOGITS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run both kernels for a validated call; returns ``(branch_input, post, residual)``."""
     x = call.streams if call.streams.stride(2) == 1 else call.streams.contiguous()
     t, n, d = x.shape
@@ -176,12 +194,14 @@ def launch_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.
         if t1 > t0:
             bounds = [sum(group[: i + 1]) for i in range(len(group) - 1)]
             bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
-            _mhc_logits_kernel[(triton.cdiv(t1 - t0, _BLOCK_T_LOGITS),)](
+            cfg = logits_config
+            _mhc_logits_kernel[(triton.cdiv(t1 - t0, cfg.block_t),)](
                 flat[t0:t1], w[g0:], phi, logits[t0:t1],
                 t1 - t0, nl, flat.stride(0), w.stride(0),
                 bounds[0], bounds[1], bounds[2], float(call.eps),
-                K=k, NUM_MOD=len(group), BLOCK_T=_BLOCK_T_LOGITS, BLOCK_K=_BLOCK_K,
-                BLOCK_N=max(16, triton.next_power_of_2(nl)), num_warps=4,
+                K=k, NUM_MOD=len(group), BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k,
+                BLOCK_N=max(16, triton.next_power_of_2(nl)), PRECISION=cfg.precision,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
         t0 = t1
     interp = interpreting()
