@@ -45,10 +45,10 @@ class LogitsConfig:
     error), warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates."""
 
     block_t: int = 32
-    block_k: int = 64
+    block_k: int = 128
     precision: str = "ieee"
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 2
 
 
 LOGITS = LogitsConfig()
