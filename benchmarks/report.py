@@ -43,6 +43,7 @@ SUPERSEDED = {
     "attention_h200_run1.json": "attention_h200_final.json",
     "attention_h200_rule2048x2048.json": "attention_h200_final.json",
     "dit_step_h100_503129a.json": "dit_step_h100.json",
+    "dit_step_h100_a2f2be0.json": "dit_step_h100.json",  # vllm-omni's own mHC; the current file swaps in ours
     "moe_h200_run1.json": "moe_h200_954e8b5.json",
     "moe_h200_run2.json": "moe_h200_954e8b5.json",
     "moe_h200_run3.json": "moe_h200_954e8b5.json",
@@ -662,8 +663,44 @@ def moe_raw_rows(d: Data) -> list[Row]:
     ]  # fmt: skip
 
 
+def mhc_rows(d: Data) -> list[Row]:
+    """The fused mHC pair against vllm-omni's own path and the upstream form (benchmarks/mhc.py)."""
+    copy, env = d["env"]["copy_tb_s_measured"], d["env"]
+    rows: list[Row] = []
+    for r in d["rows"]:
+        res = {k: v["p50_ms"] for k, v in r["results"].items()}
+        fused = r["results"]["fused_triton"]
+        base = ", ".join(f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in res.items() if k != "fused_triton")
+        passed = all(v.split(" ", 1)[0] == "PASS" or ": PASS" in v for v in r["acceptance"])
+        rows.append((
+            "mHC, mhc_pre + mhc_mix (one branch), fused Triton",
+            f"[{r['tokens']}, {r['streams']}, {r['width']}] bfloat16, {len(r['modality_sizes'])} modalities",
+            f"{res['fused_triton']:.2f} ms ({fused['tb_s_design_bytes'] / copy:.2f} of copy on the design's bytes)",
+            base,
+            ("every output passes the contract" if passed else "A CONTRACT RULE FAILED")
+            + f"; {env['device']}, {_short(env['git_commit'])}",
+        ))  # fmt: skip
+    return rows
+
+
+def mhc_sweep_rows(d: Data) -> list[Row]:
+    """mhc_pre's logits-kernel launches: the fastest passing one against the default of that run."""
+    env, timed = d["env"], [r for r in d["rows"] if "p50_ms" in r]
+    best = min((r for r in timed if r["pass"]), key=lambda r: r["p50_ms"])
+    default = next(r for r in timed if r["config"] == d["default"])
+    return [(
+        "mhc_pre, logits-kernel launches (benchmarks/mhc_sweep.py)",
+        f"{d['tokens']} tokens x 4 x 3072, {len(timed)} launches",
+        f"fastest passing: {best['name']} {best['p50_ms']:.2f} ms ({best['of_copy']:.2f} of copy)",
+        f"the run's default {default['name']} {default['p50_ms']:.2f} ms",
+        f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; {env['device']}, {_short(env['git_commit'])}",
+    )]  # fmt: skip
+
+
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_raw_h100.json": moe_raw_rows,
+    "mhc_h100.json": mhc_rows,
+    "mhc_sweep_h100.json": mhc_sweep_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
     "sink_correction_h200.json": sink_rows,
     "attention_h200_final.json": attention_rows,

@@ -43,8 +43,8 @@ def _mod(name: str) -> ModuleType:
 
 @pytest.fixture(autouse=True)
 def _mhc_swap_on() -> Iterator[None]:
-    """The mHC swap is opt-in (MAGI2_VLLM_OMNI_MHC); these tests check it with the others, except where
-    a test deletes the variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
+    """On a CPU the mHC swap is left out unless asked for (MAGI2_VLLM_OMNI_MHC=auto: the reference serves
+    it here); these tests ask for it and check it with the others, except where a test sets the variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
     teardown after the ``vllm_omni`` fixture's.)"""
     before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
     os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
@@ -55,15 +55,46 @@ def _mhc_swap_on() -> Iterator[None]:
         os.environ["MAGI2_VLLM_OMNI_MHC"] = before
 
 
-def test_the_mhc_swap_is_left_off_unless_asked_for(
+def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
     vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Unset (``auto``): on this CPU the typical call resolves to the reference, which computes
+    vllm-omni's own form, so the mHC is left as it is; the other swaps happen."""
     monkeypatch.delenv("MAGI2_VLLM_OMNI_MHC")
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
     modeling = _mod("modeling_magi2")
     assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
-    assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=1 swaps it in)" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "mhc left as it is" in r.getMessage()]
+    assert len(said) == 1 and "(MAGI2_VLLM_OMNI_MHC=auto)" in said[0] and "'reference'" in said[0], said
+
+
+def test_the_mhc_swap_is_automatic_where_the_fused_provider_serves(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` swaps the mHC in where a typical call resolves to a fused provider (Triton, on CUDA)."""
+    from magi2_core.integrations.vllm_omni import plugin
+
+    real = plugin._describe_provider
+    monkeypatch.setattr(plugin, "_describe_provider",
+                        lambda op, mod: ("triton here", ("triton", "triton")) if op == "mhc" else real(op, mod))  # fmt: skip
+    monkeypatch.setenv("MAGI2_VLLM_OMNI_MHC", "auto")
+    integ.register()
+    assert _swapped(_mod("modeling_magi2"))["mhc"] is True
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_the_mhc_swap_is_left_off_when_asked(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str
+) -> None:
+    from magi2_core.integrations.vllm_omni import plugin
+
+    monkeypatch.setattr(plugin, "_describe_provider", lambda op, mod: ("triton here", ("triton",)))
+    monkeypatch.setenv("MAGI2_VLLM_OMNI_MHC", value)
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    integ.register()
+    assert _swapped(_mod("modeling_magi2")) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=0)" in r.getMessage() for r in caplog.records)
 
 
 def _swapped(modeling: ModuleType) -> dict[str, bool]:

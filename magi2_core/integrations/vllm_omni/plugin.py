@@ -74,7 +74,7 @@ class _Swap:
     stands_in: bool = False
     # When set, ``attr`` names a class whose methods of these names are replaced by ``replacement``'s
     methods: tuple[str, ...] = ()
-    # When set, the swap happens only when this boolean setting is on (read at plugin load)
+    # When set, this setting (read at plugin load) decides the swap: off, on, or auto (see _GAINS_NOTHING)
     enabled_by: str | None = None
 
 
@@ -87,6 +87,10 @@ _SWAPS: tuple[_Swap, ...] = (
     _Swap("mhc", _MODELING, "Magi2TransformerLayer", _MODELING, MHCLayerMethods, methods=METHODS,
           enabled_by=VLLM_OMNI_MHC.name),
 )
+# Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
+# torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
+_GAINS_NOTHING = frozenset({"reference", "torch_native"})
+_OFF, _ON = frozenset({"0", "false", "no", "off"}), frozenset({"1", "true", "yes", "on"})
 # The originals this process replaced, per (module, attribute), so unregister() can put them back.
 _ORIGINALS: dict[tuple[str, str], object] = {}
 
@@ -219,8 +223,9 @@ def _is_ours(owner: object, method: str) -> bool:
 
 def _patch(modeling: ModuleType) -> None:
     for swap in _SWAPS:
-        if swap.enabled_by is not None and not m2_config.get(swap.enabled_by):
-            logger.info("magi2-core: vllm-omni MAGI-2 %s left as it is (%s=1 swaps it in)", swap.op, swap.enabled_by)
+        mode = "on" if swap.enabled_by is None else _switch(str(m2_config.get(swap.enabled_by)))
+        if mode == "off":
+            logger.info("magi2-core: vllm-omni MAGI-2 %s left as it is (%s=0)", swap.op, swap.enabled_by)
             continue
         module = modeling if swap.module == modeling.__name__ else importlib.import_module(swap.module)
         current = getattr(module, swap.attr, None)
@@ -231,11 +236,17 @@ def _patch(modeling: ModuleType) -> None:
             logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: %s", swap.op, problem)
             continue
         try:
-            served_by = _describe_provider(swap.op, modeling)
+            served_by, chosen = _describe_provider(swap.op, modeling)
         except ResolutionError as exc:
             logger.warning(
                 "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
             )
+            continue
+        if mode == "auto" and set(chosen) <= _GAINS_NOTHING:
+            logger.info(
+                "magi2-core: vllm-omni MAGI-2 %s left as it is (%s=auto): %s, which computes vllm-omni's own form "
+                "with no gain; %s=1 swaps it in anyway", swap.op, swap.enabled_by, served_by, swap.enabled_by,
+            )  # fmt: skip
             continue
         if swap.methods:
             for method in swap.methods:
@@ -304,8 +315,14 @@ def _device_type() -> str:
     return "cpu"
 
 
-def _describe_provider(op: str, modeling: ModuleType) -> str:
-    """Which provider a typical call of ``op`` resolves to on this machine (no tensor, no kernel)."""
+def _switch(value: str) -> str:
+    """``on``, ``off`` or ``auto`` for a value of a swap's setting (validated by its choices)."""
+    return "off" if value in _OFF else "on" if value in _ON else "auto"
+
+
+def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | None, ...]]:
+    """Which providers a typical call of ``op`` resolves to on this machine (no tensor, no kernel): a
+    sentence for the log, and their names."""
     cfg = modeling.Magi2PreviewConfig()
     dev, t = _device_type(), _TYPICAL_TOKENS
     if op == "attention":
@@ -328,7 +345,7 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
             f"a typical call ({dev}, bfloat16, {t} tokens, {cfg.num_heads_q}x{cfg.head_dim} heads, sinks) "
             f"resolves to provider {chosen!r} (`magi2 explain attention --device {dev} --sinks "
             f"--max-seqlen-q {t} --heads-q {cfg.num_heads_q}` shows why)"
-        )
+        ), (chosen,)
     if op == "moe":
         moe = cfg.moe
         dims = dict(
@@ -348,7 +365,7 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
             f"a typical call ({dev}, bfloat16, {t} tokens, {moe.num_heads} heads x {moe.num_experts} experts) "
             f"resolves routing to provider {route!r} and experts to {experts!r} "
             f"(`magi2 explain moe_experts --device {dev} --moe-heads {moe.num_heads} --tokens {t}` shows why)"
-        )
+        ), (route, experts)
     if op == "mhc":
         streams, hidden = cfg.mhc.num_streams, cfg.hidden_size
         sizes = dict(tokens=t, num_streams=streams, hidden=hidden)
@@ -359,7 +376,7 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
             f"a typical call ({dev}, bfloat16, {t} tokens x {streams} streams x {hidden}, 3 modalities) resolves "
             f"mhc_pre to provider {pre!r} and mhc_mix to {mix!r} "
             f"(`magi2 explain mhc_pre --device {dev} --modalities 3 --tokens {t}` shows why)"
-        )
+        ), (pre, mix)
     problem = Problem(
         op="rmsnorm",
         device_type=dev,
@@ -374,4 +391,4 @@ def _describe_provider(op: str, modeling: ModuleType) -> str:
     return (
         f"a typical call ({dev}, bfloat16, {t} x {cfg.hidden_size}, 3 modalities) resolves to provider "
         f"{chosen!r} (`magi2 explain rmsnorm --device {dev} --modalities 3 --tokens {t}` shows why)"
-    )
+    ), (chosen,)

@@ -29,11 +29,14 @@ VLLM_OMNI = Setting(
 )
 VLLM_OMNI_MHC = Setting(
     name="MAGI2_VLLM_OMNI_MHC",
-    kind="boolean",
-    default=False,
-    help="1: the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
-         "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. Off by default until their Triton kernels have run "
-         "on a GPU (docs/vllm-omni.md). Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
+    kind="choice",
+    choices=("auto", "1", "true", "yes", "on", "0", "false", "no", "off"),
+    default="auto",
+    help="Whether the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
+         "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. `auto`: where a typical call resolves to a fused "
+         "provider (on CUDA, the Triton mHC), not where it resolves to `reference` or `torch_native`, which run "
+         "vllm-omni's own math with no gain (a CPU; a MUSA GPU today); 1/true/yes/on: always; 0/false/no/off: "
+         "never. Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
     read="plugin load",
 )
 ROUTER_BIAS_SOURCE = Setting(
