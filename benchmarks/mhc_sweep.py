@@ -4,7 +4,8 @@
 
 The logits kernel reads each token's flattened ``n·D`` row once (the sum of squares and the FP32
 projection onto ``phi``); it is the part of ``mhc_pre`` whose speed depends on its tiles and on the
-precision of its FP32 ``tl.dot``. Per :class:`magi2_backend_triton.mhc_pre.LogitsConfig`: the whole
+precision of its FP32 ``tl.dot`` (``ieee``, ``tf32x3``, or the BF16 streams against the
+folded weight split in three BF16 pieces, ``bf16x3``). Per :class:`magi2_backend_triton.mhc_pre.LogitsConfig`: the whole
 ``mhc_pre`` call's time (CUDA events, the L2 flushed before each call, all configurations
 alternating), its bandwidth on the bytes it must move (the streams read twice, the branch input
 written) as a fraction of the measured copy bandwidth, and its error against the float64 reference:
@@ -36,6 +37,9 @@ CANDIDATES = [
     kernel.LogitsConfig(block_t=bt, block_k=bk, precision=p, num_warps=w, num_stages=s)
     for p, bt, bk, w, s in itertools.product(("ieee", "tf32x3"), (32, 64), (64, 128), (4, 8), (2, 3, 4))
     if not (p == "ieee" and bt == 64 and w == 4)
+] + [
+    kernel.LogitsConfig(block_t=bt, block_k=bk, precision="bf16x3", num_warps=w, num_stages=s)
+    for bt, bk, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4))
 ]
 
 

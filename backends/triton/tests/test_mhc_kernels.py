@@ -95,3 +95,41 @@ def test_strided_streams_and_coefficients(dtype: torch.dtype) -> None:
     got_pre, ref_pre = _pre(args, "triton"), _pre(args, "reference")
     verdict = acc.accept_mhc_branch_input(got_pre[0], ref_pre[0], x.cpu())
     assert verdict, str(verdict)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "width"),
+    [(None, 24), ([5, 0, 19, 3], 24), ([40, 7], 48)],
+)
+def test_the_split_bf16_logits_meet_the_contract(sizes: list[int] | None, width: int) -> None:
+    """The ``bf16x3`` launch (not the default: benchmarks/mhc_sweep.py measures it) against the float64
+    reference: branch input, post and residual coefficients by the contract's rules; the logits to an
+    FP32-level error (the three BF16 pieces sum to the folded FP32 weight)."""
+    from magi2_backend_triton import mhc_pre as kernel
+
+    t = 29 if sizes is None else sum(sizes)
+    args = _inputs(21, t, 4, width, torch.bfloat16, 1 if sizes is None else len(sizes))
+    call = call_record("mhc_pre", *args, modality_sizes=sizes)
+    cfg = kernel.LogitsConfig(block_t=16, block_k=32, precision="bf16x3")
+    got = tuple(o.cpu() for o in kernel.launch_mhc_pre(call, cfg))
+    ref = _pre(args, "reference", modality_sizes=sizes)
+    x = args[0].cpu()
+    for verdict in (acc.accept_mhc_branch_input(got[0], ref[0], x),
+                    acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+                    acc.accept_mhc_coefficients(got[2], ref[2], "residual")):  # fmt: skip
+        assert verdict, str(verdict)
+
+
+def test_the_split_pieces_sum_to_the_folded_weight() -> None:
+    from magi2_backend_triton.mhc_pre import _split_pieces
+
+    g = torch.Generator().manual_seed(3)
+    m, k, nl = 3, 96, 24
+    w, phi = mhc_parameters(g, m, 4, k // 4)[:2]
+    pieces = _split_pieces(w, phi, m, k, nl, 32).double()
+    folded = (w.double().view(m, k, 1) + 1.0) * phi.double().view(1, k, nl)
+    got = pieces.sum(dim=1)[:, :, :nl]
+    exact = ((w.view(m, k, 1) + 1.0) * phi.view(1, k, nl)).double()  # the FP32 product the pieces split
+    assert torch.equal(got, exact)
+    assert (got - folded).abs().max() <= folded.abs().max() * 2**-23
+    assert torch.all(pieces[:, :, :, nl:] == 0)

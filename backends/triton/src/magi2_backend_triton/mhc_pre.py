@@ -20,7 +20,7 @@ host-to-device copy, so the call is CUDA-graph safe); one launch serves up to fo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,8 +41,13 @@ _MOD_PER_LAUNCH = 4
 @dataclass(frozen=True)
 class LogitsConfig:
     """The logits kernel's launch: tokens per tile (``tl.dot`` needs at least 16), the K step, the
-    dot's FP32 precision (``ieee``: FMA; ``tf32x3``: three TF32 tensor-core products, an FP32-level
-    error), warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates."""
+    dot's FP32 precision, warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates.
+
+    Precisions: ``ieee`` (the FP32 dot on the FMA units); ``tf32x3`` (three TF32 tensor-core
+    products); ``bf16x3`` (BF16 streams only, others take ``ieee``): ``(w[m] + 1)·phi`` is formed in
+    FP32 per modality and split into three BF16 pieces that sum to it (8 + 8 + 8 significant bits),
+    so the streams, exact in BF16, meet each piece in a BF16 tensor-core product, exact in FP32, and
+    only the FP32 accumulation rounds; one launch per modality."""
 
     block_t: int = 32
     block_k: int = 128
@@ -108,6 +113,52 @@ def _mhc_logits_kernel(
     tl.store(
         out_ptr + rows[:, None] * NL + cols[None, :], acc * inv_rms[:, None], mask=row_ok[:, None] & col_ok[None, :]
     )
+
+
+@triton.jit(do_not_specialize=["T"])
+def _mhc_logits_split_kernel(
+    x_ptr, p_ptr, out_ptr,
+    T, NL, stride_xt, eps,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    sumsq = tl.zeros((BLOCK_T,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        xf = x.to(tl.float32)
+        sumsq += tl.sum(xf * xf, axis=1)
+        piece = p_ptr + ks[:, None] * BLOCK_N + cols[None, :]
+        hi = tl.load(piece, mask=k_ok[:, None], other=0.0)
+        mid = tl.load(piece + K * BLOCK_N, mask=k_ok[:, None], other=0.0)
+        lo = tl.load(piece + 2 * K * BLOCK_N, mask=k_ok[:, None], other=0.0)
+        if UPCAST:  # the interpreter multiplies the raw bits of BF16 dot operands: hand it FP32 values
+            acc += tl.dot(xf, lo.to(tl.float32), input_precision="ieee")
+            acc += tl.dot(xf, mid.to(tl.float32), input_precision="ieee")
+            acc += tl.dot(xf, hi.to(tl.float32), input_precision="ieee")
+        else:
+            acc = tl.dot(x, lo, acc)
+            acc = tl.dot(x, mid, acc)
+            acc = tl.dot(x, hi, acc)
+    inv_rms = tl.math.rsqrt(sumsq / K + eps)
+    out = out_ptr + rows[:, None] * NL + cols[None, :]
+    tl.store(out, acc * inv_rms[:, None], mask=row_ok[:, None] & (cols < NL)[None, :])
+
+
+def _split_pieces(w: torch.Tensor, phi: torch.Tensor, m: int, k: int, nl: int, block_n: int) -> torch.Tensor:
+    """``[M, 3, K, block_n]`` BF16: per modality, ``(w[m] + 1)·phi`` in FP32 as hi + mid + lo."""
+    folded = torch.zeros((m, k, block_n), dtype=torch.float32, device=phi.device)
+    folded[:, :, :nl] = (w.view(m, k, 1) + 1.0) * phi.view(1, k, nl)
+    hi = folded.to(torch.bfloat16)
+    rest = folded - hi.float()
+    mid = rest.to(torch.bfloat16)
+    lo = (rest - mid.float()).to(torch.bfloat16)
+    return torch.stack((hi, mid, lo), dim=1).contiguous()
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -187,23 +238,12 @@ def launch_mhc_pre(
     phi = call.phi.contiguous()
     logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
-    t0 = 0
-    for g0 in range(0, len(sizes), _MOD_PER_LAUNCH):
-        group = sizes[g0 : g0 + _MOD_PER_LAUNCH]
-        t1 = t0 + sum(group)
-        if t1 > t0:
-            bounds = [sum(group[: i + 1]) for i in range(len(group) - 1)]
-            bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
-            cfg = logits_config
-            _mhc_logits_kernel[(triton.cdiv(t1 - t0, cfg.block_t),)](
-                flat[t0:t1], w[g0:], phi, logits[t0:t1],
-                t1 - t0, nl, flat.stride(0), w.stride(0),
-                bounds[0], bounds[1], bounds[2], float(call.eps),
-                K=k, NUM_MOD=len(group), BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k,
-                BLOCK_N=max(16, triton.next_power_of_2(nl)), PRECISION=cfg.precision,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-        t0 = t1
+    cfg = logits_config
+    if cfg.precision == "bf16x3" and x.dtype == torch.bfloat16:
+        _split_logits(flat, w, phi, logits, sizes, float(call.eps), cfg)
+    else:
+        fp32 = replace(cfg, precision="ieee") if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
+        _fp32_logits(flat, w, phi, logits, sizes, float(call.eps), fp32)
     interp = interpreting()
     _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
         x, logits, call.alpha_pre, call.alpha_post, call.alpha_res,
@@ -216,3 +256,43 @@ def launch_mhc_pre(
         BLOCK_T=_BLOCK_T_APPLY, BLOCK_D=_BLOCK_D, num_warps=4,
     )  # fmt: skip
     return h, post, res
+
+
+def _fp32_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits: torch.Tensor, sizes: list[int],
+                 eps: float, cfg: LogitsConfig) -> None:  # fmt: skip
+    """The FP32 dot, up to four modality groups per launch (rows find their group from the bounds)."""
+    k, nl = flat.shape[1], logits.shape[1]
+    t0 = 0
+    for g0 in range(0, len(sizes), _MOD_PER_LAUNCH):
+        group = sizes[g0 : g0 + _MOD_PER_LAUNCH]
+        t1 = t0 + sum(group)
+        if t1 > t0:
+            bounds = [sum(group[: i + 1]) for i in range(len(group) - 1)]
+            bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
+            _mhc_logits_kernel[(triton.cdiv(t1 - t0, cfg.block_t),)](
+                flat[t0:t1], w[g0:], phi, logits[t0:t1],
+                t1 - t0, nl, flat.stride(0), w.stride(0),
+                bounds[0], bounds[1], bounds[2], eps,
+                K=k, NUM_MOD=len(group), BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k,
+                BLOCK_N=max(16, triton.next_power_of_2(nl)), PRECISION=cfg.precision,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+        t0 = t1
+
+
+def _split_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits: torch.Tensor, sizes: list[int],
+                  eps: float, cfg: LogitsConfig) -> None:  # fmt: skip
+    """BF16 streams against the split folded weight, one launch per non-empty modality group."""
+    k, nl = flat.shape[1], logits.shape[1]
+    block_n = max(16, triton.next_power_of_2(nl))
+    pieces = _split_pieces(w, phi, len(sizes), k, nl, block_n)
+    t0 = 0
+    for g, size in enumerate(sizes):
+        if size:
+            _mhc_logits_split_kernel[(triton.cdiv(size, cfg.block_t),)](
+                flat[t0 : t0 + size], pieces[g], logits[t0 : t0 + size],
+                size, nl, flat.stride(0), eps,
+                K=k, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_N=block_n, UPCAST=interpreting(),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+        t0 += size
