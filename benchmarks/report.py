@@ -130,13 +130,14 @@ def attention_rows(d: Data) -> list[Row]:
     ratios = [v["tflops_event_p50"]["resolved_sink"] / v["tflops_event_p50"]["raw_fa3"] for v in long.values()]
     short = [v["resolved_over_best_sink_event_ms"]["ratio"] for v in d["short"].values()]
     chosen = {v["resolution_sink"]["chosen"] for v in d["short"].values()}
+    at = f"; {d['device']}, {_short(d['git_commit'])}"
     return [
         (
             "attention with one sink",
             ", ".join(long) + f"; {d['heads']} x {d['head_dim']} {d['dtype']}",
             " / ".join(f"{v['tflops_event_p50']['resolved_sink']:.0f}" for v in long.values()) + " TFLOP/s",
             "raw FA3 " + " / ".join(f"{v['tflops_event_p50']['raw_fa3']:.0f}" for v in long.values()),
-            "resolved/raw " + " / ".join(f"{x:.3f}" for x in ratios),
+            "resolved/raw " + " / ".join(f"{x:.3f}" for x in ratios) + at,
         ),
         (
             "attention, short sweep",
@@ -145,7 +146,7 @@ def attention_rows(d: Data) -> list[Row]:
             "with a sink resolves to " + ", ".join(sorted(chosen)),
             "every sink-capable provider, same run",
             f"resolved time / fastest provider: median {statistics.median(short):.2f}, "
-            f"range {min(short):.2f}-{max(short):.2f}",
+            f"range {min(short):.2f}-{max(short):.2f}" + at,
         ),
     ]
 
@@ -345,6 +346,9 @@ def moe_layers_rows(d: Data) -> list[Row]:
     ]
 
 
+# Whose ceilings `benchmarks/moe.py` divides by (its COPY_TBPS and MATMUL_TFLOPS): another device's
+# file gets no fractions and no targets, which are that device's too.
+MOE_CEILINGS_DEVICE = "NVIDIA H200"
 # Issue 15's targets for the fused MoE kernel (graph p50, ms): (tokens, heads) -> target.
 MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (512, 3): 0.37, (4096, 12): 1.6}
 
@@ -352,7 +356,8 @@ MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (512, 3): 0.37, (4096, 12): 1.6
 def moe_bench_rows(d: Data) -> list[Row]:
     """`benchmarks/moe.py` files with eager and graph times of the table's kernel, the previous kernel and
     `_grouped_mm` (the schema since the warp-specialised kernel)."""
-    s, at = d["shape"], f"{d['device']}, {_short(d['commit'])}"
+    s, at = d["shape"], f"{d['device']}, {_short(d.get('git_commit') or d['commit'])}"
+    own = d["device"] == MOE_CEILINGS_DEVICE  # the floors in the file are that device's
     rows: list[Row] = []
     for heads in sorted({b["heads"] for b in d["bench"]}):
         bs = [b for b in d["bench"] if b["heads"] == heads]
@@ -371,14 +376,16 @@ def moe_bench_rows(d: Data) -> list[Row]:
                 f"graph {col('fused_graph')} ms; eager {col('fused')} ms",
                 f"previous (pointer) kernel graph {col('previous_graph')}, eager {col('previous')}; torch "
                 f"`_grouped_mm` eager {col('native')}, graph {col('native_graph')} ms",
-                f"graph at {frac('matmul_fraction')} of the matmul ceiling, {frac('weight_floor_fraction')} of the "
-                "weight floor; eager / graph " + " / ".join(f"{b['fused_eager_over_graph']:.2f}" for b in bs)
+                (f"graph at {frac('matmul_fraction')} of the matmul ceiling, {frac('weight_floor_fraction')} of the "
+                 "weight floor" if own else f"no ceiling of this device in the file (its floors are the "
+                 f"{MOE_CEILINGS_DEVICE}'s)") + "; eager / graph "
+                + " / ".join(f"{b['fused_eager_over_graph']:.2f}" for b in bs)
                 + f"; rel-L2 <= {max(b['fused_rel_l2'] for b in bs):.1e}; {at}",
             )
         )
     graph = {(b["tokens"], b["heads"]): b["fused_graph"]["p50"] for b in d["bench"] if "fused_graph" in b}
     targets = {k: v for k, v in MOE_TARGETS.items() if k in graph}
-    if targets:
+    if targets and own:
         met = [graph[k] <= v for k, v in targets.items()]
         rows.append(
             (
@@ -727,6 +734,13 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "profile_check_tuned_h200.json": profile_check_rows,
     "profile_check_shipped_h200.json": profile_check_rows,
     "profile_check_generic_h200.json": profile_check_rows,
+    "attention_h100.json": attention_rows,
+    "moe_h100.json": moe_bench_rows,
+    "profile_check_shipped_h100.json": profile_check_rows,
+    "profile_check_h200_h100.json": profile_check_rows,
+    "profile_check_tuned_h100.json": profile_check_rows,
+    "profile_check_generic_h100.json": profile_check_rows,
+    "profile_check_generic_h100_run1.json": profile_check_rows,
 }
 
 

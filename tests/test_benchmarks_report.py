@@ -92,13 +92,19 @@ def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
         "previous_graph": st(0.49), "native": st(3.4), "fused_eager_over_graph": 0.46 / 0.44,
         "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
     }  # fmt: skip
-    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "H200", "commit": "0123456789", "bench": [bench]}
+    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "NVIDIA H200", "commit": "0123456789",
+            "bench": [bench]}  # fmt: skip
     [(op, shape, ours, base, notes), target] = report.moe_bench_rows(data)
     assert target[2] == "0.440 ms" and target[4].startswith("all met")  # 4096 x 3 heads: <= 0.45
     assert "gluon_ws" in op and "T = 4096" in shape
     assert ours == "graph 0.440 ms; eager 0.460 ms"
     assert "graph 0.490" in base and "eager 3.400" in base and "graph -" in base  # no native graph: a dash
     assert "0.50 of the matmul ceiling" in notes and "eager / graph 1.05" in notes and "0123456" in notes
+    # another device: its file's floors are the H200's, so no fractions and no (H200) targets; the code that ran
+    other = data | {"device": "NVIDIA H100 80GB HBM3", "git_commit": "abcdef0"}
+    [(_, _, _, _, notes)] = report.moe_bench_rows(other)
+    assert "matmul ceiling" not in notes and "no ceiling of this device in the file" in notes
+    assert "abcdef0" in notes and "0123456" not in notes
 
 
 def test_the_readme_table_holds_one_current_verdict_per_target_and_no_history() -> None:

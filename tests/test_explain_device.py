@@ -86,26 +86,54 @@ def test_the_h200_moe_experts_shows_the_plan_row_and_its_provenance() -> None:
     }
 
 
-def test_the_h100_gets_the_generic_hopper_profile_and_says_why() -> None:
-    _needs(("moe_experts", "triton"), ("attention", "fa3"))
-    if _has_shipped(H100):
-        pytest.skip("a shipped profile names the H100 now: the shipped case is the H200's test")
+def test_the_h100_gets_its_shipped_profile_and_says_why() -> None:
+    _needs(("moe_experts", "triton"), ("attention", "fa3"), ("attention", "torch_varlen"))
     text, data = _explain("moe_experts", "--device", "cuda", "--device-name", H100)
+    assert data["described"]["capability"] == "9.0"
+    assert data["described"]["capability_from"] == "from profile nvidia-h100"
+    assert "profile: nvidia-h100 (shipped: magi2_core/profiles/nvidia-h100.json" in text
+    assert data["profile"]["why"] == f"{H100} (capability 9.0): a shipped profile names this device and capability"
+    assert (
+        "tune: benchmarks/results/tuning/profile_tuned_h100_e6abbd8.json, 2026-12-06" in data["profile"]["provenance"]
+    )
+    assert "commit e6abbd8" in data["profile"]["provenance"]
+    assert data["chosen"] == "triton"
+    why = data["plan"]["why"]  # 4096 tokens, 3 heads: the tune's row for up to 181 routes per expert
+    assert why.startswith(
+        "profile nvidia-h100 (magi2_backend_triton/profiles/nvidia-h100.json, measured on this device model); row 2 "
+    )
+    assert f"measured by `magi2 tune` on an {H100}" in why
+    assert "[provenance: tune: benchmarks/results/tuning/profile_tuned_h100_e6abbd8.json, 2026-12-06" in why
+    assert data["plan"]["variant"] == "gluon_ws"
+    _, data = _explain("attention", "--device", "cuda", "--device-name", H100, "--tokens", "512")
+    assert (data["decided_by"], data["preference"]["id"], data["chosen"]) == (
+        "profile",
+        "h100-tune-attention-1",
+        "torch_varlen",
+    )
+    text, data = _explain("attention", "--device", "cuda", "--device-name", H100, "--sinks")
+    fa3 = next(c for c in data["candidates"] if c["provider"] == "fa3")
+    assert (data["chosen"], fa3["verdict"], fa3["reasons"]) == ("fa3", "chosen", [])
+    assert data["preference"]["id"] == "h100-tune-attention-4"
+    assert fa3["notes"] and ("no FA3 build imports here" in fa3["notes"][0] or "this host's build" in fa3["notes"][0])
+    assert "note: " in text
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 PCIe", "NVIDIA H100 NVL"])
+def test_another_h100_gets_the_generic_hopper_profile_and_says_why(name: str) -> None:
+    _needs(("moe_experts", "triton"))
+    _, data = _explain("moe_experts", "--device", "cuda", "--device-name", name)
     assert data["described"]["capability"] == "9.0" and data["described"]["capability_from"] == "known device names"
     assert data["profile"]["why"] == (
-        f"{H100} (capability 9.0): no user or shipped profile for this device name and "
+        f"{name} (capability 9.0): no user or shipped profile for this device name and "
         "capability -> generic-cuda-9.0 (the generic profile of cuda capability 9.0)"
     )
     assert data["chosen"] == "triton"
     assert data["plan"]["why"].startswith(
         f"generic rows generic-cuda-sm90 (magi2_backend_triton/profiles/"
-        f"generic-cuda-sm90.json): no rows measured for cuda '{H100}' 9.0"
+        f"generic-cuda-sm90.json): no rows measured for cuda '{name}' 9.0"
     )
-    text, data = _explain("attention", "--device", "cuda", "--device-name", H100, "--sinks")
-    fa3 = next(c for c in data["candidates"] if c["provider"] == "fa3")
-    assert (data["chosen"], fa3["verdict"], fa3["reasons"]) == ("fa3", "chosen", [])
-    assert fa3["notes"] and ("no FA3 build imports here" in fa3["notes"][0] or "this host's build" in fa3["notes"][0])
-    assert "note: " in text
+    assert "[provenance: benchmark: benchmarks/results/profile_check_*_h200.json, *_h100*.json" in data["plan"]["why"]
 
 
 def test_an_unknown_9x_device_needs_its_capability_then_gets_the_generic_hopper_profile() -> None:

@@ -106,8 +106,13 @@ def test_every_shipped_profile_is_valid_and_names_files_that_exist() -> None:
         for prov in (frag.profile.provenance, *(r.provenance for r in rows if r.provenance)):
             if prov.kind == "benchmark":
                 assert (ROOT / prov.source).is_file(), prov
-    ids = [r.id for r in h200.preferences]
-    assert len(set(ids)) == len(ids) and all(ids)
+    h100 = shipped["nvidia-h100"].profile
+    assert (h100.device.type, h100.device.name, h100.device.capability) == ("cuda", "NVIDIA H100 80GB HBM3", "9.0")
+    assert (h100.provenance.kind, h100.provenance.date) == ("tune", "2026-12-06") and h100.preferences
+    assert (ROOT / h100.provenance.source).is_file() and "commit e6abbd8" in h100.provenance.note
+    for profile in (h200, h100):
+        ids = [r.id for r in profile.preferences]
+        assert len(set(ids)) == len(ids) and all(ids)
 
 
 def test_profile_methods(tmp_path: Path) -> None:
@@ -238,7 +243,7 @@ def test_magi2_profile_variants(tmp_path: Path, monkeypatch) -> None:
     assert (active_profile("cuda", backends=()).name, active_profile("cuda", backends=()).source) == ("nvidia-h200", "env")
     monkeypatch.setenv("MAGI2_PROFILE", "nvidia-h999")
     m2.reload_config()
-    with pytest.raises(ConfigError, match=r"MAGI2_PROFILE.*nvidia-h999.*shipped: generic, nvidia-h200"):
+    with pytest.raises(ConfigError, match=r"MAGI2_PROFILE.*nvidia-h999.*shipped: generic, nvidia-h100, nvidia-h200"):
         active_profile("cuda", backends=())
 
 
