@@ -500,7 +500,10 @@ def fidelity(report: Report, off: Variant, on: Variant, cfg: Any, dev: str, smok
 
     Every layer gets the oracle's own stream rounded to BF16, so the three results start from the
     same input; the error is the relative L2 of the layer's increment (output minus input). A route
-    flip is a (token, head) whose expert set differs from the oracle's."""
+    flip is a (token, head) whose expert set differs from the oracle's. A flip moves its token by a
+    whole expert, so each error is also given on the clean tokens: those whose every head routes as
+    the oracle does in both plugin off and on (all tokens of a dense layer), where only rounding
+    differs."""
     packed = step_input(fidelity_shape(smoke), dev)
     oracle = Variant(build_oracle(cfg, off.model, dev), on.attention)
     binput = block_input(off.model, packed, dev)
@@ -516,24 +519,34 @@ def fidelity(report: Report, off: Variant, on: Variant, cfg: Any, dev: str, smok
             v.use()
             with m2.use(**EXACT) if name == "oracle" else contextlib.nullcontext():
                 outs[name] = layer(x.float() if name == "oracle" else x, *args)
-        step = (outs["oracle"].double() - x.double()).norm()
+        increment = outs["oracle"].double() - x.double()
         row: dict[str, Any] = {"layer": i, "moe": hasattr(layers[0].mlp, "moe_mlp")}
         for name in ("off", "on"):
-            row[f"{name}_rel_err"] = float((outs[name].double() - outs["oracle"].double()).norm() / step)
+            row[f"{name}_rel_err"] = float((outs[name].double() - outs["oracle"].double()).norm() / increment.norm())
+        clean = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         if row["moe"]:
             with m2.use(**EXACT):
                 ref = _routes(layers[2].mlp.moe_mlp, captures["oracle"][0][i], theirs=False)
-            row["off_route_flips"] = _flip_share(_routes(layers[0].mlp.moe_mlp, captures["off"][0][i], True), ref)
-            row["on_route_flips"] = _flip_share(_routes(layers[1].mlp.moe_mlp, captures["on"][0][i], False), ref)
+            off_idx = _routes(layers[0].mlp.moe_mlp, captures["off"][0][i], True)
+            on_idx = _routes(layers[1].mlp.moe_mlp, captures["on"][0][i], False)
+            row["off_route_flips"], row["on_route_flips"] = _flip_share(off_idx, ref), _flip_share(on_idx, ref)
+            clean = (off_idx == ref).all(dim=-1).all(dim=0) & (on_idx == ref).all(dim=-1).all(dim=0)
+        row["clean_token_share"] = float(clean.double().mean())
+        for name in ("off", "on"):  # the tokens both route as the oracle does: rounding alone
+            diff = outs[name].double() - outs["oracle"].double()
+            row[f"{name}_rel_err_clean"] = float(diff[clean].norm() / increment[clean].norm()) if clean.any() else 0.0
         rows.append(row)
         x = outs["oracle"].to(cfg.params_dtype)
     for _, hooks in captures.values():
         for h in hooks:
             h.remove()
     worse = [r["layer"] for r in rows if r["on_rel_err"] > r["off_rel_err"]]
+    worse_clean = [r["layer"] for r in rows if r["on_rel_err_clean"] > r["off_rel_err_clean"]]
     report.put("fidelity", {"pack": pack_summary(packed), "layers": rows, "on_worse_than_off_at": worse,
+                            "on_worse_than_off_on_clean_tokens_at": worse_clean,
                             "method": fidelity.__doc__})  # fmt: skip
-    print(f"fidelity: {len(rows)} layers; plugin on worse than off at layers {worse}", flush=True)
+    print(f"fidelity: {len(rows)} layers; plugin on worse than off at layers {worse}; on the clean tokens at "
+          f"{worse_clean}", flush=True)  # fmt: skip
     _free(oracle, binput, x)
 
 

@@ -47,6 +47,10 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
     assert [r["layer"] for r in layers] == list(range(6)) and [r["moe"] for r in layers] == [0, 0, 1, 1, 0, 0]
     assert all(0 < r["off_rel_err"] < 0.2 and 0 < r["on_rel_err"] < 0.2 for r in layers)  # BF16 vs FP32
     assert all(0 <= r["on_route_flips"] <= 1 for r in layers if r["moe"])
+    assert all(0 < r["clean_token_share"] <= 1 for r in layers)
+    assert all(r["clean_token_share"] == 1 and r["on_rel_err_clean"] == r["on_rel_err"] for r in layers if not r["moe"])
+    assert all(0 < r["off_rel_err_clean"] < 0.2 and 0 < r["on_rel_err_clean"] < 0.2 for r in layers)
+    assert set(report["fidelity"]["on_worse_than_off_on_clean_tokens_at"]) <= set(range(6))
 
 
 @pytest.mark.parametrize(
