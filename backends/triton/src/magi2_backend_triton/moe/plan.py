@@ -41,7 +41,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -67,7 +67,7 @@ __all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", 
            "candidates_for", "choose_alignment", "described_id", "device_id", "fragment_for", "load_fragment", "plan_for",
            "plan_reason", "problem_of", "rows_for", "shipped_fragments", "variant_reason", "without_bank"]
 
-OP = "moe_experts"
+OP: Final = "moe_experts"
 PROVIDER = "triton"
 log = logging.getLogger("magi2_backend_triton")
 
