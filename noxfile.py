@@ -79,6 +79,7 @@ def shared_env(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", requires=SHARED)
 def typecheck(session: nox.Session) -> None:
+    """``mypy --strict`` over the core and every backend's package (pyproject.toml's ``[tool.mypy]``)."""
     _run_shared(session, "mypy")
 
 
