@@ -230,8 +230,8 @@ def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter
     assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(mp.shipped_fragments()[0].rows)
     assert "profile tuned-nvidia-h200 (env: " in source and "rows 1-1, then profile nvidia-h200" in source
     plan = mp.plan_for(_h200_problem(512), H200, rows, source)[0]  # 12 routes per expert: the tuned row
-    assert (plan.variant, plan.align, plan.tile) == ("two_kernel", "atomic", tile) != (shipped_512.variant,
-                                                                                     shipped_512.align, shipped_512.tile)
+    shipped = (shipped_512.variant, shipped_512.align, shipped_512.tile)
+    assert (plan.variant, plan.align, plan.tile) == ("two_kernel", "atomic", tile) != shipped
     assert "row 1 (dtype == 'bfloat16' and routes_per_expert <= 100): measured fastest here" in plan.why
     # 343 routes per expert: no tuned row matches, the shipped rows decide as before
     assert mp.plan_for(_h200_problem(14601), H200, rows, source)[0].describe() == shipped_14601.describe()
@@ -296,7 +296,8 @@ def test_the_h200_production_plans(
         assert "route lists need" in plan.why and "atomic kernels are faster" in plan.why
 
 
-def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     off_interpreter(False, True, True)
     monkeypatch.setattr(mp, "LIST_BUDGET", 4 * 768 * 512 * 6 - 1)  # one byte short at T = 512, 3 heads
     plan, _ = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))

@@ -327,8 +327,8 @@ def align_routes_device_stable(idx: Tensor, num_local_experts: int, buffers: Rou
     )
     if num_routes > 0:
         _stable_scatter_kernel[(num_chunks,)](
-            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts,
-            num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
+            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk,
+            num_local_experts, num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
         )  # fmt: skip
     return buffers
 
