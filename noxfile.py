@@ -56,8 +56,8 @@ def _run_shared(session: nox.Session, *args: str, env: dict[str, str] | None = N
     """Run a command of the shared environment (its own path first, as an activated venv would)."""
     bin_dir = _shared(session)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    session.run(str(bin_dir / args[0]), *args[1:], env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})},
-                external=True)
+    session.run(str(bin_dir / args[0]), *args[1:],
+                env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})}, external=True)
 
 
 @nox.session
@@ -152,7 +152,8 @@ def report(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.report")
 
 
-DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/cuda_fa4", "backends/musa_mate")
+DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/cuda_fa4",
+                 "backends/musa_mate")
 
 
 @nox.session
@@ -192,4 +193,5 @@ def dist(session: nox.Session) -> None:
         session.run(str(bin_dir / "magi2"), "--version", external=True)
         session.run(str(bin_dir / "magi2"), "backends", external=True)
         session.run(str(bin_dir / "magi2"), "demo", "--device", "cpu", external=True)
-    session.log(f"dist: {len(built)} files built and installed as [cuda] and [musa] in {time.monotonic() - start:.0f} s")
+    session.log(f"dist: {len(built)} files built and installed as [cuda] and [musa] "
+                f"in {time.monotonic() - start:.0f} s")
