@@ -44,7 +44,8 @@ def test_a_whole_dit_step_file_adds_its_row_and_none_is_skipped(tmp_path: Path) 
     dit, notes = report.load(tmp_path)
     assert set(dit) == {"dit_step_h200.json"} and not notes
     table = report.headline_table({**data, **dit}).splitlines()
-    assert table[-1] == "| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x | plugin off 2.500 / 1.600 s | H200 |"
+    assert table[-1] == ("| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x "
+                         "| plugin off 2.500 / 1.600 s | H200 |")
     full = report.results_table(dit)
     assert "plugin on 1.000 / 0.800 s per step" in full and "speed-up 2.50x / 2.00x" in full
     listed = report.results_table({"dit_step_h200.json": records})  # a bare list of records works too
@@ -92,7 +93,8 @@ def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
         "previous_graph": st(0.49), "native": st(3.4), "fused_eager_over_graph": 0.46 / 0.44,
         "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
     }  # fmt: skip
-    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "H200", "commit": "0123456789", "bench": [bench]}
+    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "H200", "commit": "0123456789",
+            "bench": [bench]}
     [(op, shape, ours, base, notes), target] = report.moe_bench_rows(data)
     assert target[2] == "0.440 ms" and target[4].startswith("all met")  # 4096 x 3 heads: <= 0.45
     assert "gluon_ws" in op and "T = 4096" in shape
