@@ -62,6 +62,7 @@ def _run_shared(session: nox.Session, *args: str, env: dict[str, str] | None = N
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff's rules of pyproject.toml, no line over 120 columns (E501) among them."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
 
