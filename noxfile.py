@@ -56,12 +56,13 @@ def _run_shared(session: nox.Session, *args: str, env: dict[str, str] | None = N
     """Run a command of the shared environment (its own path first, as an activated venv would)."""
     bin_dir = _shared(session)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    session.run(str(bin_dir / args[0]), *args[1:], env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})},
-                external=True)
+    session.run(str(bin_dir / args[0]), *args[1:],
+                env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})}, external=True)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff's rules of pyproject.toml, no line over 120 columns (E501) among them."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
 
@@ -79,6 +80,7 @@ def shared_env(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", requires=SHARED)
 def typecheck(session: nox.Session) -> None:
+    """``mypy --strict`` over the core and every backend's package (pyproject.toml's ``[tool.mypy]``)."""
     _run_shared(session, "mypy")
 
 
@@ -151,7 +153,8 @@ def report(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.report")
 
 
-DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/cuda_fa4", "backends/musa_mate")
+DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/cuda_fa4",
+                 "backends/musa_mate")
 
 
 @nox.session
@@ -191,4 +194,5 @@ def dist(session: nox.Session) -> None:
         session.run(str(bin_dir / "magi2"), "--version", external=True)
         session.run(str(bin_dir / "magi2"), "backends", external=True)
         session.run(str(bin_dir / "magi2"), "demo", "--device", "cpu", external=True)
-    session.log(f"dist: {len(built)} files built and installed as [cuda] and [musa] in {time.monotonic() - start:.0f} s")
+    session.log(f"dist: {len(built)} files built and installed as [cuda] and [musa] "
+                f"in {time.monotonic() - start:.0f} s")

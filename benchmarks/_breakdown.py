@@ -1,9 +1,9 @@
 """Where a call's GPU time goes: the torch profiler's kernels, sorted into the MAGI-2 layer's operators.
 
 The kernels are read from the profiler's Chrome trace, where each appears once (Triton's launches
-too, which no aten op encloses). Each kernel is put in one category, first by its name (magi2-core's and vllm-omni's own kernels,
-FlashAttention, inductor's fused kernels, torch's copies and gathers), then, for a matrix product
-from cuBLAS, by the shapes of the aten op that launched it: the mHC projection reads the 4-stream
+too, which no aten op encloses). Each kernel is put in one category, first by its name (magi2-core's and
+vllm-omni's own kernels, FlashAttention, inductor's fused kernels, torch's copies and gathers), then, for a
+matrix product from cuBLAS, by the shapes of the aten op that launched it: the mHC projection reads the 4-stream
 width (``K = streams x hidden``), the attention gate writes one logit per head (``N = heads``), the
 shared experts' GEMMs have their intermediate width on one side; every other product is a dense
 GEMM. What no rule names is "other", and the largest kernels of every category are kept by name so

@@ -303,7 +303,8 @@ def install(root: Path) -> None:
     vllm = _module("vllm", Path("/nonexistent/vllm"))  # no file of vLLM's is ever found through it
     vllm.logger = _module("vllm.logger", init_logger=logging.getLogger)
     vllm.triton_utils = _module("vllm.triton_utils", HAS_TRITON=True, triton=triton, tl=tl)
-    fa = _module("vllm.vllm_flash_attn", Path("/nonexistent/vllm_flash_attn"), flash_attn_varlen_func=_flash_attn_varlen_func)
+    fa = _module("vllm.vllm_flash_attn", Path("/nonexistent/vllm_flash_attn"),
+                 flash_attn_varlen_func=_flash_attn_varlen_func)
     fa.flash_attn_interface = _module(
         "vllm.vllm_flash_attn.flash_attn_interface", is_fa_version_supported=_is_fa_version_supported
     )

@@ -167,7 +167,8 @@ def main() -> None:
     results: dict[str, Any] = {
         **env_record(),
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
-        "sink_correction": fa3_attention.sink_correction.name, "sink_correction_detail": fa3_attention.sink_correction.detail,
+        "sink_correction": fa3_attention.sink_correction.name,
+        "sink_correction_detail": fa3_attention.sink_correction.detail,
         "profile": active_profile("cuda").note.model_dump(mode="json"),
         "preferences": [r.model_dump(mode="json") for r in active_profile("cuda").profile.preferences
                         if r.op == "attention"], "heads": H, "head_dim": D,
@@ -188,18 +189,20 @@ def main() -> None:
         print(f"[{section}] p50 ms, event (L2 flushed) / loop ({LOOP} back-to-back calls)")
         print(f"{'shape':>9} {'chosen s/ns':>25} | " + " ".join(f"{c[:15]:>15}" for c in cols))
         for name, r in results[section].items():
-            cells = [f"{r['event_ms'][c]['p50']:7.3f}/{r['loop_ms'][c]['p50']:7.3f}" if c in r["event_ms"] else f"{'-':>15}"
-                     for c in cols]
+            cells = [f"{r['event_ms'][c]['p50']:7.3f}/{r['loop_ms'][c]['p50']:7.3f}" if c in r["event_ms"]
+                     else f"{'-':>15}" for c in cols]
             chosen = f"{r['resolution_sink']['chosen']}/{(r['resolution_nosink'] or {}).get('chosen', '-')}"
             print(f"{name:>9} {chosen:>25} | " + " ".join(cells))
     print("resolved / fastest provider through the API (p50 ratio: event, loop)")
     for name, r in results["short"].items():
-        parts = [f"{m}: {r[f'resolved_over_best_{m}_event_ms']['ratio']:.3f}, {r[f'resolved_over_best_{m}_loop_ms']['ratio']:.3f}"
+        parts = [f"{m}: {r[f'resolved_over_best_{m}_event_ms']['ratio']:.3f}, "
+                 f"{r[f'resolved_over_best_{m}_loop_ms']['ratio']:.3f}"
                  f" (best {r[f'resolved_over_best_{m}_loop_ms']['best']})" for m in ("sink", "nosink")]
         print(f"{name:>9}: " + "; ".join(parts))
     for name, r in results["long"].items():
         tf = r["tflops_event_p50"]
-        print(f"{name}: resolved {tf['resolved_sink']:.0f} TFLOP/s ({tf['resolved_sink'] / MATMUL_TFLOPS:.2f} of 679), raw FA3 "
+        print(f"{name}: resolved {tf['resolved_sink']:.0f} TFLOP/s "
+              f"({tf['resolved_sink'] / MATMUL_TFLOPS:.2f} of 679), raw FA3 "
               f"{tf['raw_fa3']:.0f}; resolved/raw {tf['resolved_sink'] / tf['raw_fa3']:.3f}; rel-L2 "
               f"{r['resolved_vs_fa3_plus_reference_correction_rel_l2']:.2e}")
 

@@ -210,7 +210,8 @@ def _commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description="FA4 vs FA3 with and without a sink, and FA4's JIT cost")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (meant to finish within 4 minutes on an H200, JIT included)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repetitions (meant to finish within 4 minutes on an H200, JIT included)")
     ap.add_argument("--jit-only", action="store_true", help="only the first-call / cached-call JIT costs")
     args = ap.parse_args()
     ensure_backends()
@@ -236,8 +237,10 @@ def main() -> None:
         reps, loop_reps = (8, 2) if args.quick else (16, 4)
         short_reps, short_loops = (20, 4) if args.quick else (40, 8)
         results["long"] = {n: case(x, reps, loop_reps, 100 + i, short=False) for i, (n, x) in enumerate(LONG.items())}
-        results["short"] = {n: case(x, short_reps, short_loops, 200 + i, short=True) for i, (n, x) in enumerate(SHORT.items())}
-        results["single"] = {n: case(x, short_reps, short_loops, 300 + i, short=True) for i, (n, x) in enumerate(SINGLE.items())}
+        results["short"] = {n: case(x, short_reps, short_loops, 200 + i, short=True)
+                            for i, (n, x) in enumerate(SHORT.items())}
+        results["single"] = {n: case(x, short_reps, short_loops, 300 + i, short=True)
+                             for i, (n, x) in enumerate(SINGLE.items())}
     results["seconds"] = time.time() - t0
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:

@@ -113,7 +113,8 @@ def make_layer(c: Config, dev: str, g: torch.Generator) -> Layer:
     w_down = rnd(f, c.inter, c.d, scale=c.inter**-0.5).bfloat16()
     return Layer(
         norm1=rnd(3, 1, c.hidden, scale=0.1), norm2=rnd(3, 1, c.hidden, scale=0.1),
-        wqkv=rnd(c.hidden, 3 * attn, scale=c.hidden**-0.5).bfloat16(), wo=rnd(attn, c.hidden, scale=attn**-0.5).bfloat16(),
+        wqkv=rnd(c.hidden, 3 * attn, scale=c.hidden**-0.5).bfloat16(),
+        wo=rnd(attn, c.hidden, scale=attn**-0.5).bfloat16(),
         sinks=rnd(1, c.attn_heads) + 2.0, router=rnd(f, c.d, scale=c.d**-0.5), bias=rnd(f, scale=0.01),
         w_gate=w_gate, w_up=w_up, w_down=w_down, prepared=m2.prepare_moe_weights(w_gate, w_up, w_down),
     )  # fmt: skip
@@ -342,7 +343,8 @@ def oracle_errors(lengths: tuple[int, ...], c: Config, layers: list[Layer], dev:
             x = orc.y.bfloat16()
             own = {"magi2": magi2_layer(own["magi2"], lw, p, c),
                    "baseline": baseline_layer(own["baseline"], lw, p, c, attn, grouped_mm_moe_experts)}  # fmt: skip
-            drift.append({"magi2_vs_oracle": _rel(own["magi2"], orc.y), "baseline_vs_oracle": _rel(own["baseline"], orc.y),
+            drift.append({"magi2_vs_oracle": _rel(own["magi2"], orc.y),
+                          "baseline_vs_oracle": _rel(own["baseline"], orc.y),
                           "magi2_vs_baseline": _rel(own["magi2"], own["baseline"])})  # fmt: skip
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -509,7 +511,8 @@ def route_vs_experts(c: Config, lw: Layer, dev: str, iters: int) -> list[dict[st
             "ids_equal_reference": bool(torch.equal(idx.cpu(), ref_i.cpu())),
             # the routing contract (operators.md §3.2): ids against the float64 truth, not the reference's
             "route_contract_ok": accept_moe_route(probs, idx, route_truth(
-                x, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE, route_norm=True, score_func="sigmoid")).ok,
+                x, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE, route_norm=True,
+                score_func="sigmoid")).ok,
             "probs_max_abs_diff_vs_reference": float((probs - ref_p).abs().max()) if t else 0.0,
             "eager_ms": eager, "graph_ms": graph,
             "route_over_experts_eager": eager["route"]["p50"] / eager["experts"]["p50"],
@@ -593,7 +596,8 @@ def print_table(report: dict[str, Any]) -> None:
         ops = row.get("ops")
         if not ops:
             continue
-        print(f"  {'stack mode':18s} {'p50 ms':>9s} {'p10-p90':>17s}  vs magi2 ops-alone sum {ops['magi2_stack_sum_ms']:.3f}"
+        print(f"  {'stack mode':18s} {'p50 ms':>9s} {'p10-p90':>17s}  "
+              f"vs magi2 ops-alone sum {ops['magi2_stack_sum_ms']:.3f}"
               f" / baseline ops-alone sum {ops['baseline_stack_sum_ms']:.3f}")  # fmt: skip
         for mode, s in row["block_ms"].items():
             base = ops["baseline_stack_sum_ms"] if mode.startswith("baseline") else ops["magi2_stack_sum_ms"]
@@ -601,12 +605,14 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  {'op (one layer)':18s} {'magi2 ms':>9s} {'share':>6s} {'baseline':>9s} {'share':>6s}")
         for op, ms in ops["magi2"].items():
             b = ops["baseline"].get(op, float("nan"))
-            print(f"  {op:18s} {ms:9.4f} {ops['magi2_share'][op]:6.1%} {b:9.4f} {ops['baseline_share'].get(op, 0):6.1%}")
+            print(f"  {op:18s} {ms:9.4f} {ops['magi2_share'][op]:6.1%} {b:9.4f} "
+                  f"{ops['baseline_share'].get(op, 0):6.1%}")
     for key, err in report["errors"].items():
         print(f"\n{key} FAILED: {err}")
     for name, orc in report.get("oracle", {}).items():
         print(f"\n[{name}] per-layer error against the FP32 oracle on the same input (rel-L2 of the layer increment; "
-              "clean = tokens both paths route as the oracle; flips = rows with other experts than the oracle's)")  # fmt: skip
+              "clean = tokens both paths route as the oracle; "
+              "flips = rows with other experts than the oracle's)")  # fmt: skip
         print(f"  {'layer':>5} {'magi2':>9} {'clean':>9} {'flips':>8}   {'baseline':>9} {'clean':>9} {'flips':>8}"
               f"   {'attn m2':>8} {'attn base':>9} {'moe m2':>8} {'moe base':>8}")  # fmt: skip
         for i, row in enumerate(orc["layers"]):
@@ -615,20 +621,24 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{m['route_rows_other_experts']:8.2e}   {b['layer_increment']:9.2e} "
                   f"{b['layer_increment_clean_rows']:9.2e} {b['route_rows_other_experts']:8.2e}   "
                   f"{m['attention']:8.2e} {b['attention']:9.2e} {m['moe']:8.2e} {b['moe']:8.2e}   magi2 vs baseline: "
-                  f"{mb['route_rows_differ']:.2e} rows routed differently, layers differ {mb['layer_increment']:.2e}")  # fmt: skip
+                  f"{mb['route_rows_differ']:.2e} rows routed differently, "
+                  f"layers differ {mb['layer_increment']:.2e}")  # fmt: skip
         print("  each stack on its own stream, after each layer (rel-L2): "
               + "; ".join(f"{i}: m2-oracle {d['magi2_vs_oracle']:.3f}, base-oracle {d['baseline_vs_oracle']:.3f}, "
-                          f"m2-base {d['magi2_vs_baseline']:.3f}" for i, d in enumerate(orc["stack_drift"])))  # fmt: skip
+                          f"m2-base {d['magi2_vs_baseline']:.3f}"
+                          for i, d in enumerate(orc["stack_drift"])))  # fmt: skip
     print(f"\n{'T':>6} {'route ms':>9} {'experts ms':>10} {'ratio':>6} {'graph ratio':>11} ids==ref")
     for r in report.get("route_vs_experts", []):
         e = r["eager_ms"]
         graph_ratio = r["route_over_experts_graph"]
         print(f"{r['tokens']:>6} {e['route']['p50']:9.4f} {e['experts']['p50']:10.4f} "
-              f"{r['route_over_experts_eager']:6.3f} {graph_ratio or float('nan'):11.3f} {r['ids_equal_reference']}")  # fmt: skip
+              f"{r['route_over_experts_eager']:6.3f} {graph_ratio or float('nan'):11.3f} "
+              f"{r['ids_equal_reference']}")  # fmt: skip
     d = report.get("deterministic")
     if d is not None:
         print(f"\ndeterministic / default experts at T={d['tokens']}: {d['ratio']:.3f} "
-              f"({d['ms']['deterministic']['p50']:.3f} / {d['ms']['default']['p50']:.3f} ms), providers {d['providers']}")
+              f"({d['ms']['deterministic']['p50']:.3f} / {d['ms']['default']['p50']:.3f} ms), "
+              f"providers {d['providers']}")
     print("\ntargets:")
     for k, ok in report["targets"].items():
         print(f"  {'MET ' if ok else 'MISS'} {k}")

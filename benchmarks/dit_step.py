@@ -619,7 +619,8 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
 
 
 def _whole_model(report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], *, banks: int,
-                 modes: Sequence[str], iters: int, dev: str, smoke: bool, check_fidelity: bool) -> float | None:  # fmt: skip
+                 modes: Sequence[str], iters: int, dev: str, smoke: bool,
+                 check_fidelity: bool) -> float | None:  # fmt: skip
     """Plugin off and on on the whole model: fidelity, then every mode. Returns plugin on's activation
     peak of one eager step (GiB), measured once if no eager mode ran."""
     from benchmarks.vllm_omni_stack import providers
@@ -645,7 +646,8 @@ def _whole_model(report: Report, cfg: Any, packed: Any, theirs: Callable[..., to
 
 
 def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, modes: Sequence[str], smoke: bool,
-        distinct: bool, ep4: bool, check_fidelity: bool, activation_gib: float | None = None) -> dict[str, Any]:  # fmt: skip
+        distinct: bool, ep4: bool, check_fidelity: bool,
+        activation_gib: float | None = None) -> dict[str, Any]:  # fmt: skip
 
     dev = "cpu" if smoke else "cuda"
     if not smoke:

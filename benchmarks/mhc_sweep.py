@@ -85,12 +85,14 @@ def main() -> None:
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
         json.dump({"benchmark": "mhc_sweep", "env": {**env_record(), "copy_tb_s_measured": copy}, "tokens": t,
-                   "default": dataclasses.asdict(kernel.LOGITS), "moved_bytes": moved, "rows": rows}, f, indent=2)  # fmt: skip
+                   "default": dataclasses.asdict(kernel.LOGITS), "moved_bytes": moved, "rows": rows},
+                  f, indent=2)  # fmt: skip
     print(f"copy {copy:.2f} TB/s; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}; default {kernel.LOGITS}")
     for r in rows:
         if "p50_ms" in r:
             print(f"{r['name']:28s} p50 {r['p50_ms']:.3f} ms ({r['p10_ms']:.3f}-{r['p90_ms']:.3f}) "
-                  f"{r['of_copy']:.2f} of copy  {'PASS' if r['pass'] else 'FAIL ' + '; '.join(r['verdicts'])}")  # fmt: skip
+                  f"{r['of_copy']:.2f} of copy  "
+                  f"{'PASS' if r['pass'] else 'FAIL ' + '; '.join(r['verdicts'])}")  # fmt: skip
         else:
             print(f"{r['name']:28s} {r.get('error', '')}")
 

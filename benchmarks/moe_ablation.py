@@ -2,9 +2,10 @@
 
 Where no hardware counters can be read (Nsight Compute needs them, and some virtualised GPU hosts
 refuse them), time is placed inside the kernel by differences: time the kernel with one piece of its work removed
-(`benchmarks/_moe_gluon_ablation.py`: this benchmark's copy of `kernels_gluon.py` with ABLATE bits: 1 SwiGLU7's arithmetic, 2 the gate/up MMAs, 4 the down MMAs,
-8 the weight refills in the slice loop, 16 the loop itself, 32 the activation gather, 64 the store)
-and take differences against the whole kernel, all in one run on the same inputs and route buffers. Only the expert kernel is timed (no alignment, no top-k
+(`benchmarks/_moe_gluon_ablation.py`: this benchmark's copy of `kernels_gluon.py` with ABLATE bits: 1 SwiGLU7's
+arithmetic, 2 the gate/up MMAs, 4 the down MMAs, 8 the weight refills in the slice loop, 16 the loop itself, 32 the
+activation gather, 64 the store) and take differences against the whole kernel, all in one run on the same inputs
+and route buffers. Only the expert kernel is timed (no alignment, no top-k
 sum), each variant captured in its own CUDA graph, replayed in rotation with L2 flushed; graph p50
 and p10-p90. Outputs of ablated variants are wrong by construction and are not checked; the whole
 kernel (ABLATE=0) is checked against the pointer kernel bit for bit.
@@ -85,7 +86,8 @@ def ablate_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
     run = run_fused(x, probs, idx, gate, up, wd, state=state, plan=plan)
     assert run.routed is not None and run.buffers is not None
     bufs, routed = run.buffers, run.routed
-    pointer = run_fused(x, probs, idx, gate, up, wd, state=MoEState(), plan=plan.model_copy(update={"variant": "pointer"}))
+    pointer = run_fused(x, probs, idx, gate, up, wd, state=MoEState(),
+                        plan=plan.model_copy(update={"variant": "pointer"}))
     assert pointer.routed is not None
     probs_flat = probs.reshape(-1).float()
     out: dict[str, Any] = {
@@ -134,7 +136,8 @@ def main() -> None:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "commit": _common.git_commit(),
-        "method": "graph p50 of the Gluon expert kernel alone, L2 flushed, variants rotating; ablated outputs unchecked",
+        "method": ("graph p50 of the Gluon expert kernel alone, L2 flushed, variants rotating; "
+                   "ablated outputs unchecked"),
         "shapes": [],
     }
     for tokens, heads in SHAPES:

@@ -196,7 +196,8 @@ def print_table(report: dict[str, Any]) -> None:
             if "error" in v or "skipped" in v:
                 why = v.get("error", v.get("skipped", "")).splitlines()[-1][:60]
                 print(
-                    f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {'-':>9} {'':>15} {'-':>9} {'':>6} {'':>7} {'':>7}  {why}"
+                    f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {'-':>9} {'':>15} {'-':>9} {'':>6} "
+                    f"{'':>7} {'':>7}  {why}"
                 )
                 continue
             g, e = v.get("graph"), v.get("eager")

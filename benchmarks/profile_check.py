@@ -72,7 +72,8 @@ def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float
     fastest = min(timed, key=lambda p: ms[f"provider {p}"]["p50"])
     best_ms = ms[f"provider {fastest}"]["p50"]
     if f"provider {prep.resolved}" not in ms:
-        return row | {"ms": ms, "ok": False, "why": f"the resolved provider {prep.resolved} raised when forced: {errors}"}
+        return row | {"ms": ms, "ok": False,
+                      "why": f"the resolved provider {prep.resolved} raised when forced: {errors}"}
     mine_ms = ms[f"provider {prep.resolved}"]["p50"]
     choice = mine_ms / best_ms
     row |= {"ms": ms, "fastest_provider": fastest, "choice_ratio": choice,
@@ -86,7 +87,8 @@ def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float
             return row | {"ok": False, "why": f"the resolved plan {resolved_plan.describe()} raised: {errors}"}
         best = min(mine, key=lambda k: ms[f"plan {k}"]["p50"])
         plan_ratio = ms[f"plan {chosen}"]["p50"] / ms[f"plan {best}"]["p50"]
-        row |= {"plan": resolved_plan.describe(), "plan_why": resolved_plan.why, "fastest_plan": planned[best][1].describe(),
+        row |= {"plan": resolved_plan.describe(), "plan_why": resolved_plan.why,
+                "fastest_plan": planned[best][1].describe(),
                 "plans": {planned[k][1].describe(): ms[f"plan {k}"] for k in mine}, "plan_ratio": plan_ratio}
         ok = ok and plan_ratio <= bar
         why.append(f"plan {resolved_plan.describe()} {plan_ratio:.3f}x the fastest of {len(mine)} "
@@ -120,8 +122,8 @@ def run(points: Sequence[Shape], *, device: str, reps: int, warmup: int, bar: fl
     return {
         "env": env_record(device), "profile": _profile_record(device), "bar": bar, "reps": reps, "warmup": warmup,
         "seconds": round(time.perf_counter() - started, 1), "points": rows,
-        "summary": {"points": len(rows), "failed": failed, "fell_to_reference": [r["id"] for r in rows
-                                                                                 if "fell to the reference" in r["why"]],
+        "summary": {"points": len(rows), "failed": failed,
+                    "fell_to_reference": [r["id"] for r in rows if "fell to the reference" in r["why"]],
                     "worst_ratio": max(ratios, default=math.nan),
                     "worst_call_ratio": max((r["call_ratio"] for r in rows if "call_ratio" in r), default=math.nan)},
     }  # fmt: skip

@@ -263,7 +263,8 @@ def block_rows(d: Data) -> list[Row]:
 
 def _route_check(route: list[Data]) -> str:
     if all("route_contract_ok" in r for r in route):  # runs after the routing contract moved to float64 truth
-        return "; routes hold the routing contract" if all(r["route_contract_ok"] for r in route) else "; CONTRACT BROKEN"
+        held = all(r["route_contract_ok"] for r in route)
+        return "; routes hold the routing contract" if held else "; CONTRACT BROKEN"
     return "; ids equal the reference" if all(r["ids_equal_reference"] for r in route) else "; IDS DIFFER"
 
 
@@ -306,7 +307,8 @@ def vllm_omni_stack_rows(d: Data) -> list[Row]:
         rows.append((
             f"vllm-omni MAGI-2 layers, {mode}" + (" (`compile_regions`)" if mode == "compiled" else ""),
             f"vllm-omni {d['vllm_omni']}'s transformer blocks, {c['moe_layers']} layers, hidden {c['hidden']}, "
-            f"{c['heads_q']} x {c['head_dim']} attention, MoE {c['moe_heads']} heads x {c['experts']} experts; T = {ts}",
+            f"{c['heads_q']} x {c['head_dim']} attention, MoE {c['moe_heads']} heads x {c['experts']} experts; "
+            f"T = {ts}",
             "plugin on " + " / ".join(_ms(r["ms_per_layer"]["on"]["p50"]) for r in runs) + " ms per layer",
             "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms per layer",
             "speed-up " + " / ".join(f"{r['speedup']:.2f}x" for r in runs) + f"; {at}",
@@ -700,7 +702,8 @@ def mhc_sweep_rows(d: Data) -> list[Row]:
         f"{d['tokens']} tokens x 4 x 3072, {len(timed)} launches",
         f"fastest passing: {best['name']} {best['p50_ms']:.2f} ms ({best['of_copy']:.2f} of copy)",
         f"the run's default {default['name']} {default['p50_ms']:.2f} ms",
-        f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; {env['device']}, {_short(env['git_commit'])}",
+        f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; "
+        f"{env['device']}, {_short(env['git_commit'])}",
     )]  # fmt: skip
 
 

@@ -110,7 +110,8 @@ def _upstream_topk_kernel(logits_ptr, bias_ptr, probs_ptr, idx_ptr, n_tok, E: tl
     tl.store(idx_ptr + row * K + kc, ids.to(tl.int64), mask=kc < K)
 
 
-def vllm_omni_main_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, top_k: int) -> tuple[torch.Tensor, ...]:
+def vllm_omni_main_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
+                         top_k: int) -> tuple[torch.Tensor, ...]:
     t, hl, d = x.shape
     e = gate.shape[0] // hl
     logits = torch.einsum("shd,hed->hse", x.float(), gate.view(hl, e, d)).contiguous()
@@ -122,7 +123,8 @@ def vllm_omni_main_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor
     return probs * ROUTE_SCALE, idx
 
 
-def vllm_omni_030_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, top_k: int) -> tuple[torch.Tensor, ...]:
+def vllm_omni_030_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
+                        top_k: int) -> tuple[torch.Tensor, ...]:
     _, hl, d = x.shape
     e = gate.shape[0] // hl
     scores = torch.sigmoid(torch.einsum("shd,hed->hse", x.float(), gate.view(hl, e, d)))
@@ -267,7 +269,8 @@ def main() -> None:
         line = "  ".join(f"{k} {v['p50']:.4f}" for k, v in r["ms"].items())
         print(f"T={t} x {hl}: {line}", flush=True)
         print(f"    share of experts: fused {r['share_of_experts']['fused']:.3f}, best {r['best_config']} "
-              f"{r['share_of_experts'][r['best_config']]:.3f}; fused / vllm-omni main {r['fused_over_vllm_omni_main']:.2f}")
+              f"{r['share_of_experts'][r['best_config']]:.3f}; "
+              f"fused / vllm-omni main {r['fused_over_vllm_omni_main']:.2f}")
         for inputs, acc in r["accuracy"].items():
             for name, v in acc.items():
                 if not v["contract_ok"] or name in ("fused", "triton", "vllm_omni_main"):

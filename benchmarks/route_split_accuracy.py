@@ -128,9 +128,11 @@ def main() -> None:
             key = f"x_scale={x_scale:g}, {'planted' if planted else 'random'}"
             result[key] = measure(args.rows, x_scale, planted, seed=int(x_scale * 10) + planted)
             for name, m in result[key].items():
-                print(f"{key:24s} {name:16s} max|dz| {m['max_abs_logit_err']:.3g}  mean|dz| {m['mean_abs_logit_err']:.3g}"
+                print(f"{key:24s} {name:16s} max|dz| {m['max_abs_logit_err']:.3g}"
+                      f"  mean|dz| {m['mean_abs_logit_err']:.3g}"
                       f"  max|ds| {m['max_abs_score_err']:.3g}  near {m['near_tie_rows']}/{m['rows']}"
-                      f"  clear wrong {m['clear_rows_wrong']}  outside contract {m['rows_outside_contract']}", flush=True)
+                      f"  clear wrong {m['clear_rows_wrong']}  outside contract {m['rows_outside_contract']}",
+                      flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"benchmark": "route_split_accuracy", "device": "cpu (emulation)", "rows": args.rows,

@@ -152,7 +152,8 @@ def main() -> None:
         r = report["results"][-1]
         per = ", ".join(f"{k} {v['p50']:.3f}" for k, v in r["stack_ms_per_layer"].items())
         print(f"T={t} L={a.layers} ms/layer: {per}; route+experts alone {r['moe_share_ms']:.3f}; "
-              f"ratios {json.dumps(r['ratios'])}; within 5%: {r['within_target']}; {r['providers']}", flush=True)  # fmt: skip
+              f"ratios {json.dumps(r['ratios'])}; within 5%: {r['within_target']}; {r['providers']}",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -313,7 +313,8 @@ def run(source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: i
                 report["results"].append(result)
                 per = result["ms_per_layer"]
                 print(f"T={t} {mode}: ms/layer off {per['off']['p50']:.3f} on {per['on']['p50']:.3f}, speed-up "
-                      f"{result['speedup']:.2f}x; rel L2 on vs off {result['rel_l2_on_vs_off']:.2e}", flush=True)  # fmt: skip
+                      f"{result['speedup']:.2f}x; rel L2 on vs off {result['rel_l2_on_vs_off']:.2e}",
+                      flush=True)  # fmt: skip
                 out.write_text(json.dumps(report, indent=1))
     out.write_text(json.dumps(report, indent=1))
     return report

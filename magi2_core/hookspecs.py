@@ -35,7 +35,8 @@ class Setting(BaseModel):
     The registry adds it to :mod:`magi2_core.config` when the backend loads, with the backend's name
     as its owner (``docs/configuration.md`` lists it so). It is then parsed, cached, validated and
     re-read like the core's own variables: ``magi2_core.config.get(name)`` returns the parsed value as
-    ``os.environ`` holds it now; ``read`` says when the backend reads it (docs/configuration.md). A name that the core or another backend already declares quarantines
+    ``os.environ`` holds it now; ``read`` says when the backend reads it (docs/configuration.md). A name
+    that the core or another backend already declares quarantines
     the backend that comes second.
     """
 

@@ -3,10 +3,10 @@
 A capability descriptor names its kernel object as ``impl = "module:attribute"``. The registry
 imports it only when the provider is considered for a call. The object is called with one argument,
 the op's frozen call record (``AttentionCall``, ``RouteCall``, ``ExpertsCall``, ``RMSNormCall``: the
-``*Kernel`` Protocol in the op's spec, :mod:`magi2_core.ops`), and may define ``check(problem)`` for run-time availability (an optional import, a compute capability)
-and cross-field limits. ``check`` must depend only on the
-problem's device type, dtypes and features and on the environment, never on sizes: its answer is
-cached per problem bucket. Size limits belong in the descriptor (``ranges``, ``rules``).
+``*Kernel`` Protocol in the op's spec, :mod:`magi2_core.ops`), and may define ``check(problem)`` for
+run-time availability (an optional import, a compute capability) and cross-field limits. ``check`` must
+depend only on the problem's device type, dtypes and features and on the environment, never on sizes: its
+answer is cached per problem bucket. Size limits belong in the descriptor (``ranges``, ``rules``).
 
 The record's inputs are validated and normalised by the op's spec: prefix sums are int32 on
 q's device, ``max_seqlen_*`` are Python ints, ``softcap`` is ``max(softcap, 0.0)``, ``sinks`` is

@@ -1,7 +1,8 @@
 """MoE expert weights prepared once at load time in a provider's preferred layout.
 
 ``magi2_core.prepare_moe_weights(w_gate, w_up, w_down)`` (the ``moe_experts`` spec's preparation
-hook) asks the provider that would serve these weights (or the one named) to lay them out for its kernel, and returns a :class:`PreparedMoEWeights` that
+hook) asks the provider that would serve these weights (or the one named) to lay them out for its kernel,
+and returns a :class:`PreparedMoEWeights` that
 ``moe_experts`` takes in place of the three tensors. A layout is a named storage format known to the
 core, so any provider can read any prepared object: the object always exposes the checkpoint-layout
 ``w_gate``/``w_up``/``w_down``, as views of its storage where the layout allows it (no second copy).

@@ -70,7 +70,8 @@ def noop_backend(device: str = "cpu") -> Iterator[None]:
     sys.modules[_NOOP] = kernels
     caps = tuple(
         Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=(device,), dtypes=("float32",),
-                   out_dtypes=("float32",) if op in OUT_DTYPE_OPS else None, features=frozenset(Feature), priority=-1000)
+                   out_dtypes=("float32",) if op in OUT_DTYPE_OPS else None, features=frozenset(Feature),
+                   priority=-1000)
         for op in OPS
     )  # fmt: skip
     reg = m2.get_registry()
@@ -96,7 +97,8 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     if device not in DEVICES:
         raise InvalidDeviceError("overhead", "device", " or ".join(map(repr, DEVICES)), repr(device))
     if device == "cuda" and not torch.cuda.is_available():
-        raise InvalidDeviceError("overhead", "device", "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
+        raise InvalidDeviceError("overhead", "device",
+                                 "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
                                  f"'cuda', but torch {torch.__version__} sees no CUDA device")
     torch.manual_seed(0)
     disp = dispatcher()

@@ -41,7 +41,8 @@ FAMILY: dict[OpName, str] = {
     "mhc_mix": "mhc",
 }
 _KEYS = frozenset(FAMILY) | frozenset(FAMILY.values())
-KEYS: tuple[str, ...] = ("attention", "moe", "moe_route", "moe_experts", "rmsnorm", "mhc", "mhc_pre", "mhc_mix")  # env variables' order
+# in the env variables' order
+KEYS: tuple[str, ...] = ("attention", "moe", "moe_route", "moe_experts", "rmsnorm", "mhc", "mhc_pre", "mhc_mix")
 # A sorted tuple of (key, provider) pairs: hashable, so it can be part of the resolution cache key.
 _OVERRIDES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("magi2_overrides", default=())
 

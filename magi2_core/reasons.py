@@ -15,8 +15,8 @@ from magi2_core.problem import Problem
 from magi2_core.virtual_device import VirtualDevice
 
 __all__ = [
-    "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode", "Resolution",
-    "Verdict", "tune_advice",
+    "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode",
+    "Resolution", "Verdict", "tune_advice",
 ]
 
 
@@ -147,7 +147,8 @@ class Resolution(BaseModel):
     quarantined: tuple[QuarantinedPlugin, ...] = ()
     profile: ProfileNote | None = None
     preference: PreferenceNote | None = None  # the profile's row that matched (None: no row did)
-    described: VirtualDevice | None = None  # the device explained for, when not this host's (magi2 explain --device-name)
+    # the device explained for, when not this host's (magi2 explain --device-name)
+    described: VirtualDevice | None = None
 
     @property
     def ok(self) -> bool:

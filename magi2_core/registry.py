@@ -272,7 +272,8 @@ class Registry:
                     self._providers[op] = [p for p in self._providers[op] if p.capability.backend != backend.spec.name]
             self._changed()
 
-    def _add(self, plugin: object, name: str, value: str, dist: str, start: float, *, entry_point: bool = False) -> None:
+    def _add(self, plugin: object, name: str, value: str, dist: str, start: float, *,
+             entry_point: bool = False) -> None:
         if name in self._backends:
             self._quarantine(name, value, dist, f"a backend named {name!r} is already registered "
                              f"({self._backends[name].spec.name}); unregister it first or choose another name")
@@ -485,7 +486,8 @@ def _describer(plugin: object, value: str, *, entry_point: bool) -> Callable[[],
     if legacy:
         where = f"point the entry point at {value}:magi2_backend" if entry_point and module else (
             "register its magi2_backend function")
-        raise TypeError(f"a pluggy-style plugin ({'the entry point names a module' if module else type(plugin).__name__} "
+        what = "the entry point names a module" if module else type(plugin).__name__
+        raise TypeError(f"a pluggy-style plugin ({what} "
                         f"with the hook {', '.join(legacy)}, which is no longer called); since core API "
                         f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where} "
                         f"and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections="
@@ -502,7 +504,8 @@ def _describer(plugin: object, value: str, *, entry_point: bool) -> Callable[[],
 def _check_core_api(spec: BackendSpec) -> None:
     if not spec.core_api.strip():
         raise ValueError("core_api is empty, which would claim compatibility with every core contract; "
-                         f"declare the range this backend implements, e.g. '>={CORE_API_VERSION},<{Version(CORE_API_VERSION).major + 1}'")
+                         "declare the range this backend implements, e.g. "
+                         f"'>={CORE_API_VERSION},<{Version(CORE_API_VERSION).major + 1}'")
     try:
         ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
     except InvalidSpecifier as exc:

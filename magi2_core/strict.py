@@ -45,7 +45,8 @@ def replace_strict(enabled: bool | None) -> bool | None:
 
 
 def is_strict() -> bool:
-    """Whether an accelerator call resolved to the reference raises (:func:`magi2_core.set_strict`, else ``MAGI2_STRICT``)."""
+    """Whether an accelerator call resolved to the reference raises (:func:`magi2_core.set_strict`, else
+    ``MAGI2_STRICT``)."""
     if _STRICT is not None:
         return _STRICT
     return bool(config.get("MAGI2_STRICT"))

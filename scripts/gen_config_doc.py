@@ -88,11 +88,13 @@ def backend_variables() -> list[Variable[Any]]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.dist is not None and _normalise(ep.dist.name) in wanted:
             spec = ep.load()()
-            specs[_normalise(ep.dist.name)] = spec if isinstance(spec, BackendSpec) else BackendSpec.model_validate(spec)
+            specs[_normalise(ep.dist.name)] = (spec if isinstance(spec, BackendSpec)
+                                               else BackendSpec.model_validate(spec))
     missing = sorted(wanted - set(specs))
     if missing:
         raise SystemExit(f"not installed, so their settings cannot be read: {missing} (pip install -e backends/...)")
-    return [config.variable(s, spec.name) for spec in sorted(specs.values(), key=lambda s: s.name) for s in spec.settings]
+    return [config.variable(s, spec.name)
+            for spec in sorted(specs.values(), key=lambda s: s.name) for s in spec.settings]
 
 
 def declarations() -> list[Variable[Any]]:

@@ -44,7 +44,8 @@ def test_a_whole_dit_step_file_adds_its_row_and_none_is_skipped(tmp_path: Path) 
     dit, notes = report.load(tmp_path)
     assert set(dit) == {"dit_step_h200.json"} and not notes
     table = report.headline_table({**data, **dit}).splitlines()
-    assert table[-1] == "| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x | plugin off 2.500 / 1.600 s | H200 |"
+    assert table[-1] == ("| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x "
+                         "| plugin off 2.500 / 1.600 s | H200 |")
     full = report.results_table(dit)
     assert "plugin on 1.000 / 0.800 s per step" in full and "speed-up 2.50x / 2.00x" in full
     listed = report.results_table({"dit_step_h200.json": records})  # a bare list of records works too

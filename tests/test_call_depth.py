@@ -61,7 +61,8 @@ def _calls() -> dict[str, Callable[[str], object]]:
     x = torch.randn(6, 2, 8, generator=g)
     router, bias = torch.randn(8, 8, generator=g), torch.randn(8, generator=g)
     probs, idx = torch.rand(2, 6, 2, generator=g), torch.randint(0, 4, (2, 6, 2), generator=g)
-    wg, wu, wd = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, 8, generator=g)
+    wg, wu = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g)
+    wd = torch.randn(8, 16, 8, generator=g)
     xn, wn = torch.randn(6, 32, generator=g), torch.randn(2, 1, 32, generator=g)
     streams, branch = torch.randn(6, 2, 8, generator=g), torch.randn(6, 8, generator=g)  # n = 2 streams, D = 8
     mw, phi = torch.randn(2 * 16, generator=g), torch.randn(16, 8, generator=g)  # 2 modalities; 2n + n² = 8

@@ -64,7 +64,8 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
     x = torch.randn(6, 2, 8, generator=g)
     router, bias = torch.randn(8, 8, generator=g), torch.randn(8, generator=g)
     probs, idx = torch.rand(2, 6, 2, generator=g), torch.randint(0, 4, (2, 6, 2), generator=g)
-    wg, wu, wd = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, 8, generator=g)
+    wg, wu = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g)
+    wd = torch.randn(8, 16, 8, generator=g)
     xn, wn = torch.randn(6, 32, generator=g), torch.randn(2 * 32, generator=g)  # a flat weight: viewed [2, 1, 32]
     return {
         "attention": (m2.attention, (q, k, v, cu, cu),

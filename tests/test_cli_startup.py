@@ -55,7 +55,8 @@ def test_help_and_version_import_no_torch(args: tuple[str, ...]) -> None:
 
 def test_version_names_core_and_contract() -> None:
     result = _run_cli("--version")
-    assert result.stdout.startswith(f"magi2-core {magi2_core.__version__} (core contract {magi2_core.CORE_API_VERSION})")
+    assert result.stdout.startswith(
+        f"magi2-core {magi2_core.__version__} (core contract {magi2_core.CORE_API_VERSION})")
 
 
 def test_importing_the_package_is_cheap_and_the_api_loads_on_first_use() -> None:

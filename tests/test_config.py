@@ -185,7 +185,8 @@ def gen_config_doc() -> Any:
 
 def test_committed_configuration_page_matches_the_declarations() -> None:
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == gen_config_doc().render(), "docs/configuration.md is stale: run python scripts/gen_config_doc.py"
+    assert committed == gen_config_doc().render(), (
+        "docs/configuration.md is stale: run python scripts/gen_config_doc.py")
 
 
 def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,7 +218,8 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
         m2.attention(q, k, v, cu, cu, provider="toy_det")
         os.environ["MAGI2_DETERMINISTIC"] = "1"  # after a first call, without reload_config()
         assert Feature.DETERMINISTIC in m2.resolve("attention", q, k, v, cu, cu).problem.features
-        assert Feature.DETERMINISTIC not in m2.resolve("attention", q, k, v, cu, cu, deterministic=False).problem.features
+        off = m2.resolve("attention", q, k, v, cu, cu, deterministic=False)
+        assert Feature.DETERMINISTIC not in off.problem.features
         m2.attention(q, k, v, cu, cu, provider="toy_det")
         m2.attention(q, k, v, cu, cu, provider="toy_det", deterministic=False)
         assert seen == [False, True, False]

@@ -215,7 +215,9 @@ def test_a_doc_that_disagrees_with_the_descriptors_is_caught(
 
 
 def test_a_true_table_and_true_prose_pass(caps: list[tuple[str, Capability]]) -> None:
-    text = ("The Triton descriptor declares `compiling`.\n\n| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
-            + "".join(f"| `{c.op}` | `{c.name}` | {', '.join(c.dtypes)} | {', '.join(sorted(f.value for f in c.features))} |\n"
+    text = ("The Triton descriptor declares `compiling`.\n\n"
+            "| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
+            + "".join(f"| `{c.op}` | `{c.name}` | {', '.join(c.dtypes)} "
+                      f"| {', '.join(sorted(f.value for f in c.features))} |\n"
                       for _, c in caps if c.op == "moe_experts"))  # fmt: skip
     assert doc_problems(text, "doc.md", caps) == []

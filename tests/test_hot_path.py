@@ -57,7 +57,8 @@ def test_router_bias_and_expert_ids_are_checked_after_caching() -> None:
     with pytest.raises(InvalidInputError, match="bias"):
         m2.moe_route(x, w, bias, top_k=2, provider=P)
     probs, idx = torch.rand(2, 5, 2, generator=g), torch.randint(0, 4, (2, 5, 2), generator=g)
-    wg, wu, wd = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, 8, generator=g)
+    wg, wu = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g)
+    wd = torch.randn(8, 16, 8, generator=g)
     m2.moe_experts(x, probs, idx, wg, wu, wd, provider=P)
     with pytest.raises(InvalidInputError, match="idx"):
         m2.moe_experts(x, probs, idx + 3, wg, wu, wd, provider=P)
@@ -112,7 +113,8 @@ def test_host_expert_ids_are_range_checked_on_every_cached_call() -> None:
     g = torch.Generator().manual_seed(5)
     x = torch.randn(5, 2, 8, generator=g)
     probs, idx = torch.rand(2, 5, 2, generator=g), torch.randint(0, 4, (2, 5, 2), generator=g)
-    wg, wu, wd = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, 8, generator=g)
+    wg, wu = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8, 16, generator=g)
+    wd = torch.randn(8, 16, 8, generator=g)
     m2.moe_experts(x, probs, idx, wg, wu, wd, provider=P)
     for where, value, shown in (((0, 0, 0), -1, r"values in \[-1, "), ((1, 4, 1), 4, r", 4\]")):
         bad = idx.clone()

@@ -151,7 +151,8 @@ def test_experts_in_fp32_follow_float64_math(make: oracles.MakeTensor) -> None:
 
 
 def test_reference_keeps_fp32_gate_up_until_activation(make: oracles.MakeTensor) -> None:
-    """operators.md §3.4 (upstream #7206 test): rounding the projections to BF16 before SwiGLU7 would change the result."""
+    """operators.md §3.4 (upstream #7206 test): rounding the projections to BF16 before SwiGLU7 would change the
+    result."""
     t, hl, d, inter, k, e = 24, 2, 64, 96, 2, 4
     x = make((t, hl, d), torch.bfloat16, scale=2.0)
     probs, idx = _routes(x, e, k)

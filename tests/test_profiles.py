@@ -71,7 +71,8 @@ def _doc(name: str = "toy", device: dict[str, Any] | None = None, **rows: Any) -
             "provenance": {"kind": "tune", "source": "test", "date": "2026-12-24", "tool": "magi2 tune"}, **rows}
 
 
-def _pref(prefer: list[str], op: str = "rmsnorm", when: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+def _pref(prefer: list[str], op: str = "rmsnorm", when: list[dict[str, Any]] | None = None,
+          **extra: Any) -> dict[str, Any]:
     return {"op": op, "when": when or [], "prefer": prefer, "why": f"{(prefer or ['?'])[0]} measured faster", **extra}
 
 
@@ -240,7 +241,8 @@ def test_magi2_profile_variants(tmp_path: Path, monkeypatch) -> None:
     _device(monkeypatch, None, None)  # by name, on a device that has no profile of its own
     monkeypatch.setenv("MAGI2_PROFILE", "nvidia-h200")
     m2.reload_config()
-    assert (active_profile("cuda", backends=()).name, active_profile("cuda", backends=()).source) == ("nvidia-h200", "env")
+    loaded = active_profile("cuda", backends=())
+    assert (loaded.name, loaded.source) == ("nvidia-h200", "env")
     monkeypatch.setenv("MAGI2_PROFILE", "nvidia-h999")
     m2.reload_config()
     with pytest.raises(ConfigError, match=r"MAGI2_PROFILE.*nvidia-h999.*shipped: generic, nvidia-h100, nvidia-h200"):
@@ -323,7 +325,8 @@ def test_dispatcher_buckets_on_profile_boundaries(tmp_path: Path, monkeypatch) -
     reg = Registry(discover=False)
     reg.register(InProcessBackend(spec), name="toys")
     when = [{"field": "tokens", "op": "le", "value": 2048}]
-    monkeypatch.setenv("MAGI2_PROFILE", str(_write(tmp_path / "cpu.json", _doc(preferences=[_pref(["toy_low"], when=when)]))))
+    path = _write(tmp_path / "cpu.json", _doc(preferences=[_pref(["toy_low"], when=when)]))
+    monkeypatch.setenv("MAGI2_PROFILE", str(path))
     m2.reload_config()
     disp = Dispatcher(reg)
     builds: list[int] = []
@@ -359,7 +362,8 @@ def fragments_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     _write(pkg / "alpha.json", _doc("alpha-h200", h200, preferences=[_pref(["alpha_attn"], "attention", id="alpha-1")],
                                     plans=[{"op": "moe_experts", "provider": "alpha", "plan": {"v": 1}, "why": "w"}]))
     _write(pkg / "zeta.json", _doc("zeta-h200", h200, preferences=[_pref(["zeta_attn"], "attention", provenance=own)]))
-    _write(pkg / "generic.json", _doc("zeta-generic", {"type": "cuda"}, preferences=[_pref(["zeta_attn"], "attention")]))
+    _write(pkg / "generic.json",
+           _doc("zeta-generic", {"type": "cuda"}, preferences=[_pref(["zeta_attn"], "attention")]))
     _write(pkg / "broken.json", {**_doc(), "version": 7})
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     return "magi2_test_fragments"
@@ -391,9 +395,11 @@ def test_fragments_merge_core_first_then_backends_by_name(fragments_pkg: str, mo
     assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == ["zeta_attn"]
 
 
-def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = tmp_path / "pkgs" / "magi2_test_sm9_fragments"
-    _write(pkg / "sm9.json", _doc("sm9", {"type": "cuda", "capability": "9"}, preferences=[_pref(["nine"], "attention")]))
+    _write(pkg / "sm9.json",
+           _doc("sm9", {"type": "cuda", "capability": "9"}, preferences=[_pref(["nine"], "attention")]))
     (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     reg = Registry(discover=False)
@@ -405,7 +411,8 @@ def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path, 
         loaded = profile_for("cuda", None, reg.state().profiles)
         assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == rows, capability
     with pytest.raises(ProfileError, match=r"major\.minor"):  # a named device's profile gives the whole capability
-        load_profile(_write(tmp_path / "named.json", _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"})))
+        load_profile(_write(tmp_path / "named.json",
+                            _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"})))
 
 
 def test_a_broken_fragment_quarantines_its_backend_only(fragments_pkg: str) -> None:
@@ -434,7 +441,8 @@ def test_the_example_plugin_ships_a_fragment_through_its_entry_point() -> None:
     res = resolve_problem(p)
     assert (res.chosen, res.decided_by) == ("example_fpga", "profile"), res.explain()
     assert res.preference is not None and res.preference.id == "example-fpga-tiles"
-    assert res.profile is not None and res.profile.name == "generic-fpga" and "magi2-backend-example" in res.profile.origin
+    assert res.profile is not None and res.profile.name == "generic-fpga"
+    assert "magi2-backend-example" in res.profile.origin
 
 
 def test_cli_explain_names_the_profile_in_text_and_json(monkeypatch) -> None:

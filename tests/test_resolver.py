@@ -273,7 +273,8 @@ def test_resolve_never_runs_a_kernel(toy_global: None, toy_module: types.ModuleT
 
 def test_an_unknown_use_name_raises_on_entry_listing_the_valid_ones() -> None:
     entered = False
-    with pytest.raises(m2.UnknownProviderError, match=r"attention: no provider named 'refrence' \(use\(attention=") as exc:
+    with pytest.raises(m2.UnknownProviderError,
+                       match=r"attention: no provider named 'refrence' \(use\(attention=") as exc:
         with m2.use(attention="refrence"):
             entered = True
     assert not entered and "'reference'" in str(exc.value)
@@ -289,7 +290,8 @@ def test_an_unknown_env_provider_is_reported_by_any_op_not_only_its_own(monkeypa
     monkeypatch.setenv("MAGI2_ATTENTION_PROVIDER", "flash")
     m2.reload_config()
     try:
-        with pytest.raises(m2.UnknownProviderError, match=r"'flash' \(env override MAGI2_ATTENTION_PROVIDER\); installed"):
+        with pytest.raises(m2.UnknownProviderError,
+                           match=r"'flash' \(env override MAGI2_ATTENTION_PROVIDER\); installed"):
             m2.rmsnorm(torch.randn(3, 20), torch.zeros(20))
     finally:
         monkeypatch.delenv("MAGI2_ATTENTION_PROVIDER")

@@ -35,7 +35,8 @@ def _setting(name: str = "MAGI2_TOY_MODE", **kw: Any) -> Setting:
     return Setting(name=name, **(fields | kw))
 
 
-def _backend(name: str, *settings: Setting, corrections: tuple[SinkCorrectionSpec, ...] = ()) -> Callable[[], BackendSpec]:
+def _backend(name: str, *settings: Setting,
+             corrections: tuple[SinkCorrectionSpec, ...] = ()) -> Callable[[], BackendSpec]:
     """What an entry point names: a function returning the whole spec."""
     return lambda: BackendSpec(name=name, version="0", core_api=">=2.0,<3", providers=(), settings=settings,
                                sink_corrections=corrections)
@@ -107,7 +108,8 @@ def test_another_owner_or_another_definition_is_a_conflict(declared: list[str]) 
 def test_each_kind_parses_like_the_cores_variables(kind: str, raw: str, value: object) -> None:
     var = config.variable(Setting(name="MAGI2_TOY_X", kind=kind, help="x"), OWNER)  # type: ignore[arg-type]
     assert var.parse(raw) == value and var.owner == OWNER
-    assert var.accepted == {"boolean": config.boolean, "fraction": config.fraction, "seconds": config.seconds}[kind].accepted
+    parsers = {"boolean": config.boolean, "fraction": config.fraction, "seconds": config.seconds}
+    assert var.accepted == parsers[kind].accepted
 
 
 @pytest.mark.parametrize(
@@ -251,7 +253,8 @@ def test_a_backend_function_that_raises_is_quarantined_alone() -> None:
 
 
 def test_sink_corrections_come_in_the_spec() -> None:
-    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction", device_types=("cpu",))
+    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction",
+                              device_types=("cpu",))
     reg = Registry(discover=False)
     reg.register(_backend("magi2-backend-sinks", corrections=(spec,)), "sinks")
     (got,) = reg.state().sink_corrections

@@ -75,8 +75,9 @@ def backends(
     loaded = reg.backends()
     quarantined = reg.quarantined()
     present = present_device_types()
-    status: dict[tuple[str, str], ProviderStatus] = {(c.op, c.name): provider_status(c.model_copy(update={"backend": b.spec.name}), present, reg)
-              for b in loaded for c in b.spec.providers}
+    status: dict[tuple[str, str], ProviderStatus] = {
+        (c.op, c.name): provider_status(c.model_copy(update={"backend": b.spec.name}), present, reg)
+        for b in loaded for c in b.spec.providers}
     if json_out:
         print_json(
             {

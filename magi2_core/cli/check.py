@@ -34,8 +34,8 @@ def _table(report: KitReport, *, wide: bool) -> str:
 
 
 def check(
-    provider: Annotated[list[str] | None, typer.Option("--provider", "-p",
-                                                      help="provider to check (repeatable; default: all installed)")] = None,
+    provider: Annotated[list[str] | None, typer.Option(
+        "--provider", "-p", help="provider to check (repeatable; default: all installed)")] = None,
     op: Annotated[list[str] | None, typer.Option("--op", help="only these operators (repeatable)")] = None,
     device: Annotated[list[str] | None, typer.Option("--device", help="only these device types (repeatable)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated inputs")] = 0,

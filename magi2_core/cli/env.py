@@ -18,7 +18,8 @@ def env(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
-    """Report versions (core, backends, torch, Triton, CUDA, driver, GPU, MUSA, FA3/FA4/MATE builds) and which providers are usable here, and why not."""
+    """Report versions (core, backends, torch, Triton, CUDA, driver, GPU, MUSA, FA3/FA4/MATE builds) and which
+    providers are usable here, and why not."""
     from magi2_core.report import environment_report
 
     report = environment_report()

@@ -26,7 +26,8 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "fl
 
 
 def explain(
-    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix", callback=_known_op)],
+    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix",
+                                      callback=_known_op)],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
     tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,

@@ -1,4 +1,5 @@
-"""``magi2 overhead`` (also ``magi2 bench``, its earlier name): cached-resolution and dispatch overhead per op call on this machine."""
+"""``magi2 overhead`` (also ``magi2 bench``, its earlier name): cached-resolution and dispatch overhead per op
+call on this machine."""
 
 from __future__ import annotations
 

@@ -159,9 +159,11 @@ def _describe(loaded: LoadedProfile) -> str:
                      + tune_advice(loaded.device.type))
     lines.append(f"preferences ({len(p.preferences)}):" if p.preferences else "preferences: none")
     for i, row in enumerate(p.preferences):
-        lines.append(f"  {row.id or f'preferences[{i}]'}: {row.op} where {row.describe()} -> prefer {', '.join(row.prefer)}")
+        lines.append(f"  {row.id or f'preferences[{i}]'}: {row.op} where {row.describe()} "
+                     f"-> prefer {', '.join(row.prefer)}")
         lines.append(f"      why: {row.why}")
-    lines.append(f"plans ({len(p.plans)}):" if p.plans else "plans: none in this profile (providers may ship their own)")
+    lines.append(f"plans ({len(p.plans)}):" if p.plans
+                 else "plans: none in this profile (providers may ship their own)")
     for i, plan in enumerate(p.plans):
         when = " and ".join(str(c) for c in plan.when) or "every call"
         body = ", ".join(f"{k}={v}" for k, v in plan.plan.items())

@@ -11,7 +11,8 @@ from magi2_core import config
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data", "dtype_in", "dtype_name", "rank", "replace_device_value_checks", "same_device",
+    "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data",
+    "dtype_in", "dtype_name", "rank", "replace_device_value_checks", "same_device",
     "tensor", "FLOATS", "head_activations", "modality_sizes",
 ]
 

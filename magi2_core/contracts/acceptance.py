@@ -1,7 +1,8 @@
 """Numerical acceptance rules per operator and dtype (operators.md §2.9, §3.2, §3.8, §4.4, §5.4).
 
 Each rule compares a provider's output with the reference provider's output on the same inputs (the
-routing rule: with the float64 truth of the inputs, :func:`route_truth`) and returns an :class:`Acceptance` (ok, the metric that decided, a readable detail). Tests, the
+routing rule: with the float64 truth of the inputs, :func:`route_truth`) and returns an :class:`Acceptance`
+(ok, the metric that decided, a readable detail). Tests, the
 conformance kit, ``magi2 check`` and shadow verification all use these functions, so a tolerance is
 stated once.
 """

@@ -110,7 +110,8 @@ def ulysses_attention(
                           tokens_k=tokens_k, device=q.device)
     if sinks is not None:
         if sinks.dim() != 2 or sinks.shape[1] != q.shape[1]:
-            raise InvalidShapeError(OP, "sinks", f"FP32 [S, {q.shape[1]}] (all query heads)", f"shape {list(sinks.shape)}")
+            raise InvalidShapeError(OP, "sinks", f"FP32 [S, {q.shape[1]}] (all query heads)",
+                                    f"shape {list(sinks.shape)}")
         sinks = sinks[:, plans.head_slice()].contiguous()
     q_l = plans.q.scatter_heads(q)
     k_l = plans.kv.scatter_heads(k)

@@ -494,7 +494,8 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
         return validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
                         softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
                         sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
-                        deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det, return_lse=kw.pop("return_lse", False),
+                        deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det,
+                        return_lse=kw.pop("return_lse", False),
                         compiling=False, **kw)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:

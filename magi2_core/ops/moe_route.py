@@ -5,7 +5,8 @@
 are ``sigmoid`` (the release) or ``softmax`` over a head's experts, computed by
 :func:`magi2_core.contracts.moe.router_scores`; the ids are the ``top_k`` largest ``score + bias`` in
 descending order, equal values in ascending expert id (NaN ranks highest, ``-inf`` lowest, as
-upstream's ``torch.topk``: :func:`magi2_core.testing.specials.route_specials`); the weights are the selected unbiased scores,
+upstream's ``torch.topk``: :func:`magi2_core.testing.specials.route_specials`); the weights are the selected
+unbiased scores,
 L1-normalised unless ``route_norm=False``, times ``route_scale``. A NaN bias is rejected on the host
 (and on a device with device value checks); ``±inf`` are accepted.
 The acceptance rule is the routing contract of operators.md §3.2 (ids against the float64 truth).

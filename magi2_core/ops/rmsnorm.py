@@ -116,7 +116,8 @@ def validate(
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in ck.FLOATS:
-        raise InvalidDTypeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype))
+        raise InvalidDTypeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16",
+                                repr(out_dtype))
     mask = _COMPILING if compiling else 0
     key = RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)
     return RMSNormCall(x, w, e, sizes, od, key)

@@ -7,7 +7,8 @@ eligible providers (the listed ones first, in listed order), then priority. The 
 the active profile is chosen: ``docs/profiles.md``.
 
 Public API: :class:`Profile` (and its rows :class:`Preference`, :class:`PlanRow`, its
-:class:`ProfileDevice`), :func:`load_profile`, :func:`active_profile` (and :func:`profile_of` for a :class:`DeviceKey`) -> :class:`LoadedProfile`,
+:class:`ProfileDevice`), :func:`load_profile`, :func:`active_profile` (and :func:`profile_of` for a
+:class:`DeviceKey`) -> :class:`LoadedProfile`,
 :func:`user_profile_dir`, :func:`shipped_profiles`, :func:`reset_profiles`.
 """
 
@@ -44,7 +45,7 @@ from magi2_core.profiles.model import (
 
 __all__ = [
     "FORMAT", "GENERIC", "VERSION", "DeviceKey", "Fragment", "LoadedProfile", "PlanRow", "Preference", "Profile",
-    "ProfileDevice", "ProfileError", "Source", "active_profile", "backend_fragments", "boundaries", "fragment_from_resource",
-    "installed_version", "load_profile", "loads_profile", "parse_profile", "profile_for", "profile_of", "reset_profiles", "shipped_profiles",
-    "user_profile_dir", "user_profiles",
+    "ProfileDevice", "ProfileError", "Source", "active_profile", "backend_fragments", "boundaries",
+    "fragment_from_resource", "installed_version", "load_profile", "loads_profile", "parse_profile", "profile_for",
+    "profile_of", "reset_profiles", "shipped_profiles", "user_profile_dir", "user_profiles",
 ]

@@ -1,7 +1,8 @@
 """Which learned-sink correction runs on a device: contributed by backends, chosen once per device type.
 
 Attention providers whose kernel runs without sinks (FA3, FA4's ``"activation"`` rescale, MATE,
-torch's varlen) get the kernel's LSE and fold the sinks in afterwards (:mod:`magi2_core.sink_correction.reference`). They
+torch's varlen) get the kernel's LSE and fold the sinks in afterwards
+(:mod:`magi2_core.sink_correction.reference`). They
 ask :func:`sink_correction_for` for the correction of their device type and call its ``apply``.
 
 Backends contribute corrections in their spec (``BackendSpec.sink_corrections``) as

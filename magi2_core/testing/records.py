@@ -1,7 +1,8 @@
 """The call record a provider receives, built from the public op's arguments: for a backend's own tests.
 
 A provider's kernel object is called with one validated, frozen record (``AttentionCall``,
-``RouteCall``, ``ExpertsCall``, ``RMSNormCall``, ``MHCPreCall``, ``MHCMixCall``). :func:`call_record` builds the record that the op
+``RouteCall``, ``ExpertsCall``, ``RMSNormCall``, ``MHCPreCall``, ``MHCMixCall``). :func:`call_record` builds
+the record that the op
 would pass for ``op(*args, **kwargs)``, so that a test can call a kernel object directly, without
 registering it: ``kernel(call_record("attention", q, k, v, cu, cu, sinks=sinks))``.
 """

@@ -248,9 +248,11 @@ def parse_shapes(data: Any, origin: str) -> list[Shape]:
     """Points from decoded JSON (``{"points": [...]}`` or a list); errors name ``origin``, the point and the field."""
     items = data.get("points") if isinstance(data, dict) else data
     if isinstance(data, dict) and set(data) - {"points"}:
-        raise InvalidValueError("tune", "--shapes", '{"points": [...]} (no other keys)', f"{origin}: keys {sorted(data)}")
+        raise InvalidValueError("tune", "--shapes", '{"points": [...]} (no other keys)',
+                                f"{origin}: keys {sorted(data)}")
     if not isinstance(items, list) or not items:
-        raise InvalidValueError("tune", "--shapes", 'a non-empty list of points, or {"points": [...]}', f"{origin}: {type(items).__name__}")
+        raise InvalidValueError("tune", "--shapes", 'a non-empty list of points, or {"points": [...]}',
+                                f"{origin}: {type(items).__name__}")
     try:
         points = _SHAPES.validate_python(items)
     except ValidationError as exc:
@@ -259,7 +261,8 @@ def parse_shapes(data: Any, origin: str) -> list[Shape]:
             for err in exc.errors()
         )
         known = "attention, moe_experts, moe_route, rmsnorm"
-        raise InvalidValueError("tune", "--shapes", f"points with op one of {known} and that op's fields (docs/tuning.md)",
+        raise InvalidValueError("tune", "--shapes",
+                                f"points with op one of {known} and that op's fields (docs/tuning.md)",
                                 f"{origin}: {problems}") from None
     ids = [p.id for p in points]
     dup = sorted({i for i in ids if ids.count(i) > 1})

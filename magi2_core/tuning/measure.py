@@ -165,7 +165,8 @@ def measure_point(
 
     Each is called once first; one that raises there is left out and its error kept in ``errors``."""
     prep = prepare(shape, device, seed)
-    fns: dict[str, Callable[[], object]] = {f"provider {p}": prep.built.call(p) for p in prep.eligible if p != REFERENCE}
+    fns: dict[str, Callable[[], object]] = {
+        f"provider {p}": prep.built.call(p) for p in prep.eligible if p != REFERENCE}
     planned = plan_fns(prep) if plans else {}
     fns.update({f"plan {key}": fn for key, (_, _, fn) in planned.items()})
     fns, errors = working(fns)

@@ -84,7 +84,8 @@ def _split(points: Sequence[PointResult], fields: Sequence[str],
             groups.append(([v], inner))
     out: list[Cell] = []
     for i, (vals, cells) in enumerate(groups):
-        bound = () if i == len(groups) - 1 else (Condition(field=field, op="le", value=cut(vals[-1], groups[i + 1][0][0])),)
+        last = i == len(groups) - 1
+        bound = () if last else (Condition(field=field, op="le", value=cut(vals[-1], groups[i + 1][0][0])),)
         out += [Cell(bound + c.when, c.points) for c in cells]
     return out
 
@@ -176,10 +177,12 @@ def plan_rows(points: Sequence[PointResult], provider: str, op: OpName = "moe_ex
         for cell in _split(members, PLAN_ORDERED.get(op, ORDERED[op]), lambda ps: _best_plan(ps, provider)):
             variant, tile, align = _best_plan(cell.points, provider)
             n += 1
+            shown = cell.points[:3]
+            best = [min(r.ms["p50"] for r in p.plans if r.provider == provider
+                        and plan_key(r.plan) == (variant, tile, align)) for p in shown]
             times = "; ".join(
-                f"{p.id}: {min(r.ms['p50'] for r in p.plans if r.provider == provider and plan_key(r.plan) == (variant, tile, align)):.4g} ms "
-                f"of {sum(r.provider == provider for r in p.plans)} plans timed"
-                for p in cell.points[:3]
+                f"{p.id}: {ms:.4g} ms of {sum(r.provider == provider for r in p.plans)} plans timed"
+                for p, ms in zip(shown, best, strict=True)
             )
             out.append(PlanRow(
                 op=op, provider=provider, id=f"tune-{op}-{provider}-{n}", when=when + cell.when,

@@ -49,7 +49,8 @@ class Session:
             if data.get("format") != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
             if data.get("device") != _device(self.device):
-                self.note = f"{self.path} was measured on {data.get('device')}, not on this {self.device}: starting afresh"
+                self.note = (f"{self.path} was measured on {data.get('device')}, not on this {self.device}: "
+                             "starting afresh")
                 return
             results = [PointResult.model_validate(p) for p in data["points"]]
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:

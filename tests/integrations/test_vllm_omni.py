@@ -44,8 +44,9 @@ def _mod(name: str) -> ModuleType:
 @pytest.fixture(autouse=True)
 def _mhc_swap_on() -> Iterator[None]:
     """On a CPU the mHC swap is left out unless asked for (MAGI2_VLLM_OMNI_MHC=auto: the reference serves
-    it here); these tests ask for it and check it with the others, except where a test sets the variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
-    teardown after the ``vllm_omni`` fixture's.)"""
+    it here); these tests ask for it and check it with the others, except where a test sets the
+    variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch teardown after
+    the ``vllm_omni`` fixture's.)"""
     before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
     os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
     yield
@@ -76,8 +77,10 @@ def test_the_mhc_swap_is_automatic_where_the_fused_provider_serves(
     from magi2_core.integrations.vllm_omni import plugin
 
     real = plugin._describe_provider
-    monkeypatch.setattr(plugin, "_describe_provider",
-                        lambda op, mod: ("triton here", ("triton", "triton")) if op == "mhc" else real(op, mod))  # fmt: skip
+    def served(op: str, mod: ModuleType) -> tuple[str, tuple[str | None, ...]]:
+        return ("triton here", ("triton", "triton")) if op == "mhc" else real(op, mod)
+
+    monkeypatch.setattr(plugin, "_describe_provider", served)
     monkeypatch.setenv("MAGI2_VLLM_OMNI_MHC", "auto")
     integ.register()
     assert _swapped(_mod("modeling_magi2"))["mhc"] is True
@@ -202,7 +205,8 @@ def test_plugin_swaps_the_four_operators(
     # attention: vllm-omni's Ulysses wrapper looks the function up on every call, in every layer
     calls: list[int] = []
     original = integ.attention.varlen_attention_with_sink
-    monkeypatch.setattr(integ.attention, "varlen_attention_with_sink", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(integ.attention, "varlen_attention_with_sink",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     model.load_state_dict(_random_checkpoint(model))
     assert torch.isfinite(_run_model(model, model.config)).all()
     assert len(calls) == model.config.num_layers
@@ -604,7 +608,8 @@ def _assert_bf16_moe(got: torch.Tensor, theirs: torch.Tensor, exact: torch.Tenso
     def err(y: torch.Tensor) -> float:
         return float((y.double() - exact).norm() / exact.norm())
 
-    assert err(got) <= err(theirs) and err(got) < 1e-2, f"relative L2 error {err(got):.2e}, vllm-omni's {err(theirs):.2e}"
+    assert err(got) <= err(theirs) and err(got) < 1e-2, (
+        f"relative L2 error {err(got):.2e}, vllm-omni's {err(theirs):.2e}")
     if unit_scale:
         torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=2e-2)
 
@@ -657,7 +662,8 @@ def test_rmsnorm_matches_upstream(
     weight = torch.randn(upstream.weight.shape) * 0.2
     upstream.weight.copy_(weight)
     ours.weight.copy_(weight)
-    dispatcher = layers.ModalityDispatcher(torch.tensor([0, 0, 1, 2, 2, 2, 1, 0, 2, 1, 1]).sort().values % modalities, 3)
+    modality = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0, 2, 1, 1]).sort().values % modalities
+    dispatcher = layers.ModalityDispatcher(modality, 3)
     x = torch.randn(11, *((patterns,) if patterns > 1 else ()), 32, dtype=torch.float64)[..., :32].to(dtype)
     got, want = ours(x, dispatcher), upstream(x, dispatcher)
     assert got.dtype == want.dtype

@@ -252,8 +252,10 @@ def _offload(model: nn.Module) -> Any:
     backend_mod = _mod("vllm_omni.diffusion.offloader.layerwise_backend")
     base = _mod("vllm_omni.diffusion.offloader.base")
     strategy = _mod("vllm_omni.diffusion.offloader.config").OffloadStrategy.LAYER_WISE
-    pipeline = type("Pipeline", (_Pipeline, _mod("vllm_omni.diffusion.models.interface").SupportsComponentDiscovery), {})
-    backend = backend_mod.LayerWiseOffloadBackend(base.OffloadConfig(strategy, pin_cpu_memory=False), torch.device("cpu"))
+    discovery = _mod("vllm_omni.diffusion.models.interface").SupportsComponentDiscovery
+    pipeline = type("Pipeline", (_Pipeline, discovery), {})
+    backend = backend_mod.LayerWiseOffloadBackend(base.OffloadConfig(strategy, pin_cpu_memory=False),
+                                                  torch.device("cpu"))
     backend.enable(pipeline(model))
     assert backend.enabled and len(backend._dit_hooks) == len(model.block.layers)
     return backend

@@ -37,7 +37,8 @@ D = 64
 SCALE = D**-0.5
 
 
-def _build(kind: str = "fa3-fwd", module: str = "fake_fa3_fwd_interface", ns: str = "fa3_fwd", **flags: bool) -> FoundBuild:
+def _build(kind: str = "fa3-fwd", module: str = "fake_fa3_fwd_interface", ns: str = "fa3_fwd",
+           **flags: bool) -> FoundBuild:
     dist = {"fa3-fwd": "fa3-fwd", "flash_attn_3": "flash_attn_3", "tokenspeed-fa3": "tokenspeed-fa3"}.get(kind)
     return FoundBuild(kind, (module,), ns, dist, "9.9.9",  # type: ignore[arg-type]
                       {f"FLASHATTENTION_DISABLE_{k}": v for k, v in flags.items()})

@@ -52,7 +52,8 @@ SCALE = D**-0.5
 INF = math.inf
 
 
-def _provider(monkeypatch: pytest.MonkeyPatch, fake: FakeFA4 | None, cc: tuple[int, int] | None = (9, 0)) -> FA4Attention:
+def _provider(monkeypatch: pytest.MonkeyPatch, fake: FakeFA4 | None,
+              cc: tuple[int, int] | None = (9, 0)) -> FA4Attention:
     module = install(monkeypatch, fake)
     return FA4Attention(loader=lambda: load_fa4(module, INSTALL), correction=lambda: torch_correction("test"),
                         capability=lambda *_: cc)

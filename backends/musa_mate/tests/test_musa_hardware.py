@@ -122,7 +122,8 @@ def test_real_musa_mate_matches_sink_oracle_across_tiles(musa: str, dtype: torch
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_musa_gqa_lse_parity(musa: str, dtype: torch.dtype) -> None:
-    """q[5,2,64] / k[7,1,64] (GQA 2:1), output and LSE against the reference (operators.md §2.9; upstream #7249's GPU parity case)."""
+    """q[5,2,64] / k[7,1,64] (GQA 2:1), output and LSE against the reference (operators.md §2.9; upstream
+    #7249's GPU parity case)."""
     g = torch.Generator().manual_seed(29)
     q = torch.randn(5, 2, 64, generator=g).to(dtype)
     k = torch.randn(7, 1, 64, generator=g).to(dtype)

@@ -169,7 +169,8 @@ def test_malformed_results_raise(world: MusaWorld) -> None:
     mate, _ = _bound(world, "v0.2.2", result=lambda kw: kw["q"].clone())
     with pytest.raises(RuntimeError, match="not \\(out, lse\\)"):
         _call(mate, return_lse=True)
-    mate = MateVarlen.bind(FakeVarlen("v0.2.2", result=lambda kw: kw["q"][:, :2].clone()), "mate.mha_interface", "0.2.2")
+    mate = MateVarlen.bind(FakeVarlen("v0.2.2", result=lambda kw: kw["q"][:, :2].clone()), "mate.mha_interface",
+                           "0.2.2")
     with pytest.raises(RuntimeError, match="expected \\[9, 4, 64\\]"):
         _call(mate, return_lse=False)
 

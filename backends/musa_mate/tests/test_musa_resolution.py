@@ -29,9 +29,9 @@ class _CudaOnly:
     """A CUDA-only vendor backend ranked above MATE: it must never serve a MUSA problem."""
 
     def magi2_backend(self) -> BackendSpec:
-        cap = Capability(op="attention", name="cuda_vendor", impl="magi2_backend_reference.attention:reference_attention",
-                         device_types=("cuda",), dtypes=("bfloat16", "float16"), priority=40,
-                         features=frozenset(Feature))
+        cap = Capability(op="attention", name="cuda_vendor",
+                         impl="magi2_backend_reference.attention:reference_attention", device_types=("cuda",),
+                         dtypes=("bfloat16", "float16"), priority=40, features=frozenset(Feature))
         return BackendSpec(name="test-cuda-only", version="0", core_api=">=2.0,<3", providers=(cap,))
 
 
@@ -87,7 +87,8 @@ def test_rule_is_data_with_provenance() -> None:
     assert rule in mate_plugin.MATE_ATTENTION.rules
     assert rule.provenance.kind == "upstream" and rule.provenance.source == "vllm-project/vllm-omni#7307"
     assert [(c.field, c.op, c.value) for c in rule.when] == [("max_seqlen_q", "lt", 32)]
-    assert rule.reason == "MATE fast-exp2 error accumulates over many tiny layers; the exact reference serves short sequences"
+    assert rule.reason == ("MATE fast-exp2 error accumulates over many tiny layers; "
+                           "the exact reference serves short sequences")
     cap = mate_plugin.MATE_ATTENTION
     assert (cap.name, cap.priority, cap.device_types) == ("mate", 30, ("musa",))
     assert cap.dtypes == ("bfloat16", "float16")

@@ -179,10 +179,11 @@ def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(o
 
 
 def test_a_device_matches_its_named_fragment_by_name_and_capability_else_the_generic_rows() -> None:
-    names = {label: mp.fragment_for(dev, mp.shipped_fragments()).name for label, dev in {**DEVICES, "h100": H100}.items()}
-    assert names == {"h200": "nvidia-h200", "h100": "nvidia-h100", "h20": "generic-cuda-sm90", "h200-other-capability": "generic-cuda-sm90",
-                     "a100": "generic-cuda", "cuda-unknown": "generic-cuda", "musa": "generic-musa",
-                     "cpu": "generic-cpu"}
+    devices = {**DEVICES, "h100": H100}
+    names = {label: mp.fragment_for(dev, mp.shipped_fragments()).name for label, dev in devices.items()}
+    assert names == {"h200": "nvidia-h200", "h100": "nvidia-h100", "h20": "generic-cuda-sm90",
+                     "h200-other-capability": "generic-cuda-sm90", "a100": "generic-cuda",
+                     "cuda-unknown": "generic-cuda", "musa": "generic-musa", "cpu": "generic-cpu"}
     _, measured = mp.rows_for(H200)
     _, generic = mp.rows_for(H20)
     assert "measured on this device model" in measured and "magi2 tune" not in measured
@@ -229,11 +230,12 @@ def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter
         ],
     })  # fmt: skip
     rows, source = mp.rows_for(H200)
-    assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(mp.fragment_for(H200, mp.shipped_fragments()).rows)
+    shipped = mp.fragment_for(H200, mp.shipped_fragments())
+    assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(shipped.rows)
     assert "profile tuned-nvidia-h200 (env: " in source and "rows 1-1, then profile nvidia-h200" in source
     plan = mp.plan_for(_h200_problem(512), H200, rows, source)[0]  # 12 routes per expert: the tuned row
-    assert (plan.variant, plan.align, plan.tile) == ("two_kernel", "atomic", tile) != (shipped_512.variant,
-                                                                                     shipped_512.align, shipped_512.tile)
+    shipped = (shipped_512.variant, shipped_512.align, shipped_512.tile)
+    assert (plan.variant, plan.align, plan.tile) == ("two_kernel", "atomic", tile) != shipped
     assert "row 1 (dtype == 'bfloat16' and routes_per_expert <= 100): measured fastest here" in plan.why
     # 343 routes per expert: no tuned row matches, the shipped rows decide as before
     assert mp.plan_for(_h200_problem(14601), H200, rows, source)[0].describe() == shipped_14601.describe()
@@ -332,7 +334,8 @@ def test_the_h200_production_plans(
         assert "route lists need" in plan.why and "atomic kernels are faster" in plan.why
 
 
-def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     off_interpreter(False, True, True)
     monkeypatch.setattr(mp, "LIST_BUDGET", 4 * 768 * 512 * 6 - 1)  # one byte short at T = 512, 3 heads
     plan, _ = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))

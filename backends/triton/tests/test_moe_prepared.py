@@ -308,7 +308,8 @@ def test_stable_alignment_keeps_route_order_inside_each_expert(ids: list[int]) -
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_fp16_and_fp32_are_served_by_triton_at_the_contract(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+def test_fp16_and_fp32_are_served_by_triton_at_the_contract(monkeypatch: pytest.MonkeyPatch,
+                                                            dtype: torch.dtype) -> None:
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 4, 32, 48, 3, dtype=dtype, seed=8)
     calls = _counting(monkeypatch)
     y = m2.moe_experts(x, probs, idx, m2.prepare_moe_weights(wg, wu, wd))

@@ -52,7 +52,8 @@ def _opts(**kw: object) -> dict[str, object]:
     return {"top_k": 6, "route_scale": 4.9, "route_norm": True, "score_func": "sigmoid"} | kw
 
 
-def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object) -> tuple[tuple[torch.Tensor, ...], ...]:
+def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+          **kw: object) -> tuple[tuple[torch.Tensor, ...], ...]:
     opts = _opts(**kw)
     return triton_moe_route(call_record("moe_route", x, w, b, **opts)), exact_moe_route(x, w, b, **opts)  # type: ignore[arg-type]
 

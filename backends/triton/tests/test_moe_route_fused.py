@@ -126,7 +126,8 @@ LAST_TERM = [
 ]
 
 
-@pytest.mark.parametrize(("dtype", "x0", "w_a", "c"), LAST_TERM, ids=lambda v: str(v) if isinstance(v, torch.dtype) else "")
+@pytest.mark.parametrize(("dtype", "x0", "w_a", "c"), LAST_TERM,
+                         ids=lambda v: str(v) if isinstance(v, torch.dtype) else "")
 def test_every_bit_of_weight_and_activation_counts(dtype: torch.dtype, x0: float, w_a: float, c: float) -> None:
     """FP32-exact products: a near-tie the contract leaves free, that only an exact split decides."""
     e, d = 4, 16

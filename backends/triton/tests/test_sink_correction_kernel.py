@@ -138,7 +138,8 @@ def test_denormal_scales_are_not_flushed(rescale: str) -> None:
 @pytest.mark.parametrize("rescale", ["fp32", "activation"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_non_finite_rules(rescale: str, dtype: torch.dtype) -> None:
-    """The non-finite edge cases of operators.md §2.3, bit for bit: every one of them forces the scale to exactly 0 or 1."""
+    """The non-finite edge cases of operators.md §2.3, bit for bit: every one of them forces the scale to
+    exactly 0 or 1."""
     h = 6
     o, lse, _ = make_inputs(5, 4, h, 128, 1, dtype)
     # Head 0..5 sinks: finite, finite, +inf, -inf, finite, -inf.

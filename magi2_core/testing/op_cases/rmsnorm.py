@@ -44,8 +44,8 @@ class RMSNormCases(OpCases):
                     params = {"flat": False, "eps": 1e-6, "weight_dtype": "float32", "out_dtype": out} | layout
                     label = name + ("" if out is None else f"-out-{out}")
                     yield make_case(OP, cap, device, dtype, label, params)
-            yield make_case(OP, cap, device, dtype, "weight-in-x-dtype-eps1e-5",
-                            {"flat": False, "eps": 1e-5, "weight_dtype": dtype, "out_dtype": None} | _NORM_LAYOUTS["2d"])
+            params = {"flat": False, "eps": 1e-5, "weight_dtype": dtype, "out_dtype": None} | _NORM_LAYOUTS["2d"]
+            yield make_case(OP, cap, device, dtype, "weight-in-x-dtype-eps1e-5", params)
 
     def case_problem(self, case: Case) -> Problem:
         p = case.p

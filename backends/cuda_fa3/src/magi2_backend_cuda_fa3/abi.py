@@ -65,7 +65,9 @@ class LoadResult:
     attempts: tuple[str, ...]  # why each earlier candidate was not used
 
     def why_none(self) -> str:
-        return "; ".join(self.attempts) if self.attempts else "no FA3 build installed (fa3-fwd, flash_attn_3, tokenspeed-fa3)"
+        if self.attempts:
+            return "; ".join(self.attempts)
+        return "no FA3 build installed (fa3-fwd, flash_attn_3, tokenspeed-fa3)"
 
 
 def _inspect(build: FoundBuild, module: str, varlen: Callable[..., Any]) -> FA3Abi | str:

@@ -53,7 +53,7 @@ def reference_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, tor
     t, n, d = x.shape
     logits = mhc_logits(x, call.norm_weight, call.phi, call.eps, call.modality_sizes)
     s = 1.0 / math.sqrt(n * d)
-    l_pre, l_post, l_res = torch.split(logits, (n, n, n * n), dim=-1)
+    l_pre, l_post, l_res = torch.split(logits, [n, n, n * n], dim=-1)
     c = torch.sigmoid(call.alpha_pre.double().reshape(()) * s * l_pre + call.bias_pre.double())
     c = c.to(x.dtype).double()  # upstream casts the coefficients to the streams' dtype before the sum
     h = (c.unsqueeze(-1) * x.double()).sum(dim=1).to(x.dtype)

@@ -25,7 +25,7 @@ def torch_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.T
     scale = call.norm_weight + 1.0
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
     normed = torch.cat([part * scale[m] for m, part in enumerate(torch.split(normed, sizes, dim=0))], dim=0)
-    l_pre, l_post, l_res = torch.split(normed @ call.phi, (n, n, n * n), dim=-1)
+    l_pre, l_post, l_res = torch.split(normed @ call.phi, [n, n, n * n], dim=-1)
     s = 1.0 / math.sqrt(n * d)
     c = torch.sigmoid(call.alpha_pre * s * l_pre + call.bias_pre.unsqueeze(0))
     h = torch.einsum("tn,tnc->tc", c.to(x.dtype), x)

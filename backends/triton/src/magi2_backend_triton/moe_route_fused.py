@@ -54,8 +54,8 @@ from magi2_core.backend import CheckedOn, Problem, Reason, ScoreFunc, VirtualDev
 if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
 
-__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config", "fused_route",
-           "router_planes", "triton_fused_moe_route"]
+__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config",
+           "fused_route", "router_planes", "triton_fused_moe_route"]
 
 
 class RouteConfig(NamedTuple):

@@ -24,7 +24,8 @@ from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, Vir
 if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
-__all__ = ["TritonMHC", "TritonMoEExperts", "TritonRMSNorm", "triton_mhc_mix", "triton_mhc_pre", "described_reasons", "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
+__all__ = ["TritonMHC", "TritonMoEExperts", "TritonRMSNorm", "triton_mhc_mix", "triton_mhc_pre", "described_reasons",
+           "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
 
 
 def device_reasons(device_type: str) -> list[Reason]:

@@ -65,7 +65,8 @@ def sort_chunk(capacity: int) -> int:
     """Routes per program of `align_routes_device_stable`: a power of two, at least 1024 and at least
     capacity / 512, so at most 512 programs sort their chunks (one scan tile covers them) and the
     per-chunk counts stay small (cdiv(capacity, chunk) x F int32)."""
-    return max(1024, triton.next_power_of_2(-(-capacity // 512)))
+    covering: int = triton.next_power_of_2(-(-capacity // 512))
+    return max(1024, covering)
 
 
 def flat_route_experts(idx: Tensor, num_local_experts: int) -> Tensor:
@@ -326,8 +327,8 @@ def align_routes_device_stable(idx: Tensor, num_local_experts: int, buffers: Rou
     )
     if num_routes > 0:
         _stable_scatter_kernel[(num_chunks,)](
-            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk, num_local_experts,
-            num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
+            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk,
+            num_local_experts, num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
         )  # fmt: skip
     return buffers
 

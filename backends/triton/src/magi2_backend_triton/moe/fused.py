@@ -205,7 +205,8 @@ def run_plan(
     problem = call_problem(x, idx, w_gate, deterministic)
     reason = plan_reason(plan, problem, device_id(x.device.type, x.device.index))
     if reason is not None:
-        raise InvalidValueError("moe_experts", "plan", "a plan that can run this call here", f"{plan.describe()} ({reason})")
+        raise InvalidValueError("moe_experts", "plan", "a plan that can run this call here",
+                                f"{plan.describe()} ({reason})")
     return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, plan=plan, deterministic=deterministic).y
 
 
@@ -305,7 +306,8 @@ def run_fused(
         assert single is not None and w13 is not None
         launch_gluon = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
         # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
-        launch_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=launch.align != "stable_torch")
+        launch_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single,
+                     pdl=launch.align != "stable_torch")
     elif variant == "tma":
         assert single is not None and w13 is not None
         launch_fused_tma(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, upcast=upcast, rne=rne)

@@ -41,7 +41,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -64,10 +64,10 @@ from .tiles import ONE_KERNEL, Alignment, Launch, Variant, launch_of
 from .tma import tma_device_reason
 
 __all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", "PlanRow", "alignment_for",
-           "candidates_for", "choose_alignment", "described_id", "device_id", "fragment_for", "load_fragment", "plan_for",
-           "plan_reason", "problem_of", "rows_for", "shipped_fragments", "variant_reason", "without_bank"]
+           "candidates_for", "choose_alignment", "described_id", "device_id", "fragment_for", "load_fragment",
+           "plan_for", "plan_reason", "problem_of", "rows_for", "shipped_fragments", "variant_reason", "without_bank"]
 
-OP = "moe_experts"
+OP: Final = "moe_experts"
 PROVIDER = "triton"
 log = logging.getLogger("magi2_backend_triton")
 
@@ -186,8 +186,8 @@ def fragment_for(device: DeviceId, fragments: Sequence[Fragment]) -> Fragment:
     for frag in fragments:
         if frag.matches(device):
             return frag
-    raise InvalidValueError(OP, "device", f"a device type with plan rows ({', '.join(sorted({f.device_type for f in fragments}))})",
-                            str(device))
+    types = ", ".join(sorted({f.device_type for f in fragments}))
+    raise InvalidValueError(OP, "device", f"a device type with plan rows ({types})", str(device))
 
 
 def _fragment_rows(device: DeviceId, generic: bool) -> tuple[tuple[PlanRow, ...], str]:
@@ -289,7 +289,8 @@ def alignment_for(row_align: RowAlign, problem: Problem, device: DeviceId) -> tu
         if got == "stable_kernels":
             return got, ""
         if _kernels_align(device):
-            return got, f"align atomic: {flat} flat experts > {STABLE_KERNELS_MAX_EXPERTS}, where the atomic kernels are faster"
+            return got, (f"align atomic: {flat} flat experts > {STABLE_KERNELS_MAX_EXPERTS}, "
+                         "where the atomic kernels are faster")
         stable = "; deterministic mode needs a stable route order" if det else ""
         return got, f"align {got}: the stable alignment kernels run on CUDA outside the interpreter only{stable}"
     if row_align == "atomic" and det:

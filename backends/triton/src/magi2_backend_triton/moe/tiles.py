@@ -105,8 +105,8 @@ def launch_of(plan: Plan) -> Launch:
         raise _bad("variant", f"one of {', '.join(VARIANTS)}", plan.variant)
     if plan.align not in ALIGNMENTS:
         raise _bad("align", f"one of {', '.join(ALIGNMENTS)}", plan.align)
-    variant: Variant = plan.variant  # type: ignore[assignment]  # checked above
-    align: Alignment = plan.align  # type: ignore[assignment]
+    variant: Variant = plan.variant  # narrowed to the vocabulary by the checks above
+    align: Alignment = plan.align
     if (align == "lists") != (variant == "gluon_routed"):
         raise _bad("align", "'lists' with gluon_routed, and only there", f"{align} with {variant}")
     tile = plan.tile
