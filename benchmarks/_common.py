@@ -3,25 +3,37 @@
 The timing harness is ``magi2_core.timing``, the one ``magi2 tune`` uses (warm-up, rotating
 alternation, an L2 flush before every call, one pair of device events per call, nearest-rank
 p10/p50/p90): its names are re-exported here. This module adds the loop timing (back-to-back calls),
-CUDA-graph capture and the environment record of a result file.
+CUDA-graph capture, the environment record of a result file and the device's ceilings.
+
+Ceilings: every fraction a benchmark reports ("0.82 of copy", "of the matmul ceiling") divides by the
+ceilings of the device it ran on, measured in the same process by :func:`measure_ceilings` (a copy far
+larger than the L2, and a large square BF16 GEMM, timed by the same harness) and recorded in its result
+file as ``"ceilings": {"copy_tb_s", "matmul_tflops", "how"}``, beside the device's name.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from magi2_core.timing import FLUSH_BYTES, flush_l2, measure, percentile, stats, time_alternating
+from magi2_core.timing import FLUSH_BYTES, Timer, flush_l2, measure, percentile, stats, time_alternating
 
-__all__ = ["FLUSH_BYTES", "env_record", "flush_l2", "git_commit", "graphed", "measure", "percentile", "stats",
+__all__ = ["COPY_BYTES", "FLUSH_BYTES", "MATMUL_N", "Ceilings", "env_record", "flush_l2", "git_commit", "graphed",
+           "measure", "measure_ceilings", "measure_copy_tbs", "measure_matmul_tflops", "percentile", "stats",
            "time_alternating", "time_loop"]
+
+COPY_BYTES = 2 * 1024**3  # read + written by one copy of a 1 GiB buffer: far larger than any GPU's L2
+MATMUL_N = 8192  # a square BF16 GEMM this size runs at the device's dense matmul rate
+CEILING_ITERS = 10
 
 
 def _synchronize(device: str) -> None:
@@ -103,3 +115,55 @@ def env_record(device: str = "cuda") -> dict[str, Any]:
     if device != "cpu":
         rec["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
     return rec
+
+
+def measure_copy_tbs(
+    nbytes: int = COPY_BYTES, iters: int = CEILING_ITERS, *, device: str = "cuda", timer: Timer | None = None
+) -> float:
+    """Device-to-device copy bandwidth, TB/s: ``nbytes`` (read + written: a buffer of ``nbytes / 2``
+    copied) over the p50 of ``iters`` calls of the timing harness."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_alternating({"copy": lambda: dst.copy_(src)}, iters, device=device, timer=timer)["copy"]
+    return nbytes / (stats(ms)["p50"] * 1e-3) / 1e12
+
+
+def measure_matmul_tflops(
+    n: int = MATMUL_N, iters: int = CEILING_ITERS, *, device: str = "cuda", timer: Timer | None = None
+) -> float:
+    """Dense BF16 matmul rate, TFLOP/s: an ``n x n`` by ``n x n`` product (2·n³ FLOP) into a preallocated
+    output, over the p50 of ``iters`` calls of the timing harness."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty_like(a)
+    ms = time_alternating({"matmul": lambda: torch.mm(a, b, out=c)}, iters, device=device, timer=timer)["matmul"]
+    return 2.0 * n**3 / (stats(ms)["p50"] * 1e-3) / 1e12
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """This device's copy bandwidth and dense BF16 matmul rate, measured in the run whose fractions divide by them."""
+
+    copy_tb_s: float
+    matmul_tflops: float
+    how: str
+
+    def record(self) -> dict[str, float | str]:
+        """The result file's ``"ceilings"`` entry."""
+        return {"copy_tb_s": self.copy_tb_s, "matmul_tflops": self.matmul_tflops, "how": self.how}
+
+
+@functools.cache
+def measure_ceilings(device: str = "cuda") -> Ceilings:
+    """The ceilings of the CUDA device ``device``, measured once per process (later calls return the same
+    record). A benchmark's dry run on the CPU has no device ceilings: it records none and reports no
+    fractions, and asking for them there is an error."""
+    if not device.startswith("cuda"):
+        raise ValueError(f"measure_ceilings: {device!r} is not a CUDA device; the ceilings are a GPU's copy and "
+                         "matmul rates (a dry run on the CPU records no ceilings: pass None where they go)")
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_ceilings: no CUDA device here (torch.cuda.is_available() is False); run the "
+                           "benchmark on the GPU whose ceilings its fractions divide by")
+    how = (f"copy: {COPY_BYTES / 2**30:g} GiB read + written by one device-to-device copy, over the p50 of "
+           f"{CEILING_ITERS} calls; matmul: {MATMUL_N}^3 BF16 torch.mm, 2*{MATMUL_N}^3 FLOP over the p50 of "
+           f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.timing)")
+    return Ceilings(measure_copy_tbs(device=device), measure_matmul_tflops(device=device), how)

@@ -9,7 +9,8 @@ Two timings per variant, calls alternating between variants in the same run:
   the timed region). The flush also lets the host run ahead, so this is close to GPU time.
 * ``loop``: events around ``LOOP`` back-to-back calls, divided by ``LOOP``: the steady per-call cost
   of an eager model, host overhead included when the host is the bottleneck (tiny problems).
-TFLOP/s counts 4·Lq·Lk·H·D per segment; the ceiling is the measured 679 TFLOP/s bf16 matmul.
+TFLOP/s counts 4·Lq·Lk·H·D per segment; its fraction is of this device's dense BF16 matmul rate,
+measured in the same run (``_common.measure_ceilings``, the file's "ceilings").
 
     PYTHONPATH=... python -m benchmarks.attention --out results.json [--quick]
 """
@@ -25,13 +26,12 @@ from typing import Any
 import torch
 
 import magi2_core as m2
-from benchmarks._common import env_record, stats, time_alternating, time_loop
+from benchmarks._common import Ceilings, env_record, measure_ceilings, stats, time_alternating, time_loop
 from magi2_core.registry import get_registry
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 
 H, D = 24, 128
-MATMUL_TFLOPS = 679.0  # H200 bf16 matmul ceiling, measured on one H200 on 2026-11-30
 LOOP = 20
 LONG = {"32768": [32768], "8192x4": [8192] * 4, "14601x2": [14601] * 2}
 SHORT = {
@@ -74,7 +74,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool) -> dict[str, Any]:
+def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool, ceilings: Ceilings) -> dict[str, Any]:
     from magi2_backend_cuda_fa3.provider import FA3Attention, fa3_attention
 
     from magi2_core.sink_correction.choice import torch_correction
@@ -142,7 +142,7 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, nosink: bool)
         "event_ms": {n: stats(v) for n, v in ev.items()}, "loop_ms": {n: stats(v) for n, v in lp.items()},
     }  # fmt: skip
     out["tflops_event_p50"] = {n: f / (s["p50"] * 1e-3) / 1e12 for n, s in out["event_ms"].items()}
-    out["fraction_of_679"] = {n: x / MATMUL_TFLOPS for n, x in out["tflops_event_p50"].items()}
+    out["fraction_of_matmul_ceiling"] = {n: x / ceilings.matmul_tflops for n, x in out["tflops_event_p50"].items()}
     # resolved vs the fastest provider through the same public API (same validation/dispatch cost)
     for mode in ("sink", "nosink") if nosink else ("sink",):
         for timing in ("event_ms", "loop_ms"):
@@ -164,8 +164,10 @@ def main() -> None:
     from magi2_core.profiles import active_profile
 
     t0 = time.time()
+    ceilings = measure_ceilings()
     results: dict[str, Any] = {
         **env_record(),
+        "ceilings": ceilings.record(),
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
         "sink_correction": fa3_attention.sink_correction.name,
         "sink_correction_detail": fa3_attention.sink_correction.detail,
@@ -175,14 +177,16 @@ def main() -> None:
         "dtype": "bfloat16", "loop_calls": LOOP, "long": {}, "short": {},
     }  # fmt: skip
     for i, (name, lengths) in enumerate(LONG.items()):
-        results["long"][name] = case(lengths, 10 if args.quick else 20, 2, seed=100 + i, nosink=False)
+        results["long"][name] = case(lengths, 10 if args.quick else 20, 2, seed=100 + i, nosink=False,
+                                     ceilings=ceilings)
     for i, (name, lengths) in enumerate(SHORT.items()):
         results["short"][name] = case(lengths, 20 if args.quick else 40, 6 if args.quick else 10, seed=200 + i,
-                                      nosink=True)
+                                      nosink=True, ceilings=ceilings)
     results["seconds"] = time.time() - t0
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=1)
-    print(f"device {results['device']}; fa3 {results['fa3_build']}; correction {results['sink_correction']}")
+    print(f"device {results['device']}; fa3 {results['fa3_build']}; correction {results['sink_correction']}; "
+          f"this device's matmul {ceilings.matmul_tflops:.0f} TFLOP/s, measured in this run")
     cols = ("resolved_sink", "api_fa3_sink", "api_torch_varlen_sink", "kernel_fa3_sink", "kernel_fa3_sink_torchfix",
             "raw_fa3", "raw_varlen", "resolved_nosink", "api_fa3_nosink", "api_torch_varlen_nosink")
     for section in ("long", "short"):
@@ -201,8 +205,8 @@ def main() -> None:
         print(f"{name:>9}: " + "; ".join(parts))
     for name, r in results["long"].items():
         tf = r["tflops_event_p50"]
-        print(f"{name}: resolved {tf['resolved_sink']:.0f} TFLOP/s "
-              f"({tf['resolved_sink'] / MATMUL_TFLOPS:.2f} of 679), raw FA3 "
+        frac = r["fraction_of_matmul_ceiling"]["resolved_sink"]
+        print(f"{name}: resolved {tf['resolved_sink']:.0f} TFLOP/s ({frac:.2f} of this device's matmul), raw FA3 "
               f"{tf['raw_fa3']:.0f}; resolved/raw {tf['resolved_sink'] / tf['raw_fa3']:.3f}; rel-L2 "
               f"{r['resolved_vs_fa3_plus_reference_correction_rel_l2']:.2e}")
 

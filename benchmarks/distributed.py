@@ -9,7 +9,9 @@ step. The one-GPU baseline runs the whole layer (all heads, all tokens) on rank 
 calls alternate, a 256 MiB buffer is zeroed before each call (L2 flush, outside the timed region),
 and the ranks meet at a barrier before each EP call. Token counts are passed in (no size exchange
 in the timed path). Correctness: every rank compares its EP output with the one-GPU output of the
-same resolved providers (rel-L2, max |diff|, bit-equality).
+same resolved providers (rel-L2, max |diff|, bit-equality). Each rank measures its GPU's ceilings first
+(``_common.measure_ceilings``); the compute stage's fraction of the matmul ceiling divides by rank 0's,
+recorded as the file's "ceilings" (every rank's under "ceilings_per_rank"; none on the CPU).
 
     # 2 GPUs (NCCL; NVLink multicast stays off):
     python -m benchmarks.distributed --out benchmarks/results/distributed_h200x2.json
@@ -35,13 +37,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks._common import git_commit, stats
+from benchmarks._common import git_commit, measure_ceilings, stats
 
 # NVLink multicast off: on a host whose GPUs other jobs share, a multicast fault can take them all down, so this
 # benchmark never uses it (forced, not defaulted).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on one H200 on 2026-11-30
-MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def worker(rank: int, world: int, store: str, args: argparse.Namespace) -> None:
         ensure_backends()
         shapes = TINY if args.tiny else PRODUCTION
         clock = Clock(dev)
-        per_rank: dict[str, Any] = {}
+        per_rank: dict[str, Any] = {"ceilings": measure_ceilings(str(dev)).record() if dev.type == "cuda" else None}
         for layer, fn in (("ep_moe", bench_moe), ("ulysses_attention", bench_attention)):
             if layer in args.layers:
                 per_rank[layer] = fn(rank, world, shapes, dev, clock, args.warmup, args.iters)
@@ -294,11 +294,14 @@ def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, r
         "torch": torch.__version__, "triton": triton_version, "commit": git_commit(),
         "env": {k: os.environ.get(k) for k in SAFE_ENV}, "warmup": args.warmup, "iters": args.iters,
         "shapes": s.__dict__, "layers": {},
+        "ceilings": ranks[0]["ceilings"], "ceilings_per_rank": [r["ceilings"] for r in ranks],
     }
+    matmul = doc["ceilings"]["matmul_tflops"] if doc["ceilings"] else None
     rows = []
     for layer in args.layers:
         per = [r[layer] for r in ranks]
         stage_p50 = {st: max(p["stages_ms"][st]["p50"] for p in per) for st in per[0]["stages_ms"]}
+        compute_tflops = max(p["flops_ep_rank"] for p in per) / (stage_p50["compute"] * 1e9)
         one = per[0]["one_gpu_ms"]["p50"]
         a2a = stage_p50["a2a_in"] + stage_p50["a2a_out"]
         sent = max(p["a2a_bytes_sent_per_direction"] for p in per)
@@ -309,11 +312,11 @@ def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, r
             "speedup_vs_one_gpu": one / stage_p50["total"],
             "a2a_share_of_total": a2a / stage_p50["total"],
             "a2a_in_GBps": sent / (stage_p50["a2a_in"] * 1e6),
-            "compute_tflops_rank": max(p["flops_ep_rank"] for p in per) / (stage_p50["compute"] * 1e9),
+            "compute_tflops_rank": compute_tflops,
             "one_gpu_tflops": per[0]["flops_one_gpu"] / (one * 1e9),
-            "compute_fraction_of_matmul_ceiling":
-                max(p["flops_ep_rank"] for p in per) / (stage_p50["compute"] * 1e9) / MATMUL_TFLOPS,
         }
+        if matmul:
+            doc["layers"][layer]["compute_fraction_of_matmul_ceiling"] = compute_tflops / matmul
         rows.append((layer, stage_p50, one, per))
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)
@@ -324,6 +327,10 @@ def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, r
         c = per[0]["check_vs_one_gpu"]
         print(f"{layer:18} {st['a2a_in']:8.3f} {st['compute']:8.3f} {st['a2a_out']:8.3f} {st['total']:8.3f} "
               f"{one:8.3f} {one / st['total']:8.2f}  {c['rel_l2']:.2e} / {c['bit_equal']}  {per[0]['providers']}")
+    if matmul:
+        print("compute stage at " + ", ".join(
+            f"{layer} {doc['layers'][layer]['compute_fraction_of_matmul_ceiling']:.2f}" for layer, *_ in rows)
+            + f" of this device's matmul ({matmul:.0f} TFLOP/s, measured on rank 0 in this run)")
     print(f"wrote {args.out}")
 
 

@@ -13,8 +13,9 @@ vllm-omni's pipeline compiles (``fullgraph=True, dynamic=True``: its native path
 each after an L2 flush, timed with CUDA events (``benchmarks/_common.py``). Bandwidth is reported
 on two byte counts: what the fused design moves (the streams read twice by ``mhc_pre`` and once by
 ``mhc_mix``, the branch input and the new streams written, the branch output read) and the minimum
-(the streams read once by each op). Before timing, the fused outputs are judged against the float64
-reference by the contract's rules (operators.md §5.4).
+(the streams read once by each op), each also as a fraction of this device's copy bandwidth, measured
+in the same run (``_common.measure_ceilings``, recorded under ``env.ceilings``). Before timing, the
+fused outputs are judged against the float64 reference by the contract's rules (operators.md §5.4).
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ import torch
 from magi2_backend_reference.torch_mhc import torch_mhc_mix, torch_mhc_pre
 
 import magi2_core as m2
-from benchmarks._common import env_record, stats, time_alternating
-from benchmarks.rmsnorm import measure_copy_tbs
+from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
 from magi2_core.contracts import acceptance as acc
 from magi2_core.testing import call_record
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
@@ -151,17 +151,22 @@ def main() -> None:
         "--wheel", type=Path, help="vllm-omni 0.30.0 wheel or unpacked directory: its own path as a baseline"
     )
     args = ap.parse_args()
-    info = {**env_record(), "copy_tb_s_measured": measure_copy_tbs()}
+    ceilings = measure_ceilings()
+    info = {**env_record(), "ceilings": ceilings.record()}
     row = bench(args.tokens, args.iters, args.wheel)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"benchmark": "mhc", "env": info, "rows": [row]}, f, indent=2)
-    copy = info["copy_tb_s_measured"]
-    print(f"copy {copy:.2f} TB/s; {row['tokens']} tokens x {STREAMS} x {WIDTH}; " + "; ".join(row["acceptance"]))
+    copy = ceilings.copy_tb_s
+    print(
+        f"this device's copy {copy:.2f} TB/s, measured in this run; {row['tokens']} tokens x {STREAMS} x {WIDTH}; "
+        + "; ".join(row["acceptance"])
+    )
     for name, r in row["results"].items():
         print(
             f"{name:16s} p50 {r['p50_ms']:.3f} ms  {r['tb_s_design_bytes']:.2f} TB/s on the design's bytes "
-            f"({r['tb_s_design_bytes'] / copy:.2f} of copy), {r['tb_s_minimum_bytes'] / copy:.2f} on the minimum"
+            f"({r['tb_s_design_bytes'] / copy:.2f} of this device's copy), {r['tb_s_minimum_bytes'] / copy:.2f} on "
+            "the minimum"
         )
 
 

@@ -8,8 +8,9 @@ precision of its FP32 ``tl.dot`` (``ieee``, ``tf32x3``, or the BF16 streams agai
 folded weight split in three BF16 pieces, ``bf16x3``). Per :class:`magi2_backend_triton.mhc_pre.LogitsConfig`: the whole
 ``mhc_pre`` call's time (CUDA events, the L2 flushed before each call, all configurations
 alternating), its bandwidth on the bytes it must move (the streams read twice, the branch input
-written) as a fraction of the measured copy bandwidth, and its error against the float64 reference:
-the logits' largest error relative to the row's ``|x|·|phi|`` scale, and the verdicts of the contract's
+written) as a fraction of this device's copy bandwidth (measured in the same run,
+``_common.measure_ceilings``, recorded under ``env.ceilings``), and its error against the float64
+reference: the logits' largest error relative to the row's ``|x|·|phi|`` scale, and the verdicts of the contract's
 rules (operators.md §5.4) on the branch input and the coefficients.
 """
 
@@ -26,9 +27,8 @@ import torch
 from magi2_backend_triton import mhc_pre as kernel
 
 import magi2_core as m2
-from benchmarks._common import env_record, stats, time_alternating
+from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
 from benchmarks.mhc import PACK_TOKENS, STREAMS, WIDTH, _sizes
-from benchmarks.rmsnorm import measure_copy_tbs
 from magi2_core.contracts import acceptance as acc
 from magi2_core.testing import call_record
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
@@ -55,7 +55,8 @@ def main() -> None:
     params = tuple(p.cuda() for p in mhc_parameters(g, len(sizes), STREAMS, WIDTH))
     call = call_record("mhc_pre", x, *params, modality_sizes=sizes)
     ref = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="reference")
-    copy = measure_copy_tbs()
+    ceilings = measure_ceilings()
+    copy = ceilings.copy_tb_s
     moved = 2 * x.numel() * 2 + t * WIDTH * 2
 
     rows: list[dict[str, Any]] = []
@@ -84,14 +85,17 @@ def main() -> None:
     rows.sort(key=lambda r: r.get("p50_ms", float("inf")))
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"benchmark": "mhc_sweep", "env": {**env_record(), "copy_tb_s_measured": copy}, "tokens": t,
+        json.dump({"benchmark": "mhc_sweep", "env": {**env_record(), "ceilings": ceilings.record()}, "tokens": t,
                    "default": dataclasses.asdict(kernel.LOGITS), "moved_bytes": moved, "rows": rows},
                   f, indent=2)  # fmt: skip
-    print(f"copy {copy:.2f} TB/s; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}; default {kernel.LOGITS}")
+    print(
+        f"this device's copy {copy:.2f} TB/s, measured in this run; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}; "
+        f"default {kernel.LOGITS}"
+    )
     for r in rows:
         if "p50_ms" in r:
             print(f"{r['name']:28s} p50 {r['p50_ms']:.3f} ms ({r['p10_ms']:.3f}-{r['p90_ms']:.3f}) "
-                  f"{r['of_copy']:.2f} of copy  "
+                  f"{r['of_copy']:.2f} of this device's copy  "
                   f"{'PASS' if r['pass'] else 'FAIL ' + '; '.join(r['verdicts'])}")  # fmt: skip
         else:
             print(f"{r['name']:28s} {r.get('error', '')}")

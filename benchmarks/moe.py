@@ -6,6 +6,8 @@ call (L2 flush, outside the timed region), each call is timed with device events
 the fused plans (kernel and tile) first; `--crossover` times fused vs native over a token ladder for the dispatch rule.
 `--layers N` times N distinct layers called in turn through the public op (`m2.moe_experts`, prepared
 and raw weights; eager, CUDA graph and torch.compile) against one layer repeated, with re-pack counts.
+The floors (weights read once at copy speed, the useful FLOPs at matmul speed) and the fractions of them
+use this device's ceilings, measured in the same run (`_common.measure_ceilings`, the file's "ceilings").
 
     PYTHONPATH=backends/triton/src:backends/reference/src:. python -m benchmarks.moe --out moe.json \
         --tokens 512 2048 4096 14601 --tune --stages --crossover 1 64 256 1024
@@ -37,8 +39,6 @@ from magi2_core.plan import Plan
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the names of docs/operators.md §3
 DEV = "cuda"
-COPY_TBPS = 4.27  # H200 copy ceiling (read + write), measured on one H200 on 2026-11-30
-MATMUL_TFLOPS = 679.0  # measured H200 bf16 matmul ceiling
 
 
 def make_inputs(tokens: int, heads: int, seed: int = 419) -> tuple[Tensor, ...]:
@@ -54,15 +54,17 @@ def make_inputs(tokens: int, heads: int, seed: int = 419) -> tuple[Tensor, ...]:
     return x, probs.float(), idx, w_gate, w_up, w_down
 
 
-def floors(tokens: int, heads: int) -> dict[str, float]:
+def floors(tokens: int, heads: int, ceilings: _common.Ceilings | None) -> dict[str, float]:
+    """The weights' bytes and the useful FLOPs of one call and, against this device's ``ceilings``, the time
+    to read the weights once at copy speed and to do the FLOPs at matmul speed (no floors without ceilings:
+    a dry run on the CPU)."""
     weight_bytes = heads * E * 3 * D * I * 2
     flops = 6.0 * D * I * heads * tokens * K
-    return {
-        "weight_bytes": weight_bytes,
-        "flops": flops,
-        "weight_floor_ms": weight_bytes / (COPY_TBPS * 1e12) * 1e3,
-        "matmul_floor_ms": flops / (MATMUL_TFLOPS * 1e12) * 1e3,
-    }
+    out = {"weight_bytes": weight_bytes, "flops": flops}
+    if ceilings is not None:
+        out["weight_floor_ms"] = weight_bytes / (ceilings.copy_tb_s * 1e12) * 1e3
+        out["matmul_floor_ms"] = flops / (ceilings.matmul_tflops * 1e12) * 1e3
+    return out
 
 
 def rel_l2(a: Tensor, b: Tensor) -> float:
@@ -198,7 +200,9 @@ def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any] | None, str | Non
         return None, f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: Plan | None) -> dict[str, Any]:
+def bench(
+    tokens: int, heads: int, iters: int, eager_iters: int, tiles: Plan | None, ceilings: _common.Ceilings | None
+) -> dict[str, Any]:
     """The plan's fused kernel against the previous kernel (the same tile through the pointer
     kernel, the one-kernel path before the Hopper variants) and torch's `_grouped_mm` pipeline, each
     eager and replayed from a CUDA graph, in one run on the same inputs. The fused calls read the
@@ -237,12 +241,13 @@ def bench(tokens: int, heads: int, iters: int, eager_iters: int, tiles: Plan | N
     if eager_iters:
         eager = functools.partial(loop_moe_experts, x, probs, idx, wg, wu, wd)
         samples.update(time_alternating({"eager": eager}, eager_iters, warmup=1))
-    fl = floors(tokens, heads)
+    fl = floors(tokens, heads, ceilings)
     res: dict[str, Any] = {"tokens": tokens, "heads": heads, **fl}
     for name, smp in samples.items():
         st = stats(smp)
-        st["weight_floor_fraction"] = fl["weight_floor_ms"] / st["p50"]
-        st["matmul_fraction"] = fl["matmul_floor_ms"] / st["p50"]
+        if ceilings is not None:
+            st["weight_floor_fraction"] = fl["weight_floor_ms"] / st["p50"]
+            st["matmul_fraction"] = fl["matmul_floor_ms"] / st["p50"]
         st["tflops"] = fl["flops"] / (st["p50"] * 1e-3) / 1e12
         res[name] = st
     res["graph_errors"] = errors
@@ -354,8 +359,10 @@ def main() -> None:
         global D, I, E, DEV  # noqa: E741
         D, I, E, DEV = 32, 48, 8, "cpu"  # noqa: E741
     cuda = DEV == "cuda"
+    ceilings = _common.measure_ceilings(DEV) if cuda else None  # the CPU (a dry run) has none: no fractions
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "ceilings": ceilings.record() if ceilings else None,
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else 0,
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -395,7 +402,7 @@ def main() -> None:
     report["bench"] = []
     shapes = [(t, 3) for t in a.tokens] + ([] if a.skip_12 else [(4096, 12)])
     for t, h in shapes:
-        report["bench"].append(bench(t, h, a.iters, a.eager_iters, best.get(t)))
+        report["bench"].append(bench(t, h, a.iters, a.eager_iters, best.get(t), ceilings))
         dump()
     if a.crossover:
         report["crossover"] = crossover(3, a.crossover, 15)
@@ -405,6 +412,12 @@ def main() -> None:
         for t in a.tokens:
             report["layers_in_turn"].append(layers_in_turn(t, 3, a.layers, a.iters))
             dump()
+    if ceilings:
+        print(f"this device's ceilings, measured in this run: copy {ceilings.copy_tb_s:.2f} TB/s, matmul "
+              f"{ceilings.matmul_tflops:.0f} TFLOP/s; matmul% / wfloor% = the useful FLOPs at this device's matmul "
+              "rate / the weights read once at this device's copy rate, over the p50")
+    else:
+        print("no device ceilings on the CPU: matmul% and wfloor% left out")
     print(f"{'T':>6} {'Hl':>3} {'':>9} {'fused':>7} {'p10-p90':>13} {'previous':>8} {'native':>8}  matmul% wfloor%")
     for r in report["bench"]:
         for mode, suffix in (("eager", ""), ("graph", "_graph")):
@@ -415,7 +428,8 @@ def main() -> None:
             nat = r.get("native" + suffix, {}).get("p50", float("nan"))
             print(
                 f"{r['tokens']:>6} {r['heads']:>3} {mode:>9} {f['p50']:>7.3f} {f['p10']:>6.3f}-{f['p90']:<6.3f} "
-                f"{prev:>8.3f} {nat:>8.3f}  {100 * f['matmul_fraction']:>6.1f} {100 * f['weight_floor_fraction']:>6.1f}"
+                f"{prev:>8.3f} {nat:>8.3f}  {100 * f.get('matmul_fraction', math.nan):>6.1f} "
+                f"{100 * f.get('weight_floor_fraction', math.nan):>6.1f}"
             )
         print(f"{'':>10} rel-L2 {r['fused_rel_l2']:.2e}, bit-equal previous: {r['fused_bit_equal_previous']}, "
               f"graph errors: {r['graph_errors'] or 'none'}")  # fmt: skip

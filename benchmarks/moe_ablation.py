@@ -64,7 +64,7 @@ def _launch_ablated(x: Any, w13: Any, w_down: Any, probs_flat: Any, routed: Any,
     )  # fmt: skip
 
 
-def ablate_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
+def ablate_shape(tokens: int, heads: int, iters: int, ceilings: _common.Ceilings) -> dict[str, Any]:
     from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
     from magi2_backend_triton.moe.pack import pack_w13
     from magi2_backend_triton.moe.plan import choose_alignment, device_id
@@ -93,7 +93,7 @@ def ablate_shape(tokens: int, heads: int, iters: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "tokens": tokens, "heads": heads, "tile": dataclasses.asdict(tile), "num_blocks": None,
         "whole_bit_equal_pointer": bool(torch.equal(routed, pointer.routed)),
-        **bm.floors(tokens, heads),
+        **bm.floors(tokens, heads, ceilings),
     }  # fmt: skip
     num_padded = int(bufs.num_padded.item())
     out["num_blocks"] = num_padded // tile.block_m
@@ -129,9 +129,11 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/moe_ablation_h200.json")
     ap.add_argument("--iters", type=int, default=25)
     args = ap.parse_args()
+    ceilings = _common.measure_ceilings()
     report: dict[str, Any] = {
         "benchmark": "moe_ablation",
         "device": torch.cuda.get_device_name(),
+        "ceilings": ceilings.record(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
@@ -141,7 +143,7 @@ def main() -> None:
         "shapes": [],
     }
     for tokens, heads in SHAPES:
-        report["shapes"].append(ablate_shape(tokens, heads, args.iters))
+        report["shapes"].append(ablate_shape(tokens, heads, args.iters, ceilings))
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -11,8 +11,9 @@ For each shape (production-local Hl=3, E=256, top-6, d=256, I=1280 at T=4096, 14
 2. time: every correct variant and the base, each captured in its own CUDA graph, replayed in
    rotating order with a 512 MiB buffer zeroed before each call (L2 flush), device events per call:
    p50 and p10-p90; eager p50 through `run_fused` too.
-3. report: JSON (device, versions, commit, per-shape checks and timings) and a table with the
-   fraction of the matmul ceiling (679 TFLOP/s, useful FLOPs) and of the weight-read floor.
+3. report: JSON (device, versions, commit, this device's ceilings, per-shape checks and timings) and a
+   table with the fraction of this device's matmul ceiling (useful FLOPs) and of its weight-read floor,
+   both from the ceilings measured in the same run (`_common.measure_ceilings`; none in a CPU dry run).
 
 Prepared-weight layout throughout (gate/up as views of one packed bank, as `prepare_moe_weights`
 gives the kernels), so no variant pays for or caches a pack. Two passes: the variants without warp
@@ -34,12 +35,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-MATMUL_TFLOPS = 679.0  # measured H200 BF16 matmul ceiling
+if TYPE_CHECKING:
+    from benchmarks._common import Ceilings
+
 SHAPES = [(4096, 3), (14601, 3), (512, 3), (4096, 12)]
 REL_L2_LIMIT = 3e-4
 
@@ -107,6 +110,7 @@ def sweep_shape(
     failed: dict[str, str],
     iters: int,
     progress: Callable[[str], None],
+    ceilings: Ceilings | None,
 ) -> dict[str, Any]:
     from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
     from magi2_backend_triton.moe.native import loop_moe_experts
@@ -121,7 +125,7 @@ def sweep_shape(
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)  # prepared views
     base = triton_moe_experts.plan(call_problem(x, idx, gate, False))
     cands = candidates(base, variants, choose_alignment(device_id(bm.DEV, None), heads * bm.E, False))
-    res: dict[str, Any] = {"tokens": tokens, "heads": heads, **bm.floors(tokens, heads), "variants": {}}
+    res: dict[str, Any] = {"tokens": tokens, "heads": heads, **bm.floors(tokens, heads, ceilings), "variants": {}}
     ref = loop_moe_experts(x, probs, idx, gate, up, wd)
     outs: dict[str, Tensor] = {}
     calls: dict[str, Callable[[], Any]] = {}
@@ -173,8 +177,9 @@ def sweep_shape(
     for key, s in samples.items():
         name, mode = key.split("/")
         st = bm.stats(s)
-        st["matmul_ceiling_fraction"] = res["matmul_floor_ms"] / st["p50"]
-        st["weight_floor_fraction"] = res["weight_floor_ms"] / st["p50"]
+        if ceilings is not None:
+            st["matmul_ceiling_fraction"] = res["matmul_floor_ms"] / st["p50"]
+            st["weight_floor_fraction"] = res["weight_floor_ms"] / st["p50"]
         st["useful_tflops"] = res["flops"] / (st["p50"] * 1e-3) / 1e12
         res["variants"][name][mode] = st
     graphs = {n: r["graph"]["p50"] for n, r in res["variants"].items() if "graph" in r}
@@ -208,10 +213,15 @@ def print_table(report: dict[str, Any]) -> None:
             spread = f"{g['p10']:.3f}-{g['p90']:.3f}" if g else ""
             ep = f"{e['p50']:9.3f}" if e else f"{'-':>9}"
             sp = f"{v['graph_speedup_vs_base']:6.2f}" if "graph_speedup_vs_base" in v else f"{'':>6}"
-            mm = f"{100 * g['matmul_ceiling_fraction']:6.1f}%" if g else f"{'':>7}"
-            wf = f"{100 * g['weight_floor_fraction']:6.1f}%" if g else f"{'':>7}"
+            mm = f"{100 * g['matmul_ceiling_fraction']:6.1f}%" if g and "matmul_ceiling_fraction" in g else f"{'':>7}"
+            wf = f"{100 * g['weight_floor_fraction']:6.1f}%" if g and "weight_floor_fraction" in g else f"{'':>7}"
             print(f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {gp} {spread:>15} {ep} {sp} {mm} {wf}  {chk}")
-    print("matmul% = useful-FLOP time at 679 TFLOP/s / p50; wfloor% = weight-read time at 4.27 TB/s / p50")
+    c = report.get("ceilings")
+    if c:
+        print(f"matmul% = useful-FLOP time at this device's matmul ({c['matmul_tflops']:.0f} TFLOP/s) / p50; wfloor% = "
+              f"weight-read time at this device's copy ({c['copy_tb_s']:.2f} TB/s) / p50; both measured in this run")
+    else:
+        print("no device ceilings on the CPU: matmul% and wfloor% left out")
 
 
 def main() -> None:
@@ -236,9 +246,11 @@ def main() -> None:
     if a.dry_run:
         bm.D, bm.I, bm.E, bm.DEV = 32, 64, 8, "cpu"
         shapes, a.iters = (shapes if a.shapes else [(9, 2)]), 1
+    ceilings = _common.measure_ceilings(bm.DEV) if bm.DEV == "cuda" else None  # none on the CPU: no fractions
     started = time.perf_counter()
     report: dict[str, Any] = {
         **_common.env_record(bm.DEV),
+        "ceilings": ceilings.record() if ceilings else None,
         "shape": {"d": bm.D, "I": bm.I, "E": bm.E, "K": bm.K},
         "method": "one CUDA graph per call replayed, calls rotating, 512 MiB zeroed before each (L2 flush), "
         "device events; prepared-weight layout; correctness on the same fresh inputs",
@@ -272,7 +284,9 @@ def main() -> None:
                 report["shapes"].append({"tokens": tokens, "heads": heads, "skipped_for_budget": group})
                 continue
             print(f"T={tokens} Hl={heads} {group} (t={elapsed:.0f}s)", flush=True)
-            report["shapes"].append(sweep_shape(bm, tokens, heads, group, failed, a.iters, progress(tokens, heads)))
+            report["shapes"].append(
+                sweep_shape(bm, tokens, heads, group, failed, a.iters, progress(tokens, heads), ceilings)
+            )
             report.pop("in_progress", None)
             dump()
             if bm.DEV == "cuda":

@@ -13,6 +13,11 @@ since been replaced are history: docs/benchmarks.md keeps their rows, CHANGELOG.
 A file that was superseded by a later run is listed with the run that replaced it; a file nobody
 taught this script about is skipped with a note, never an error, so new results can land before
 their summariser does.
+
+Fractions of a ceiling ("of copy", "of the matmul ceiling", "of the weight floor") divide by the ceilings
+of the device the file was measured on (:func:`file_ceilings`): the ones it recorded, measured in its own
+run; for an older file without them, the H200's constants that its benchmark divided by, if it was
+measured on the H200; else none, and its rows say so instead of giving a fraction.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +95,52 @@ def _ms(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
+@dataclass(frozen=True)
+class FileCeilings:
+    """The copy bandwidth (TB/s) and dense BF16 matmul rate (TFLOP/s) a file's fractions divide by; None
+    where the file has no such ceiling of its device."""
+
+    copy_tb_s: float | None
+    matmul_tflops: float | None
+
+
+# The H200's ceilings (measured on one H200, 2026-11-30), which the benchmarks divided by before each run
+# measured its own: read only for a file that records no ceilings and was measured on the H200.
+H200_CEILINGS = ("NVIDIA H200", FileCeilings(copy_tb_s=4.27, matmul_tflops=679.0))
+
+
+def file_ceilings(d: Data) -> FileCeilings | None:
+    """The ceilings of the device a file was measured on: those it recorded ("ceilings", beside its device:
+    at the top or under "env"), measured in its own run; else the H200's constants, if it was measured on
+    the H200 (what its benchmark then divided by); else the copy it measured in its run, if it did (the
+    first mHC files, "copy_tb_s_measured"); else None: no fractions for that file."""
+    env: Data = d["env"] if isinstance(d.get("env"), dict) else {}
+    recorded = d.get("ceilings") or env.get("ceilings")
+    if recorded:
+        return FileCeilings(recorded.get("copy_tb_s"), recorded.get("matmul_tflops"))
+    device, reference = H200_CEILINGS
+    if (d.get("device") or env.get("device")) == device:
+        return reference
+    if env.get("copy_tb_s_measured"):
+        return FileCeilings(env["copy_tb_s_measured"], None)
+    return None
+
+
+def _copy_tb_s(d: Data) -> float | None:
+    c = file_ceilings(d)
+    return c.copy_tb_s if c else None
+
+
+def _tera_per_s(amount: float, ms: float) -> float:
+    """``amount`` (FLOP or bytes) done in ``ms`` milliseconds, in tera per second."""
+    return amount / (ms * 1e-3) / 1e12
+
+
+NO_CEILINGS = "no ceilings of this device in the file, so no fractions"
+
+
 def rmsnorm_rows(d: Data) -> list[Row]:
-    copy = d["env"]["copy_ceiling_tb_s_reference"]
+    copy = _copy_tb_s(d)
     rows: list[Row] = []
     for r in d["rows"]:
         res = r["results"]
@@ -101,7 +151,7 @@ def rmsnorm_rows(d: Data) -> list[Row]:
             (
                 "RMSNorm, fused Triton",
                 f"{list(r['shape'])} {r['dtype'].replace('torch.', '')} -> {out}, {groups}",
-                f"{fused:.2f} TB/s ({fused / copy:.2f} of copy)",
+                f"{fused:.2f} TB/s ({f'{fused / copy:.2f} of copy' if copy else NO_CEILINGS})",
                 f"eager composite {res['composite_eager']['tb_s']:.2f}, torch.compile "
                 f"{res['composite_compiled']['tb_s']:.2f} TB/s",
                 "output equals its FP32 result cast" if r["output_equals_fp32_cast"] else "CAST MISMATCH",
@@ -348,27 +398,38 @@ def moe_layers_rows(d: Data) -> list[Row]:
     ]
 
 
-# Whose ceilings `benchmarks/moe.py` divides by (its COPY_TBPS and MATMUL_TFLOPS): another device's
-# file gets no fractions and no targets, which are that device's too.
-MOE_CEILINGS_DEVICE = "NVIDIA H200"
-# Issue 15's targets for the fused MoE kernel (graph p50, ms): (tokens, heads) -> target.
+# Issue 15's targets for the fused MoE kernel (graph p50, ms): (tokens, heads) -> target, set for the
+# H200 and judged on that device's files only.
 MOE_TARGETS = {(14601, 3): 1.0, (4096, 3): 0.45, (512, 3): 0.37, (4096, 12): 1.6}
+MOE_TARGETS_DEVICE = "NVIDIA H200"
+
+
+def _moe_fractions(c: FileCeilings | None, points: list[tuple[Data, float]]) -> str | None:
+    """"at M of the matmul ceiling, W of the weight floor" for MoE shapes (their ``flops`` and
+    ``weight_bytes``), each at a p50 (ms), against the file's ceilings; None where it has none."""
+    if c is None or c.matmul_tflops is None or c.copy_tb_s is None:
+        return None
+    mm = " / ".join(f"{_tera_per_s(work['flops'], p50) / c.matmul_tflops:.2f}" for work, p50 in points)
+    wf = " / ".join(f"{_tera_per_s(work['weight_bytes'], p50) / c.copy_tb_s:.2f}" for work, p50 in points)
+    return f"at {mm} of the matmul ceiling, {wf} of the weight floor"
+
+
+def _graph_fractions(c: FileCeilings | None, bs: list[Data]) -> str:
+    fractions = _moe_fractions(c, [(b, b["fused_graph"]["p50"]) for b in bs])
+    return f"graph {fractions}" if fractions else NO_CEILINGS
 
 
 def moe_bench_rows(d: Data) -> list[Row]:
     """`benchmarks/moe.py` files with eager and graph times of the table's kernel, the previous kernel and
     `_grouped_mm` (the schema since the warp-specialised kernel)."""
     s, at = d["shape"], f"{d['device']}, {_short(d.get('git_commit') or d['commit'])}"
-    own = d["device"] == MOE_CEILINGS_DEVICE  # the floors in the file are that device's
+    ceilings = file_ceilings(d)
     rows: list[Row] = []
     for heads in sorted({b["heads"] for b in d["bench"]}):
         bs = [b for b in d["bench"] if b["heads"] == heads]
 
         def col(key: str, bs: list[Data] = bs) -> str:
             return " / ".join(_ms(b[key]["p50"]) if key in b else "-" for b in bs)
-
-        def frac(key: str, bs: list[Data] = bs) -> str:
-            return " / ".join(f"{b['fused_graph'][key]:.2f}" for b in bs)
 
         rows.append(
             (
@@ -378,16 +439,14 @@ def moe_bench_rows(d: Data) -> list[Row]:
                 f"graph {col('fused_graph')} ms; eager {col('fused')} ms",
                 f"previous (pointer) kernel graph {col('previous_graph')}, eager {col('previous')}; torch "
                 f"`_grouped_mm` eager {col('native')}, graph {col('native_graph')} ms",
-                (f"graph at {frac('matmul_fraction')} of the matmul ceiling, {frac('weight_floor_fraction')} of the "
-                 "weight floor" if own else f"no ceiling of this device in the file (its floors are the "
-                 f"{MOE_CEILINGS_DEVICE}'s)") + "; eager / graph "
+                _graph_fractions(ceilings, bs) + "; eager / graph "
                 + " / ".join(f"{b['fused_eager_over_graph']:.2f}" for b in bs)
                 + f"; rel-L2 <= {max(b['fused_rel_l2'] for b in bs):.1e}; {at}",
             )
         )
     graph = {(b["tokens"], b["heads"]): b["fused_graph"]["p50"] for b in d["bench"] if "fused_graph" in b}
     targets = {k: v for k, v in MOE_TARGETS.items() if k in graph}
-    if targets and own:
+    if targets and d["device"] == MOE_TARGETS_DEVICE:
         met = [graph[k] <= v for k, v in targets.items()]
         rows.append(
             (
@@ -456,6 +515,7 @@ def _sweep_shapes(d: Data) -> dict[tuple[int, int], Data]:
 
 def moe_sweep_rows(d: Data) -> list[Row]:
     at = f"{d['device']}, {d['git_commit']}"
+    ceilings = file_ceilings(d)
     rows: list[Row] = []
     for (t, h), s in sorted(_sweep_shapes(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
         vs = s["variants"]
@@ -467,9 +527,9 @@ def moe_sweep_rows(d: Data) -> list[Row]:
         others = ", ".join(
             f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" for n, v in vs.items() if n != "base"
         )
+        fractions = _moe_fractions(ceilings, [(s, p50)])
         note = (
-            f"best at {s['matmul_floor_ms'] / p50:.2f} of the matmul ceiling, {s['weight_floor_ms'] / p50:.2f} of "
-            f"the weight floor; {len(vs)} variants "
+            (f"best {fractions}" if fractions else NO_CEILINGS) + f"; {len(vs)} variants "
             + (f"bit-equal to the base (the table's `{base_kind}` kernel then)" if bit_equal
                else f"NOT all bit-equal to the base (the table's `{base_kind}` kernel then)")
         )
@@ -674,7 +734,7 @@ def moe_raw_rows(d: Data) -> list[Row]:
 
 def mhc_rows(d: Data) -> list[Row]:
     """The fused mHC pair against vllm-omni's own path and the upstream form (benchmarks/mhc.py)."""
-    copy, env = d["env"]["copy_tb_s_measured"], d["env"]
+    copy, env = _copy_tb_s(d), d["env"]
     rows: list[Row] = []
     for r in d["rows"]:
         res = {k: v["p50_ms"] for k, v in r["results"].items()}
@@ -684,7 +744,8 @@ def mhc_rows(d: Data) -> list[Row]:
         rows.append((
             "mHC, mhc_pre + mhc_mix (one branch), fused Triton",
             f"[{r['tokens']}, {r['streams']}, {r['width']}] bfloat16, {len(r['modality_sizes'])} modalities",
-            f"{res['fused_triton']:.2f} ms ({fused['tb_s_design_bytes'] / copy:.2f} of copy on the design's bytes)",
+            f"{res['fused_triton']:.2f} ms ("
+            + (f"{fused['tb_s_design_bytes'] / copy:.2f} of copy on the design's bytes" if copy else NO_CEILINGS) + ")",
             base,
             ("every output passes the contract" if passed else "A CONTRACT RULE FAILED")
             + f"; {env['device']}, {_short(env['git_commit'])}",
@@ -967,9 +1028,11 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         ax.plot(t, [points[x][0] for x in t], "o-", label="triton (fused, resolved)")
         ax.plot(t, [points[x][1] for x in t], "s-", label="torch _grouped_mm pipeline")
         ax.plot([b["tokens"] for b in bench], [b["eager"]["p50"] for b in bench], "^-", label="reference (eager)")
-        floor_t = [b["tokens"] for b in bench]
-        ax.plot(floor_t, [b["weight_floor_ms"] for b in bench], "k--", label="weight-read floor")
-        ax.plot(floor_t, [b["matmul_floor_ms"] for b in bench], "k:", label="matmul floor")
+        floor_t, c = [b["tokens"] for b in bench], file_ceilings(d)
+        if c and c.copy_tb_s:  # the floors at this device's ceilings (time = work / rate)
+            ax.plot(floor_t, [b["weight_bytes"] / (c.copy_tb_s * 1e9) for b in bench], "k--", label="weight-read floor")
+        if c and c.matmul_tflops:
+            ax.plot(floor_t, [b["flops"] / (c.matmul_tflops * 1e9) for b in bench], "k:", label="matmul floor")
         ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="ms per call (p50)",
                title=f"MoE experts, 3 heads x {d['shape']['E']} experts, {d['device']}")
         ax.legend(fontsize=8)
@@ -1023,10 +1086,12 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         for i, (key, label) in enumerate(kinds):
             ax.bar([x + (i - 1) * 0.27 for x in range(len(rows))], [r["results"][key]["tb_s"] for r in rows], 0.27,
                    label=label)
-        ax.axhline(d["env"]["copy_ceiling_tb_s_reference"], color="k", ls="--", label="device copy")
+        copy = _copy_tb_s(d)
+        if copy:
+            ax.axhline(copy, color="k", ls="--", label="device copy")
+            ax.set_ylim(0, 1.35 * copy)  # room for the legend above the bars
         ax.set_xticks(range(len(rows)), [r["name"] for r in rows], fontsize=7, rotation=15)
         ax.set(ylabel="TB/s (read + write)", title=f"RMSNorm bandwidth against copy, {d['env']['device']}")
-        ax.set_ylim(0, 1.35 * d["env"]["copy_ceiling_tb_s_reference"])  # room for the legend above the bars
         ax.legend(fontsize=8, ncol=2, loc="upper center")
         save(fig, "rmsnorm_bandwidth.svg", "RMSNorm: achieved bandwidth against the device copy")
 

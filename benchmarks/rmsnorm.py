@@ -6,9 +6,10 @@ Composite = what the reference backend does (operators.md §4.3): ``F.rms_norm``
 affine weight, ``(w[m] + 1)`` per modality group, one cast. All variants run in the same process,
 alternating call by call, each call after an L2 flush (a 256 MiB buffer zeroed), timed with CUDA
 events after warm-up. Bandwidth = (bytes of x read + bytes of y written + weight) / time, reported
-as TB/s and as a fraction of the measured copy ceiling (4.27 TB/s on the H200, 2026-11-30; the copy
-is re-measured in the run too). ``--sweep`` times alternative tile configs of the fused kernel.
-Timing, flush, statistics and the environment record come from ``benchmarks/_common.py``.
+as TB/s and as a fraction of this device's copy bandwidth, measured in the same run
+(``measure_ceilings``, recorded under ``env.ceilings``). ``--sweep`` times alternative tile configs of
+the fused kernel. Timing, flush, statistics, the ceilings and the environment record come from
+``benchmarks/_common.py``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import triton
 from magi2_backend_triton import rmsnorm as rms_mod
 from magi2_backend_triton.rmsnorm import triton_rmsnorm
 
-from benchmarks._common import env_record, stats, time_alternating
+from benchmarks._common import Ceilings, env_record, measure_ceilings, stats, time_alternating
 
-COPY_CEILING_TBS = 4.27  # H200 device-to-device copy, read + write (measured on one H200, 2026-11-30)
 EPS = 1e-6
 
-def summarize(ms: Sequence[float], nbytes: int) -> dict[str, float]:
+
+def summarize(ms: Sequence[float], nbytes: int, copy_tb_s: float) -> dict[str, float]:
+    """p10/p50/p90, the bandwidth on ``nbytes`` and its fraction of ``copy_tb_s`` (this device's copy)."""
     st = stats(ms)
     tbs = nbytes / (st["p50"] * 1e-3) / 1e12
     return {
@@ -38,20 +40,12 @@ def summarize(ms: Sequence[float], nbytes: int) -> dict[str, float]:
         "p50_ms": st["p50"],
         "p90_ms": st["p90"],
         "tb_s": tbs,
-        "frac_copy_ceiling": tbs / COPY_CEILING_TBS,
+        "frac_copy_ceiling": tbs / copy_tb_s,
     }
 
 
-def env_info() -> dict[str, Any]:
-    return {**env_record(), "copy_ceiling_tb_s_reference": COPY_CEILING_TBS}
-
-
-def measure_copy_tbs(nbytes: int = 2 * 1024**3, iters: int = 10) -> float:
-    """Device-to-device copy, bytes read + written over the p50 time."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    ms = time_alternating({"copy": lambda: dst.copy_(src)}, iters)["copy"]
-    return nbytes / (stats(ms)["p50"] * 1e-3) / 1e12
+def env_info(ceilings: Ceilings) -> dict[str, Any]:
+    return {**env_record(), "ceilings": ceilings.record()}
 
 
 def composite(
@@ -93,6 +87,7 @@ def bench_shape(
     sizes: list[int] | None,
     iters: int,
     sweep: bool,
+    copy_tb_s: float,
 ) -> dict[str, Any]:
     d = shape[-1]
     m = 1 if sizes is None else len(sizes)
@@ -115,7 +110,7 @@ def bench_shape(
         "composite_eager": lambda: composite(x, weight, sizes, out_dtype),
         "composite_compiled": lambda: compiled(x, weight, sizes, out_dtype),
     }
-    res = {k: summarize(v, nbytes) for k, v in time_alternating(fns, iters).items()}
+    res = {k: summarize(v, nbytes, copy_tb_s) for k, v in time_alternating(fns, iters).items()}
     row: dict[str, Any] = {
         "name": name,
         "shape": list(shape),
@@ -144,7 +139,7 @@ def bench_shape(
 
             cfgs[f"r{block_r}_w{warps}"] = run
         sw = time_alternating(cfgs, max(10, iters // 2))
-        row["sweep"] = {k: summarize(v, nbytes)["tb_s"] for k, v in sw.items()}
+        row["sweep"] = {k: summarize(v, nbytes, copy_tb_s)["tb_s"] for k, v in sw.items()}
     return row
 
 
@@ -156,16 +151,16 @@ def main() -> None:
     ap.add_argument("--only", default="", help="substring filter on shape names")
     args = ap.parse_args()
     torch.manual_seed(0)
-    info = env_info()
-    info["copy_tb_s_measured"] = measure_copy_tbs()
+    ceilings = measure_ceilings()
+    info = env_info(ceilings)
     rows: list[dict[str, Any]] = []
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     for shape in SHAPES:
         if args.only in shape[0]:
-            rows.append(bench_shape(*shape, iters=args.iters, sweep=args.sweep))
+            rows.append(bench_shape(*shape, iters=args.iters, sweep=args.sweep, copy_tb_s=ceilings.copy_tb_s))
             with open(args.json, "w") as f:  # rewritten after each shape: a cut-off run keeps its rows
                 json.dump({"benchmark": "rmsnorm", "env": info, "rows": rows}, f, indent=2)
-    print(f"copy {info['copy_tb_s_measured']:.2f} TB/s measured; ceiling used {COPY_CEILING_TBS}")
+    print(f"this device's copy {ceilings.copy_tb_s:.2f} TB/s, measured in this run; frac = TB/s / that copy")
     print(f"{'shape':32s} {'variant':20s} {'p50 ms':>8s} {'p10':>7s} {'p90':>7s} {'TB/s':>6s} {'frac':>5s}")
     for r in rows:
         for k, v in r["results"].items():

@@ -5,7 +5,8 @@
 o ``[T, 24, 128]`` BF16, lse ``[24, T]`` FP32, one sink (production). T: 16×256 = 4096 (the
 launch-bound case), 8×1024, 2×14601, 32768 (the correction does not care about segments; only T
 matters). Bytes = o read + o' written + lse read; TB/s is compared with a device copy of o (same
-bytes minus the LSE) timed in the same run and with the 4.27 TB/s ceiling. Timing from
+bytes minus the LSE) timed in the same run, and with this device's copy bandwidth, measured in the
+same run (``measure_ceilings``, recorded under ``env.ceilings``). Timing from
 ``benchmarks/_common.py``: alternating calls, L2 flushed before each, CUDA events, p50 and p10/p90.
 """
 
@@ -22,7 +23,7 @@ import triton
 from magi2_backend_triton import sink_correction as sink_mod
 from magi2_backend_triton.sink_correction import triton_sink_correction
 
-from benchmarks._common import time_alternating
+from benchmarks._common import measure_ceilings, time_alternating
 from benchmarks.rmsnorm import env_info, summarize
 
 H, D = 24, 128
@@ -44,7 +45,7 @@ def torch_correction(
     return out, new_lse.transpose(0, 1).contiguous()
 
 
-def bench(label: str, t: int, iters: int, sweep: bool) -> dict[str, Any]:
+def bench(label: str, t: int, iters: int, sweep: bool, copy_tb_s: float) -> dict[str, Any]:
     o = torch.randn(t, H, D, device="cuda").to(torch.bfloat16)
     lse = torch.randn(H, t, device="cuda") * 3 + 5
     sinks = torch.randn(1, H, device="cuda")
@@ -64,7 +65,7 @@ def bench(label: str, t: int, iters: int, sweep: bool) -> dict[str, Any]:
         "torch_activation": lambda: torch_correction(o, lse, sinks, "activation"),
         "copy_o": lambda: out.copy_(o),
     }
-    res = {k: summarize(v, nbytes) for k, v in time_alternating(fns, iters).items()}
+    res = {k: summarize(v, nbytes, copy_tb_s) for k, v in time_alternating(fns, iters).items()}
     copy_ms = res["copy_o"]["p50_ms"]
     for v in res.values():
         v["frac_of_copy_time"] = copy_ms / v["p50_ms"]
@@ -92,7 +93,7 @@ def bench(label: str, t: int, iters: int, sweep: bool) -> dict[str, Any]:
 
             cfgs[f"t{block_t}_w{warps}"] = run
         sw = time_alternating(cfgs, max(10, iters // 2))
-        row["sweep"] = {k: summarize(v, nbytes)["tb_s"] for k, v in sw.items()}
+        row["sweep"] = {k: summarize(v, nbytes, copy_tb_s)["tb_s"] for k, v in sw.items()}
     return row
 
 
@@ -103,13 +104,15 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/sink_correction_h200.json")
     args = ap.parse_args()
     torch.manual_seed(0)
-    info = env_info()
+    ceilings = measure_ceilings()
+    info = env_info(ceilings)
     rows: list[dict[str, Any]] = []
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     for label, t in SHAPES:
-        rows.append(bench(label, t, args.iters, args.sweep))
+        rows.append(bench(label, t, args.iters, args.sweep, ceilings.copy_tb_s))
         with open(args.json, "w") as f:  # rewritten after each shape: a cut-off run keeps its rows
             json.dump({"benchmark": "sink_correction", "env": info, "rows": rows}, f, indent=2)
+    print(f"this device's copy {ceilings.copy_tb_s:.2f} TB/s, measured in this run; vs copy = copy of o's time / p50")
     print(f"{'T':10s} {'variant':18s} {'p50 us':>8s} {'p10':>7s} {'p90':>7s} {'TB/s':>6s} {'vs copy':>7s}")
     for r in rows:
         for k, v in r["results"].items():

@@ -83,29 +83,70 @@ def test_check_fails_when_the_readme_table_is_stale(tmp_path: Path) -> None:
     assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("\nrest\n")
 
 
-def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
-    # benchmarks/moe.py's schema since the warp-specialised kernel: one row per head count, then the targets
+def _moe_file(device: str, **extra: object) -> dict[str, object]:
+    """A `benchmarks/moe.py` file (the schema since the warp-specialised kernel) with one shape: 4096 x 3 heads."""
+
     def st(p50: float) -> dict[str, float]:
-        return {"p50": p50, "p10": p50, "p90": p50, "matmul_fraction": 0.5, "weight_floor_fraction": 0.25}
+        return {"p50": p50, "p10": p50, "p90": p50}
 
     bench = {
         "tokens": 4096, "heads": 3, "fused": st(0.46), "fused_graph": st(0.44), "previous": st(0.51),
         "previous_graph": st(0.49), "native": st(3.4), "fused_eager_over_graph": 0.46 / 0.44,
         "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
+        "flops": 0.5 * 679e12 * 0.44e-3, "weight_bytes": 0.25 * 4.27e12 * 0.44e-3,  # 0.5 / 0.25 on the H200
     }  # fmt: skip
-    data = {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": "NVIDIA H200", "commit": "0123456789",
-            "bench": [bench]}  # fmt: skip
-    [(op, shape, ours, base, notes), target] = report.moe_bench_rows(data)
+    return {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": device, "commit": "0123456789",
+            "bench": [bench], **extra}  # fmt: skip
+
+
+def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
+    # one row per head count, then the targets (the H200's, judged on its files)
+    [(op, shape, ours, base, notes), target] = report.moe_bench_rows(_moe_file("NVIDIA H200"))
     assert target[2] == "0.440 ms" and target[4].startswith("all met")  # 4096 x 3 heads: <= 0.45
     assert "gluon_ws" in op and "T = 4096" in shape
     assert ours == "graph 0.440 ms; eager 0.460 ms"
     assert "graph 0.490" in base and "eager 3.400" in base and "graph -" in base  # no native graph: a dash
-    assert "0.50 of the matmul ceiling" in notes and "eager / graph 1.05" in notes and "0123456" in notes
-    # another device: its file's floors are the H200's, so no fractions and no (H200) targets; the code that ran
-    other = data | {"device": "NVIDIA H100 80GB HBM3", "git_commit": "abcdef0"}
+    assert "graph at 0.50 of the matmul ceiling, 0.25 of the weight floor" in notes
+    assert "eager / graph 1.05" in notes and "0123456" in notes
+    # another device's file without ceilings: no fractions and no (H200) targets; the code that ran
+    other = _moe_file("NVIDIA H100 80GB HBM3", git_commit="abcdef0")
     [(_, _, _, _, notes)] = report.moe_bench_rows(other)
-    assert "matmul ceiling" not in notes and "no ceiling of this device in the file" in notes
+    assert "matmul ceiling" not in notes and report.NO_CEILINGS in notes
     assert "abcdef0" in notes and "0123456" not in notes
+
+
+def test_a_file_with_recorded_ceilings_gets_its_fractions_from_them() -> None:
+    """The general rule: recorded ceilings (measured in the file's run) > the H200's constants for an older
+    H200 file > none; the H200's constants are never used for another device."""
+    h100 = {"copy_tb_s": 2.135, "matmul_tflops": 339.5, "how": "measured"}  # half the H200's: twice the fractions
+    [(_, _, _, _, notes)] = report.moe_bench_rows(_moe_file("NVIDIA H100 80GB HBM3", ceilings=h100))
+    assert "graph at 1.00 of the matmul ceiling, 0.50 of the weight floor" in notes
+    # recorded ceilings win over the H200's constants on an H200 file too
+    [(_, _, _, _, notes), _] = report.moe_bench_rows(_moe_file("NVIDIA H200", ceilings=h100))
+    assert "graph at 1.00 of the matmul ceiling" in notes
+    assert report.file_ceilings({"device": "NVIDIA H200"}) == report.FileCeilings(4.27, 679.0)
+    assert report.file_ceilings({"env": {"device": "NVIDIA H100 80GB HBM3"}}) is None
+    assert report.file_ceilings({"env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": h100}}) == \
+        report.FileCeilings(2.135, 339.5)
+    # the first mHC files measured their copy in the run, before "ceilings" were recorded
+    mhc = {"env": {"device": "NVIDIA H100 80GB HBM3", "copy_tb_s_measured": 3.0}}
+    assert report.file_ceilings(mhc) == report.FileCeilings(3.0, None)
+    # a distributed file's "env" holds its NCCL settings, its ceilings sit beside its device
+    assert report.file_ceilings({"device": "NVIDIA H100 80GB HBM3", "env": {"NCCL_NVLS_ENABLE": "0"},
+                                 "ceilings": h100}) == report.FileCeilings(2.135, 339.5)  # fmt: skip
+
+
+def test_rmsnorm_rows_divide_by_the_files_copy_or_give_none() -> None:
+    row = {"name": "x", "shape": [8, 16], "dtype": "torch.bfloat16", "out_dtype": "torch.bfloat16",
+           "modality_sizes": None, "output_equals_fp32_cast": True,
+           "results": {k: {"tb_s": 2.4} for k in ("fused_triton", "composite_eager", "composite_compiled")}}
+    old_h200 = {"env": {"device": "NVIDIA H200", "copy_ceiling_tb_s_reference": 4.27}, "rows": [row]}
+    assert report.rmsnorm_rows(old_h200)[0][2] == f"2.40 TB/s ({2.4 / 4.27:.2f} of copy)"
+    h100 = {"env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": {"copy_tb_s": 3.0, "matmul_tflops": 600.0}},
+            "rows": [row]}  # fmt: skip
+    assert report.rmsnorm_rows(h100)[0][2] == "2.40 TB/s (0.80 of copy)"
+    bare = {"env": {"device": "NVIDIA H100 80GB HBM3"}, "rows": [row]}
+    assert report.rmsnorm_rows(bare)[0][2] == f"2.40 TB/s ({report.NO_CEILINGS})"
 
 
 def test_the_readme_table_holds_one_current_verdict_per_target_and_no_history() -> None:
