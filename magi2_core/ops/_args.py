@@ -4,8 +4,8 @@ Each op module declares its public function's arguments (without ``provider``) a
 :class:`Arg` rows, in the function's order. From that one declaration come:
 
 - the ``torch.library`` custom op (its schema, the body that validates and runs when a compiled graph
-  executes, the fake), :meth:`Args.custom_op`, and the compiled call of the public function,
-  :meth:`Args.compiled`;
+  executes, the fake), :func:`magi2_core.ops._compiled.custom_op`, and the compiled call of the public
+  function, :meth:`Args.compiled`;
 - the call-layout key a repeated call is found by (:meth:`Args.layout_function`, generated once as plain
   code, so that the hot path pays for no loop over the rows) and whether a layout may be kept
   (:meth:`Args.cacheable`);
@@ -124,6 +124,23 @@ class Args:
                 return False
         return True
 
+    def schema_signature(self, returns: Any) -> inspect.Signature:
+        """The custom op's Python signature (torch infers its schema from it): the arguments it is passed,
+        then ``provider``."""
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Signature(
+            [inspect.Parameter(a.name, kind, annotation=a.schema) for a in self.rows if a.schema is not None]
+            + [inspect.Parameter("provider", kind, annotation=str | None)],
+            return_annotation=returns,
+        )
+
+    def from_schema(self, given: Sequence[Any]) -> tuple[list[Any], Any]:
+        """The public arguments (in declaration order) and ``provider`` of a custom-op call: an argument the
+        custom op is not passed takes its ``compiled`` value."""
+        values = iter(given)
+        args = [next(values) if a.schema is not None else a.compiled for a in self.rows]
+        return args, next(values)
+
     # -- torch.compile ---------------------------------------------------------------------------
     def compiled(self, args: Sequence[Any], provider: str | None) -> Any:
         """The public call recorded as the op's custom op (``torch.ops.magi2.<op>``)."""
@@ -133,53 +150,6 @@ class Args:
             if a.schema is not None
         ]
         return getattr(torch.ops.magi2, self.op)(*given, provider)
-
-    def custom_op(
-        self,
-        spec: Any,
-        validate: Callable[..., Any],
-        returns: Any,
-        result: Callable[[Any], Any],
-        fake: Callable[[Mapping[str, Any]], Any],
-    ) -> Any:
-        """Register ``magi2::<op>``: validated (``compiling``) and resolved when the compiled graph runs.
-
-        ``returns`` is the custom op's Python return type, ``result`` what it makes of the kernel's output,
-        ``fake`` its output from the arguments by name (what the traced graph sees).
-        """
-        from magi2_core import shadow
-        from magi2_core.dispatch import dispatcher
-
-        passed = tuple(a for a in self.rows if a.schema is not None)
-        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        signature = inspect.Signature(
-            [inspect.Parameter(a.name, kind, annotation=a.schema) for a in passed]
-            + [inspect.Parameter("provider", kind, annotation=str | None)],
-            return_annotation=returns,
-        )
-        rows = self.rows
-
-        def body(*given: Any) -> Any:
-            values = iter(given)
-            args = [next(values) if a.schema is not None else a.compiled for a in rows]
-            provider = next(values)
-            call = self.call(validate, args, compiling=True)
-            kernel, name = dispatcher().kernel(spec, call.key, provider)
-            out = spec.run(kernel, call)
-            scope = shadow.sampling()
-            if scope is not None:
-                shadow.observe(scope, spec, name, call, out)
-            return result(out)
-
-        def fake_body(*given: Any) -> Any:
-            return fake(dict(zip([a.name for a in passed], given, strict=False)))
-
-        body.__signature__ = signature  # type: ignore[attr-defined]
-        body.__name__ = body.__qualname__ = f"_{self.op}_op"
-        body.__module__ = f"magi2_core.ops.{self.op}"
-        op = torch.library.custom_op(f"magi2::{self.op}", mutates_args=())(body)
-        op.register_fake(fake_body)
-        return op
 
     # -- the public function ---------------------------------------------------------------------
     def signature_errors(self, fn: Callable[..., Any]) -> list[str]:

@@ -25,6 +25,7 @@ from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.kernel import SinkRescale
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
@@ -438,8 +439,8 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
 
 SPEC = AttentionSpec()
-_attention_op = ARGS.custom_op(
-    SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
+_attention_op = custom_op(
+    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
     lambda a: (a["q"].new_empty(a["q"].shape), a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]),
                                                                  dtype=torch.float32)),
 )

@@ -20,6 +20,7 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 
@@ -218,6 +219,7 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
 
 SPEC = RMSNormSpec()
-_rmsnorm_op = ARGS.custom_op(
-    SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype)
+_rmsnorm_op = custom_op(
+    ARGS, SPEC, validate, torch.Tensor, dense,
+    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
 )
