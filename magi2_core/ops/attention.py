@@ -30,7 +30,8 @@ from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["ACTIVATION_DTYPES", "ARGS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention", "validate"]
+__all__ = ["ACTIVATION_DTYPES", "ARGS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention",
+           "validate"]
 
 OP: Literal["attention"] = "attention"
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
