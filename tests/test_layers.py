@@ -34,13 +34,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "magi2_core.contracts.*", "magi2_core.moe_weights", "magi2_core.sink_correction",
         "magi2_core.sink_correction.reference",
     )),
-    ("op specs", ("magi2_core.ops._spec",)),
+    ("op specs", ("magi2_core.ops._spec", "magi2_core.ops._args")),
     ("registry and resolver", (
         "magi2_core.registry", "magi2_core.resolver", "magi2_core.sink_correction.choice", "magi2_core.shadow",
         "magi2_core.dispatch",
     )),
     ("operators and the public API", (
-        "magi2_core", "magi2_core._api", "magi2_core.backend", "magi2_core.ops", "magi2_core.ops.attention",
+        "magi2_core", "magi2_core._api", "magi2_core.backend", "magi2_core.ops", "magi2_core.ops._compiled",
+        "magi2_core.ops.attention",
         "magi2_core.ops.moe_route", "magi2_core.ops.moe_experts", "magi2_core.ops.rmsnorm", "magi2_core.ops.mhc_pre",
         "magi2_core.ops.mhc_mix", "magi2_core.nn",
         "magi2_core.distributed.*", "magi2_core.integrations.*", "magi2_core.demo", "magi2_core.overhead",

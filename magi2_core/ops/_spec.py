@@ -26,6 +26,7 @@ from magi2_core.capability import Capability, descriptor_errors
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts.acceptance import Acceptance
 from magi2_core.errors import InvalidValueError
+from magi2_core.ops._args import Args
 from magi2_core.problem import COMMON_FIELDS, HEAD, OP_INT_FIELDS, OpName, Problem, features_from_mask, op_fields
 
 __all__ = ["COMMON_FIELDS", "HEAD", "CallT", "KeyT", "OpSpec", "dense", "forward_only"]
@@ -61,9 +62,15 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     key_type: ClassVar[type[tuple[Any, ...]]]
     arg_names: ClassVar[tuple[str, ...]]  # the public function's positional tensor arguments, in order
     kernel_protocol: ClassVar[type]  # what a provider's kernel object must look like (documentation, typing)
+    # The op's declared arguments and its validation (``validate(*positional, **keywords, compiling=)``):
+    # an op that declares them has ``arg_names`` and ``validate_arguments`` derived.
+    args: ClassVar[Args | None] = None
+    validator: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.args is not None:
+            cls.arg_names = cls.args.positional
         fields = getattr(cls, "key_type", None) and cls.key_type._fields  # type: ignore[attr-defined]
         if fields and (fields[:len(HEAD)] != HEAD or fields[len(HEAD):] != OP_INT_FIELDS[cls.name]):
             raise TypeError(f"{cls.__name__}.key_type fields {fields} are not HEAD + "
@@ -103,9 +110,12 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
         )
 
     # -- calls ---------------------------------------------------------------------------------
-    @abstractmethod
     def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallT:
         """Validate the public function's own arguments (without ``provider``), as the op does."""
+        if self.args is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no args: it defines validate_arguments")
+        call: CallT = self.args.validate_arguments(self.validator, args, kwargs)
+        return call
 
     def run(self, kernel: Any, call: CallT) -> Any:
         """Call a provider's kernel object with a validated call (what shadow re-runs on the reference):

@@ -24,16 +24,18 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.kernel import SinkRescale
+from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["ACTIVATION_DTYPES", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention", "validate"]
+__all__ = ["ACTIVATION_DTYPES", "ARGS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention",
+           "validate"]
 
 OP: Literal["attention"] = "attention"
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_SOFTCAP, _SINKS, _GQA = FEATURE_BIT[Feature.SOFTCAP], FEATURE_BIT[Feature.SINKS], FEATURE_BIT[Feature.GQA]
-_LSE, _DET, _COMPILING = FEATURE_BIT[Feature.LSE], FEATURE_BIT[Feature.DETERMINISTIC], FEATURE_BIT[Feature.COMPILING]
+_GQA = FEATURE_BIT[Feature.GQA]
 
 
 class AttentionKey(NamedTuple):
@@ -78,6 +80,53 @@ class AttentionCall(NamedTuple):
     key: AttentionKey
 
 
+def _deterministic(value: bool | None) -> bool:
+    return config.get("MAGI2_DETERMINISTIC") if value is None else value
+
+
+# Prefix sums enter the call layout by value where validation reads their values (host ones, or device
+# ones whose longest segment is not given), else by shape; self-attention passes one tensor for both,
+# whose items cu_seqlens_q's already hold.
+_CU_Q = (
+    "{}.dtype, {}.device, {}.is_contiguous(), tuple({}.tolist()) if {}.device.type == 'cpu' or max_seqlen_q is None "
+    "else {}.shape"
+)
+_CU_K = (
+    "None if {} is cu_seqlens_q and (cu_seqlens_q.device.type == 'cpu' or max_seqlen_q is None or max_seqlen_k is not "
+    "None) else ({}.dtype, {}.device, {}.is_contiguous(), tuple({}.tolist()) if {}.device.type == 'cpu' or "
+    "max_seqlen_k is None else {}.shape)"
+)
+
+# The arguments of :func:`attention` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(OP, (
+    Arg("q", "torch.Tensor", "``[Tq, Hq, D]``, BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
+    Arg("k", "torch.Tensor", "``[Tk, Hkv, D]``, q's dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA: query "
+        "head h reads kv head ``h // (Hq / Hkv)``).", schema=torch.Tensor, layout=TENSOR),
+    Arg("v", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+    Arg("cu_seqlens_q", "torch.Tensor", "``[B+1]`` prefix sums of the segment lengths, from 0 to ``Tq`` "
+        "(``Tk``), non-decreasing; any int dtype (int32 is what the kernels take), on the host or q's device.",
+        schema=torch.Tensor, layout=_CU_Q),
+    Arg("cu_seqlens_k", "torch.Tensor", "", schema=torch.Tensor, layout=_CU_K),
+    Arg("max_seqlen_q", "int | None", "the longest query (key) segment. Pass them when the prefix sums live on an "
+        "accelerator: otherwise they are read back (one host sync) to derive them.", None, schema=int | None),
+    Arg("max_seqlen_k", "int | None", "", None, schema=int | None),
+    Arg("softmax_scale", "float | None", "a finite positive float (None: ``1/sqrt(D)``).", None,
+        schema=float | None),
+    Arg("softcap", "float", "``cap·tanh(s/cap)`` on the scaled scores when positive; ``<= 0`` disables it.", 0.0,
+        schema=float, to_schema=float, feature=Feature.SOFTCAP),
+    Arg("sinks", "torch.Tensor | None", "``[S, Hq]`` FP32 (sink-major), on q's device: S extra softmax logits per "
+        "query head that take probability mass without adding a value; never rounded to the activation dtype. "
+        "MAGI-2 uses S = 1; None (or S = 0): no sink.", None, schema=torch.Tensor | None, layout=OPTIONAL_TENSOR,
+        feature=Feature.SINKS),
+    Arg("deterministic", "bool | None", "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
+        None, schema=bool, layout=VALUE, feature=Feature.DETERMINISTIC, resolve=_deterministic),
+    Arg("return_lse", "bool", "also return the log-sum-exp of each query row, sinks included.", False,
+        compiled=True, layout=VALUE, feature=Feature.LSE),  # the custom op always returns it
+    Arg("sink_rescale", "SinkRescale", "``\"fp32\"`` (promote, rescale, cast once) or ``\"activation\"`` (the sink "
+        "scale cast to q's dtype first, as upstream CUDA MAGI-2).", "fp32", schema=str, layout=VALUE),
+))  # fmt: skip
+_layout = ARGS.layout_function()
+_SINKS_AT = ARGS.names.index("sinks")
 _TENSORS = 6  # the leading tensor fields of AttentionCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -222,21 +271,16 @@ def validate(
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
         raise InvalidValueError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
-    mask = (
-        (_SOFTCAP if cap > 0 else 0)
-        | (_SINKS if sink_t is not None else 0)
-        | (_GQA if hq != hkv else 0)
-        | (_LSE if return_lse else 0)
-        | (_DET if deterministic else 0)
-        | (_COMPILING if compiling else 0)
-    )
+    call = AttentionCall(q, k, v, cu_q, cu_k, sink_t, mq, mk, scale, cap, sink_rescale,  # type: ignore[arg-type]
+                         bool(deterministic), bool(return_lse), None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling) | (_GQA if hq != hkv else 0)
     # Rules judge the true longest segments where the prefix sums are on the host; with device prefix
     # sums and max_seqlen_* given, they judge the declared bound (Resolution.explain says so).
     rq = mq if long_q is None else long_q
     rk = mk if long_k is None else long_k
-    key = AttentionKey(device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
-    return AttentionCall(q, k, v, cu_q, cu_k, sink_t, mq, mk, scale, cap, sink_rescale,  # type: ignore[arg-type]
-                         bool(deterministic), bool(return_lse), key)
+    return call._replace(
+        key=AttentionKey(device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,67 +297,27 @@ class _Bound(NamedTuple):
     host_sinks: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
 
 
-def _bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int | None,
-    max_seqlen_k: int | None,
-    softmax_scale: float | None,
-    softcap: float,
-    sinks: torch.Tensor | None,
-    deterministic: bool,
-    return_lse: bool,
-    sink_rescale: str,
-    provider: str | None,
-) -> _Bound:
-    """Validate and resolve, or find both done for this call layout (see :class:`_Bound`)."""
+def _bind(args: tuple[Any, ...], provider: str | None) -> _Bound:
+    """Validate and resolve, or find both done for this call layout (``args``: the declared arguments)."""
     d = dispatcher()
     bound = d.bound_calls()
     try:
-        # Everything validation looks at, except the tensors' identities. Host prefix sums are part of
-        # it by value (validation checks them and rules see their longest segment); so are device ones
-        # whose longest segment is not given.
-        dq = cu_seqlens_q.device
-        by_value_q = dq.type == "cpu" or max_seqlen_q is None
-        if cu_seqlens_k is cu_seqlens_q and (by_value_q or max_seqlen_k is not None):
-            # Self-attention passes one tensor for both: its dtype, device, contiguity and its values
-            # (or its shape, when neither side reads values) are already in cu_seqlens_q's items.
-            cu_k: object = None
-        else:
-            dk = cu_seqlens_k.device
-            cu_k = (cu_seqlens_k.dtype, dk, cu_seqlens_k.is_contiguous(),
-                    tuple(cu_seqlens_k.tolist()) if dk.type == "cpu" or max_seqlen_k is None else cu_seqlens_k.shape)
-        layout = (
-            OP, provider, context_token(), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, cu_seqlens_q.dtype, dq, cu_seqlens_q.is_contiguous(),
-            tuple(cu_seqlens_q.tolist()) if by_value_q else cu_seqlens_q.shape, cu_k,
-            None if sinks is None else (sinks.shape, sinks.dtype, sinks.device),
-            max_seqlen_q, type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k), softmax_scale,
-            type(softmax_scale), softcap, type(softcap), sink_rescale, deterministic, return_lse,
-        )  # fmt: skip
+        layout = _layout(*args, provider, context_token())
         hit: _Bound | None = bound.get(layout)
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not tensors, unhashable, meta:
         # the full validation below says what is wrong
         layout, hit = None, None
     if hit is not None:
         if hit.host_sinks:
-            ck.nan_free_parameter(OP, "sinks", sinks)  # type: ignore[arg-type]
+            ck.nan_free_parameter(OP, "sinks", args[_SINKS_AT])
         return hit
-    call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                    softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
-                    deterministic=deterministic, return_lse=return_lse, compiling=False)
+    call = ARGS.call(validate, args, compiling=False)
     kernel, name = d.kernel(SPEC, call.key, provider)
     host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
-    hit = _Bound(kernel, name, call[_TENSORS:], sinks is not None and call.sinks is None,
-                 call.cu_seqlens_q is not cu_seqlens_q or call.cu_seqlens_k is not cu_seqlens_k, host_sinks)
-    # Scalars given as tensors hash by identity and could change in place: such layouts are not kept;
-    # with device-value checks on, every call is checked in full.
-    if layout is not None and not ck.device_value_checks() and not ck.any_tensor(
-        softmax_scale, softcap, max_seqlen_q, max_seqlen_k
-    ):
+    hit = _Bound(kernel, name, call[_TENSORS:], args[_SINKS_AT] is not None and call.sinks is None,
+                 call.cu_seqlens_q is not args[3] or call.cu_seqlens_k is not args[4], host_sinks)
+    # with device-value checks on, every call is checked in full
+    if layout is not None and not ck.device_value_checks() and ARGS.cacheable(args):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
         bound[layout] = hit
@@ -356,6 +360,7 @@ def attention(
     sink_rescale: SinkRescale = ...,
     provider: str | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@ARGS.public
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -378,26 +383,6 @@ def attention(
     Non-causal and block-diagonal: each query attends to the keys of its own segment. T is a token
     count (the B segments of a batch one after another), H a head count, D the head dim.
 
-    Args:
-        q: ``[Tq, Hq, D]``, BF16, FP16 or FP32.
-        k, v: ``[Tk, Hkv, D]``, q's dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA: query head
-            h reads kv head ``h // (Hq / Hkv)``).
-        cu_seqlens_q, cu_seqlens_k: ``[B+1]`` prefix sums of the segment lengths, from 0 to ``Tq``
-            (``Tk``), non-decreasing; any int dtype (int32 is what the kernels take), on the host or
-            q's device.
-        max_seqlen_q, max_seqlen_k: the longest query (key) segment. Pass them when the prefix sums
-            live on an accelerator: otherwise they are read back (one host sync) to derive them.
-        softmax_scale: a finite positive float (None: ``1/sqrt(D)``).
-        softcap: ``cap·tanh(s/cap)`` on the scaled scores when positive; ``<= 0`` disables it.
-        sinks: ``[S, Hq]`` FP32 (sink-major), on q's device: S extra softmax logits per query head
-            that take probability mass without adding a value; never rounded to the activation dtype.
-            MAGI-2 uses S = 1; None (or S = 0): no sink.
-        deterministic: ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).
-        return_lse: also return the log-sum-exp of each query row, sinks included.
-        sink_rescale: ``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (the sink scale
-            cast to q's dtype first, as upstream CUDA MAGI-2).
-        provider: force a provider by name (see ``m2.use`` for a scope).
-
     Returns:
         ``o [Tq, Hq, D]`` in q's dtype; with ``return_lse=True`` the pair ``(o, lse)``, ``lse``
         ``[Hq, Tq]`` FP32 (head-major).
@@ -410,13 +395,12 @@ def attention(
         asks_grad = False
     if asks_grad and torch.is_grad_enabled():
         forward_only(OP, q=q, k=k, v=v, sinks=sinks)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
+            deterministic, return_lse, sink_rescale)
     if torch.compiler.is_compiling():
-        o, lse = torch.ops.magi2.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                           softmax_scale, float(softcap), sinks, deterministic, sink_rescale,
-                                           provider)
+        o, lse = ARGS.compiled(args, provider)
         return (o, lse) if return_lse else o
-    b = _bind(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
-              deterministic, return_lse, sink_rescale, provider)
+    b = _bind(args, provider)
     if b.convert:
         cu_seqlens_q, cu_seqlens_k = _normalised(cu_seqlens_q, q.device), _normalised(cu_seqlens_k, q.device)
     if b.drop_sinks:
@@ -430,54 +414,6 @@ def attention(
     return (o, lse) if return_lse else o
 
 
-@torch.library.custom_op("magi2::attention", mutates_args=())
-def _attention_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int | None,
-    max_seqlen_k: int | None,
-    softmax_scale: float | None,
-    softcap: float,
-    sinks: torch.Tensor | None,
-    deterministic: bool,
-    sink_rescale: str,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op as a compiled graph records it: validated and resolved (``compiling``) when the graph runs."""
-    call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                    softmax_scale=softmax_scale, softcap=softcap, sinks=sinks, sink_rescale=sink_rescale,
-                    deterministic=deterministic, return_lse=True, compiling=True)
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    o, lse = out
-    return dense(o), dense(lse)
-
-
-@_attention_op.register_fake
-def _(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int | None,
-    max_seqlen_k: int | None,
-    softmax_scale: float | None,
-    softcap: float,
-    sinks: torch.Tensor | None,
-    deterministic: bool,
-    sink_rescale: str,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
 # ---------------------------------------------------------------------------------------------
 # the spec: what the generic machinery asks of this op
 # ---------------------------------------------------------------------------------------------
@@ -487,16 +423,8 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
     key_type = AttentionKey
     arg_names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
     kernel_protocol = AttentionKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AttentionCall:
-        kw = dict(kwargs)
-        det = kw.pop("deterministic", None)
-        return validate(*args, max_seqlen_q=kw.pop("max_seqlen_q", None), max_seqlen_k=kw.pop("max_seqlen_k", None),
-                        softmax_scale=kw.pop("softmax_scale", None), softcap=kw.pop("softcap", 0.0),
-                        sinks=kw.pop("sinks", None), sink_rescale=kw.pop("sink_rescale", "fp32"),
-                        deterministic=config.get("MAGI2_DETERMINISTIC") if det is None else det,
-                        return_lse=kw.pop("return_lse", False),
-                        compiling=False, **kw)
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         if not isinstance(out, tuple):
@@ -512,3 +440,8 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
 
 SPEC = AttentionSpec()
+_attention_op = custom_op(
+    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
+    lambda a: (a["q"].new_empty(a["q"].shape), a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]),
+                                                                 dtype=torch.float32)),
+)

@@ -19,15 +19,15 @@ from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.overrides import context_token
-from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
+__all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
 
 OP: Literal["rmsnorm"] = "rmsnorm"
 DEFAULT_EPS = 1e-6
-_COMPILING = FEATURE_BIT[Feature.COMPILING]
 
 
 class RMSNormKey(NamedTuple):
@@ -59,6 +59,24 @@ class RMSNormCall(NamedTuple):
     key: RMSNormKey
 
 
+def _list(sizes: Sequence[int] | None) -> list[int] | None:
+    return None if sizes is None else list(sizes)
+
+
+# The arguments of :func:`rmsnorm` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(OP, (
+    Arg("x", "torch.Tensor", "``[T, D]`` or ``[T, ..., P, D]`` (e.g. ``[T, H, D]`` for a q/k norm), BF16, FP16 or "
+        "FP32; tokens sorted by modality. Normalised over the last axis.", schema=torch.Tensor, layout=TENSOR),
+    Arg("weight", "torch.Tensor", "the delta-scale (the scale is ``w + 1``), any float dtype, on x's device: "
+        "``[M, D]`` (one row per modality), ``[M, P, D]`` (P rows per modality, matched to x's second-to-last "
+        "axis; P = 1 broadcasts over it) or flat ``[M·P·D]``, M-major.", schema=torch.Tensor, layout=TENSOR),
+    Arg("eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float),
+    Arg("modality_sizes", "Sequence[int] | None", "host-side ints, the sizes of the M contiguous token groups, "
+        "summing to T (None: one modality, M = 1).", None, schema=list[int] | None, to_schema=_list, layout=INTS),
+    Arg("out_dtype", "torch.dtype | None", "the output dtype (None: x's dtype).", None,
+        schema=torch.dtype | None, layout=VALUE),
+))  # fmt: skip
+_layout = ARGS.layout_function()
 _TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -118,9 +136,9 @@ def validate(
     if od not in ck.FLOATS:
         raise InvalidDTypeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16",
                                 repr(out_dtype))
-    mask = _COMPILING if compiling else 0
-    key = RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p)
-    return RMSNormCall(x, w, e, sizes, od, key)
+    call = RMSNormCall(x, w, e, sizes, od, None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    return call._replace(key=RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p))
 
 
 class _Bound(NamedTuple):
@@ -130,34 +148,28 @@ class _Bound(NamedTuple):
     view: torch.Size | None  # a flat weight's [M, P, D] shape
 
 
-def _bind(x: torch.Tensor, weight: torch.Tensor, eps: float, modality_sizes: Sequence[int] | None,
-          out_dtype: torch.dtype | None, provider: str | None, compiling: bool) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
+def _bind(args: tuple[Any, ...], provider: str | None) -> _Bound:
+    """Validate and resolve, or find both done for this call layout (``args``: the declared arguments)."""
     d = dispatcher()
     bound = d.bound_calls()
     try:
-        layout = (
-            OP, provider, context_token(), x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
-            eps, type(eps), None if modality_sizes is None else (type(modality_sizes), *modality_sizes), out_dtype,
-            compiling,
-        )  # fmt: skip
+        layout = _layout(*args, provider, context_token())
         hit: _Bound | None = bound.get(layout)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
         layout, hit = None, None
     if hit is not None:
         return hit
-    call = validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=compiling)
+    call = ARGS.call(validate, args, compiling=False)
     kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not weight else None)
-    # modality sizes are kept by value only for plain ints (a bool or an int subclass must meet validation)
-    plain = modality_sizes is None or all(type(s) is int for s in modality_sizes)
-    if layout is not None and plain and not ck.any_tensor(eps):
+    hit = _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
+    if layout is not None and ARGS.cacheable(args):
         if len(bound) >= d.BOUND_LIMIT:
             bound.clear()
         bound[layout] = hit
     return hit
 
 
+@ARGS.public
 def rmsnorm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -169,28 +181,16 @@ def rmsnorm(
 ) -> torch.Tensor:
     """Multi-modality RMSNorm: ``x·rsqrt(mean(x²)+eps)·(w[m]+1)`` in FP32, cast once.
 
-    Args:
-        x: ``[T, D]`` or ``[T, ..., P, D]`` (e.g. ``[T, H, D]`` for a q/k norm), BF16, FP16 or FP32;
-            tokens sorted by modality. Normalised over the last axis.
-        weight: the delta-scale (the scale is ``w + 1``), any float dtype, on x's device:
-            ``[M, D]`` (one row per modality), ``[M, P, D]`` (P rows per modality, matched to x's
-            second-to-last axis; P = 1 broadcasts over it) or flat ``[M·P·D]``, M-major.
-        eps: a finite float >= 0 added to the mean square.
-        modality_sizes: host-side ints, the sizes of the M contiguous token groups, summing to T
-            (None: one modality, M = 1).
-        out_dtype: the output dtype (None: x's dtype).
-        provider: force a provider by name (see ``m2.use`` for a scope).
-
     Returns:
         ``y``, x's shape, in ``out_dtype``.
     """
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)):
         forward_only(OP, x=x, weight=weight)
+    args = (x, weight, eps, modality_sizes, out_dtype)
     if torch.compiler.is_compiling():
-        sizes = None if modality_sizes is None else list(modality_sizes)
-        y: torch.Tensor = torch.ops.magi2.rmsnorm(x, weight, float(eps), sizes, out_dtype, provider)
+        y: torch.Tensor = ARGS.compiled(args, provider)
         return y
-    b = _bind(x, weight, eps, modality_sizes, out_dtype, provider, False)
+    b = _bind(args, provider)
     if b.view is not None:
         weight = weight.view(b.view)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
@@ -202,47 +202,14 @@ def rmsnorm(
     return out
 
 
-@torch.library.custom_op("magi2::rmsnorm", mutates_args=())
-def _rmsnorm_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    modality_sizes: list[int] | None,
-    out_dtype: torch.dtype | None,
-    provider: str | None,
-) -> torch.Tensor:
-    call = validate(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=True)
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out: torch.Tensor = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    return dense(out)
-
-
-@_rmsnorm_op.register_fake
-def _(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    modality_sizes: list[int] | None,
-    out_dtype: torch.dtype | None,
-    provider: str | None,
-) -> torch.Tensor:
-    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
-
-
 class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
     name = OP
     family = "rmsnorm"
     key_type = RMSNormKey
     arg_names = ("x", "weight")
     kernel_protocol = RMSNormKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> RMSNormCall:
-        kw = dict(kwargs)
-        return validate(*args, eps=kw.pop("eps", DEFAULT_EPS), modality_sizes=kw.pop("modality_sizes", None),
-                        out_dtype=kw.pop("out_dtype", None), compiling=False, **kw)
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
@@ -253,3 +220,7 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
 
 SPEC = RMSNormSpec()
+_rmsnorm_op = custom_op(
+    ARGS, SPEC, validate, torch.Tensor, dense,
+    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
+)

@@ -1,0 +1,201 @@
+"""An operator's arguments, declared once: what the op module's plumbing is derived from.
+
+Each op module declares its public function's arguments (without ``provider``) as an :class:`Args` of
+:class:`Arg` rows, in the function's order. From that one declaration come:
+
+- the ``torch.library`` custom op (its schema, the body that validates and runs when a compiled graph
+  executes, the fake), :func:`magi2_core.ops._compiled.custom_op`, and the compiled call of the public
+  function, :meth:`Args.compiled`;
+- the call-layout key a repeated call is found by (:meth:`Args.layout_function`, generated once as plain
+  code, so that the hot path pays for no loop over the rows) and whether a layout may be kept
+  (:meth:`Args.cacheable`);
+- the spec's ``validate_arguments`` (defaults and resolution of ``None``), :meth:`Args.validate_arguments`;
+- the feature mask of a validated call, :meth:`Args.features`;
+- the docstring's ``Args:`` section, and the check that the public function's explicit, typed signature
+  says what the declaration says (:meth:`Args.public`, at import; ``tests/test_op_args.py``).
+
+The public function keeps its written signature (IDEs and type checkers read it) and its hand-written
+hot path; validation stays in the op's ``validate`` (a public, typed function backends call).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from magi2_core.problem import FEATURE_BIT, Feature
+
+__all__ = ["INTS", "OPTIONAL_TENSOR", "REQUIRED", "SCALAR", "TENSOR", "VALUE", "Arg", "Args"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+REQUIRED: Any = inspect.Parameter.empty  # an argument without a default (positional in the public function)
+
+# How an argument enters the call-layout key: an expression of the argument, written ``{}`` (a template
+# may also name the op's other arguments). Everything validation looks at, except tensors' identities.
+TENSOR = "{}.shape, {}.dtype, {}.device"
+OPTIONAL_TENSOR = "None if {} is None else ({}.shape, {}.dtype, {}.device)"
+VALUE = "{}"  # a flag or a name: equal values validate alike
+SCALAR = "{}, type({})"  # a number: 1 and 1.0 and True validate differently; a tensor is never kept
+INTS = "None if {} is None else (type({}), *{})"  # host ints by value; a non-int entry is never kept
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op's public function."""
+
+    name: str
+    annotation: str  # the public function's annotation, as its source spells it
+    doc: str  # its line in the docstring's Args section ("": it shares the line of the argument above)
+    default: Any = REQUIRED
+    schema: Any = None  # the custom op's Python type (torch infers the schema from it); None: not passed
+    to_schema: Callable[[Any], Any] | None = None  # converts the value for the custom op (a list for a tuple)
+    compiled: Any = None  # what validation receives under torch.compile for an argument not passed
+    layout: str = SCALAR  # its items in the call-layout key (one of the templates above, or the op's own)
+    feature: Feature | None = None  # asked for when the validated value is set (not None, not false or zero)
+    resolve: Callable[[Any], Any] | None = None  # what ``None`` means, resolved before validation
+
+
+@dataclass(frozen=True)
+class Args:
+    """The arguments of one op's public function, in its order, and what is derived from them."""
+
+    op: str
+    rows: tuple[Arg, ...]
+    names: tuple[str, ...] = field(init=False)
+    positional: tuple[str, ...] = field(init=False)  # the leading arguments without a default
+
+    def __post_init__(self) -> None:
+        names = tuple(a.name for a in self.rows)
+        positional = tuple(a.name for a in self.rows if a.default is REQUIRED)
+        if names[: len(positional)] != positional:
+            raise TypeError(f"{self.op}: the arguments without a default must come first, got {names}")
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "positional", positional)
+
+    # -- validation ------------------------------------------------------------------------------
+    def call(self, validate: Callable[..., Any], args: Sequence[Any], **extra: Any) -> Any:
+        """``validate`` called with the public function's arguments ``args`` (in declaration order)."""
+        n = len(self.positional)
+        return validate(*args[:n], **dict(zip(self.names[n:], args[n:], strict=True)), **extra)
+
+    def validate_arguments(self, validate: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``validate`` of the public function's own arguments (without ``provider``): defaults filled in,
+        ``None`` resolved as the public function resolves it; an unknown keyword reaches ``validate``."""
+        kw = dict(kwargs)
+        for a in self.rows[len(self.positional) :]:
+            value = kw.pop(a.name, a.default)
+            kw[a.name] = a.resolve(value) if a.resolve is not None and value is None else value
+        return validate(*args, **kw, compiling=False)
+
+    def features(self, call: Any, compiling: bool) -> int:
+        """The feature mask the declared feature arguments of a validated ``call`` ask for."""
+        mask = FEATURE_BIT[Feature.COMPILING] if compiling else 0
+        for a in self.rows:
+            if a.feature is not None:
+                value = getattr(call, a.name)
+                if value is not None and (isinstance(value, torch.Tensor) or value):
+                    mask |= FEATURE_BIT[a.feature]
+        return mask
+
+    # -- the call-layout cache -----------------------------------------------------------------
+    def layout_function(self) -> Callable[..., tuple[Any, ...]]:
+        """``layout(*args, provider, context)``: the key a repeated call layout is found by (generated
+        code: one tuple display, as a hand-written key would be)."""
+        params = ", ".join((*self.names, "provider", "context"))
+        items = ", ".join(a.layout.replace("{}", a.name) for a in self.rows)
+        source = f"def layout({params}):\n    return ({self.op!r}, provider, context, {items})\n"
+        namespace: dict[str, Any] = {"__name__": f"magi2_core.ops.{self.op}"}
+        exec(compile(source, f"<magi2_core.ops.{self.op} layout>", "exec"), namespace)
+        fn: Callable[..., tuple[Any, ...]] = namespace["layout"]
+        return fn
+
+    def cacheable(self, args: Sequence[Any]) -> bool:
+        """Whether a layout may be kept: a number given as a tensor hashes by identity and could change in
+        place, and host ints other than plain ints must meet validation every time."""
+        for a, value in zip(self.rows, args, strict=True):
+            if a.layout == SCALAR and isinstance(value, torch.Tensor):
+                return False
+            if a.layout == INTS and value is not None and not all(type(s) is int for s in value):
+                return False
+        return True
+
+    def schema_signature(self, returns: Any) -> inspect.Signature:
+        """The custom op's Python signature (torch infers its schema from it): the arguments it is passed,
+        then ``provider``."""
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Signature(
+            [inspect.Parameter(a.name, kind, annotation=a.schema) for a in self.rows if a.schema is not None]
+            + [inspect.Parameter("provider", kind, annotation=str | None)],
+            return_annotation=returns,
+        )
+
+    def from_schema(self, given: Sequence[Any]) -> tuple[list[Any], Any]:
+        """The public arguments (in declaration order) and ``provider`` of a custom-op call: an argument the
+        custom op is not passed takes its ``compiled`` value."""
+        values = iter(given)
+        args = [next(values) if a.schema is not None else a.compiled for a in self.rows]
+        return args, next(values)
+
+    # -- torch.compile ---------------------------------------------------------------------------
+    def compiled(self, args: Sequence[Any], provider: str | None) -> Any:
+        """The public call recorded as the op's custom op (``torch.ops.magi2.<op>``)."""
+        given = [
+            a.to_schema(v) if a.to_schema is not None else v
+            for a, v in zip(self.rows, args, strict=True)
+            if a.schema is not None
+        ]
+        return getattr(torch.ops.magi2, self.op)(*given, provider)
+
+    # -- the public function ---------------------------------------------------------------------
+    def signature_errors(self, fn: Callable[..., Any]) -> list[str]:
+        """How ``fn``'s written signature differs from the declaration (empty: they agree)."""
+        params = list(inspect.signature(fn).parameters.values())
+        errors: list[str] = []
+        if not params or params[-1].name != "provider" or params[-1].default is not None:
+            errors.append("the last parameter must be `provider: str | None = None`")
+        else:
+            params = params[:-1]
+        got = [p.name for p in params]
+        if got != list(self.names):
+            errors.append(f"parameters {got} are not the declared {list(self.names)}")
+            return errors
+        for a, p in zip(self.rows, params, strict=True):
+            kind = p.POSITIONAL_OR_KEYWORD if a.default is REQUIRED else p.KEYWORD_ONLY
+            if p.kind != kind:
+                errors.append(f"{a.name}: {p.kind.description}, declared {kind.description}")
+            if p.default is not a.default and p.default != a.default:
+                errors.append(f"{a.name}: default {p.default!r}, declared {a.default!r}")
+            if p.annotation != a.annotation:
+                errors.append(f"{a.name}: annotation {p.annotation!r}, declared {a.annotation!r}")
+        return errors
+
+    def docs(self) -> str:
+        """The docstring's ``Args:`` section (Google style), one entry per declared line."""
+        entries: list[list[str]] = []  # [names..., doc]: an undocumented argument joins the entry above
+        for a in (*self.rows, Arg("provider", "str | None", "force a provider by name (see ``m2.use`` for a scope).")):
+            if a.doc:
+                entries.append([a.name, a.doc])
+            else:
+                entries[-1].insert(-1, a.name)
+        lines: list[str] = []
+        for *names, doc in entries:
+            lines.extend(textwrap.wrap(f"{', '.join(names)}: {doc}", 104, subsequent_indent="    "))
+        return "Args:\n" + textwrap.indent("\n".join(lines), "    ") + "\n"
+
+    def public(self, fn: F) -> F:
+        """Check ``fn``'s signature against the declaration and write the ``Args:`` section into its
+        docstring (before its ``Returns:``); raise ``TypeError`` naming each difference."""
+        errors = self.signature_errors(fn)
+        if errors:
+            raise TypeError(
+                f"magi2_core.ops.{self.op}.{fn.__name__} disagrees with its declared arguments: " + "; ".join(errors)
+            )
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        head, sep, tail = doc.partition("Returns:")
+        fn.__doc__ = f"{head.rstrip()}\n\n{self.docs()}\n{sep}{tail}" if sep else f"{doc}\n\n{self.docs()}"
+        return fn

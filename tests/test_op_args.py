@@ -1,0 +1,91 @@
+"""Each op's declared arguments (``magi2_core.ops._args``) and what is derived from them agree with the
+public function: its written signature, its custom op's schema, its docstring, ``validate_arguments``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import magi2_core as m2
+from magi2_core.ops import SPECS
+from magi2_core.ops._args import TENSOR, Arg, Args
+
+DECLARED = {op: spec for op, spec in SPECS.items() if spec.args is not None}
+PUBLIC = {"attention": m2.attention, "rmsnorm": m2.rmsnorm}
+
+# the torch.library schemas as written by hand before the declarations (torch.compile graphs record them)
+SCHEMAS = {
+    "attention": "magi2::attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "SymInt? max_seqlen_q, SymInt? max_seqlen_k, float? softmax_scale, float softcap, Tensor? sinks, "
+    "bool deterministic, str sink_rescale, str? provider) -> (Tensor, Tensor)",
+    "rmsnorm": "magi2::rmsnorm(Tensor x, Tensor weight, float eps, SymInt[]? modality_sizes, "
+    "ScalarType? out_dtype, str? provider) -> Tensor",
+}
+
+
+def test_attention_and_rmsnorm_are_declared() -> None:
+    assert set(PUBLIC) <= set(DECLARED)
+
+
+@pytest.mark.parametrize("op", sorted(PUBLIC))
+def test_the_written_signature_is_the_declared_one(op: str) -> None:
+    args = DECLARED[op].args
+    assert args is not None
+    assert args.signature_errors(PUBLIC[op]) == []
+    assert DECLARED[op].arg_names == args.positional
+
+
+@pytest.mark.parametrize("op", sorted(PUBLIC))
+def test_the_custom_op_schema_is_derived_unchanged(op: str) -> None:
+    assert str(getattr(torch.ops.magi2, op).default._schema) == SCHEMAS[op]
+
+
+@pytest.mark.parametrize("op", sorted(PUBLIC))
+def test_every_argument_is_documented(op: str) -> None:
+    doc = PUBLIC[op].__doc__ or ""
+    args = DECLARED[op].args
+    assert args is not None
+    section = doc[doc.index("Args:") : doc.index("Returns:")]
+    for name in (*args.names, "provider"):
+        assert f" {name}:" in section or f" {name}," in section, name
+
+
+def test_a_signature_that_disagrees_is_named() -> None:
+    args = Args("rmsnorm", (Arg("x", "torch.Tensor", "x.", layout=TENSOR), Arg("eps", "float", "eps.", 1e-6)))
+
+    def renamed(x: torch.Tensor, *, epsilon: float = 1e-6, provider: str | None = None) -> None: ...
+
+    def other_default(x: torch.Tensor, *, eps: float = 1e-5, provider: str | None = None) -> None: ...
+
+    def other_type(x: torch.Tensor, *, eps: int = 1, provider: str | None = None) -> None: ...
+
+    def positional(x: torch.Tensor, eps: float = 1e-6, provider: str | None = None) -> None: ...
+
+    def no_provider(x: torch.Tensor, *, eps: float = 1e-6) -> None: ...
+
+    assert "parameters ['x', 'epsilon']" in args.signature_errors(renamed)[0]
+    assert args.signature_errors(other_default) == ["eps: default 1e-05, declared 1e-06"]
+    assert "eps: annotation 'int'" in " ".join(args.signature_errors(other_type))
+    assert args.signature_errors(positional) == ["eps: positional or keyword, declared keyword-only"]
+    assert "provider" in args.signature_errors(no_provider)[0]
+    with pytest.raises(TypeError, match="disagrees with its declared arguments"):
+        args.public(renamed)
+
+
+def test_the_layout_key_is_generated_from_the_declaration() -> None:
+    args = Args("rmsnorm", (Arg("x", "torch.Tensor", "x.", layout=TENSOR), Arg("eps", "float", "eps.", 1e-6)))
+    x = torch.zeros(2, 3)
+    assert args.layout_function()(x, 1e-6, None, 0) == ("rmsnorm", None, 0, x.shape, x.dtype, x.device, 1e-6, float)
+    assert args.cacheable((x, 1e-6)) and not args.cacheable((x, torch.tensor(1e-6)))
+
+
+def test_validate_arguments_fills_the_declared_defaults() -> None:
+    x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
+    call = SPECS["rmsnorm"].validate_arguments((x, w), {})
+    assert call.eps == 1e-6 and call.modality_sizes is None and call.out_dtype is torch.float32
+    q = torch.randn(4, 2, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    a = SPECS["attention"].validate_arguments((q, q, q, cu, cu), {"softcap": 2.0})
+    assert a.softcap == 2.0 and a.sink_rescale == "fp32" and not a.return_lse
+    with pytest.raises(TypeError):
+        SPECS["rmsnorm"].validate_arguments((x, w), {"epsilon": 1.0})
