@@ -7,11 +7,13 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.ops import SPECS
+from magi2_core.ops import SPECS, dispatcher
 from magi2_core.ops._args import TENSOR, Arg, Args
+from magi2_core.overrides import context_token
 
 DECLARED = {op: spec for op, spec in SPECS.items() if spec.args is not None}
-PUBLIC = {"attention": m2.attention, "rmsnorm": m2.rmsnorm}
+PUBLIC = {"attention": m2.attention, "rmsnorm": m2.rmsnorm, "moe_route": m2.moe_route,
+          "moe_experts": m2.moe_experts, "mhc_pre": m2.mhc_pre, "mhc_mix": m2.mhc_mix}
 
 # the torch.library schemas as written by hand before the declarations (torch.compile graphs record them)
 SCHEMAS = {
@@ -20,11 +22,20 @@ SCHEMAS = {
     "bool deterministic, str sink_rescale, str? provider) -> (Tensor, Tensor)",
     "rmsnorm": "magi2::rmsnorm(Tensor x, Tensor weight, float eps, SymInt[]? modality_sizes, "
     "ScalarType? out_dtype, str? provider) -> Tensor",
+    "moe_route": "magi2::moe_route(Tensor x, Tensor router_weight, Tensor? bias, SymInt top_k, float route_scale, "
+    "bool route_norm, str score_func, str? provider) -> (Tensor, Tensor)",
+    "moe_experts": "magi2::moe_experts(Tensor x, Tensor probs, Tensor idx, Tensor[] weights, str layout, "
+    "bool deterministic, str? provider) -> Tensor",
+    "mhc_pre": "magi2::mhc_pre(Tensor streams, Tensor norm_weight, Tensor phi, Tensor alpha_pre, Tensor alpha_post, "
+    "Tensor alpha_res, Tensor bias_pre, Tensor bias_post, Tensor bias_res, float eps, SymInt[]? modality_sizes, "
+    "SymInt sinkhorn_iterations, float sinkhorn_eps, ScalarType? out_dtype, str? provider) -> (Tensor, Tensor, Tensor)",
+    "mhc_mix": "magi2::mhc_mix(Tensor streams, Tensor branch_output, Tensor post, Tensor residual, str? provider) "
+    "-> Tensor",
 }
 
 
-def test_attention_and_rmsnorm_are_declared() -> None:
-    assert set(PUBLIC) <= set(DECLARED)
+def test_every_op_is_declared() -> None:
+    assert set(PUBLIC) == set(DECLARED) == set(SPECS)
 
 
 @pytest.mark.parametrize("op", sorted(PUBLIC))
@@ -72,10 +83,16 @@ def test_a_signature_that_disagrees_is_named() -> None:
         args.public(renamed)
 
 
-def test_the_layout_key_is_generated_from_the_declaration() -> None:
+def test_the_cache_lookup_is_generated_from_the_declaration() -> None:
+    x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
+    dispatcher().clear()
+    m2.rmsnorm(x, w, eps=1e-5)
+    (key,) = dispatcher().bound_calls()
+    assert key == ("rmsnorm", None, context_token(), x.shape, x.dtype, x.device, w.shape, w.dtype, w.device, 1e-5,
+                   float, None, None)
+    m2.rmsnorm(x, w, eps=torch.tensor(1e-5))  # a number given as a tensor: validated, never kept
+    assert list(dispatcher().bound_calls()) == [key]
     args = Args("rmsnorm", (Arg("x", "torch.Tensor", "x.", layout=TENSOR), Arg("eps", "float", "eps.", 1e-6)))
-    x = torch.zeros(2, 3)
-    assert args.layout_function()(x, 1e-6, None, 0) == ("rmsnorm", None, 0, x.shape, x.dtype, x.device, 1e-6, float)
     assert args.cacheable((x, 1e-6)) and not args.cacheable((x, torch.tensor(1e-6)))
 
 
