@@ -140,7 +140,7 @@ class Args:
         value_checked: bool = False,
         recheck: tuple[str, Callable[[Any, Any], None]] | None = None,
     ) -> Callable[..., Any]:
-        """``bind(*args, provider)``: what a public call with the declared arguments ``args`` reuses of its call
+        """``bind(args, provider)``: what a public call with the declared arguments ``args`` reuses of its call
         layout, found in the dispatcher's cache by the layout key, or made and kept on a miss.
 
         Generated once as plain code (one tuple display for the key, as a hand-written lookup would be). On a
@@ -153,7 +153,8 @@ class Args:
         args = ", ".join(self.names)
         items = ", ".join(a.layout.replace("{}", a.name) for a in self.rows)
         lines = [
-            f"def bind({args}, provider):",
+            "def bind(args, provider):",
+            f"    {args}, = args",
             "    d = dispatcher()",
             "    cache = d.bound_calls()",
             "    try:",
@@ -162,7 +163,7 @@ class Args:
             "    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # validation says what",
             "        layout = hit = None",
             "    if hit is None:",
-            f"        return miss(d, cache, layout, ({args},), provider)",
+            "        return miss(d, cache, layout, args, provider)",
         ]
         if recheck is not None:
             lines += ["    if hit.recheck:", f"        recheck(hit, {recheck[0]})"]

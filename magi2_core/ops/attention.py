@@ -376,12 +376,12 @@ def attention(
         asks_grad = False
     if asks_grad and torch.is_grad_enabled():
         forward_only(OP, q=q, k=k, v=v, sinks=sinks)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
+            deterministic, return_lse, sink_rescale)
     if torch.compiler.is_compiling():
-        o, lse = ARGS.compiled((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                softcap, sinks, deterministic, return_lse, sink_rescale), provider)
+        o, lse = ARGS.compiled(args, provider)
         return (o, lse) if return_lse else o
-    b = _bind(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
-              deterministic, return_lse, sink_rescale, provider)
+    b = _bind(args, provider)
     if b.convert:
         cu_seqlens_q, cu_seqlens_k = _normalised(cu_seqlens_q, q.device), _normalised(cu_seqlens_k, q.device)
     if b.drop_sinks:

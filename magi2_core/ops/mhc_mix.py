@@ -126,11 +126,12 @@ def mhc_mix(
                                     or getattr(post, "requires_grad", False)
                                     or getattr(residual, "requires_grad", False)):  # fmt: skip
         forward_only(OP, streams=streams, branch_output=branch_output, post=post, residual=residual)
+    args = (streams, branch_output, post, residual)
     if torch.compiler.is_compiling():
-        y: torch.Tensor = ARGS.compiled((streams, branch_output, post, residual), provider)
+        y: torch.Tensor = ARGS.compiled(args, provider)
         return y
-    b = _bind(streams, branch_output, post, residual, provider)
-    call: MHCMixCall = _record(MHCMixCall, (streams, branch_output, post, residual) + b.rest)  # noqa: RUF005
+    b = _bind(args, provider)
+    call: MHCMixCall = _record(MHCMixCall, args + b.rest)
     out: torch.Tensor = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:

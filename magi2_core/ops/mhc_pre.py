@@ -248,13 +248,11 @@ def mhc_pre(
     tensors = (streams, norm_weight, phi, alpha_pre, alpha_post, alpha_res, bias_pre, bias_post, bias_res)
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
         forward_only(OP, **dict(zip(("streams", *_PARAMS), tensors, strict=True)))
+    args = (*tensors, eps, modality_sizes, sinkhorn_iterations, sinkhorn_eps, out_dtype)
     if torch.compiler.is_compiling():
-        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = ARGS.compiled(
-            (*tensors, eps, modality_sizes, sinkhorn_iterations, sinkhorn_eps, out_dtype), provider
-        )
+        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = ARGS.compiled(args, provider)
         return out
-    b = _bind(streams, norm_weight, phi, alpha_pre, alpha_post, alpha_res, bias_pre, bias_post, bias_res, eps,
-              modality_sizes, sinkhorn_iterations, sinkhorn_eps, out_dtype, provider)
+    b = _bind(args, provider)
     w = norm_weight if norm_weight.dim() == 2 else norm_weight.view(b.rest[-1].num_modalities, -1)
     call: MHCPreCall = _record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
     out = b.kernel(call)

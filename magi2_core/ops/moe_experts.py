@@ -254,7 +254,7 @@ def moe_experts(
     if torch.compiler.is_compiling():
         y: torch.Tensor = ARGS.compiled((x, probs, idx, w_gate, w_up, w_down, det), provider)
         return y
-    b = _bind(x, probs, idx, wg, wu, wd, det, provider)
+    b = _bind((x, probs, idx, wg, wu, wd, det), provider)  # the weights as checkpoint-layout views
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: ExpertsCall = _record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)

@@ -190,10 +190,11 @@ def moe_route(
                                     or getattr(router_weight, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):  # fmt: skip
         forward_only(OP, x=x, router_weight=router_weight, bias=bias)
+    args = (x, router_weight, bias, top_k, route_scale, route_norm, score_func)
     if torch.compiler.is_compiling():
-        probs, idx = ARGS.compiled((x, router_weight, bias, top_k, route_scale, route_norm, score_func), provider)
+        probs, idx = ARGS.compiled(args, provider)
         return probs, idx
-    b = _bind(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider)
+    b = _bind(args, provider)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: RouteCall = _record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
     probs, idx = b.kernel(call)

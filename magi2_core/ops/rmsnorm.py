@@ -167,10 +167,11 @@ def rmsnorm(
     """
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)):
         forward_only(OP, x=x, weight=weight)
+    args = (x, weight, eps, modality_sizes, out_dtype)
     if torch.compiler.is_compiling():
-        y: torch.Tensor = ARGS.compiled((x, weight, eps, modality_sizes, out_dtype), provider)
+        y: torch.Tensor = ARGS.compiled(args, provider)
         return y
-    b = _bind(x, weight, eps, modality_sizes, out_dtype, provider)
+    b = _bind(args, provider)
     if b.view is not None:
         weight = weight.view(b.view)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
