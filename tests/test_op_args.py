@@ -7,15 +7,15 @@ import pytest
 import torch
 
 import magi2_core as m2
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.ops import SPECS, dispatcher
 from magi2_core.ops._args import TENSOR, Arg, Args
 from magi2_core.overrides import context_token
 
 DECLARED = {op: spec for op, spec in SPECS.items() if spec.args is not None}
-PUBLIC = {"attention": m2.attention, "rmsnorm": m2.rmsnorm, "moe_route": m2.moe_route,
-          "moe_experts": m2.moe_experts, "mhc_pre": m2.mhc_pre, "mhc_mix": m2.mhc_mix}
+PUBLIC = {op: getattr(m2, op) for op in SPECS}
 
-# the torch.library schemas as written by hand before the declarations (torch.compile graphs record them)
+# the torch.library schemas, as written by hand before the declarations (torch.compile graphs record them)
 SCHEMAS = {
     "attention": "magi2::attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt? max_seqlen_q, SymInt? max_seqlen_k, float? softmax_scale, float softcap, Tensor? sinks, "
@@ -35,7 +35,25 @@ SCHEMAS = {
 
 
 def test_every_op_is_declared() -> None:
-    assert set(PUBLIC) == set(DECLARED) == set(SPECS)
+    assert set(DECLARED) == set(SPECS)
+    assert all(isinstance(spec.args, Args) and spec.args.op == op for op, spec in SPECS.items())
+
+
+def test_packed_weights_reach_validation_as_checkpoint_views() -> None:
+    x, probs, idx = torch.randn(3, 2, 4), torch.rand(2, 3, 1), torch.zeros(2, 3, 1, dtype=torch.int64)
+    wg, wu, wd = torch.randn(4, 4, 6), torch.randn(4, 4, 6), torch.randn(4, 6, 4)
+    spec = SPECS["moe_experts"]
+    by_keyword = spec.validate_arguments((x, probs, idx, wg), {"w_up": wu, "w_down": wd})
+    prepared = PreparedMoEWeights.from_layout("reference", CHECKPOINT, (wg, wu, wd))
+    packed = spec.validate_arguments((x, probs, idx, prepared), {})
+    assert packed.w_gate is wg and packed.w_down is wd and packed.key == by_keyword.key
+    assert spec.args.pack is not None
+    given = spec.args.pack.pack(prepared, None, None)
+    assert given == ([wg, wu, wd], CHECKPOINT)
+    values, provider = spec.args.from_schema([x, probs, idx, *given, True, "reference"])
+    assert values[3:6] == [wg, wu, wd] and values[6] is True and provider == "reference"
+    with pytest.raises(m2.InvalidValueError, match="w_up/w_down"):
+        spec.validate_arguments((x, probs, idx, prepared, wu), {})
 
 
 @pytest.mark.parametrize("op", sorted(PUBLIC))
