@@ -6,9 +6,9 @@ Each op module declares its public function's arguments (without ``provider``) a
 - the ``torch.library`` custom op (its schema, the body that validates and runs when a compiled graph
   executes, the fake), :func:`magi2_core.ops._compiled.custom_op`, and the compiled call of the public
   function, :meth:`Args.compiled`;
-- the cache lookup of the public call (:meth:`Args.binder`: the call-layout key a repeated call is found
-  by, the lookup and, on a miss, validation and resolution; generated once as plain code, so that the hot
-  path pays for no loop over the rows) and whether a layout may be kept (:meth:`Args.cacheable`);
+- the cache lookup of the public call (:func:`magi2_core.ops._lookup.cache_lookup`: the call-layout key a
+  repeated call is found by, from each row's ``layout`` template; the lookup and, on a miss, validation and
+  resolution) and whether a layout may be kept (:meth:`Args.cacheable`);
 - the spec's ``validate_arguments`` (defaults and resolution of ``None``), :meth:`Args.validate_arguments`;
 - the feature mask of a validated call, :meth:`Args.features`;
 - the docstring's ``Args:`` section, and the check that the public function's explicit, typed signature
@@ -28,9 +28,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from magi2_core.contracts._checks import device_value_checks
-from magi2_core.dispatch import dispatcher
-from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = ["INTS", "OPTIONAL_TENSOR", "REQUIRED", "SCALAR", "TENSOR", "VALUE", "Arg", "Args", "Pack"]
@@ -131,66 +128,6 @@ class Args:
         return mask
 
     # -- the call-layout cache -----------------------------------------------------------------
-    def binder(
-        self,
-        spec: Any,
-        validate: Callable[..., Any],
-        make: Callable[[Any, str, Any, tuple[Any, ...]], Any],
-        *,
-        value_checked: bool = False,
-        recheck: tuple[str, Callable[[Any, Any], None]] | None = None,
-    ) -> Callable[..., Any]:
-        """``bind(args, provider)``: what a public call with the declared arguments ``args`` reuses of its call
-        layout, found in the dispatcher's cache by the layout key, or made and kept on a miss.
-
-        Generated once as plain code (one tuple display for the key, as a hand-written lookup would be). On a
-        miss: ``validate`` (which raises on a bad argument), the kernel resolved for ``spec``, and
-        ``make(kernel, provider_name, call, args)`` kept where the layout may be (:meth:`cacheable`; not while
-        device value checks are on when ``value_checked``: then every call is checked in full). ``recheck``
-        ``(name, check)``: on a hit whose ``recheck`` field is set, ``check(hit, <argument name>)`` (a host
-        tensor's values, checked on every call).
-        """
-        args = ", ".join(self.names)
-        items = ", ".join(a.layout.replace("{}", a.name) for a in self.rows)
-        lines = [
-            "def bind(args, provider):",
-            f"    {args}, = args",
-            "    d = dispatcher()",
-            "    cache = d.bound_calls()",
-            "    try:",
-            f"        layout = ({self.op!r}, provider, context_token(), {items})",
-            "        hit = cache.get(layout)",
-            "    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # validation says what",
-            "        layout = hit = None",
-            "    if hit is None:",
-            "        return miss(d, cache, layout, args, provider)",
-        ]
-        if recheck is not None:
-            lines += ["    if hit.recheck:", f"        recheck(hit, {recheck[0]})"]
-        lines.append("    return hit")
-
-        def miss(d: Any, cache: dict[tuple[Any, ...], Any], layout: tuple[Any, ...] | None, given: tuple[Any, ...],
-                 provider: str | None) -> Any:
-            call = self.call(validate, given, compiling=False)
-            kernel, name = d.kernel(spec, call.key, provider)
-            hit = make(kernel, name, call, given)
-            if layout is not None and self.cacheable(given) and not (value_checked and device_value_checks()):
-                if len(cache) >= d.BOUND_LIMIT:
-                    cache.clear()
-                cache[layout] = hit
-            return hit
-
-        namespace: dict[str, Any] = {
-            "__name__": f"magi2_core.ops.{self.op}",
-            "dispatcher": dispatcher,
-            "context_token": context_token,
-            "miss": miss,
-            "recheck": recheck and recheck[1],
-        }
-        exec(compile("\n".join(lines) + "\n", f"<magi2_core.ops.{self.op} bind>", "exec"), namespace)
-        fn: Callable[..., Any] = namespace["bind"]
-        return fn
-
     def cacheable(self, args: Sequence[Any]) -> bool:
         """Whether a layout may be kept: a number given as a tensor hashes by identity and could change in
         place, and host ints other than plain ints must meet validation every time."""

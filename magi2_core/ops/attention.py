@@ -25,6 +25,7 @@ from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShap
 from magi2_core.kernel import SinkRescale
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.problem import FEATURE_BIT, Feature
 
@@ -420,7 +421,9 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
 
 SPEC = AttentionSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck))
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
+)
 _attention_op = custom_op(
     ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
     lambda a: (a["q"].new_empty(a["q"].shape), a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]),

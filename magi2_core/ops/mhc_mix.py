@@ -18,6 +18,7 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
 from magi2_core.ops._args import TENSOR, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 
 __all__ = ["ARGS", "SPEC", "MHCMixCall", "MHCMixKernel", "MHCMixKey", "mhc_mix", "validate"]
@@ -157,5 +158,5 @@ class MHCMixSpec(OpSpec[MHCMixCall, MHCMixKey]):
 
 
 SPEC = MHCMixSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make)
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 _mhc_mix_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["streams"].new_empty(a["streams"].shape))

@@ -21,6 +21,7 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 
 __all__ = [
@@ -285,7 +286,7 @@ class MHCPreSpec(OpSpec[MHCPreCall, MHCPreKey]):
 
 
 SPEC = MHCPreSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make)
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 
 
 def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValue
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
 from magi2_core.ops._args import TENSOR, VALUE, Arg, Args, Pack
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
@@ -316,5 +317,7 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
 
 
 SPEC = MoEExpertsSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck)
+)
 _moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))

@@ -27,6 +27,7 @@ from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.problem import FEATURE_BIT, Feature
 
@@ -225,7 +226,9 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
 
 
 SPEC = MoERouteSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck))
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
+)
 _moe_route_op = custom_op(
     ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
     lambda a: (a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.float32),

@@ -20,6 +20,7 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
@@ -200,7 +201,7 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
 
 SPEC = RMSNormSpec()
-_bind: Callable[..., _Bound] = ARGS.binder(SPEC, validate, _make)
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 _rmsnorm_op = custom_op(
     ARGS, SPEC, validate, torch.Tensor, dense,
     lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
