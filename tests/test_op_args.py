@@ -7,24 +7,53 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.ops import SPECS
+from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
+from magi2_core.ops import SPECS, dispatcher
 from magi2_core.ops._args import TENSOR, Arg, Args
+from magi2_core.overrides import context_token
 
 DECLARED = {op: spec for op, spec in SPECS.items() if spec.args is not None}
-PUBLIC = {"attention": m2.attention, "rmsnorm": m2.rmsnorm}
+PUBLIC = {op: getattr(m2, op) for op in SPECS}
 
-# the torch.library schemas as written by hand before the declarations (torch.compile graphs record them)
+# the torch.library schemas, as written by hand before the declarations (torch.compile graphs record them)
 SCHEMAS = {
     "attention": "magi2::attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt? max_seqlen_q, SymInt? max_seqlen_k, float? softmax_scale, float softcap, Tensor? sinks, "
     "bool deterministic, str sink_rescale, str? provider) -> (Tensor, Tensor)",
     "rmsnorm": "magi2::rmsnorm(Tensor x, Tensor weight, float eps, SymInt[]? modality_sizes, "
     "ScalarType? out_dtype, str? provider) -> Tensor",
+    "moe_route": "magi2::moe_route(Tensor x, Tensor router_weight, Tensor? bias, SymInt top_k, float route_scale, "
+    "bool route_norm, str score_func, str? provider) -> (Tensor, Tensor)",
+    "moe_experts": "magi2::moe_experts(Tensor x, Tensor probs, Tensor idx, Tensor[] weights, str layout, "
+    "bool deterministic, str? provider) -> Tensor",
+    "mhc_pre": "magi2::mhc_pre(Tensor streams, Tensor norm_weight, Tensor phi, Tensor alpha_pre, Tensor alpha_post, "
+    "Tensor alpha_res, Tensor bias_pre, Tensor bias_post, Tensor bias_res, float eps, SymInt[]? modality_sizes, "
+    "SymInt sinkhorn_iterations, float sinkhorn_eps, ScalarType? out_dtype, str? provider) -> (Tensor, Tensor, Tensor)",
+    "mhc_mix": "magi2::mhc_mix(Tensor streams, Tensor branch_output, Tensor post, Tensor residual, str? provider) "
+    "-> Tensor",
 }
 
 
-def test_attention_and_rmsnorm_are_declared() -> None:
-    assert set(PUBLIC) <= set(DECLARED)
+def test_every_op_is_declared() -> None:
+    assert set(DECLARED) == set(SPECS)
+    assert all(isinstance(spec.args, Args) and spec.args.op == op for op, spec in SPECS.items())
+
+
+def test_packed_weights_reach_validation_as_checkpoint_views() -> None:
+    x, probs, idx = torch.randn(3, 2, 4), torch.rand(2, 3, 1), torch.zeros(2, 3, 1, dtype=torch.int64)
+    wg, wu, wd = torch.randn(4, 4, 6), torch.randn(4, 4, 6), torch.randn(4, 6, 4)
+    spec = SPECS["moe_experts"]
+    by_keyword = spec.validate_arguments((x, probs, idx, wg), {"w_up": wu, "w_down": wd})
+    prepared = PreparedMoEWeights.from_layout("reference", CHECKPOINT, (wg, wu, wd))
+    packed = spec.validate_arguments((x, probs, idx, prepared), {})
+    assert packed.w_gate is wg and packed.w_down is wd and packed.key == by_keyword.key
+    assert spec.args.pack is not None
+    given = spec.args.pack.pack(prepared, None, None)
+    assert given == ([wg, wu, wd], CHECKPOINT)
+    values, provider = spec.args.from_schema([x, probs, idx, *given, True, "reference"])
+    assert values[3:6] == [wg, wu, wd] and values[6] is True and provider == "reference"
+    with pytest.raises(m2.InvalidValueError, match="w_up/w_down"):
+        spec.validate_arguments((x, probs, idx, prepared, wu), {})
 
 
 @pytest.mark.parametrize("op", sorted(PUBLIC))
@@ -72,10 +101,16 @@ def test_a_signature_that_disagrees_is_named() -> None:
         args.public(renamed)
 
 
-def test_the_layout_key_is_generated_from_the_declaration() -> None:
+def test_the_cache_lookup_is_generated_from_the_declaration() -> None:
+    x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
+    dispatcher().clear()
+    m2.rmsnorm(x, w, eps=1e-5)
+    (key,) = dispatcher().bound_calls()
+    assert key == ("rmsnorm", None, context_token(), x.shape, x.dtype, x.device, w.shape, w.dtype, w.device, 1e-5,
+                   float, None, None)
+    m2.rmsnorm(x, w, eps=torch.tensor(1e-5))  # a number given as a tensor: validated, never kept
+    assert list(dispatcher().bound_calls()) == [key]
     args = Args("rmsnorm", (Arg("x", "torch.Tensor", "x.", layout=TENSOR), Arg("eps", "float", "eps.", 1e-6)))
-    x = torch.zeros(2, 3)
-    assert args.layout_function()(x, 1e-6, None, 0) == ("rmsnorm", None, 0, x.shape, x.dtype, x.device, 1e-6, float)
     assert args.cacheable((x, 1e-6)) and not args.cacheable((x, torch.tensor(1e-6)))
 
 

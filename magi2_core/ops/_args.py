@@ -6,16 +6,16 @@ Each op module declares its public function's arguments (without ``provider``) a
 - the ``torch.library`` custom op (its schema, the body that validates and runs when a compiled graph
   executes, the fake), :func:`magi2_core.ops._compiled.custom_op`, and the compiled call of the public
   function, :meth:`Args.compiled`;
-- the call-layout key a repeated call is found by (:meth:`Args.layout_function`, generated once as plain
-  code, so that the hot path pays for no loop over the rows) and whether a layout may be kept
-  (:meth:`Args.cacheable`);
+- the cache lookup of the public call (:func:`magi2_core.ops._lookup.cache_lookup`: the call-layout key a
+  repeated call is found by, from each row's ``layout`` template; the lookup and, on a miss, validation and
+  resolution) and whether a layout may be kept (:meth:`Args.cacheable`);
 - the spec's ``validate_arguments`` (defaults and resolution of ``None``), :meth:`Args.validate_arguments`;
 - the feature mask of a validated call, :meth:`Args.features`;
 - the docstring's ``Args:`` section, and the check that the public function's explicit, typed signature
   says what the declaration says (:meth:`Args.public`, at import; ``tests/test_op_args.py``).
 
-The public function keeps its written signature (IDEs and type checkers read it) and its hand-written
-hot path; validation stays in the op's ``validate`` (a public, typed function backends call).
+The public function keeps its written signature (IDEs and type checkers read it) and what it does with a
+found layout; validation stays in the op's ``validate`` (a public, typed function backends call).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ import torch
 
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["INTS", "OPTIONAL_TENSOR", "REQUIRED", "SCALAR", "TENSOR", "VALUE", "Arg", "Args"]
+__all__ = ["INTS", "OPTIONAL_TENSOR", "REQUIRED", "SCALAR", "TENSOR", "VALUE", "Arg", "Args", "Pack"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 REQUIRED: Any = inspect.Parameter.empty  # an argument without a default (positional in the public function)
 
 # How an argument enters the call-layout key: an expression of the argument, written ``{}`` (a template
-# may also name the op's other arguments). Everything validation looks at, except tensors' identities.
+# may also name the op's other arguments, and names bound by an earlier one with ``:=``). Everything
+# validation looks at, except tensors' identities.
 TENSOR = "{}.shape, {}.dtype, {}.device"
 OPTIONAL_TENSOR = "None if {} is None else ({}.shape, {}.dtype, {}.device)"
 VALUE = "{}"  # a flag or a name: equal values validate alike
@@ -58,6 +59,18 @@ class Arg:
     layout: str = SCALAR  # its items in the call-layout key (one of the templates above, or the op's own)
     feature: Feature | None = None  # asked for when the validated value is set (not None, not false or zero)
     resolve: Callable[[Any], Any] | None = None  # what ``None`` means, resolved before validation
+    positional: bool = False  # positional or keyword although it has a default (else keyword-only)
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Consecutive public arguments that reach the custom op as other parameters (``moe_experts``: its three
+    weights, or one prepared-weights object in their place, travel as a tensor list and its layout name)."""
+
+    names: tuple[str, ...]  # the public arguments, consecutive in the declaration
+    params: tuple[tuple[str, Any], ...]  # the custom op's parameters in their place: (name, Python type)
+    pack: Callable[..., tuple[Any, ...]]  # the public values -> the parameters' values
+    unpack: Callable[..., tuple[Any, ...]]  # the parameters' values -> the values validation receives
 
 
 @dataclass(frozen=True)
@@ -66,14 +79,18 @@ class Args:
 
     op: str
     rows: tuple[Arg, ...]
+    pack: Pack | None = None
     names: tuple[str, ...] = field(init=False)
-    positional: tuple[str, ...] = field(init=False)  # the leading arguments without a default
+    positional: tuple[str, ...] = field(init=False)  # the leading positional arguments
 
     def __post_init__(self) -> None:
         names = tuple(a.name for a in self.rows)
-        positional = tuple(a.name for a in self.rows if a.default is REQUIRED)
+        positional = tuple(a.name for a in self.rows if a.default is REQUIRED or a.positional)
         if names[: len(positional)] != positional:
-            raise TypeError(f"{self.op}: the arguments without a default must come first, got {names}")
+            raise TypeError(f"{self.op}: the positional arguments must come first, got {names}")
+        if self.pack is not None and self.pack.names not in {names[i : i + len(self.pack.names)] for i in
+                                                             range(len(names))}:  # fmt: skip
+            raise TypeError(f"{self.op}: packed arguments {self.pack.names} are not consecutive in {names}")
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "positional", positional)
 
@@ -85,11 +102,19 @@ class Args:
 
     def validate_arguments(self, validate: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """``validate`` of the public function's own arguments (without ``provider``): defaults filled in,
-        ``None`` resolved as the public function resolves it; an unknown keyword reaches ``validate``."""
+        ``None`` resolved and packed arguments normalised as the public function does; an unknown keyword or
+        a missing argument reaches ``validate`` (which raises ``TypeError``)."""
         kw = dict(kwargs)
-        for a in self.rows[len(self.positional) :]:
-            value = kw.pop(a.name, a.default)
-            kw[a.name] = a.resolve(value) if a.resolve is not None and value is None else value
+        for a in self.rows[len(args) :]:
+            if a.default is not REQUIRED or a.name in kw:
+                value = kw.pop(a.name, a.default)
+                kw[a.name] = a.resolve(value) if a.resolve is not None and value is None else value
+        if self.pack is not None and len(args) <= len(self.positional):
+            named = {**dict(zip(self.names, args, strict=False)), **kw}
+            given = [named.get(n) for n in self.pack.names]
+            named.update(zip(self.pack.names, self.pack.unpack(*self.pack.pack(*given)), strict=True))
+            args = tuple(named.pop(n) for n in self.names[: len(args)])
+            kw = named
         return validate(*args, **kw, compiling=False)
 
     def features(self, call: Any, compiling: bool) -> int:
@@ -103,17 +128,6 @@ class Args:
         return mask
 
     # -- the call-layout cache -----------------------------------------------------------------
-    def layout_function(self) -> Callable[..., tuple[Any, ...]]:
-        """``layout(*args, provider, context)``: the key a repeated call layout is found by (generated
-        code: one tuple display, as a hand-written key would be)."""
-        params = ", ".join((*self.names, "provider", "context"))
-        items = ", ".join(a.layout.replace("{}", a.name) for a in self.rows)
-        source = f"def layout({params}):\n    return ({self.op!r}, provider, context, {items})\n"
-        namespace: dict[str, Any] = {"__name__": f"magi2_core.ops.{self.op}"}
-        exec(compile(source, f"<magi2_core.ops.{self.op} layout>", "exec"), namespace)
-        fn: Callable[..., tuple[Any, ...]] = namespace["layout"]
-        return fn
-
     def cacheable(self, args: Sequence[Any]) -> bool:
         """Whether a layout may be kept: a number given as a tensor hashes by identity and could change in
         place, and host ints other than plain ints must meet validation every time."""
@@ -124,31 +138,50 @@ class Args:
                 return False
         return True
 
+    def _schema_rows(self) -> list[tuple[str, Any]]:
+        """The custom op's parameters before ``provider``: (name, Python type)."""
+        out: list[tuple[str, Any]] = []
+        for a in self.rows:
+            if self.pack is not None and a.name in self.pack.names:
+                if a.name == self.pack.names[0]:
+                    out.extend(self.pack.params)
+            elif a.schema is not None:
+                out.append((a.name, a.schema))
+        return out
+
     def schema_signature(self, returns: Any) -> inspect.Signature:
         """The custom op's Python signature (torch infers its schema from it): the arguments it is passed,
         then ``provider``."""
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         return inspect.Signature(
-            [inspect.Parameter(a.name, kind, annotation=a.schema) for a in self.rows if a.schema is not None]
+            [inspect.Parameter(name, kind, annotation=t) for name, t in self._schema_rows()]
             + [inspect.Parameter("provider", kind, annotation=str | None)],
             return_annotation=returns,
         )
 
     def from_schema(self, given: Sequence[Any]) -> tuple[list[Any], Any]:
-        """The public arguments (in declaration order) and ``provider`` of a custom-op call: an argument the
-        custom op is not passed takes its ``compiled`` value."""
+        """The public arguments (in declaration order, packed ones unpacked) and ``provider`` of a custom-op
+        call: an argument the custom op is not passed takes its ``compiled`` value."""
         values = iter(given)
-        args = [next(values) if a.schema is not None else a.compiled for a in self.rows]
+        args: list[Any] = []
+        for a in self.rows:
+            if self.pack is not None and a.name in self.pack.names:
+                if a.name == self.pack.names[0]:
+                    args.extend(self.pack.unpack(*(next(values) for _ in self.pack.params)))
+            else:
+                args.append(next(values) if a.schema is not None else a.compiled)
         return args, next(values)
 
     # -- torch.compile ---------------------------------------------------------------------------
     def compiled(self, args: Sequence[Any], provider: str | None) -> Any:
         """The public call recorded as the op's custom op (``torch.ops.magi2.<op>``)."""
-        given = [
-            a.to_schema(v) if a.to_schema is not None else v
-            for a, v in zip(self.rows, args, strict=True)
-            if a.schema is not None
-        ]
+        given: list[Any] = []
+        for i, (a, v) in enumerate(zip(self.rows, args, strict=True)):
+            if self.pack is not None and a.name in self.pack.names:
+                if a.name == self.pack.names[0]:
+                    given.extend(self.pack.pack(*args[i : i + len(self.pack.names)]))
+            elif a.schema is not None:
+                given.append(a.to_schema(v) if a.to_schema is not None else v)
         return getattr(torch.ops.magi2, self.op)(*given, provider)
 
     # -- the public function ---------------------------------------------------------------------
@@ -165,7 +198,7 @@ class Args:
             errors.append(f"parameters {got} are not the declared {list(self.names)}")
             return errors
         for a, p in zip(self.rows, params, strict=True):
-            kind = p.POSITIONAL_OR_KEYWORD if a.default is REQUIRED else p.KEYWORD_ONLY
+            kind = p.POSITIONAL_OR_KEYWORD if a.name in self.positional else p.KEYWORD_ONLY
             if p.kind != kind:
                 errors.append(f"{a.name}: {p.kind.description}, declared {kind.description}")
             if p.default is not a.default and p.default != a.default:

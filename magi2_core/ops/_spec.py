@@ -60,16 +60,16 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     name: ClassVar[OpName]
     family: ClassVar[str]  # the ``use(...)`` / ``MAGI2_<FAMILY>_PROVIDER`` key that also covers this op
     key_type: ClassVar[type[tuple[Any, ...]]]
-    arg_names: ClassVar[tuple[str, ...]]  # the public function's positional tensor arguments, in order
     kernel_protocol: ClassVar[type]  # what a provider's kernel object must look like (documentation, typing)
     # The op's declared arguments and its validation (``validate(*positional, **keywords, compiling=)``):
-    # an op that declares them has ``arg_names`` and ``validate_arguments`` derived.
-    args: ClassVar[Args | None] = None
-    validator: ClassVar[Any] = None
+    # ``arg_names`` and ``validate_arguments`` are derived from them.
+    args: ClassVar[Args]
+    validator: ClassVar[Any]
+    arg_names: ClassVar[tuple[str, ...]]  # the public function's positional arguments, in order (derived)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.args is not None:
+        if getattr(cls, "args", None) is not None:
             cls.arg_names = cls.args.positional
         fields = getattr(cls, "key_type", None) and cls.key_type._fields  # type: ignore[attr-defined]
         if fields and (fields[:len(HEAD)] != HEAD or fields[len(HEAD):] != OP_INT_FIELDS[cls.name]):
@@ -112,8 +112,6 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     # -- calls ---------------------------------------------------------------------------------
     def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallT:
         """Validate the public function's own arguments (without ``provider``), as the op does."""
-        if self.args is None:
-            raise NotImplementedError(f"{type(self).__name__} declares no args: it defines validate_arguments")
         call: CallT = self.args.validate_arguments(self.validator, args, kwargs)
         return call
 

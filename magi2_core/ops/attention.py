@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, overload
 
 import torch
@@ -21,13 +21,12 @@ from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.kernel import SinkRescale
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = ["ACTIVATION_DTYPES", "ARGS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention",
@@ -86,15 +85,15 @@ def _deterministic(value: bool | None) -> bool:
 
 # Prefix sums enter the call layout by value where validation reads their values (host ones, or device
 # ones whose longest segment is not given), else by shape; self-attention passes one tensor for both,
-# whose items cu_seqlens_q's already hold.
+# whose items cu_seqlens_q's already hold. Each device is read once (``:=``).
 _CU_Q = (
-    "{}.dtype, {}.device, {}.is_contiguous(), tuple({}.tolist()) if {}.device.type == 'cpu' or max_seqlen_q is None "
-    "else {}.shape"
+    "{}.dtype, ({}_device := {}.device), {}.is_contiguous(), tuple({}.tolist()) if {}_device.type == 'cpu' or "
+    "max_seqlen_q is None else {}.shape"
 )
 _CU_K = (
-    "None if {} is cu_seqlens_q and (cu_seqlens_q.device.type == 'cpu' or max_seqlen_q is None or max_seqlen_k is not "
-    "None) else ({}.dtype, {}.device, {}.is_contiguous(), tuple({}.tolist()) if {}.device.type == 'cpu' or "
-    "max_seqlen_k is None else {}.shape)"
+    "None if {} is cu_seqlens_q and (cu_seqlens_q_device.type == 'cpu' or max_seqlen_q is None or max_seqlen_k is "
+    "not None) else ({}.dtype, ({}_device := {}.device), {}.is_contiguous(), tuple({}.tolist()) if "
+    "{}_device.type == 'cpu' or max_seqlen_k is None else {}.shape)"
 )
 
 # The arguments of :func:`attention` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
@@ -125,7 +124,6 @@ ARGS = Args(OP, (
     Arg("sink_rescale", "SinkRescale", "``\"fp32\"`` (promote, rescale, cast once) or ``\"activation\"`` (the sink "
         "scale cast to q's dtype first, as upstream CUDA MAGI-2).", "fp32", schema=str, layout=VALUE),
 ))  # fmt: skip
-_layout = ARGS.layout_function()
 _SINKS_AT = ARGS.names.index("sinks")
 _TENSORS = 6  # the leading tensor fields of AttentionCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
@@ -294,34 +292,18 @@ class _Bound(NamedTuple):
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
     convert: bool  # a prefix sum needs the int32-on-q's-device conversion
-    host_sinks: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
+    recheck: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
 
 
-def _bind(args: tuple[Any, ...], provider: str | None) -> _Bound:
-    """Validate and resolve, or find both done for this call layout (``args``: the declared arguments)."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = _layout(*args, provider, context_token())
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not tensors, unhashable, meta:
-        # the full validation below says what is wrong
-        layout, hit = None, None
-    if hit is not None:
-        if hit.host_sinks:
-            ck.nan_free_parameter(OP, "sinks", args[_SINKS_AT])
-        return hit
-    call = ARGS.call(validate, args, compiling=False)
-    kernel, name = d.kernel(SPEC, call.key, provider)
+def _make(kernel: Any, name: str, call: AttentionCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
-    hit = _Bound(kernel, name, call[_TENSORS:], args[_SINKS_AT] is not None and call.sinks is None,
-                 call.cu_seqlens_q is not args[3] or call.cu_seqlens_k is not args[4], host_sinks)
-    # with device-value checks on, every call is checked in full
-    if layout is not None and not ck.device_value_checks() and ARGS.cacheable(args):
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
+    return _Bound(kernel, name, call[_TENSORS:], args[_SINKS_AT] is not None and call.sinks is None,
+                  call.cu_seqlens_q is not args[3] or call.cu_seqlens_k is not args[4], host_sinks)
+
+
+def _recheck(hit: _Bound, sinks: torch.Tensor) -> None:
+    ck.nan_free_parameter(OP, "sinks", sinks)
 
 
 @overload
@@ -421,7 +403,6 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
     name = OP
     family = "attention"
     key_type = AttentionKey
-    arg_names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
     kernel_protocol = AttentionKernel
     args = ARGS
     validator = staticmethod(validate)
@@ -440,6 +421,9 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
 
 SPEC = AttentionSpec()
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
+)
 _attention_op = custom_op(
     ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
     lambda a: (a["q"].new_empty(a["q"].shape), a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]),

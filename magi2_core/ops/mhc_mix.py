@@ -7,7 +7,7 @@ vllm-omni 0.30.0's native einsums do.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -15,16 +15,15 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
+from magi2_core.ops._args import TENSOR, Arg, Args
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
-from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["SPEC", "MHCMixCall", "MHCMixKernel", "MHCMixKey", "mhc_mix", "validate"]
+__all__ = ["ARGS", "SPEC", "MHCMixCall", "MHCMixKernel", "MHCMixKey", "mhc_mix", "validate"]
 
 OP: Literal["mhc_mix"] = "mhc_mix"
-_COMPILING = FEATURE_BIT[Feature.COMPILING]
 
 
 class MHCMixKey(NamedTuple):
@@ -50,8 +49,18 @@ class MHCMixCall(NamedTuple):
     key: MHCMixKey
 
 
-_TENSORS = 4
-_record = tuple.__new__
+# The arguments of :func:`mhc_mix` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(OP, (
+    Arg("streams", "torch.Tensor", "``[T, n, D]`` BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
+    Arg("branch_output", "torch.Tensor", "``[T, D]`` in the streams' dtype (the branch's output).",
+        schema=torch.Tensor, layout=TENSOR),
+    Arg("post", "torch.Tensor", "``[T, n]`` (as :func:`mhc_pre` returns it; any float dtype).", schema=torch.Tensor,
+        layout=TENSOR),
+    Arg("residual", "torch.Tensor", "``[T, n, n]`` (as :func:`mhc_pre` returns it; any float dtype).",
+        schema=torch.Tensor, layout=TENSOR),
+))  # fmt: skip
+_TENSORS = 4  # the leading tensor fields of MHCMixCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MHCMixKernel(Protocol):
@@ -84,37 +93,22 @@ def validate(streams: object, branch_output: object, post: object, residual: obj
     if tuple(r.shape) != (t, n, n):
         raise InvalidShapeError(OP, "residual", f"[{t}, {n}, {n}] (tokens, streams, streams)", ck.describe(r))
     ck.same_device(OP, "streams", x, branch_output=y, post=p, residual=r)
-    mask = _COMPILING if compiling else 0
-    return MHCMixCall(x, y, p, r, MHCMixKey(x.device, ck.dtype_name(x.dtype), None, mask, t, n, d))
+    call = MHCMixCall(x, y, p, r, None)  # type: ignore[arg-type]
+    return call._replace(key=MHCMixKey(x.device, ck.dtype_name(x.dtype), None, ARGS.features(call, compiling), t, n, d))
 
 
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
-    rest: tuple[Any, ...]
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (the key)
 
 
-def _bind(tensors: tuple[torch.Tensor, ...], provider: str | None, compiling: bool) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = (OP, provider, context_token(), *((t.shape, t.dtype, t.device) for t in tensors), compiling)
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):
-        layout, hit = None, None
-    if hit is not None:
-        return hit
-    call = validate(*tensors, compiling=compiling)
-    kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call[_TENSORS:])
-    if layout is not None:
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
+def _make(kernel: Any, name: str, call: MHCMixCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
+    return _Bound(kernel, name, call[_TENSORS:])
 
 
+@ARGS.public
 def mhc_mix(
     streams: torch.Tensor,
     branch_output: torch.Tensor,
@@ -125,23 +119,20 @@ def mhc_mix(
 ) -> torch.Tensor:
     """The mHC stream update: ``cast(residual @ streams) + cast(post ⊗ branch_output)``, cast once more.
 
-    Args:
-        streams: ``[T, n, D]`` BF16, FP16 or FP32.
-        branch_output: ``[T, D]`` in the streams' dtype (the branch's output).
-        post: ``[T, n]``, residual: ``[T, n, n]`` (as :func:`mhc_pre` returns them; any float dtype).
-        provider: force a provider by name (see ``m2.use`` for a scope).
-
     Returns:
         The new ``[T, n, D]`` streams in the streams' dtype (products and sums in FP32).
     """
-    tensors = (streams, branch_output, post, residual)
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+    if torch.is_grad_enabled() and (getattr(streams, "requires_grad", False)
+                                    or getattr(branch_output, "requires_grad", False)
+                                    or getattr(post, "requires_grad", False)
+                                    or getattr(residual, "requires_grad", False)):  # fmt: skip
         forward_only(OP, streams=streams, branch_output=branch_output, post=post, residual=residual)
+    args = (streams, branch_output, post, residual)
     if torch.compiler.is_compiling():
-        y: torch.Tensor = torch.ops.magi2.mhc_mix(*tensors, provider)
+        y: torch.Tensor = ARGS.compiled(args, provider)
         return y
-    b = _bind(tensors, provider, False)
-    call: MHCMixCall = _record(MHCMixCall, tensors + b.rest)
+    b = _bind(args, provider)
+    call: MHCMixCall = _record(MHCMixCall, args + b.rest)
     out: torch.Tensor = b.kernel(call)
     scope = _shadow.sampling()
     if scope is not None:
@@ -149,35 +140,13 @@ def mhc_mix(
     return out
 
 
-@torch.library.custom_op("magi2::mhc_mix", mutates_args=())
-def _mhc_mix_op(
-    streams: torch.Tensor, branch_output: torch.Tensor, post: torch.Tensor, residual: torch.Tensor, provider: str | None
-) -> torch.Tensor:
-    call = validate(streams, branch_output, post, residual, compiling=True)
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out: torch.Tensor = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    return dense(out)
-
-
-@_mhc_mix_op.register_fake
-def _(
-    streams: torch.Tensor, branch_output: torch.Tensor, post: torch.Tensor, residual: torch.Tensor, provider: str | None
-) -> torch.Tensor:
-    return streams.new_empty(streams.shape)
-
-
 class MHCMixSpec(OpSpec[MHCMixCall, MHCMixKey]):
     name = OP
     family = "mhc"
     key_type = MHCMixKey
-    arg_names = ("streams", "branch_output", "post", "residual")
     kernel_protocol = MHCMixKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MHCMixCall:
-        return validate(*args, compiling=False, **kwargs)
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"streams": out}
@@ -189,3 +158,5 @@ class MHCMixSpec(OpSpec[MHCMixCall, MHCMixKey]):
 
 
 SPEC = MHCMixSpec()
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
+_mhc_mix_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["streams"].new_empty(a["streams"].shape))

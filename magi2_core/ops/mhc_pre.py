@@ -10,7 +10,7 @@ coefficients and the branch input in the streams' dtype, post and residual once 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -18,13 +18,14 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
-from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = [
+    "ARGS",
     "DEFAULT_EPS",
     "DEFAULT_SINKHORN_EPS",
     "DEFAULT_SINKHORN_ITERATIONS",
@@ -40,7 +41,6 @@ OP: Literal["mhc_pre"] = "mhc_pre"
 DEFAULT_EPS = 1e-6
 DEFAULT_SINKHORN_ITERATIONS = 20
 DEFAULT_SINKHORN_EPS = 1e-12
-_COMPILING = FEATURE_BIT[Feature.COMPILING]
 _PARAMS = ("norm_weight", "phi", "alpha_pre", "alpha_post", "alpha_res", "bias_pre", "bias_post", "bias_res")
 
 
@@ -82,8 +82,35 @@ class MHCPreCall(NamedTuple):
     key: MHCPreKey
 
 
+def _list(sizes: Sequence[int] | None) -> list[int] | None:
+    return None if sizes is None else list(sizes)
+
+
+# The arguments of :func:`mhc_pre` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(OP, (
+    Arg("streams", "torch.Tensor", "``[T, n, D]`` hyper-connection streams, BF16, FP16 or FP32, tokens sorted by "
+        "modality.", schema=torch.Tensor, layout=TENSOR),
+    Arg("norm_weight", "torch.Tensor", "the mHC norm's delta-scale (the scale is ``w + 1``), FP32, flat ``[M·n·D]`` "
+        "or ``[M, n·D]``, modality-major.", schema=torch.Tensor, layout=TENSOR),
+    Arg("phi", "torch.Tensor", "``[n·D, 2n + n²]`` FP32 projection (pre, post, residual columns).",
+        schema=torch.Tensor, layout=TENSOR),
+    Arg("alpha_pre", "torch.Tensor", "one-element FP32 tensors.", schema=torch.Tensor, layout=TENSOR),
+    Arg("alpha_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+    Arg("alpha_res", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+    Arg("bias_pre", "torch.Tensor", "``[n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
+    Arg("bias_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+    Arg("bias_res", "torch.Tensor", "``[n, n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
+    Arg("eps", "float", "the norm's eps, a finite float >= 0.", DEFAULT_EPS, schema=float, to_schema=float),
+    Arg("modality_sizes", "Sequence[int] | None", "host-side ints, the M contiguous token groups' sizes (None: "
+        "M = 1).", None, schema=list[int] | None, to_schema=_list, layout=INTS),
+    Arg("sinkhorn_iterations", "int", "Sinkhorn-Knopp iterations (>= 0).", DEFAULT_SINKHORN_ITERATIONS, schema=int,
+        to_schema=int),
+    Arg("sinkhorn_eps", "float", "the eps of its divisions.", DEFAULT_SINKHORN_EPS, schema=float, to_schema=float),
+    Arg("out_dtype", "torch.dtype | None", "the post and residual coefficients' dtype (None: the streams' dtype, "
+        "as upstream).", None, schema=torch.dtype | None, layout=VALUE),
+))  # fmt: skip
 _TENSORS = 9  # the leading tensor fields of MHCPreCall; a cache hit reuses the fields after them
-_record = tuple.__new__
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MHCPreKernel(Protocol):
@@ -172,9 +199,10 @@ def validate(
         raise InvalidDTypeError(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
-    mask = _COMPILING if compiling else 0
-    key = MHCPreKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, n, d, m)
-    return MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, key)
+    call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od,
+                      None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    return call._replace(key=MHCPreKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, n, d, m))
 
 
 class _Bound(NamedTuple):
@@ -183,53 +211,12 @@ class _Bound(NamedTuple):
     rest: tuple[Any, ...]  # the validated call's fields after its tensors
 
 
-def _layout(tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    return tuple((t.shape, t.dtype, t.device) for t in tensors)
+def _make(kernel: Any, name: str, call: MHCPreCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
+    return _Bound(kernel, name, call[_TENSORS:])
 
 
-def _bind(
-    tensors: tuple[torch.Tensor, ...],
-    eps: float,
-    modality_sizes: Sequence[int] | None,
-    sinkhorn_iterations: int,
-    sinkhorn_eps: float,
-    out_dtype: torch.dtype | None,
-    provider: str | None,
-    compiling: bool,
-) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    scalars = (eps, sinkhorn_iterations, sinkhorn_eps)
-    try:
-        layout = (
-            OP, provider, context_token(), _layout(tensors), *scalars, *map(type, scalars),
-            None if modality_sizes is None else (type(modality_sizes), *modality_sizes), out_dtype, compiling,
-        )  # fmt: skip
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
-        layout, hit = None, None
-    if hit is not None:
-        return hit
-    call = validate(
-        *tensors,
-        eps=eps,
-        modality_sizes=modality_sizes,
-        sinkhorn_iterations=sinkhorn_iterations,
-        sinkhorn_eps=sinkhorn_eps,
-        out_dtype=out_dtype,
-        compiling=compiling,
-    )
-    kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call[_TENSORS:])
-    plain = modality_sizes is None or all(type(s) is int for s in modality_sizes)
-    if layout is not None and plain and not ck.any_tensor(*scalars):
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
-
-
+@ARGS.public
 def mhc_pre(
     streams: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -256,32 +243,17 @@ def mhc_pre(
     ``Σ_i c[:, i]·streams[:, i]`` (FP32 sum, cast once), ``post = 2·sigmoid(alpha_post·s·L_post + bias_post)``
     and ``residual = sinkhorn(alpha_res·s·L_res + bias_res)``, each cast once to ``out_dtype``.
 
-    Args:
-        streams: ``[T, n, D]`` hyper-connection streams, BF16, FP16 or FP32, tokens sorted by modality.
-        norm_weight: the mHC norm's delta-scale (the scale is ``w + 1``), FP32, flat ``[M·n·D]`` or
-            ``[M, n·D]``, modality-major.
-        phi: ``[n·D, 2n + n²]`` FP32 projection (pre, post, residual columns).
-        alpha_pre, alpha_post, alpha_res: one-element FP32 tensors.
-        bias_pre, bias_post: ``[n]`` FP32; bias_res: ``[n, n]`` FP32.
-        eps: the norm's eps, a finite float >= 0.
-        modality_sizes: host-side ints, the M contiguous token groups' sizes (None: M = 1).
-        sinkhorn_iterations: Sinkhorn-Knopp iterations (>= 0); sinkhorn_eps: the eps of its divisions.
-        out_dtype: the post and residual coefficients' dtype (None: the streams' dtype, as upstream).
-        provider: force a provider by name (see ``m2.use`` for a scope).
-
     Returns:
         ``(branch_input [T, D] in the streams' dtype, post [T, n], residual [T, n, n])``.
     """
     tensors = (streams, norm_weight, phi, alpha_pre, alpha_post, alpha_res, bias_pre, bias_post, bias_res)
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
         forward_only(OP, **dict(zip(("streams", *_PARAMS), tensors, strict=True)))
+    args = (*tensors, eps, modality_sizes, sinkhorn_iterations, sinkhorn_eps, out_dtype)
     if torch.compiler.is_compiling():
-        sizes = None if modality_sizes is None else list(modality_sizes)
-        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.magi2.mhc_pre(
-            *tensors, float(eps), sizes, int(sinkhorn_iterations), float(sinkhorn_eps), out_dtype, provider
-        )
+        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = ARGS.compiled(args, provider)
         return out
-    b = _bind(tensors, eps, modality_sizes, sinkhorn_iterations, sinkhorn_eps, out_dtype, provider, False)
+    b = _bind(args, provider)
     w = norm_weight if norm_weight.dim() == 2 else norm_weight.view(b.rest[-1].num_modalities, -1)
     call: MHCPreCall = _record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
     out = b.kernel(call)
@@ -291,92 +263,13 @@ def mhc_pre(
     return out
 
 
-@torch.library.custom_op("magi2::mhc_pre", mutates_args=())
-def _mhc_pre_op(
-    streams: torch.Tensor,
-    norm_weight: torch.Tensor,
-    phi: torch.Tensor,
-    alpha_pre: torch.Tensor,
-    alpha_post: torch.Tensor,
-    alpha_res: torch.Tensor,
-    bias_pre: torch.Tensor,
-    bias_post: torch.Tensor,
-    bias_res: torch.Tensor,
-    eps: float,
-    modality_sizes: list[int] | None,
-    sinkhorn_iterations: int,
-    sinkhorn_eps: float,
-    out_dtype: torch.dtype | None,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    call = validate(
-        streams,
-        norm_weight,
-        phi,
-        alpha_pre,
-        alpha_post,
-        alpha_res,
-        bias_pre,
-        bias_post,
-        bias_res,
-        eps=eps,
-        modality_sizes=modality_sizes,
-        sinkhorn_iterations=sinkhorn_iterations,
-        sinkhorn_eps=sinkhorn_eps,
-        out_dtype=out_dtype,
-        compiling=True,
-    )
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    h, post, res = out
-    return dense(h), dense(post), dense(res)
-
-
-@_mhc_pre_op.register_fake
-def _(
-    streams: torch.Tensor,
-    norm_weight: torch.Tensor,
-    phi: torch.Tensor,
-    alpha_pre: torch.Tensor,
-    alpha_post: torch.Tensor,
-    alpha_res: torch.Tensor,
-    bias_pre: torch.Tensor,
-    bias_post: torch.Tensor,
-    bias_res: torch.Tensor,
-    eps: float,
-    modality_sizes: list[int] | None,
-    sinkhorn_iterations: int,
-    sinkhorn_eps: float,
-    out_dtype: torch.dtype | None,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    t, n, d = streams.shape
-    od = out_dtype or streams.dtype
-    return streams.new_empty((t, d)), streams.new_empty((t, n), dtype=od), streams.new_empty((t, n, n), dtype=od)
-
-
 class MHCPreSpec(OpSpec[MHCPreCall, MHCPreKey]):
     name = OP
     family = "mhc"
     key_type = MHCPreKey
-    arg_names = ("streams", *_PARAMS)
     kernel_protocol = MHCPreKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MHCPreCall:
-        kw = dict(kwargs)
-        return validate(
-            *args,
-            eps=kw.pop("eps", DEFAULT_EPS),
-            modality_sizes=kw.pop("modality_sizes", None),
-            sinkhorn_iterations=kw.pop("sinkhorn_iterations", DEFAULT_SINKHORN_ITERATIONS),
-            sinkhorn_eps=kw.pop("sinkhorn_eps", DEFAULT_SINKHORN_EPS),
-            out_dtype=kw.pop("out_dtype", None),
-            compiling=False,
-            **kw,
-        )
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         h, post, res = out
@@ -393,3 +286,17 @@ class MHCPreSpec(OpSpec[MHCPreCall, MHCPreKey]):
 
 
 SPEC = MHCPreSpec()
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
+
+
+def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, n, d = a["streams"].shape
+    od = a["out_dtype"] or a["streams"].dtype
+    return (a["streams"].new_empty((t, d)), a["streams"].new_empty((t, n), dtype=od),
+            a["streams"].new_empty((t, n, n), dtype=od))
+
+
+_mhc_pre_op = custom_op(
+    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lambda out: (dense(out[0]), dense(out[1]), dense(out[2])), _fake,
+)

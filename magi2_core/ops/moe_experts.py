@@ -7,7 +7,7 @@ weights out once, at load time, for the provider that serves them (see :mod:`mag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -16,20 +16,20 @@ from magi2_core import config
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
+from magi2_core.ops._args import TENSOR, VALUE, Arg, Args, Pack
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
-from magi2_core.problem import FEATURE_BIT, Feature, Problem
+from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolver import resolve_problem
 
-__all__ = ["SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPreparer", "moe_experts",
+__all__ = ["ARGS", "SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPreparer", "moe_experts",
            "prepare_moe_weights", "validate"]
 
 OP: Literal["moe_experts"] = "moe_experts"
-_COMPILING, _DET = FEATURE_BIT[Feature.COMPILING], FEATURE_BIT[Feature.DETERMINISTIC]
 
 
 class ExpertsKey(NamedTuple):
@@ -66,6 +66,49 @@ class ExpertsCall(NamedTuple):
     key: ExpertsKey
 
 
+def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """The weights as (layout, tensors): what the custom op can carry through a compiled graph."""
+    if isinstance(w_gate, PreparedMoEWeights):
+        if w_up is not None or w_down is not None:
+            raise InvalidValueError(OP, "w_up/w_down", "omitted when w_gate is a PreparedMoEWeights", "tensors")
+        return w_gate.layout, w_gate.tensors
+    return CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[return-value]  # validated below
+
+
+def _pack(w_gate: object, w_up: object, w_down: object) -> tuple[list[torch.Tensor], str]:
+    layout, tensors = _weights_arg(w_gate, w_up, w_down)
+    return list(tensors), layout
+
+
+def _unpack(weights: list[torch.Tensor], layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return checkpoint_views(layout, tuple(weights))
+
+
+def _deterministic(value: bool | None) -> bool:
+    return config.get("MAGI2_DETERMINISTIC") if value is None else value
+
+
+# The arguments of :func:`moe_experts` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+# The three weights (or one PreparedMoEWeights in w_gate's place) reach the custom op as a tensor list and
+# its layout name; validation receives their checkpoint-layout views.
+ARGS = Args(OP, (
+    Arg("x", "torch.Tensor", "``[T, Hl, d]``, BF16, FP16 or FP32 (BF16 in MAGI-2), as routed.",
+        schema=torch.Tensor, layout=TENSOR),
+    Arg("probs", "torch.Tensor", "``[Hl, T, K]`` FP32, head-major, as :func:`moe_route` returns it.",
+        schema=torch.Tensor, layout=TENSOR),
+    Arg("idx", "torch.Tensor", "``[Hl, T, K]`` int64 or int32, expert ids within each head in ``[0, E)``, as "
+        ":func:`moe_route` returns it; on an accelerator, range-checked only with ``MAGI2_CHECK_DEVICE_VALUES=1`` "
+        "(an id out of range is undefined behaviour otherwise).", schema=torch.Tensor, layout=TENSOR),
+    Arg("w_gate", "torch.Tensor | PreparedMoEWeights", "``[Hl·E, d, I]``, x's dtype and device, head-major (rows "
+        "``h·E .. h·E+E-1`` are head h's experts). Or, in ``w_gate``'s place, one "
+        ":class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`, with ``w_up`` and "
+        "``w_down`` left out.", layout=TENSOR),
+    Arg("w_up", "torch.Tensor | None", "", None, layout=TENSOR, positional=True),
+    Arg("w_down", "torch.Tensor | None", "``[Hl·E, I, d]``, x's dtype and device, head-major.", None,
+        layout=TENSOR, positional=True),
+    Arg("deterministic", "bool | None", "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
+        None, schema=bool, layout=VALUE, feature=Feature.DETERMINISTIC, resolve=_deterministic),
+), Pack(("w_gate", "w_up", "w_down"), (("weights", list[torch.Tensor]), ("layout", str)), _pack, _unpack))  # fmt: skip
 _TENSORS = 6  # the leading tensor fields of ExpertsCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -146,43 +189,31 @@ def validate(
     if k > e:
         raise InvalidShapeError(op, "probs", f"top_k <= {e} experts per head", f"top_k = {k}")
     _idx_in_range(i, e)
-    mask = (_COMPILING if compiling else 0) | (_DET if deterministic else 0)
-    key = ExpertsKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter)
-    return ExpertsCall(x, p, i, wg, wu, wd, bool(deterministic), key)
-
-
-def _weights_arg(w_gate: object, w_up: object, w_down: object) -> tuple[str, tuple[torch.Tensor, ...]]:
-    """The weights as (layout, tensors): what the custom op can carry through a compiled graph."""
-    if isinstance(w_gate, PreparedMoEWeights):
-        if w_up is not None or w_down is not None:
-            raise InvalidValueError(OP, "w_up/w_down", "omitted when w_gate is a PreparedMoEWeights", "tensors")
-        return w_gate.layout, w_gate.tensors
-    return CHECKPOINT, (w_gate, w_up, w_down)  # type: ignore[return-value]  # validated below
+    call = ExpertsCall(x, p, i, wg, wu, wd, bool(deterministic), None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    return call._replace(key=ExpertsKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter))
 
 
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (deterministic and the key)
-    check_below: int  # host ids: checked to lie in [0, check_below) on every call; 0: not checked
+    recheck: int  # host ids: checked to lie in [0, recheck) on every call; 0: not checked
 
 
-def _bind(layout: tuple[Any, ...] | None, bound: dict[tuple[Any, ...], Any], x: torch.Tensor, probs: torch.Tensor,
-          idx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, deterministic: bool,
-          provider: str | None) -> _Bound:
-    """Validate and resolve a call layout not seen before, and keep both under ``layout`` in ``bound``."""
-    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
-    d = dispatcher()
-    kernel, name = d.kernel(SPEC, call.key, provider)
+def _make(kernel: Any, name: str, call: ExpertsCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_ids = call.idx.numel() > 0 and call.idx.device.type == "cpu"
-    hit = _Bound(kernel, name, call[_TENSORS:], call.key.num_experts if host_ids else 0)
-    if layout is not None and not ck.device_value_checks():
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
+    return _Bound(kernel, name, call[_TENSORS:], call.key.num_experts if host_ids else 0)
 
 
+def _recheck(hit: _Bound, idx: torch.Tensor) -> None:
+    lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
+    if lo.item() < 0 or hi.item() >= hit.recheck:
+        _idx_in_range(idx, hit.recheck)  # raises, naming the values
+
+
+@ARGS.public
 def moe_experts(
     x: torch.Tensor,
     probs: torch.Tensor,
@@ -199,20 +230,6 @@ def moe_experts(
     Each (token, head) is sent to its K experts; expert e of head h is the MLP
     ``w_down[h·E+e]ᵀ·swiglu7(w_gate[h·E+e]ᵀ·x, w_up[h·E+e]ᵀ·x)`` and the K outputs are summed with
     the weights ``probs``. E is ``w_gate.shape[0] / Hl``; I is the expert's intermediate width.
-
-    Args:
-        x: ``[T, Hl, d]``, BF16, FP16 or FP32 (BF16 in MAGI-2), as routed.
-        probs: ``[Hl, T, K]`` FP32, head-major, as :func:`moe_route` returns it.
-        idx: ``[Hl, T, K]`` int64 or int32, expert ids within each head in ``[0, E)``, as
-            :func:`moe_route` returns it; on an accelerator, range-checked only with
-            ``MAGI2_CHECK_DEVICE_VALUES=1`` (an id out of range is undefined behaviour otherwise).
-        w_gate, w_up: ``[Hl·E, d, I]``, x's dtype and device, head-major (rows ``h·E .. h·E+E-1``
-            are head h's experts). Or, in ``w_gate``'s place, one
-            :class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`,
-            with ``w_up`` and ``w_down`` left out.
-        w_down: ``[Hl·E, I, d]``, x's dtype and device, head-major.
-        deterministic: ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).
-        provider: force a provider by name (see ``m2.use`` for a scope).
 
     Returns:
         ``y [T, Hl, d]`` in x's dtype.
@@ -236,28 +253,9 @@ def moe_experts(
         names = ("w_gate", "w_up", "w_down") if layout == CHECKPOINT else [f"w_gate.tensors[{i}]" for i in range(3)]
         forward_only(OP, x=x, probs=probs, **dict(zip(names, weights, strict=False)))
     if torch.compiler.is_compiling():
-        y: torch.Tensor = torch.ops.magi2.moe_experts(x, probs, idx, list(weights), layout, det, provider)
+        y: torch.Tensor = ARGS.compiled((x, probs, idx, w_gate, w_up, w_down, det), provider)
         return y
-    # The cache hit is spelled out here, not in a helper: this is the whole per-call cost.
-    bound = dispatcher().bound_calls()
-    key: tuple[Any, ...] | None
-    b: _Bound | None
-    try:
-        # Everything validation looks at, except the tensors' identities and the ids' values.
-        key = (
-            OP, provider, context_token(), x.shape, x.dtype, x.device, probs.shape, probs.dtype, probs.device,
-            idx.shape, idx.dtype, idx.device, wg.shape, wg.dtype, wg.device, wu.shape, wu.dtype, wu.device,
-            wd.shape, wd.dtype, wd.device, det,
-        )  # fmt: skip
-        b = bound.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors: validation says what
-        key, b = None, None
-    if b is None:
-        b = _bind(key, bound, x, probs, idx, wg, wu, wd, det, provider)
-    elif b.check_below:
-        lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
-        if lo.item() < 0 or hi.item() >= b.check_below:
-            _idx_in_range(idx, b.check_below)  # raises, naming the values
+    b = _bind((x, probs, idx, wg, wu, wd, det), provider)  # the weights as checkpoint-layout views
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: ExpertsCall = _record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
@@ -265,39 +263,6 @@ def moe_experts(
     if scope is not None:
         _shadow.observe(scope, SPEC, b.provider, call, out)
     return out
-
-
-@torch.library.custom_op("magi2::moe_experts", mutates_args=())
-def _moe_experts_op(
-    x: torch.Tensor,
-    probs: torch.Tensor,
-    idx: torch.Tensor,
-    weights: list[torch.Tensor],
-    layout: str,
-    deterministic: bool,
-    provider: str | None,
-) -> torch.Tensor:
-    w_gate, w_up, w_down = checkpoint_views(layout, tuple(weights))
-    call = validate(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=True)
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out: torch.Tensor = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    return dense(out)
-
-
-@_moe_experts_op.register_fake
-def _(
-    x: torch.Tensor,
-    probs: torch.Tensor,
-    idx: torch.Tensor,
-    weights: list[torch.Tensor],
-    layout: str,
-    deterministic: bool,
-    provider: str | None,
-) -> torch.Tensor:
-    return x.new_empty(x.shape)
 
 
 def prepare_moe_weights(
@@ -339,17 +304,9 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
     name = OP
     family = "moe"
     key_type = ExpertsKey
-    arg_names = ("x", "probs", "idx", "w_gate", "w_up", "w_down")
     kernel_protocol = MoEExpertsKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ExpertsCall:
-        kw = dict(kwargs)
-        det = kw.pop("deterministic", None)
-        det = config.get("MAGI2_DETERMINISTIC") if det is None else bool(det)
-        x, probs, idx, *w = args
-        w.extend(kw.pop(n, None) for n in ("w_gate", "w_up", "w_down")[len(w):])
-        wg, wu, wd = checkpoint_views(*_weights_arg(*w))
-        return validate(x, probs, idx, wg, wu, wd, deterministic=det, compiling=False, **kw)
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
@@ -360,3 +317,7 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
 
 
 SPEC = MoEExpertsSpec()
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck)
+)
+_moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))

@@ -15,7 +15,7 @@ The acceptance rule is the routing contract of operators.md §3.2 (ids against t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -24,16 +24,16 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
+__all__ = ["ARGS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
 
 OP: Literal["moe_route"] = "moe_route"
-_COMPILING = FEATURE_BIT[Feature.COMPILING]
 _SOFTMAX, _NO_NORM = FEATURE_BIT[Feature.ROUTE_SOFTMAX], FEATURE_BIT[Feature.ROUTE_NO_NORM]
 
 
@@ -68,6 +68,23 @@ class RouteCall(NamedTuple):
     key: RouteKey
 
 
+# The arguments of :func:`moe_route` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(OP, (
+    Arg("x", "torch.Tensor", "``[T, Hl, d]``, BF16, FP16 or FP32 (the activations; scores are computed in FP32).",
+        schema=torch.Tensor, layout=TENSOR),
+    Arg("router_weight", "torch.Tensor", "``[Hl·E, d]`` FP32, head-major (rows ``h·E .. h·E+E-1`` are head h's "
+        "experts), on x's device; its row count must be a multiple of Hl.", schema=torch.Tensor, layout=TENSOR),
+    Arg("bias", "torch.Tensor | None", "``[Hl·E]`` FP32, head-major, on x's device, or None. It shifts the "
+        "selection only: the weights are computed from the unbiased scores.", schema=torch.Tensor | None,
+        layout=OPTIONAL_TENSOR),
+    Arg("top_k", "int", "K, an int in ``[1, E]``.", 6, schema=int),
+    Arg("route_scale", "float", "a finite float multiplying the weights (MAGI-2: 4.9).", 4.9, schema=float,
+        to_schema=float),
+    Arg("route_norm", "bool", "L1-normalise each token's K weights (eps 1e-12) before scaling (MAGI-2: True).",
+        True, schema=bool),
+    Arg("score_func", "ScoreFunc", "``\"sigmoid\"`` (MAGI-2's release) or ``\"softmax\"`` over each head's "
+        "experts.", "sigmoid", schema=str, layout=VALUE),
+))  # fmt: skip
 _TENSORS = 3  # the leading tensor fields of RouteCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -124,48 +141,29 @@ def validate(
         func = "softmax"
     else:
         raise InvalidValueError(op, "score_func", "'sigmoid' or 'softmax'", repr(score_func))
-    mask = (_COMPILING if compiling else 0) | (_SOFTMAX if func == "softmax" else 0) | (0 if route_norm else _NO_NORM)
-    key = RouteKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d)
-    return RouteCall(x, w, b, top_k, scale, route_norm, func, key)
+    call = RouteCall(x, w, b, top_k, scale, route_norm, func, None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling) | (_SOFTMAX if func == "softmax" else 0) | (0 if route_norm else _NO_NORM)
+    return call._replace(key=RouteKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d))
 
 
 class _Bound(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
-    host_bias: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
+    recheck: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
 
 
-def _bind(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, route_scale: float,
-          route_norm: bool, score_func: str, provider: str | None, compiling: bool) -> _Bound:
-    """Validate and resolve, or find both done for this call layout."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = (
-            OP, provider, context_token(), x.shape, x.dtype, x.device, router_weight.shape, router_weight.dtype,
-            router_weight.device, None if bias is None else (bias.shape, bias.dtype, bias.device), top_k,
-            type(top_k), route_scale, type(route_scale), route_norm, type(route_norm), score_func, compiling,
-        )  # fmt: skip
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
-        layout, hit = None, None
-    if hit is not None:
-        if hit.host_bias:
-            ck.nan_free_parameter(OP, "bias", bias)  # type: ignore[arg-type]
-        return hit
-    call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                    score_func=score_func, compiling=compiling)
-    kernel, name = d.kernel(SPEC, call.key, provider)
+def _make(kernel: Any, name: str, call: RouteCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_bias = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    hit = _Bound(kernel, name, call[_TENSORS:], host_bias)
-    if layout is not None and not ck.device_value_checks() and not ck.any_tensor(route_scale):
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
+    return _Bound(kernel, name, call[_TENSORS:], host_bias)
 
 
+def _recheck(hit: _Bound, bias: torch.Tensor) -> None:
+    ck.nan_free_parameter(OP, "bias", bias)
+
+
+@ARGS.public
 def moe_route(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -183,18 +181,6 @@ def moe_route(
     ``K = top_k`` of its own ``E`` experts. E is not passed: it is ``router_weight.shape[0] / Hl``
     (a router ``[8, 32]`` with ``x [T, 2, 32]`` is 2 heads of 4 experts).
 
-    Args:
-        x: ``[T, Hl, d]``, BF16, FP16 or FP32 (the activations; scores are computed in FP32).
-        router_weight: ``[Hl·E, d]`` FP32, head-major (rows ``h·E .. h·E+E-1`` are head h's experts),
-            on x's device; its row count must be a multiple of Hl.
-        bias: ``[Hl·E]`` FP32, head-major, on x's device, or None. It shifts the selection only: the
-            weights are computed from the unbiased scores.
-        top_k: K, an int in ``[1, E]``.
-        route_scale: a finite float multiplying the weights (MAGI-2: 4.9).
-        route_norm: L1-normalise each token's K weights (eps 1e-12) before scaling (MAGI-2: True).
-        score_func: ``"sigmoid"`` (MAGI-2's release) or ``"softmax"`` over each head's experts.
-        provider: force a provider by name (see ``m2.use`` for a scope).
-
     Returns:
         ``(probs, idx)``: ``probs [Hl, T, K]`` FP32, the weights; ``idx [Hl, T, K]`` int64, the
         expert ids within each head, in ``[0, E)``: the ``top_k`` largest biased scores in
@@ -205,11 +191,11 @@ def moe_route(
                                     or getattr(router_weight, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):  # fmt: skip
         forward_only(OP, x=x, router_weight=router_weight, bias=bias)
+    args = (x, router_weight, bias, top_k, route_scale, route_norm, score_func)
     if torch.compiler.is_compiling():
-        probs, idx = torch.ops.magi2.moe_route(x, router_weight, bias, top_k, float(route_scale), route_norm,
-                                               score_func, provider)
+        probs, idx = ARGS.compiled(args, provider)
         return probs, idx
-    b = _bind(x, router_weight, bias, top_k, route_scale, route_norm, score_func, provider, False)
+    b = _bind(args, provider)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: RouteCall = _record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
     probs, idx = b.kernel(call)
@@ -219,55 +205,13 @@ def moe_route(
     return probs, idx
 
 
-@torch.library.custom_op("magi2::moe_route", mutates_args=())
-def _moe_route_op(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    route_scale: float,
-    route_norm: bool,
-    score_func: str,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    call = validate(x, router_weight, bias, top_k=top_k, route_scale=route_scale, route_norm=route_norm,
-                    score_func=score_func, compiling=True)
-    kernel, name = dispatcher().kernel(SPEC, call.key, provider)
-    out = SPEC.run(kernel, call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, name, call, out)
-    probs, idx = out
-    return dense(probs), dense(idx)
-
-
-@_moe_route_op.register_fake
-def _(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    route_scale: float,
-    route_norm: bool,
-    score_func: str,
-    provider: str | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (x.shape[1], x.shape[0], top_k)
-    return x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.int64)
-
-
 class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
     name = OP
     family = "moe"
     key_type = RouteKey
-    arg_names = ("x", "router_weight", "bias")
     kernel_protocol = MoERouteKernel
-
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> RouteCall:
-        kw = dict(kwargs)
-        return validate(*args, top_k=kw.pop("top_k", 6), route_scale=kw.pop("route_scale", 4.9),
-                        route_norm=kw.pop("route_norm", True), score_func=kw.pop("score_func", "sigmoid"),
-                        compiling=False, **kw)
+    args = ARGS
+    validator = staticmethod(validate)
 
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"probs": out[0], "idx": out[1]}
@@ -282,4 +226,12 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
 
 
 SPEC = MoERouteSpec()
+_bind: Callable[..., _Bound] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
+)
+_moe_route_op = custom_op(
+    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
+    lambda a: (a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.float32),
+               a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.int64)),
+)
 

@@ -9,7 +9,7 @@ needs ``x.shape[-2] == P``. The output is cast once to ``out_dtype or x.dtype``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -17,12 +17,11 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as ck
 from magi2_core.contracts import acceptance as acc
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
-from magi2_core.overrides import context_token
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
 
@@ -76,7 +75,6 @@ ARGS = Args(OP, (
     Arg("out_dtype", "torch.dtype | None", "the output dtype (None: x's dtype).", None,
         schema=torch.dtype | None, layout=VALUE),
 ))  # fmt: skip
-_layout = ARGS.layout_function()
 _TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -148,25 +146,9 @@ class _Bound(NamedTuple):
     view: torch.Size | None  # a flat weight's [M, P, D] shape
 
 
-def _bind(args: tuple[Any, ...], provider: str | None) -> _Bound:
-    """Validate and resolve, or find both done for this call layout (``args``: the declared arguments)."""
-    d = dispatcher()
-    bound = d.bound_calls()
-    try:
-        layout = _layout(*args, provider, context_token())
-        hit: _Bound | None = bound.get(layout)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, or unhashable: validation says what
-        layout, hit = None, None
-    if hit is not None:
-        return hit
-    call = ARGS.call(validate, args, compiling=False)
-    kernel, name = d.kernel(SPEC, call.key, provider)
-    hit = _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
-    if layout is not None and ARGS.cacheable(args):
-        if len(bound) >= d.BOUND_LIMIT:
-            bound.clear()
-        bound[layout] = hit
-    return hit
+def _make(kernel: Any, name: str, call: RMSNormCall, args: tuple[Any, ...]) -> _Bound:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
+    return _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
 
 
 @ARGS.public
@@ -206,7 +188,6 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
     name = OP
     family = "rmsnorm"
     key_type = RMSNormKey
-    arg_names = ("x", "weight")
     kernel_protocol = RMSNormKernel
     args = ARGS
     validator = staticmethod(validate)
@@ -220,6 +201,7 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
 
 SPEC = RMSNormSpec()
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 _rmsnorm_op = custom_op(
     ARGS, SPEC, validate, torch.Tensor, dense,
     lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
