@@ -20,8 +20,9 @@ The names, by what they are for:
 * errors: :class:`ConfigError` and the input errors;
 * the platform: :func:`absent_device`, :func:`musa_installed`; configuration: ``config.get(name)`` (and
   ``config.on_reload`` for a cache that follows it); the device profile active for a device
-  (:func:`profile_of` a :class:`DeviceKey`), for a provider that keys its own plans by device, and
-  :func:`with_routes_per_expert` (the derived field MoE plan rows are cut on);
+  (:func:`profile_of` a :class:`DeviceKey`), and the plan rows a provider reads there
+  (:func:`plan_rows` -> :class:`PlanRows` of :class:`PlanRow`, its backend's shipped fragments
+  included), and :func:`with_routes_per_expert` (the derived field MoE plan rows are cut on);
 * the sink correction: :func:`sink_correction_for`, :class:`SinkCorrection`, :func:`sink_correction`
   (the reference math);
 * the public ops, for a backend's warm-up: :func:`attention`, :func:`resolve`.
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
     from magi2_core.plan import Plan
     from magi2_core.problem import Feature, Problem, with_routes_per_expert
-    from magi2_core.profiles import DeviceKey, profile_of
+    from magi2_core.profiles import DeviceKey, PlanRow, PlanRows, plan_rows, profile_of
     from magi2_core.reasons import Reason, ReasonCode
     from magi2_core.sink_correction.choice import SinkCorrection, sink_correction_for
     from magi2_core.sink_correction.reference import sink_correction
@@ -115,6 +116,9 @@ _HOME: dict[str, tuple[str, str]] = {
     "with_routes_per_expert": ("magi2_core.problem", "with_routes_per_expert"),
     "DeviceKey": ("magi2_core.profiles", "DeviceKey"),
     "profile_of": ("magi2_core.profiles", "profile_of"),
+    "PlanRow": ("magi2_core.profiles", "PlanRow"),
+    "PlanRows": ("magi2_core.profiles", "PlanRows"),
+    "plan_rows": ("magi2_core.profiles", "plan_rows"),
     "Checkable": ("magi2_core.kernel", "Checkable"),
     "Planned": ("magi2_core.kernel", "Planned"),
     "CheckableOn": ("magi2_core.kernel", "CheckableOn"),
@@ -135,11 +139,11 @@ __all__ = [
     "Condition", "ConfigError",
     "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
     "InvalidShapeError", "InvalidValueError", "MHCMixCall", "MHCMixKernel", "MHCPreCall", "MHCPreKernel",
-    "MoEExpertsKernel", "MoERouteKernel", "Plan", "Planned", "PlannedOn",
+    "MoEExpertsKernel", "MoERouteKernel", "Plan", "PlanRow", "PlanRows", "Planned", "PlannedOn",
     "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
     "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
     "VirtualDevice",
-    "absent_device", "attention", "config", "musa_installed", "profile_of", "resolve", "router_scores",
+    "absent_device", "attention", "config", "musa_installed", "plan_rows", "profile_of", "resolve", "router_scores",
     "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_mhc_mix", "validate_mhc_pre",
     "validate_moe_experts",
     "validate_moe_route", "validate_rmsnorm", "with_routes_per_expert"

@@ -415,6 +415,79 @@ def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path,
                             _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"})))
 
 
+def _plan_doc(name: str, device: dict[str, Any], *tags: str, provider: str = "toy") -> dict[str, Any]:
+    return _doc(name, device, plans=[{"op": "moe_experts", "provider": provider, "plan": {"tag": t}, "why": t,
+                                      "when": [{"field": "tokens", "op": "le", "value": 100}] if t.endswith("<=100")
+                                      else []} for t in tags])  # fmt: skip
+
+
+@pytest.fixture
+def plan_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """A backend's plan fragments: one naming the H200, a CUDA 9.x one, a CUDA-wide one, another provider's."""
+    from magi2_core.profiles import fragment_from_resource
+
+    pkg = tmp_path / "pkgs" / "magi2_test_plans"
+    _write(pkg / "h200.json", _plan_doc("toy-h200", {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
+                                        "h200"))
+    _write(pkg / "sm9.json", _plan_doc("toy-sm9", {"type": "cuda", "capability": "9"}, "sm9"))
+    _write(pkg / "cuda.json", _plan_doc("toy-cuda", {"type": "cuda"}, "cuda"))
+    _write(pkg / "other.json", _plan_doc("other-h100", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3",
+                                                        "capability": "9.0"}, "x", provider="other"))
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    return tuple(fragment_from_resource("toy-backend", f"magi2_test_plans:{f}.json")
+                 for f in ("h200", "sm9", "cuda", "other"))  # fmt: skip
+
+
+def test_a_providers_plan_rows_are_its_tuned_ones_then_the_packaged_ones_for_the_device(
+    plan_fragments: tuple[Any, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from magi2_core.profiles import DeviceKey, plan_rows
+
+    def rows(name: str | None, capability: str | None, profile: str | None = None) -> tuple[list[str], str]:
+        found = plan_rows("moe_experts", "toy", DeviceKey("cuda", name, capability), profile=profile,
+                          backends=plan_fragments)
+        return [str(r.plan["tag"]) for r in found.rows], found.source
+
+    got, source = rows("NVIDIA H200", "9.0")
+    assert got == ["h200"] and source == ("profile toy-h200 (magi2_test_plans/h200.json, measured on this device "
+                                          "model)")  # fmt: skip
+    got, source = rows("NVIDIA H20", "9.0")  # the capability class's fragment refines the type-wide one
+    assert got == ["sm9"] and source.startswith("generic rows toy-sm9 (magi2_test_plans/sm9.json): no rows "
+                                                "measured for cuda 'NVIDIA H20' 9.0; `magi2 tune`")  # fmt: skip
+    assert rows("NVIDIA B200", "10.0")[0] == ["cuda"] and rows(None, None)[0] == ["cuda"]
+    assert rows("NVIDIA H100 80GB HBM3", "9.0")[0] == ["sm9"]  # a named fragment without toy rows: the generic ones
+    assert rows("NVIDIA H200", "9.0", "generic")[0] == ["sm9"]  # the generic profile: the generic rows
+    tuned = _write(tmp_path / "tuned.json", _plan_doc("tuned-h200", {"type": "cuda", "name": "NVIDIA H200",
+                                                                     "capability": "9.0"}, "tuned<=100", "bad"))
+    refused: list[str] = []
+
+    def check(row: Any) -> str | None:
+        refused.append(str(row.plan["tag"]))
+        return "a plan this provider cannot read" if row.plan["tag"] == "bad" else None
+
+    found = plan_rows("moe_experts", "toy", DeviceKey("cuda", "NVIDIA H200", "9.0"), profile=str(tuned),
+                      check=check, backends=plan_fragments)
+    assert [r.plan["tag"] for r in found.rows] == ["tuned<=100", "h200"] and refused == ["tuned<=100", "bad", "h200"]
+    assert found.source == (f"profile tuned-h200 (given: {tuned}) rows 1-1, then profile toy-h200 "
+                            "(magi2_test_plans/h200.json, measured on this device model)")  # fmt: skip
+    assert found.rows[0].provenance is not None and found.rows[0].provenance.kind == "tune"  # its file's
+    with pytest.raises(ProfileError, match=r"toy-backend .*plans row 1 of toy for moe_experts: no"):
+        plan_rows("moe_experts", "toy", DeviceKey("cuda", "NVIDIA H200", "9.0"), check=lambda row: "no",
+                  backends=plan_fragments)
+
+
+def test_the_generic_profile_takes_a_backends_capability_class_fragment_in_place_of_its_type_wide_one(
+    plan_fragments: tuple[Any, ...],
+) -> None:
+    from magi2_core.profiles import DeviceKey, profile_of
+
+    loaded = profile_of(DeviceKey("cuda", "NVIDIA H20", "9.0"), plan_fragments)
+    assert loaded.generic and [r.plan["tag"] for r in loaded.profile.plans] == ["sm9"]
+    loaded = profile_of(DeviceKey("cuda", "NVIDIA B200", "10.0"), plan_fragments)
+    assert [r.plan["tag"] for r in loaded.profile.plans] == ["cuda"]
+
+
 def test_a_broken_fragment_quarantines_its_backend_only(fragments_pkg: str) -> None:
     reg = Registry(discover=False)
     reg.register(_fragment_backend("good-backend", f"{fragments_pkg}:alpha.json"), name="good")

@@ -322,6 +322,12 @@ def test_cli_tune_on_the_cpu_with_a_fake_timer(tmp_path: Path, monkeypatch: pyte
 def test_cli_show_on_a_device_without_measurements_names_tune() -> None:
     shown = _cli(["tune", "--show", "--device", "cpu"])
     assert shown.exit_code == 0 and "no measurements of this device" in shown.output and "magi2 tune" in shown.output
+    # the plan rows a provider reads here, from the core's profiles (the Triton backend ships them)
+    text = " ".join(shown.output.split())
+    assert "moe_experts on triton: generic rows generic-cpu (magi2_backend_triton/profiles/generic-cpu.json)" in text
+    assert "row 1 where every call -> variant=pointer" in text
+    plans = json.loads(_cli(["tune", "--show", "--device", "cpu", "--json"]).output)["plans"]
+    assert [(p["op"], p["provider"], len(p["rows"])) for p in plans] == [("moe_experts", "triton", 2)]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -134,17 +134,22 @@ def _measure(points: list[Shape], *, device: str, reps: int, warmup: int, out: P
 
 
 def _show(device: str, json_out: bool) -> None:
-    from magi2_core.profiles import active_profile
+    import magi2_core.registry  # noqa: F401  (hands the backends' profile fragments to the profiles)
+    from magi2_core.profiles import active_profile, every_plan_rows
 
     loaded = active_profile(device)
     if json_out:
+        plans = [{"op": op, "provider": provider, "source": rows.source,
+                  "rows": [r.model_dump(mode="json", exclude_none=True) for r in rows.rows]}
+                 for op, provider, rows in every_plan_rows(loaded.device)]  # fmt: skip
         print_json({"source": loaded.source, "origins": list(loaded.origins), "device": str(loaded.device),
-                    "profile": loaded.profile.model_dump(mode="json", exclude_none=True)})
+                    "profile": loaded.profile.model_dump(mode="json", exclude_none=True), "plans": plans})
         return
     say(_describe(loaded))
 
 
 def _describe(loaded: LoadedProfile) -> str:
+    from magi2_core.profiles import every_plan_rows
     from magi2_core.reasons import tune_advice
 
     p = loaded.profile
@@ -162,11 +167,14 @@ def _describe(loaded: LoadedProfile) -> str:
         lines.append(f"  {row.id or f'preferences[{i}]'}: {row.op} where {row.describe()} "
                      f"-> prefer {', '.join(row.prefer)}")
         lines.append(f"      why: {row.why}")
-    lines.append(f"plans ({len(p.plans)}):" if p.plans
-                 else "plans: none in this profile (providers may ship their own)")
-    for i, plan in enumerate(p.plans):
-        when = " and ".join(str(c) for c in plan.when) or "every call"
-        body = ", ".join(f"{k}={v}" for k, v in plan.plan.items())
-        lines.append(f"  {plan.id or f'plans[{i}]'}: {plan.op} on {plan.provider} where {when} -> {body}")
-        lines.append(f"      why: {plan.why}")
+    found = every_plan_rows(loaded.device)
+    lines.append(f"plans ({sum(len(rows.rows) for _, _, rows in found)}), as each provider reads them:" if found
+                 else "plans: none for this device")
+    for op, provider, rows in found:
+        lines.append(f"  {op} on {provider}: {rows.source}")
+        for i, plan in enumerate(rows.rows, 1):
+            when = " and ".join(str(c) for c in plan.when) or "every call"
+            body = ", ".join(f"{k}={v}" for k, v in plan.plan.items())
+            lines.append(f"    row {i}{f' ({plan.id})' if plan.id else ''} where {when} -> {body}")
+            lines.append(f"        why: {plan.why}")
     return "\n".join(lines)

@@ -43,8 +43,8 @@ from magi2_core.reasons import PreferenceNote, ProfileNote
 
 __all__ = [
     "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "backend_fragments", "boundaries",
-    "fragment_from_resource", "installed_version", "profile_for", "profile_of", "reset_profiles", "shipped_profiles",
-    "use_backend_fragments", "user_profile_dir", "user_profiles",
+    "fragment_from_resource", "generic_fragments", "installed_version", "names_device", "profile_for", "profile_of",
+    "reset_profiles", "shipped_profiles", "use_backend_fragments", "user_profile_dir", "user_profiles",
 ]
 
 GENERIC = "generic"
@@ -68,11 +68,19 @@ class DeviceKey:
 
 @dataclass(frozen=True)
 class Fragment:
-    """A profile file as read: the profile, where it came from, and the backend that ships it ("" = core)."""
+    """A profile file as read: the profile, where it came from, the backend that ships it ("" = core), and
+    ``file``: for a fragment a package ships (the core's or a backend's), its file as ``package/path``
+    (empty for a user profile or ``MAGI2_PROFILE``'s file)."""
 
     profile: Profile
     origin: str
     backend: str = ""
+    file: str = ""
+
+    @property
+    def packaged(self) -> bool:
+        """Shipped in a package (the core's or a backend's), not a file of the user's."""
+        return bool(self.file)
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class LoadedProfile:
     origins: tuple[str, ...]
     device: DeviceKey
     note: ProfileNote = field(repr=False)
+    fragments: tuple[Fragment, ...] = field(default=(), repr=False)  # merged, in order
 
     @property
     def name(self) -> str:
@@ -101,6 +110,12 @@ class LoadedProfile:
 
     def plan_for(self, op: OpName, provider: str, problem: Problem) -> PlanRow | None:
         return self.profile.plan_for(op, provider, problem)
+
+    def own_plans(self) -> tuple[PlanRow, ...]:
+        """The plan rows of its fragments that no package ships (a tuned or given file's), in order, each
+        with its provenance (or its fragment's): what comes before the packaged rows (:func:`plan_rows`)."""
+        return tuple(r if r.provenance else r.model_copy(update={"provenance": f.profile.provenance})
+                     for f in self.fragments if not f.packaged for r in f.profile.plans)  # fmt: skip
 
     def preference_note(self, row: Preference) -> PreferenceNote:
         index = self.profile.preferences.index(row)
@@ -158,7 +173,8 @@ def shipped_profiles() -> tuple[Fragment, ...]:
         root = resources.files("magi2_core.profiles")
         found = sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
         _shipped = tuple(Fragment(loads_profile(p.read_text(encoding="utf-8"), f"magi2_core/profiles/{p.name}"),
-                                  f"magi2_core/profiles/{p.name}") for p in found)  # fmt: skip
+                                  f"magi2_core/profiles/{p.name}", file=f"magi2_core/profiles/{p.name}")
+                         for p in found)  # fmt: skip
     return _shipped
 
 
@@ -187,7 +203,7 @@ def fragment_from_resource(backend: str, resource: str) -> Fragment:
         text = resources.files(package).joinpath(path).read_text(encoding="utf-8")
     except (ModuleNotFoundError, OSError) as exc:
         raise ProfileError(resource, f"cannot read it: {type(exc).__name__}: {exc}") from None
-    return Fragment(loads_profile(text, resource), f"{backend} ({resource})", backend)
+    return Fragment(loads_profile(text, resource), f"{backend} ({resource})", backend, f"{package}/{path}")
 
 
 def _file(path: str) -> Profile:
@@ -196,7 +212,7 @@ def _file(path: str) -> Profile:
     return _files[path]
 
 
-def _names_device(frag: Fragment, device: ProfileDevice | DeviceKey) -> bool:
+def names_device(frag: Fragment, device: ProfileDevice | DeviceKey) -> bool:
     """``frag`` is measured on ``device``: same type and name, and same capability where it names one."""
     d = frag.profile.device
     return (d.name is not None and d.type == device.type and d.name == device.name
@@ -251,7 +267,7 @@ def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, why: st
     note = ProfileNote(name=merged.name, source=source, origin=" + ".join(origins), device=str(device),
                        device_type=device.type,
                        provenance=str(merged.provenance), libraries=_library_notes(merged), why=why)
-    return LoadedProfile(merged, source, origins, device, note)
+    return LoadedProfile(merged, source, origins, device, note, tuple(frags))
 
 
 def _generic(device: DeviceKey, backends: Sequence[Fragment], why: str) -> LoadedProfile:
@@ -266,7 +282,16 @@ def _generic(device: DeviceKey, backends: Sequence[Fragment], why: str) -> Loade
         provenance=Provenance(kind="policy", source="magi2_core.profiles",
                               note="derived from the device type and capability; no measurements of this device"),
     )  # fmt: skip
-    return _merge([f for f in backends if _generic_for(f, device)], "generic", device, why, base)
+    return _merge(generic_fragments(device, backends), "generic", device, why, base)
+
+
+def generic_fragments(device: DeviceKey, backends: Sequence[Fragment]) -> list[Fragment]:
+    """The backends' generic fragments for ``device``, in backend order: of each backend, those that name
+    the device's capability class ("9" for a 9.x device) where it ships some, else those for any
+    device of the type (a class fragment refines its backend's type-wide one; it does not add to it)."""
+    covering = [f for f in backends if _generic_for(f, device)]
+    by_class = {f.backend for f in covering if f.profile.device.capability is not None}
+    return [f for f in covering if f.profile.device.capability is not None or f.backend not in by_class]
 
 
 def _shipped_named(name: str, backends: Sequence[Fragment]) -> list[Fragment]:
@@ -278,7 +303,7 @@ def _shipped_named(name: str, backends: Sequence[Fragment]) -> list[Fragment]:
                           f"no shipped profile has that name; shipped: {', '.join(known)}")
     if named.profile.device.name is None:  # a generic fragment: itself alone
         return [named]
-    return [f for f in every if _names_device(f, named.profile.device)]
+    return [f for f in every if names_device(f, named.profile.device)]
 
 
 def _select(device: DeviceKey, backends: Sequence[Fragment], given: str | None = None) -> LoadedProfile:
@@ -300,13 +325,13 @@ def _select(device: DeviceKey, backends: Sequence[Fragment], given: str | None =
             return _merge(frags, "given" if given is not None else "env", device, f"{by} names {forced}")
         passed = f"{by} names a {kind} profile, not one for {device.type}; "
     if device.name is not None:
-        mine = [f for f in user_profiles() if _names_device(f, device)]
+        mine = [f for f in user_profiles() if names_device(f, device)]
         if mine:
             current = [f for f in mine if not _library_notes(f.profile)]
             why = "measured with the installed libraries" if current else "none measured with the installed libraries"
             return _merge([(current or mine)[0]], "user", device,
                           f"{passed}{who}: a user profile (magi2 tune) names this device and capability ({why})")
-        shipped = [f for f in (*shipped_profiles(), *backends) if _names_device(f, device)]
+        shipped = [f for f in (*shipped_profiles(), *backends) if names_device(f, device)]
         if shipped:
             return _merge(shipped, "shipped", device,
                           f"{passed}{who}: a shipped profile names this device and capability")

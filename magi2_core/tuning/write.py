@@ -5,7 +5,8 @@ and capability, with provenance (``kind: tune``, the date, the command, the magi
 commit, the harness settings) and the kernel library versions installed. After the rows measured in
 this run come the rows of the profile that was active before (shipped or an earlier tune; an earlier
 tune's rows for the ops measured again are dropped), so calls outside the measured classes keep the
-choice they had.
+choice they had. Plan rows that packages ship are not copied: a provider reads them after the profile's
+own (:func:`magi2_core.profiles.plan_rows`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def build_profile(
                  if (v := installed_version(lib)) is not None}  # fmt: skip
     commit = checkout_commit()
     before = f"; the rows after the measured ones are {base.name}'s ({base.source}), for calls outside the measured " \
-             f"classes" if base is not None and (base.profile.preferences or base.profile.plans) else ""
+             f"classes" if base is not None and (base.profile.preferences or base.own_plans()) else ""
     provenance = Provenance(
         kind="tune", source=f"magi2 tune on {device}", date=datetime.date.today().isoformat(), tool=command,
         note=f"{len(results)} points, {reps} timed calls each after {warmup} warm-up calls, alternating, the L2 "
@@ -89,7 +90,7 @@ def build_profile(
     )  # fmt: skip
     if base is not None:
         prefs += [r for r in _kept(base.profile.preferences, ops) if r not in prefs]
-        plans += [r for r in _kept(base.profile.plans, ops) if r not in plans]
+        plans += [r for r in _kept(base.own_plans(), ops) if r not in plans]
     return Profile(
         format=FORMAT, version=VERSION, name=profile_name(device),
         device=ProfileDevice(type=device.type, name=device.name, capability=device.capability),

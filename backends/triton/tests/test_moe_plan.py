@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from importlib.resources import files
 from typing import Any
 
 import pytest
@@ -130,6 +131,20 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
                                                          "INTERLEAVED": int(tiles["inter"])}, align
 
 
+def _shipped() -> dict[str, tuple[mp.PlanRow, ...]]:
+    """This backend's fragments (``BackendSpec.profiles``, as the core read them): name -> its rows."""
+    from magi2_core.profiles import backend_fragments
+
+    frags = [f for f in backend_fragments() if f.backend == "magi2-backend-triton"]
+    return {f.profile.name: tuple(mp.PlanRow.of(r) for r in f.profile.plans_for("moe_experts", "triton"))
+            for f in frags}  # fmt: skip
+
+
+def _fragment(device: mp.DeviceId) -> str:
+    """The name of the shipped fragment whose rows ``device`` reads (the core's choice, from the rows' source)."""
+    return mp.rows_for(device)[1].split(" (")[0].split()[-1]
+
+
 def _normal(plan: Plan) -> tuple[Any, ...]:
     flags = {"PACKED_W13": 1} | ({} if plan.variant == "two_kernel" else {"INTERLEAVED": 1})
     return plan.variant, flags | plan.tile, plan.align
@@ -164,7 +179,7 @@ def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(o
     reached: set[tuple[str, int]] = set()
     for label, device in DEVICES.items():
         rows, source = mp.rows_for(device)
-        frag = mp.fragment_for(device, mp.shipped_fragments())
+        frag = _fragment(device)
         for has_gluon, has_desc in ((True, True), (False, True), (False, False)):
             off_interpreter(device.type == "cpu", has_gluon, has_desc)
             for problem in _grid(device):
@@ -173,14 +188,14 @@ def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(o
                 assert _normal(plan) == expected, (label, has_gluon, has_desc, problem, plan.why)
                 row = int(plan.why.split("; row ")[1].split(" ")[0])
                 assert rows[row - 1].plan.variant == plan.variant
-                reached.add((frag.name, row))
-    shipped = {(f.name, i) for f in mp.shipped_fragments() if f.name not in TUNED for i in range(1, len(f.rows) + 1)}
+                reached.add((frag, row))
+    shipped = {(name, i) for name, rows in _shipped().items() if name not in TUNED for i in range(1, len(rows) + 1)}
     assert shipped - reached == set(), "shipped rows no problem reaches"
 
 
 def test_a_device_matches_its_named_fragment_by_name_and_capability_else_the_generic_rows() -> None:
     devices = {**DEVICES, "h100": H100}
-    names = {label: mp.fragment_for(dev, mp.shipped_fragments()).name for label, dev in devices.items()}
+    names = {label: _fragment(dev) for label, dev in devices.items()}
     assert names == {"h200": "nvidia-h200", "h100": "nvidia-h100", "h20": "generic-cuda-sm90",
                      "h200-other-capability": "generic-cuda-sm90", "a100": "generic-cuda",
                      "cuda-unknown": "generic-cuda", "musa": "generic-musa", "cpu": "generic-cpu"}
@@ -214,7 +229,7 @@ def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter
     off_interpreter(False, True, True)
     shipped_512 = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))[0]
     shipped_14601 = mp.plan_for(_h200_problem(14601), H200, *mp.rows_for(H200))[0]
-    tile = dict(mp.fragment_for(H200, mp.shipped_fragments()).rows[0].plan.tile)  # the FP32 two-kernel tile
+    tile = dict(_shipped()["nvidia-h200"][0].plan.tile)  # the FP32 two-kernel tile
     profile_env({
         "format": "magi2-profile", "version": 1, "name": "tuned-nvidia-h200",
         "device": {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
@@ -230,8 +245,8 @@ def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter
         ],
     })  # fmt: skip
     rows, source = mp.rows_for(H200)
-    shipped = mp.fragment_for(H200, mp.shipped_fragments())
-    assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(shipped.rows)
+    shipped = _shipped()["nvidia-h200"]
+    assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(shipped) and rows[1:] == shipped
     assert "profile tuned-nvidia-h200 (env: " in source and "rows 1-1, then profile nvidia-h200" in source
     plan = mp.plan_for(_h200_problem(512), H200, rows, source)[0]  # 12 routes per expert: the tuned row
     shipped = (shipped_512.variant, shipped_512.align, shipped_512.tile)
@@ -261,16 +276,17 @@ def test_the_generic_profile_takes_the_generic_rows_even_on_the_h200(profile_env
 
 
 def test_the_generic_sm90_rows_are_the_h200_rows_the_rule_keeps_with_their_own_provenance() -> None:
-    frags = {f.name: f for f in mp.shipped_fragments()}
-    h200, generic = frags["nvidia-h200"].rows, frags["generic-cuda-sm90"].rows
+    frags = _shipped()
+    h200, generic = frags["nvidia-h200"], frags["generic-cuda-sm90"]
     left = iter([(r.when, r.plan) for r in h200])
     assert all(any(g == h for h in left) for g in [(r.when, r.plan) for r in generic])  # in order, none new
     assert generic[-1].plan.variant == "two_kernel" and generic[-1].when == ()  # any problem can run it
     for row in generic:
-        if row.provenance["kind"] == "benchmark":  # judged on both devices (scripts/generic_hopper_rows.py)
-            assert "NVIDIA H200" in row.provenance["note"] and "NVIDIA H100 80GB HBM3" in row.provenance["note"]
+        assert row.provenance is not None
+        if row.provenance.kind == "benchmark":  # judged on both devices (scripts/generic_hopper_rows.py)
+            assert "NVIDIA H200" in row.provenance.note and "NVIDIA H100 80GB HBM3" in row.provenance.note
         else:
-            assert row.provenance["kind"] == "policy" and "unmeasured" in row.provenance["note"]
+            assert row.provenance.kind == "policy" and "unmeasured" in row.provenance.note
 
 
 def _tune_point(tokens: int, heads: int, deterministic: bool = False) -> Problem:
@@ -281,9 +297,9 @@ def _tune_point(tokens: int, heads: int, deterministic: bool = False) -> Problem
 
 def test_the_h100_runs_its_tunes_plans_then_the_generic_rows(off_interpreter: Any) -> None:
     off_interpreter(False, True, True)
-    frags = {f.name: f for f in mp.shipped_fragments()}
-    h100, generic = frags["nvidia-h100"].rows, frags["generic-cuda-sm90"].rows
-    tuned = [r for r in h100 if r.provenance.get("kind") == "tune"]
+    frags = _shipped()
+    h100, generic = frags["nvidia-h100"], frags["generic-cuda-sm90"]
+    tuned = [r for r in h100 if r.provenance is not None and r.provenance.kind == "tune"]
     assert h100 == (*tuned, *generic) and len(tuned) == 8
     rows, source = mp.rows_for(H100)
     assert rows == h100 and source.startswith("profile nvidia-h100 (magi2_backend_triton/profiles/nvidia-h100.json")
@@ -301,15 +317,25 @@ def test_the_h100_runs_its_tunes_plans_then_the_generic_rows(off_interpreter: An
     assert f"; row {len(tuned) + 10} (every call)" in other.why and other.variant == "gluon_ws"
 
 
-def test_a_fragment_with_a_malformed_row_is_refused_naming_the_row() -> None:
-    data = json.loads((mp.resources.files("magi2_backend_triton") / "profiles" / "generic-cpu.json").read_text())
-    assert mp.load_fragment(data, "x.json").rows  # as shipped
+def test_a_shipped_fragment_with_a_malformed_row_is_refused_naming_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    import magi2_core as m2
+    from magi2_core.errors import ProfileError
+    from magi2_core.profiles import Fragment, backend_fragments, loads_profile
+
+    data = json.loads((files("magi2_backend_triton") / "profiles" / "generic-cpu.json").read_text())
     data["plans"][1]["plan"]["tile"].pop("BLOCK_K2")
-    data["plans"].append({"op": "rmsnorm", "provider": "triton", "plan": {}})  # another op's row: not read
-    with pytest.raises(ValueError, match=r"x\.json: plans row 2: .*BLOCK_K2"):
-        mp.load_fragment(data, "x.json")
-    with pytest.raises(ValueError, match="not a magi2-profile version 1"):
-        mp.load_fragment(data | {"version": 2}, "x.json")
+    data["plans"].append({"op": "rmsnorm", "provider": "triton", "plan": {}, "why": "another op's row: not read"})
+    broken = Fragment(loads_profile(json.dumps(data), "x.json"), "x.json", "magi2-backend-triton", "x/x.json")
+    others = [f for f in backend_fragments() if f.profile.name != "generic-cpu"]
+    monkeypatch.setattr("magi2_core.profiles.active._backend_fragments", lambda: (*others, broken))
+    m2.reload_config()
+    try:
+        with pytest.raises(ProfileError, match=r"x\.json.*plans row 2 of triton for moe_experts: .*BLOCK_K2"):
+            mp.rows_for(mp.DeviceId("cpu", None, None))
+    finally:
+        monkeypatch.undo()
+        m2.reload_config()
+    assert mp.row_error(loads_profile(json.dumps(data), "x.json").plans[0]) is None  # the rows as shipped
 
 
 def _h200_problem(tokens: int, heads: int = 3, deterministic: bool = False) -> Problem:

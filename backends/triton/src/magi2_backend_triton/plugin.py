@@ -23,6 +23,12 @@ def _device_types() -> tuple[str, ...]:
 # H200 the fused path beat the torch-native grouped-GEMM pipeline at every token count measured, 1 to
 # 14601 (benchmarks/results/moe_h200.json, "crossover"), so no token threshold is declared here.
 
+# The fused MoE's plan rows (moe/plan.py), as profile fragments the core reads and merges: measured rows
+# for named devices, generic rows per device class.
+PROFILES = tuple(f"magi2_backend_triton:profiles/{name}.json" for name in (
+    "nvidia-h100", "nvidia-h200", "generic-cuda-sm90", "generic-cuda", "generic-musa", "generic-cpu"))
+
+
 def providers() -> tuple[Capability, ...]:
     devices = _device_types()
     no_musa = tuple(d for d in devices if d != "musa")
@@ -138,5 +144,6 @@ def magi2_backend() -> BackendSpec:
         core_api=">=2.0,<3",
         providers=providers(),
         sink_corrections=SINK_CORRECTIONS,
+        profiles=PROFILES,
         description="portable Triton kernels (CUDA, MUSA through Triton-MUSA; CPU through the interpreter)",
     )

@@ -4,13 +4,11 @@ The choice comes from plan rows (the ``plans`` of a device profile, op ``moe_exp
 ``triton``): each row has ``when`` conditions (:class:`magi2_core.capability.Condition`, evaluated on
 the call's :class:`~magi2_core.problem.Problem`) and a plan (``variant``, ``tile``, ``align``; the
 vocabulary is `tiles.py`'s). This backend ships its rows as profile fragments in
-``magi2_backend_triton/profiles/``: measured rows for the NVIDIA H200, and generic rows per device
-class (other CUDA 9.x devices, other CUDA, MUSA, the CPU interpreter) that repeat what those devices
-ran before the rows existed. A fragment matches a device by name and capability; an unnamed
-(generic) fragment by device type and, when it gives one, the capability's major version.
-
-Rows come from `rows_for`: the rows of the core's active device profile for this provider first (a
-profile written by `magi2 tune`, or the one ``MAGI2_PROFILE`` names), then the shipped fragment's.
+``magi2_backend_triton/profiles/``, listed in its ``BackendSpec.profiles``: measured rows for the
+NVIDIA H200 and H100, and generic rows per device class (other CUDA 9.x devices, other CUDA, MUSA,
+the CPU interpreter). The core reads and merges them with the other profiles; `rows_for` asks the
+core for this provider's rows on a device (:func:`magi2_core.backend.plan_rows`: a tuned or given
+profile's rows first, then the shipped rows for the device, named or generic).
 
 `plan_for` is the whole decision, in order:
 
@@ -37,14 +35,11 @@ profile written by `magi2 tune`, or the one ``MAGI2_PROFILE`` names), then the s
 from __future__ import annotations
 
 import functools
-import json
-import logging
-from collections.abc import Mapping, Sequence
-from importlib import resources
-from typing import Any, Final, Literal, NamedTuple
+from collections.abc import Sequence
+from typing import Final, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from magi2_core.backend import (
     Condition,
@@ -53,23 +48,24 @@ from magi2_core.backend import (
     InvalidValueError,
     Plan,
     Problem,
+    Provenance,
     VirtualDevice,
-    profile_of,
+    plan_rows,
     with_routes_per_expert,
 )
+from magi2_core.backend import PlanRow as ProfilePlanRow
 
 from ..interpret import interpreting
 from .gluon import gluon_device_reason, gluon_shape_reason
 from .tiles import ONE_KERNEL, Alignment, Launch, Variant, launch_of
 from .tma import tma_device_reason
 
-__all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "Fragment", "PlanRow", "alignment_for",
-           "candidates_for", "choose_alignment", "described_id", "device_id", "fragment_for", "load_fragment",
-           "plan_for", "plan_reason", "problem_of", "rows_for", "shipped_fragments", "variant_reason", "without_bank"]
+__all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "PlanRow", "RowPlan", "alignment_for",
+           "candidates_for", "choose_alignment", "described_id", "device_id", "plan_for", "plan_reason", "problem_of",
+           "row_error", "rows_for", "variant_reason", "without_bank"]
 
 OP: Final = "moe_experts"
 PROVIDER = "triton"
-log = logging.getLogger("magi2_backend_triton")
 
 # Bytes of route lists ("gluon_routed") a call may allocate; past it that variant is passed over. The
 # lists hold every expert's worst case, T*K routes (repeated top-k ids included): 38 MB at 2048
@@ -86,7 +82,7 @@ RowAlign = Literal["device", "atomic", "stable_kernels", "stable_torch", "lists"
 
 
 class DeviceId(NamedTuple):
-    """What a fragment is matched against: device type, name and compute capability (None: unknown)."""
+    """The device a plan is made for: device type, name and compute capability (None: unknown)."""
 
     type: str
     name: str | None
@@ -95,6 +91,11 @@ class DeviceId(NamedTuple):
     def __str__(self) -> str:
         cap = "" if self.capability is None else f" {self.capability[0]}.{self.capability[1]}"
         return f"{self.type} {self.name!r}{cap}" if self.name else f"{self.type}{cap} (name unknown)"
+
+    def key(self) -> DeviceKey:
+        """The device as the core's profiles see it."""
+        cap = None if self.capability is None else f"{self.capability[0]}.{self.capability[1]}"
+        return DeviceKey(self.type, self.name, cap)
 
 
 class RowPlan(BaseModel):
@@ -108,16 +109,19 @@ class RowPlan(BaseModel):
 
 
 class PlanRow(BaseModel):
-    """One ``plans`` row of a profile, as this provider reads it."""
+    """One plan row of this provider (a profile's ``plans`` row, op ``moe_experts``), its plan typed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    op: Literal["moe_experts"] = "moe_experts"
-    provider: str = PROVIDER
     when: tuple[Condition, ...] = ()
     plan: RowPlan
     why: str
-    provenance: dict[str, str] = {}
+    provenance: Provenance | None = None
+
+    @classmethod
+    def of(cls, row: ProfilePlanRow) -> PlanRow:
+        """The core's row, its plan read (a pydantic ``ValidationError`` names what is wrong)."""
+        return cls(when=row.when, plan=RowPlan.model_validate(dict(row.plan)), why=row.why, provenance=row.provenance)
 
     def matches(self, problem: Problem) -> bool:
         return all(c.holds(problem) for c in self.when)
@@ -125,115 +129,35 @@ class PlanRow(BaseModel):
     def cited(self) -> str:
         """The row's ``why`` and, where it has one, its provenance (kind: source, date, tool)."""
         p = self.provenance
-        if not p.get("source"):
+        if p is None or not p.source:
             return self.why
-        where = ", ".join(v for v in (p.get("source"), p.get("date"), p.get("tool")) if v)
-        return f"{self.why} [provenance: {p.get('kind', 'unknown')}: {where}]"
+        where = ", ".join(v for v in (p.source, p.date, p.tool) if v)
+        return f"{self.why} [provenance: {p.kind}: {where}]"
 
     def launch(self, align: Alignment) -> Launch:
         """The row's kernel and tile with a concrete alignment (an error names a malformed tile)."""
         return launch_of(Plan(variant=self.plan.variant, tile=self.plan.tile, align=align, why=""))
 
 
-class Fragment(NamedTuple):
-    """A profile fragment's device, name, origin and its rows for this provider."""
-
-    name: str
-    device_type: str
-    device_name: str | None  # None: generic (matched by type and capability class)
-    capability: str | None  # "major.minor" (named), "major" or None (generic)
-    source: str
-    rows: tuple[PlanRow, ...]
-
-    def matches(self, device: DeviceId) -> bool:
-        if self.device_type != device.type:
-            return False
-        if self.device_name is not None:
-            cap = device.capability
-            return device.name == self.device_name and cap is not None and self.capability == f"{cap[0]}.{cap[1]}"
-        if self.capability is None:
-            return True
-        return device.capability is not None and self.capability == str(device.capability[0])
-
-
-def load_fragment(data: Mapping[str, Any], source: str) -> Fragment:
-    """Read a profile fragment (``format`` magi2-profile, ``version`` 1); keep its rows for this provider."""
-    if data.get("format") != "magi2-profile" or data.get("version") != 1:
-        raise ValueError(f"{source}: not a magi2-profile version 1 file (format={data.get('format')!r}, "
-                         f"version={data.get('version')!r})")
-    dev = data["device"]
-    rows = tuple(PlanRow.model_validate(r) for r in data.get("plans", ())
-                 if r.get("op") == OP and r.get("provider") == PROVIDER)
-    for i, row in enumerate(rows, 1):
-        try:
-            row.launch("lists" if row.plan.align == "lists" else "atomic")
-        except InvalidValueError as e:
-            raise ValueError(f"{source}: plans row {i}: {e}") from e
-    return Fragment(str(data["name"]), str(dev["type"]), dev.get("name"), dev.get("capability"), source, rows)
-
-
-@functools.lru_cache(maxsize=1)
-def shipped_fragments() -> tuple[Fragment, ...]:
-    """The fragments this backend ships (package data), named ones first."""
-    folder = resources.files("magi2_backend_triton") / "profiles"
-    frags = [load_fragment(json.loads(f.read_text()), f"magi2_backend_triton/profiles/{f.name}")
-             for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".json")]
-    return tuple(sorted(frags, key=lambda f: (f.device_name is None, f.capability is None, f.name)))
-
-
-def fragment_for(device: DeviceId, fragments: Sequence[Fragment]) -> Fragment:
-    """The first fragment that matches ``device`` (named before generic, as `shipped_fragments` orders them)."""
-    for frag in fragments:
-        if frag.matches(device):
-            return frag
-    types = ", ".join(sorted({f.device_type for f in fragments}))
-    raise InvalidValueError(OP, "device", f"a device type with plan rows ({types})", str(device))
-
-
-def _fragment_rows(device: DeviceId, generic: bool) -> tuple[tuple[PlanRow, ...], str]:
-    frags = shipped_fragments()
-    frag = fragment_for(device, [f for f in frags if f.device_name is None] if generic else frags)
-    if frag.device_name is not None:
-        return frag.rows, f"profile {frag.name} ({frag.source}, measured on this device model)"
-    known = f" for {device}" if device.name else ""
-    return frag.rows, (f"generic rows {frag.name} ({frag.source}): no rows measured{known}; "
-                       f"`magi2 tune` measures this device")
-
-
-def _profile_rows(device: DeviceId, profile: str | None) -> tuple[tuple[PlanRow, ...], str, bool]:
-    """This provider's rows in the core's active profile for ``device`` (a tuned one, ``MAGI2_PROFILE``'s, or
-    ``profile`` in its place), where they come from, and whether that profile is the generic one."""
-    cap = None if device.capability is None else f"{device.capability[0]}.{device.capability[1]}"
-    loaded = profile_of(DeviceKey(device.type, device.name, cap), profile=profile)
-    rows = []
-    for i, row in enumerate(loaded.plans_for(OP, PROVIDER)):
-        mine = PlanRow.model_validate({
-            "when": row.when, "plan": dict(row.plan), "why": row.why,
-            "provenance": {} if row.provenance is None else row.provenance.model_dump(exclude_defaults=True),
-        })  # fmt: skip
-        try:
-            mine.launch("lists" if mine.plan.align == "lists" else "atomic")
-        except InvalidValueError as e:  # a hand-edited file: the other rows still serve
-            log.warning("magi2_backend_triton: ignoring plan row %s of profile %s (%s): %s", row.id or i,
-                        loaded.name, " + ".join(loaded.origins), e)
-            continue
-        rows.append(mine)
-    return tuple(rows), f"profile {loaded.name} ({loaded.source}: {' + '.join(loaded.origins)})", loaded.generic
+def row_error(row: ProfilePlanRow) -> str | None:
+    """Why this provider cannot read ``row``'s plan (an unknown variant, a malformed tile), or None."""
+    try:
+        mine = PlanRow.of(row)
+        mine.launch("lists" if mine.plan.align == "lists" else "atomic")
+    except (ValidationError, InvalidValueError) as e:
+        return str(e)
+    return None
 
 
 def rows_for(device: DeviceId, profile: str | None = None) -> tuple[tuple[PlanRow, ...], str]:
-    """The plan rows for ``device`` and where they come from (the text that opens every ``why``).
-
-    The one place that decides where rows come from: the rows of the core's active profile for this
-    device (`magi2 tune`'s, or ``MAGI2_PROFILE``'s; ``profile``, named as ``MAGI2_PROFILE`` names one, in
-    its place: explain's ``--profile``) first, then this backend's shipped fragment for the device (its
-    generic fragment where the active profile is the generic one).
-    """
-    tuned, tuned_source, generic = _profile_rows(device, profile)
-    rows, source = _fragment_rows(device, generic)
-    if not tuned:
-        return rows, source
-    return (*tuned, *rows), f"{tuned_source} rows 1-{len(tuned)}, then {source}"
+    """The plan rows for ``device`` and where they come from (the text that opens every ``why``): the
+    core's :func:`~magi2_core.backend.plan_rows` of this provider, whose order is the core's (a tuned or
+    given profile's rows, then the rows this backend ships for the device); ``profile``, named as
+    ``MAGI2_PROFILE`` names one, in its place (explain's ``--profile``)."""
+    found = plan_rows(OP, PROVIDER, device.key(), profile=profile, check=row_error)
+    if not found.rows:
+        raise InvalidValueError(OP, "device", "a device with plan rows of this provider", found.source)
+    return tuple(PlanRow.of(r) for r in found.rows), found.source
 
 
 @functools.lru_cache(maxsize=16)
