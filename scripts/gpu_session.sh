@@ -148,6 +148,11 @@ if want mhc; then
 step "mHC: fused mhc_pre + mhc_mix vs vllm-omni's native form, eager and compiled"
 python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" ${MAGI2_VLLM_OMNI_WHEEL:+--wheel "$MAGI2_VLLM_OMNI_WHEEL"} > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
 fi
+if want mhc_sweep; then
+step "mHC: mhc_pre's logits-kernel launches (ieee, tf32x3, bf16x3), each judged by the contract"
+python3 -m benchmarks.mhc_sweep --json "$OUT/mhc_sweep_${tag}.json" > "$OUT/mhc_sweep.log" 2>&1
+echo "mhc_sweep exit $?"; grep -v Warning "$OUT/mhc_sweep.log" | head -20
+fi
 if want moe_raw; then
 step "MoE: raw weights read in place vs prepared vs re-packed per call (MAGI2_RAW_ARGS: extra arguments)"
 python3 -m benchmarks.moe_raw --out "$OUT/moe_raw_${tag}.json" ${MAGI2_RAW_ARGS:-} > "$OUT/moe_raw.log" 2>&1
