@@ -11,13 +11,8 @@ alternating (benchmarks/_common); p50 with p10/p90:
 
 * ``fused[<config>]``: the fused kernel, every candidate config
   (``magi2_backend_triton.moe_route_fused.CANDIDATES``), splitting the FP32 router in registers as
-  shipped; ``fused[<config>+planes]``: the same reading the three BF16 planes from memory (what a router
-  prepared at load time would save); ``fused``: the public op (provider ``triton_fused``, the default
-  config);
-* ``gemm_only[<config>]`` (a few configs, with and without planes): the kernel with the selection left
-  out (the logits summed per row), so the selection's share is the difference. (A selection-only
-  variant, logits made from the indices, was dropped: its tiles lose the dot's register layout and it
-  ran 2-5x slower than the whole kernel, so it measured a different selection.)
+  shipped; ``fused``: the public op (provider ``triton_fused``, the default config). (The variants that
+  read prepared planes or left the selection out are gone: docs/moe-notes.md, "the fused router".)
 * ``triton``: the current provider (torch FP32 GEMM + the selection kernel); ``torch``: the
   reference provider (torch FP32 GEMM, sigmoid, stable sort, gather, L1 norm); ``gemm_fp32``: the
   FP32 router GEMM alone;
@@ -48,7 +43,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, default_config, fused_route, router_planes
+from magi2_backend_triton.moe_route_fused import CANDIDATES, RouteConfig, default_config, fused_route
 
 import magi2_core as m2
 from benchmarks._common import env_record, graphed, stats, time_alternating
@@ -72,12 +67,10 @@ class Setup:
     top_k: int
     configs: tuple[RouteConfig, ...]
     device: str
-    ablate: tuple[RouteConfig, ...] = ()  # configs also timed as GEMM alone and selection alone
 
 
-PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda",
-                   ablate=(CANDIDATES[1], CANDIDATES[4], CANDIDATES[7]))
-DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu", ablate=CANDIDATES[:1])
+PRODUCTION = Setup(((512, 3), (4096, 3), (14601, 3), (4096, 12)), 256, 256, 1280, 6, CANDIDATES, "cuda")
+DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,15 +142,9 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
     kw: dict[str, Any] = {"top_k": k, "route_scale": ROUTE_SCALE, "route_norm": True, "score_func": "sigmoid"}
     xf = x.float()
     w = router.view(hl, -1, s.d)
-    planes = router_planes(router)
     fns: dict[str, Callable[[], Any]] = {}
     for c in s.configs:
         fns[f"fused[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, **kw)
-        fns[f"fused[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes, **kw)
-    for c in s.ablate:
-        fns[f"gemm_only[{c.name}]"] = lambda c=c: fused_route(x, router, bias, config=c, _ablate=1, **kw)
-        fns[f"gemm_only[{c.name}+planes]"] = lambda c=c: fused_route(x, router, bias, config=c, planes=planes,
-                                                                     _ablate=1, **kw)
     fns |= {
         "fused": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton_fused"),
         "triton": lambda: m2.moe_route(x, router, bias, top_k=k, route_scale=ROUTE_SCALE, provider="triton"),
@@ -175,7 +162,7 @@ def _contract(fns: dict[str, Callable[[], Any]], x: torch.Tensor, router: torch.
     truth = route_truth(x, router, bias, top_k=top_k, route_scale=ROUTE_SCALE, route_norm=True, score_func="sigmoid")
     out: dict[str, Any] = {}
     for name, fn in fns.items():
-        if name == "gemm_fp32" or name.startswith("gemm_only"):
+        if name == "gemm_fp32":
             continue
         probs, idx = fn()
         verdict = accept_moe_route(probs, idx, truth)
@@ -211,17 +198,14 @@ def profile(s: Setup, t: int, hl: int, iters: int) -> dict[str, Any]:
                 "planted": _contract(_routes(s, x, p_router, p_bias), x, p_router, p_bias, s.top_k)}
     experts = ms["experts"]["p50"]
     p50 = {k: v["p50"] for k, v in ms.items()}
-    # the best config as shipped (the router split in registers), and the best reading prepared planes
-    cands = {k: v for k, v in p50.items() if k.startswith("fused[") and not k.endswith("+planes]")}
+    cands = {k: v for k, v in p50.items() if k.startswith("fused[")}  # every config as shipped
     best = min(cands, key=cands.__getitem__)
-    with_planes = {k: v for k, v in p50.items() if k.startswith("fused[") and k.endswith("+planes]")}
     return {
         "tokens": t, "heads": hl, "default_config": default_config(t * hl).name, "best_config": best,
         "ms": ms,
         "share_of_experts": {k: v / experts for k, v in p50.items() if k != "experts"},
         "fused_over_vllm_omni_main": p50["fused"] / p50["vllm_omni_main"],
         "best_over_vllm_omni_main": cands[best] / p50["vllm_omni_main"],
-        "best_planes_config": min(with_planes, key=with_planes.__getitem__),
         "accuracy": accuracy,
     }  # fmt: skip
 

@@ -27,7 +27,6 @@ from magi2_backend_triton.moe_route_fused import (
     SHARED_BUDGET,
     RouteConfig,
     fused_route,
-    router_planes,
 )
 
 import magi2_core as m2
@@ -281,22 +280,6 @@ def test_nan_rows_across_chunks(score_func: str) -> None:
         keep = torch.ones(2, 9, dtype=torch.bool)
         keep[0, 4] = False
         assert torch.equal(idx[keep], clean_i[keep]) and torch.equal(probs[keep], clean_p[keep])
-
-
-def test_prepared_planes_are_the_in_register_split() -> None:
-    """The measurement-only planes path (what a prepared router would read) gives the same bits."""
-    x, w, b = _inputs(19, 2, 40, 48, seed=14)
-    planes = router_planes(w)
-    assert planes.dtype == torch.bfloat16 and planes.shape == (3, *w.shape)
-    assert torch.equal(planes.float().sum(0), w)  # exact: hi + mid + lo is the FP32 weight
-    for config in (None, CHUNKED):
-        split = fused_route(x, w, b, config=config, **_opts(top_k=5))  # type: ignore[arg-type]
-        read = fused_route(x, w, b, config=config, planes=planes, **_opts(top_k=5))  # type: ignore[arg-type]
-        assert _same(split[0], read[0]) and torch.equal(split[1], read[1])
-    with pytest.raises(ValueError, match="planes must be router_planes"):
-        fused_route(x, w, b, planes=planes[:2], **_opts(top_k=5))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="_ablate must be 0"):
-        fused_route(x, w, b, _ablate=2, **_opts(top_k=5))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])

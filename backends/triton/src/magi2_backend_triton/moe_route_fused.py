@@ -20,10 +20,8 @@ BF16 terms) and every product whose order is below ``2**-24`` is kept, so they t
 logits on tensor cores (5 and 6 dots instead of 3).
 
 No planes are kept in memory: a derived copy of the router would go stale after writes that bypass
-the version counter and would outlive the layer's storage across layer-wise offload. ``planes=``
-(:func:`router_planes`) reads them from memory instead, for measurement only: on one H200 the best
-config reading them was 2-6% faster than the best splitting in registers at 4096-14601 tokens (slower at
-512), at most 0.5% of an MoE layer (docs/moe-notes.md, "the fused router").
+the version counter and would outlive the layer's storage across layer-wise offload (what reading them
+from memory would save: docs/moe-notes.md, "the fused router").
 
 Selection. The selection scores become int32 keys of the same order (every NaN folded into the one
 positive NaN, which ranks above ``+inf`` as in torch's sort; a score is never ``-0.0``). A chunk's top
@@ -55,7 +53,7 @@ if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
 
 __all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config",
-           "fused_route", "router_planes", "triton_fused_moe_route"]
+           "fused_route", "triton_fused_moe_route"]
 
 
 class RouteConfig(NamedTuple):
@@ -404,19 +402,6 @@ def _route_kernel(
         tl.store(idx_ptr + out, run_id.to(tl.int64), mask=mask)
 
 
-def router_planes(router_weight: torch.Tensor) -> torch.Tensor:
-    """The FP32 router split exactly into three BF16 planes ``[3, Hl·E, d]`` (hi, mid, lo: each the top
-    16 bits of what the planes before it leave), the split the kernel otherwise makes in registers."""
-    rest = router_weight.float().contiguous()
-    out = []
-    for _ in range(3):
-        top = rest.view(torch.int32) & -65536  # 0xFFFF0000: the top 16 bits, exactly a BF16
-        hi = top.view(torch.float32)
-        out.append(hi.bfloat16())
-        rest = rest - hi
-    return torch.stack(out)
-
-
 def fused_route(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -427,25 +412,15 @@ def fused_route(
     route_norm: bool,
     score_func: ScoreFunc,
     config: RouteConfig | None = None,
-    planes: torch.Tensor | None = None,
-    _ablate: int = 0,
     _triples: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [Hl, T, K] FP32, idx [Hl, T, K] int64)`` on validated inputs (launch only).
 
     ``config``: a :class:`RouteConfig` (None: :func:`default_config`; under the interpreter a CPU-sized one).
-    ``planes``: :func:`router_planes` of ``router_weight``, read instead of splitting it in registers.
-    ``_ablate=1`` (measurement only) runs the GEMM without the selection: the logits summed per row.
     ``_triples`` (tests): the selection's reduction of triples (None: on CUDA, not under the interpreter).
     """
     t, hl, d = x.shape
     e = router_weight.shape[0] // hl
-    if planes is not None and (planes.dtype != torch.bfloat16 or tuple(planes.shape) != (3, *router_weight.shape)
-                               or planes.device != router_weight.device):
-        raise ValueError(f"fused_route: planes must be router_planes(router_weight), BF16 [3, {hl * e}, {d}] on "
-                         f"{router_weight.device}; got {planes.dtype} {list(planes.shape)} on {planes.device}")
-    if _ablate not in (0, 1):
-        raise ValueError(f"fused_route: _ablate must be 0 (the kernel) or 1 (the GEMM alone); got {_ablate!r}")
     probs = torch.empty((hl, t, top_k), dtype=torch.float32, device=x.device)
     idx = torch.empty((hl, t, top_k), dtype=torch.int64, device=x.device)
     if t == 0:
@@ -461,10 +436,9 @@ def fused_route(
     block_d = min(cfg.block_d, max(16, triton.next_power_of_2(d)))
     chunk_k = min(top_k, block_n)
     grid = (triton.cdiv(t, block_t), hl)
-    src = w if planes is None else planes.contiguous()
     _route_kernel[grid](
         x,
-        src,
+        w,
         w if b is None else b,  # never read without HAS_BIAS
         probs,
         idx,
@@ -481,14 +455,14 @@ def fused_route(
         SOFTMAX=score_func == "softmax",
         NORM=route_norm,
         SPLIT_ACC=cfg.split_acc,
-        PLANES=planes is not None,
+        PLANES=False,
         UPCAST_DOT=interp,
         # the reduction of triples is measured on CUDA only; elsewhere (Triton-MUSA, the interpreter) the
         # max / min-id / one-term-sum selection, bit-equal, that the earlier kernel's operations match
         TRIPLES=(x.device.type == "cuda" and not interp) if _triples is None else _triples,
         EVEN_D=d % block_d == 0,
-        WIDE_W=(1 if planes is None else 3) * w.numel() >= 2**31,  # planes: three router-sized planes
-        ABLATE=_ablate,
+        WIDE_W=w.numel() >= 2**31,
+        ABLATE=0,
         BLOCK_T=block_t,
         BLOCK_N=block_n,
         BLOCK_D=block_d,

@@ -31,7 +31,6 @@ order from torch ops) and ``lists`` (per-expert route lists, ``gluon_routed`` on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -124,8 +123,3 @@ def launch_of(plan: Plan) -> Launch:
         return Launch(variant, align, single, None, packed, interleaved)
     g1, g2 = (GemmTile(tile["BLOCK_M"], *(tile[f"{k}{g}"] for k in _GEMM_KEYS)) for g in (1, 2))
     return Launch(variant, align, None, (g1, g2), packed, False)
-
-
-def tile_flags(tile: Mapping[str, int]) -> dict[str, int]:
-    """``tile`` without its layout flags (the sizes alone)."""
-    return {k: v for k, v in tile.items() if k not in _FLAGS}
