@@ -325,7 +325,7 @@ def oracle_errors(lengths: tuple[int, ...], c: Config, layers: list[Layer], dev:
     of BF16 rounding flips near-tied rows), and the errors are also given on the token rows whose
     routes all agree with the oracle ("clean rows", where only rounding differs).
     """
-    from magi2_backend_triton.moe.native import grouped_mm_moe_experts
+    from benchmarks._moe_native import grouped_mm_moe_experts
 
     p = make_pack(lengths, dev)
     g = torch.Generator(device=dev).manual_seed(2000 + p.tokens)
@@ -394,7 +394,7 @@ def p50s(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 # ---------------------------------------------------------------------------------------------
 def bench_pack(name: str, lengths: tuple[int, ...], c: Config, layers: list[Layer], dev: str, modes: Sequence[str],
                iters: int) -> dict[str, Any]:  # fmt: skip
-    from magi2_backend_triton.moe.native import grouped_mm_moe_experts
+    from benchmarks._moe_native import grouped_mm_moe_experts
 
     p = make_pack(lengths, dev)
     g = torch.Generator(device=dev).manual_seed(1000 + p.tokens)

@@ -28,13 +28,13 @@ import torch
 import triton
 from magi2_backend_triton.moe.align import align_routes_device
 from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
-from magi2_backend_triton.moe.native import grouped_mm_moe_experts, grouped_mm_syncs_host, loop_moe_experts
 from magi2_backend_triton.moe.pack import pack_count, pack_w13
 from magi2_backend_triton.moe.plan import choose_alignment, device_id
 from magi2_backend_triton.providers import triton_moe_experts
 from torch import Tensor
 
 from benchmarks import _common
+from benchmarks._moe_native import grouped_mm_moe_experts, grouped_mm_syncs_host, loop_moe_experts
 from magi2_core.plan import Plan
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the names of docs/operators.md §3

@@ -113,10 +113,11 @@ def sweep_shape(
     ceilings: Ceilings | None,
 ) -> dict[str, Any]:
     from magi2_backend_triton.moe.fused import MoEState, call_problem, run_fused
-    from magi2_backend_triton.moe.native import loop_moe_experts
     from magi2_backend_triton.moe.pack import pack_w13
     from magi2_backend_triton.moe.plan import choose_alignment, device_id
     from magi2_backend_triton.providers import triton_moe_experts
+
+    from benchmarks._moe_native import loop_moe_experts
 
     cuda = bm.DEV == "cuda"
     x, probs, idx, wg, wu, wd = bm.make_inputs(tokens, heads, seed=7000 + tokens + heads)

@@ -19,12 +19,12 @@ if not torch.cuda.is_available():
 from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe.align import (
     RouteBuffers,
-    align_routes,
     align_routes_stable,
     route_capacity,
 )
 from magi2_backend_triton.moe.pack import interleaved_bank, pack_count, pack_w13
 from magi2_backend_triton.providers import TritonMoEExperts
+from moe_align_oracle import align_routes
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_experts

@@ -2,6 +2,11 @@
 
 Everything stays on the device: the padded row count is a 1-element int32 tensor the GEMMs read,
 so the forward never waits for the host. Buffers are upper-bound sized and reused across calls.
+
+The contract, for flat expert ids ``rid`` [R] with ``n_e`` routes of expert e padded to ``P_e`` (a
+multiple of the row block BM) starting at ``start_e``: ``sorted_ids[start_e + j]`` is the j-th route of
+expert e, rows [start_e + n_e, start_e + P_e) hold the sentinel R, and
+``expert_ids[b] = #{e : cumsum(P)_e <= b*BM}``. (The tests state it in torch, ``moe_align_oracle.py``.)
 """
 
 from __future__ import annotations
@@ -76,42 +81,11 @@ def flat_route_experts(idx: Tensor, num_local_experts: int) -> Tensor:
     return (idx.to(torch.int32) + offsets.view(heads, 1, 1)).reshape(-1)
 
 
-def align_routes(rid: Tensor, num_experts: int, buffers: RouteBuffers) -> RouteBuffers:
-    """Readable torch statement of the alignment contract (tests cross-check the kernels with it).
-
-    Fills `buffers` for the flat expert ids `rid` ([R] int32); returns the same buffers.
-
-    sorted_ids[start_e + j] = the j-th route of expert e (plain, not stable, order), rows
-    [start_e + n_e, start_e + P_e) hold the sentinel R; expert_ids[b] = #{e : cumsum(P)_e <= b*BM}.
-    """
-    bm = buffers.block_m
-    num_routes = rid.numel()
-    device = rid.device
-    # int32 counting: int64 scatter-add is slow on MUSA (upstream measurement).
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    counts.index_add_(0, rid, torch.ones_like(rid))
-    padded = torch.div(counts + (bm - 1), bm, rounding_mode="floor").mul_(bm)
-    padded_end = torch.cumsum(padded, 0, dtype=torch.int32)
-    # Where an expert's routes land: its padded start minus its start in the unpadded sorted order.
-    shift = (padded_end - padded) - (torch.cumsum(counts, 0, dtype=torch.int32) - counts)
-    sorted_experts, order = torch.sort(rid)
-    dest = shift[sorted_experts.long()].long() + torch.arange(num_routes, device=device)
-    buffers.sorted_ids.fill_(num_routes)
-    buffers.sorted_ids[dest] = order.to(torch.int32)
-    block_starts = torch.arange(0, buffers.capacity, bm, device=device, dtype=torch.int32)
-    torch.searchsorted(padded_end, block_starts, right=True, out_int32=True, out=buffers.expert_ids)
-    if num_experts > 0:
-        buffers.num_padded.copy_(padded_end[-1:])
-    else:
-        buffers.num_padded.zero_()
-    return buffers
-
-
 def align_routes_stable(rid: Tensor, num_experts: int, buffers: RouteBuffers) -> RouteBuffers:
     """The alignment without atomics, for deterministic mode: routes of one expert in route order.
 
     A stable sort fixes every route's slot, and the counts come from the sorted order, so two runs
-    fill the buffers identically. Same contract as `align_routes`; no host synchronisation.
+    fill the buffers identically; the contract of the module's docstring, no host synchronisation.
     """
     bm = buffers.block_m
     num_routes = rid.numel()
@@ -200,7 +174,7 @@ def _scatter_kernel(idx_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, BLOCK: tl.con
 def align_routes_device(idx: Tensor, num_local_experts: int, buffers: RouteBuffers) -> RouteBuffers:
     """The alignment as four small kernels reading `idx` [Hl, T, K] directly (no flat-id tensor).
 
-    Same contract as `align_routes` on rows [0, num_padded); slots past num_padded and their
+    The contract (the module's docstring) on rows [0, num_padded); slots past num_padded and their
     block ids are left as they were (the GEMMs exit there). No host synchronisation.
     """
     bm = buffers.block_m

@@ -1,4 +1,4 @@
-"""Torch-native routed MoE: what a user would write without a fused kernel (the baseline).
+"""Torch-native routed MoE: what a user would write without a fused kernel (the benchmarks' baseline).
 
 Sort the routes by flat expert, gather the activations, run the expert GEMMs, scatter the route
 outputs back to route order and sum the top-k in FP32. On sm90+ CUDA the GEMMs are
@@ -12,11 +12,10 @@ once for the expert counts, which is acceptable for a baseline, never for the fu
 from __future__ import annotations
 
 import torch
+from magi2_backend_triton.moe.align import flat_route_experts
 from torch import Tensor
 
 from magi2_core.backend import swiglu7
-
-from .align import flat_route_experts
 
 _MAX_GROUPS = 1000  # torch rejects 1024 groups on sm90 (seen with 12 x 256 experts)
 
