@@ -102,8 +102,8 @@ SHARED_BUDGET = 220 * 1024
 
 # What benchmarks/route_profile.py times, at E = 256. Token blocks of 64 and 128 feed Hopper's 64-row
 # MMAs (one warpgroup per 64 rows with 8 warps at 128); chunks of 64-128 experts keep a tile at 32-64
-# registers per thread (RouteConfig.registers); 256 experts in one chunk is the whole-row program
-# (t16/t32 are the fastest of it: at T = 512 x 3 heads a 128-token block leaves 12 programs for 132 SMs).
+# registers per thread (RouteConfig.registers); 256 experts in one chunk is the whole-row program,
+# with small token blocks (at T = 512 x 3 heads a 128-token block leaves 12 programs for 132 SMs).
 CANDIDATES: tuple[RouteConfig, ...] = (
     RouteConfig(16, 256, 32, 4, 3),
     RouteConfig(32, 256, 32, 4, 3),
@@ -117,10 +117,8 @@ CANDIDATES: tuple[RouteConfig, ...] = (
 )
 
 # The default, by routed rows (local tokens x heads): (most rows served, config), the last row for every
-# larger call. Measured on one H200 (route_fused_h200.json, graph p50 over the CANDIDATES, configs read
-# without prepared planes): the whole-row programs won at every shape, t16 up to 4096 x 3 heads and t32
-# above; only with prepared planes do the chunked t64_n64 programs beat them, by 2-7% at 4096 x 3 to
-# 4096 x 12 (docs/moe-notes.md, "the fused router").
+# larger call: the fastest of the CANDIDATES in benchmarks/route_profile.py's sweep (docs/moe-notes.md,
+# "the fused router").
 DEFAULTS: tuple[tuple[int | None, RouteConfig], ...] = (
     (4096 * 3, RouteConfig(16, 256, 32, 4, 3)),
     (None, RouteConfig(32, 256, 32, 4, 3)),

@@ -26,15 +26,14 @@ by its own wgmmas.
 
 The SwiGLU7 slice reaches G2 through a two-slot shared-memory ring, not registers. As a register
 operand, G2(i-1) would still be reading the registers that SwiGLU7(i) writes next, and ptxas then
-serializes every wgmma of the kernel (a `WARPGROUP.DEPBAR` after each one in the SASS; measured
-0.8x the TMA kernel). With the ring, the SASS keeps three waits in the whole kernel.
+serializes every wgmma of the kernel (a `WARPGROUP.DEPBAR` after each one in the SASS; docs/moe-notes.md
+has what that cost). With the ring, the SASS keeps three waits in the whole kernel.
 
 Weight slices arrive by TMA into rings of STAGES buffers per matrix, each with its mbarrier. The
 packed bank's rows 2j, 2j+1 (gate j, up j) are row j of its [F*I, 2d] view, so each gate/up slice
 is two copies, gate rows then up rows: each thread then holds adjacent SwiGLU7 outputs, which
 reach shared memory by `stmatrix` (32 scalar 16-bit stores per thread and slice with the
-interleaved rows; bit-equal, and 5% faster at 14601 tokens in a kernel-alone A/B at 26026b4 whose
-result file was not kept: `docs/moe-notes.md` says so).
+interleaved rows; bit-equal; `docs/moe-notes.md` has the measurement).
 
 GPU only (Hopper, a Triton with Gluon): the interpreter cannot run Gluon, so the CPU tests cover
 the Triton kernels with the same contract and the GPU tests compare this one to them bit for bit.

@@ -7,8 +7,8 @@ before SwiGLU7 of slice i, G2(i) after it, then a wait with one group in flight.
 What changes is who waits for whom. In the 8-warp kernel both warpgroups share one instruction
 stream: every SwiGLU7 slice written to shared memory is followed by a barrier of the whole block,
 so the two warpgroups run in lockstep, run their activation math at the same moments and leave the
-tensor cores idle together (`benchmarks/results/moe_ablation_h200.json`: removing SwiGLU7's
-arithmetic saves 10% at 14601 tokens, so it does not hide under the MMAs). Here:
+tensor cores idle together (so SwiGLU7's arithmetic does not hide under the MMAs: the ablation in
+docs/moe-notes.md). Here:
 
 * a one-warp loader partition streams the weight slices by TMA into STAGES-deep rings, each slot
   with a "full" mbarrier (TMA bytes) and an "empty" mbarrier (count 2: one arrival per consumer
@@ -19,12 +19,10 @@ arithmetic saves 10% at 14601 tokens, so it does not hide under the MMAs). Here:
 * the grid is one program per SM walking blocks p, p + grid, ...: the loader's ring runs on into
   the next block's first slices, and each consumer gathers its next rows by cp.async as soon as its
   last gate/up MMA of a block is done, under that block's last slice, down projection and store
-  (the gather and the store cost 14% of the 8-warp kernel at 14601 tokens, unhidden).
+  (in the 8-warp kernel nothing overlaps the gather and the store).
 
 Shared memory is the 8-warp kernel's (the same buffers, split per consumer) plus an "empty" mbarrier
-per weight buffer. Measured on the H200 (`benchmarks/results/moe_sweep_ws_persistent_h200.json`,
-graph p50, bit-equal): 0.432 / 1.145 / 1.712 ms at 4096 / 14601 tokens and 12 heads at 4096, against
-0.447 / 1.283 / 1.813 ms for the 8-warp kernel in the same run.
+per weight buffer. Bit-equal to the 8-warp kernel; docs/moe-notes.md has the timings of both.
 GPU only (Hopper, a Triton with Gluon's warp specialisation).
 """
 

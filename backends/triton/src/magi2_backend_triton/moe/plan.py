@@ -73,9 +73,8 @@ PROVIDER = "triton"
 LIST_BUDGET = 64 * 2**20
 
 # Up to this many flat experts the stable alignment kernels are at least as fast as the atomic ones
-# on the H200 (benchmarks/results/moe_align_h200.json, graph p50: 28.1 vs 28.8 us at 4096 tokens and
-# 36.0 vs 62.9 us at 14601 tokens with 768 experts; 117 vs 47 us with 3072 experts), so they serve
-# the default mode too: one route order for both modes.
+# (docs/moe-notes.md, "Route alignment without atomics"), so they serve the default mode too: one
+# route order for both modes.
 STABLE_KERNELS_MAX_EXPERTS = 1024
 
 RowAlign = Literal["device", "atomic", "stable_kernels", "stable_torch", "lists"]
