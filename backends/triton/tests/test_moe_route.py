@@ -20,11 +20,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from magi2_backend_reference.moe import exact_moe_route
-from magi2_backend_triton.moe_route import select_routes, triton_moe_route, triton_select_routes
+from magi2_backend_triton.moe_route import select_routes, triton_moe_route
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
-from magi2_core.errors import InvalidShapeError
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import ROUTE_SPECIALS, RouteSpecial, route_specials
 
@@ -178,13 +177,3 @@ def test_production_shape_ids_equal_the_reference(t: int, score_func: str) -> No
     assert torch.equal(idx, ref_i), f"{int((idx != ref_i).sum())} ids differ"
     verdict = accept_moe_route(probs, idx, _truth(x, w, b, score_func=score_func))
     assert verdict, str(verdict)
-
-
-def test_validating_entry_checks_then_launches_the_same_kernel() -> None:
-    x, w, b = _inputs(7, 2, 16, 32, torch.bfloat16, seed=41)
-    probs, idx = triton_select_routes(x, w, b, top_k=4, route_scale=2.5)
-    want_probs, want_idx = triton_moe_route(call_record("moe_route", x, w, b, top_k=4, route_scale=2.5, route_norm=True,
-                                                        score_func="sigmoid"))
-    assert torch.equal(idx, want_idx) and torch.equal(probs, want_probs)
-    with pytest.raises(InvalidShapeError, match="top_k"):
-        triton_select_routes(x, w, b, top_k=17, route_scale=2.5)

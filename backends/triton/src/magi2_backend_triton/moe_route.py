@@ -26,9 +26,8 @@ import triton.language as tl
 
 from magi2_backend_triton.providers import described_reasons, device_reasons
 from magi2_core.backend import CheckedOn, Problem, Reason, RouteCall, VirtualDevice, router_scores
-from magi2_core.backend import validate_moe_route as validate_route
 
-__all__ = ["TritonMoERoute", "select_routes", "triton_moe_route", "triton_select_routes"]
+__all__ = ["TritonMoERoute", "select_routes", "triton_moe_route"]
 
 # Below every real key: a real key's high half is at least the order-mapped -inf (> -2**31).
 _REMOVED = tl.constexpr(-(2**63))
@@ -91,32 +90,6 @@ def _select_kernel(
     out = rows[:, None] * K + kcols[None, :]
     tl.store(probs_ptr + out, probs, mask=mask)
     tl.store(idx_ptr + out, ids.to(tl.int64), mask=mask)
-
-
-def triton_select_routes(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    top_k: int,
-    route_scale: float,
-    route_norm: bool = True,
-    score_func: str = "sigmoid",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``moe_route`` through this kernel with the op contract's checks (the validating entry; the
-    provider's path is :func:`select_routes`, on inputs the op has validated)."""
-    call = validate_route(
-        x,
-        router_weight,
-        bias,
-        top_k=top_k,
-        route_scale=route_scale,
-        route_norm=route_norm,
-        score_func=score_func,
-        compiling=False,
-    )
-    scores = router_scores(call.x, call.router_weight, call.score_func)
-    return select_routes(scores, call.bias, top_k=call.top_k, route_scale=call.route_scale, route_norm=call.route_norm)
 
 
 def select_routes(

@@ -17,7 +17,6 @@ import triton
 from torch import Tensor
 
 from magi2_core.backend import Feature, InvalidValueError, Plan, Problem, config
-from magi2_core.backend import validate_moe_experts as validate_experts
 
 from ..interpret import interpreting as _interpreting
 from .align import (
@@ -136,25 +135,6 @@ class FusedRun:
     routed: Tensor | None  # [R, d] per route, r = (h*T + t)*K + k
     buffers: RouteBuffers | None
     plan: Plan | None  # the plan that ran (None: no routes, nothing launched)
-
-
-def triton_fused_moe(
-    x: Tensor,
-    probs: Tensor,
-    idx: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
-    *,
-    state: MoEState | None = None,
-    deterministic: bool = False,
-) -> Tensor:
-    """`fused_moe_experts` with the op contract's checks (the validating entry; the provider's path
-    is `fused_moe_experts`, on inputs the op has validated)."""
-    call = validate_experts(x, probs, idx, w_gate, w_up, w_down, deterministic=deterministic, compiling=False)
-    return fused_moe_experts(
-        call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, state=state, deterministic=deterministic
-    )
 
 
 def fused_moe_experts(
