@@ -46,12 +46,14 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND_LOAD",
     "CORE",
+    "FALSE_WORDS",
     "EVERY_CALL",
     "MOMENTS",
     "PLUGIN_LOAD",
     "VARIABLES",
     "Moment",
     "SettingConflict",
+    "TRUE_WORDS",
     "Variable",
     "boolean",
     "choice",
@@ -147,8 +149,9 @@ class _Parser(Generic[T]):
         return self._fn(raw)
 
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+TRUE_WORDS = ("1", "true", "yes", "on")  # what a boolean setting accepts, in lower case
+FALSE_WORDS = ("0", "false", "no", "off")
+_TRUE, _FALSE = frozenset(TRUE_WORDS), frozenset(FALSE_WORDS)
 
 
 def _bool(raw: str) -> bool:

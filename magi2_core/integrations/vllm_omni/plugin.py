@@ -90,7 +90,6 @@ _SWAPS: tuple[_Swap, ...] = (
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
 _GAINS_NOTHING = frozenset({"reference", "torch_native"})
-_OFF, _ON = frozenset({"0", "false", "no", "off"}), frozenset({"1", "true", "yes", "on"})
 # The originals this process replaced, per (module, attribute), so unregister() can put them back.
 _ORIGINALS: dict[tuple[str, str], object] = {}
 
@@ -317,7 +316,7 @@ def _device_type() -> str:
 
 def _switch(value: str) -> str:
     """``on``, ``off`` or ``auto`` for a value of a swap's setting (validated by its choices)."""
-    return "off" if value in _OFF else "on" if value in _ON else "auto"
+    return "off" if value in m2_config.FALSE_WORDS else "on" if value in m2_config.TRUE_WORDS else "auto"
 
 
 def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | None, ...]]:

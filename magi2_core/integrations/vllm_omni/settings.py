@@ -30,7 +30,7 @@ VLLM_OMNI = Setting(
 VLLM_OMNI_MHC = Setting(
     name="MAGI2_VLLM_OMNI_MHC",
     kind="choice",
-    choices=("auto", "1", "true", "yes", "on", "0", "false", "no", "off"),
+    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
     default="auto",
     help="Whether the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
          "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. `auto`: where a typical call resolves to a fused "
