@@ -127,9 +127,8 @@ def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
     }
     if wheel is not None:
         upstream = vllm_omni_variants(wheel, x, params, sizes, y)
-        verdicts.append("vllm-omni's own mix vs the fused: " + str(acc.accept_mhc_mix(
-            fused(), upstream["vllm_omni_eager"](), call_record("mhc_mix", x, y, *m2.mhc_pre(
-                x, *params, modality_sizes=sizes, provider="reference")[1:]))))  # fmt: skip
+        own = acc.accept_mhc_mix(fused(), upstream["vllm_omni_eager"](), mix_call)  # the reference's coefficients
+        verdicts.append(f"vllm-omni's own mix vs the fused: {own}")
         fns.update(upstream)
     ms = time_alternating(fns, iters)
     results = {}
