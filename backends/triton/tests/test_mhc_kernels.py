@@ -133,3 +133,11 @@ def test_the_split_pieces_sum_to_the_folded_weight() -> None:
     assert torch.equal(got, exact)
     assert (got - folded).abs().max() <= folded.abs().max() * 2**-23
     assert torch.all(pieces[:, :, :, nl:] == 0)
+
+
+@pytest.mark.parametrize("bad", [{"precision": "tf32"}, {"block_t": 8}, {"block_k": 96}])
+def test_a_logits_launch_that_cannot_run_is_refused_by_name(bad: dict[str, object]) -> None:
+    from magi2_backend_triton.mhc_pre import LogitsConfig
+
+    with pytest.raises(ValueError, match="LogitsConfig"):
+        LogitsConfig(**bad)  # type: ignore[arg-type]

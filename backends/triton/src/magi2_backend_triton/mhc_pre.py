@@ -55,7 +55,14 @@ class LogitsConfig:
     num_warps: int = 4
     num_stages: int = 2
 
+    def __post_init__(self) -> None:
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"LogitsConfig.precision must be one of {_PRECISIONS}, got {self.precision!r}")
+        if self.block_t < 16 or self.block_t & (self.block_t - 1) or self.block_k & (self.block_k - 1):
+            raise ValueError(f"LogitsConfig: block_t (>= 16) and block_k must be powers of two, got {self}")
 
+
+_PRECISIONS = ("ieee", "tf32x3", "bf16x3")
 LOGITS = LogitsConfig()
 _BLOCK_T_APPLY = 2
 _BLOCK_D = 512
