@@ -141,3 +141,55 @@ def test_a_logits_launch_that_cannot_run_is_refused_by_name(bad: dict[str, objec
 
     with pytest.raises(ValueError, match="LogitsConfig"):
         LogitsConfig(**bad)  # type: ignore[arg-type]
+
+
+_PACK = (25842, 3323, 747)  # video, audio, text tokens of the 272p / 10 s pack (benchmarks/mhc.py)
+
+
+@pytest.fixture(scope="module")
+def split_pack() -> dict[str, object]:
+    """A pack-sized BF16 call on the GPU and its logits in float64 (the projection of the normalised rows)."""
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA GPU (the pack-sized split-BF16 launches)")
+    sizes = list(_PACK)
+    n, d = 4, 3072
+    args = _inputs(random.SystemRandom().randrange(2**31), sum(sizes), n, d, torch.bfloat16, len(sizes))
+    x, w, phi = args[0].reshape(sum(sizes), n * d), args[1].view(len(sizes), n * d), args[2]
+    truth, scale, t0 = [], [], 0
+    for g, s in enumerate(sizes):
+        xs = x[t0 : t0 + s].double()
+        folded = (w[g].double() + 1.0)[:, None] * phi.double()
+        inv = torch.rsqrt((xs * xs).mean(1) + 1e-6)[:, None]
+        truth.append((xs @ folded) * inv)
+        scale.append((xs.abs() @ folded.abs()) * inv)
+        t0 += s
+    return {"args": args, "sizes": sizes, "truth": torch.cat(truth), "scale": torch.cat(scale)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("block_t", "block_k", "num_warps", "num_stages"),
+    [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 4), (128, 128, 4, 3)],
+)
+def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
+    split_pack: dict[str, object], block_t: int, block_k: int, num_warps: int, num_stages: int
+) -> None:
+    """Pipelined ``bf16x3`` launches on the GPU: every row's logits within FP32 accumulation error of
+    float64, and bitwise the same on a second run (launches of an earlier form of this kernel gave a
+    few wrong rows that moved from run to run)."""
+    from magi2_backend_triton import mhc_pre as kernel
+
+    args, sizes = split_pack["args"], split_pack["sizes"]
+    assert isinstance(args, tuple) and isinstance(sizes, list)
+    x, w, phi = args[0], args[1], args[2]
+    t, k = x.shape[0], x.shape[1] * x.shape[2]
+    cfg = kernel.LogitsConfig(block_t, block_k, "bf16x3", num_warps, num_stages)
+    runs = []
+    for _ in range(2):
+        out = torch.empty((t, 24), dtype=torch.float32, device=DEVICE)
+        kernel._split_logits(x.reshape(t, k), w, phi, out, sizes, 1e-6, cfg)
+        runs.append(out)
+    assert torch.equal(runs[0], runs[1]), f"{cfg}: two runs differ in {int((runs[0] != runs[1]).any(1).sum())} rows"
+    rel = (runs[0].double() - split_pack["truth"]).abs() / split_pack["scale"]  # type: ignore[operator]
+    bad = (rel.amax(1) > 1e-5).nonzero().flatten()
+    assert bad.numel() == 0, f"{cfg}: {bad.numel()} rows off (first {bad[:6].tolist()}), worst {float(rel.max()):.2e}"

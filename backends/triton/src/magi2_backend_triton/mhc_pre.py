@@ -128,11 +128,18 @@ def _mhc_logits_split_kernel(
     T, NL, stride_xt, eps,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``."""
+    """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``.
+
+    Each piece has its own accumulator, summed smallest first at the end. The three dots chained into
+    one accumulator, with the same loaded ``x`` also feeding the sum of squares, gave wrong rows that
+    changed from run to run on sm_90 under Triton 3.6 for some launches (software-pipelined, 2+
+    stages); ``benchmarks/mhc_split_diagnose.py`` takes that apart and the GPU tests run the launches."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    acc_hi = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    acc_mid = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    acc_lo = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sumsq = tl.zeros((BLOCK_T,), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -145,15 +152,16 @@ def _mhc_logits_split_kernel(
         mid = tl.load(piece + K * BLOCK_N, mask=k_ok[:, None], other=0.0)
         lo = tl.load(piece + 2 * K * BLOCK_N, mask=k_ok[:, None], other=0.0)
         if UPCAST:  # the interpreter multiplies the raw bits of BF16 dot operands: hand it FP32 values
-            acc += tl.dot(xf, lo.to(tl.float32), input_precision="ieee")
-            acc += tl.dot(xf, mid.to(tl.float32), input_precision="ieee")
-            acc += tl.dot(xf, hi.to(tl.float32), input_precision="ieee")
+            acc_hi += tl.dot(xf, hi.to(tl.float32), input_precision="ieee")
+            acc_mid += tl.dot(xf, mid.to(tl.float32), input_precision="ieee")
+            acc_lo += tl.dot(xf, lo.to(tl.float32), input_precision="ieee")
         else:
-            acc = tl.dot(x, lo, acc)
-            acc = tl.dot(x, mid, acc)
-            acc = tl.dot(x, hi, acc)
+            acc_hi = tl.dot(x, hi, acc_hi)
+            acc_mid = tl.dot(x, mid, acc_mid)
+            acc_lo = tl.dot(x, lo, acc_lo)
     inv_rms = tl.math.rsqrt(sumsq / K + eps)
     out = out_ptr + rows[:, None] * NL + cols[None, :]
+    acc = (acc_lo + acc_mid) + acc_hi
     tl.store(out, acc * inv_rms[:, None], mask=row_ok[:, None] & (cols < NL)[None, :])
 
 
