@@ -63,7 +63,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     fns = {}
     for cfg in CANDIDATES:
-        if a.precision and cfg.precision != a.precision and cfg != kernel.LOGITS:
+        if a.precision and cfg.precision != a.precision and cfg not in (kernel.LOGITS, kernel.LOGITS_FP32):
             continue
         name = f"{cfg.precision} t{cfg.block_t} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
         try:

@@ -78,8 +78,16 @@ def test_the_split_bf16_logits_kernel_compiles_to_tensor_core_code(cfg: kernel.L
     assert facts["wgmma"] and facts["shared"] <= SMEM_LIMIT
 
 
-def test_the_shipped_fp32_logits_launch_compiles() -> None:
+def test_the_shipped_split_logits_launch_compiles_to_tensor_core_code() -> None:
     cfg = kernel.LOGITS
+    assert cfg.precision == "bf16x3"
+    constexprs = {"K": 12288, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "BLOCK_N": 32, "UPCAST": False}
+    facts = _compile("_mhc_logits_split_kernel", _SPLIT, constexprs, cfg)
+    assert facts["wgmma"] and facts["shared"] <= SMEM_LIMIT
+
+
+def test_the_shipped_fp32_logits_launch_compiles() -> None:
+    cfg = kernel.LOGITS_FP32
     constexprs = {"K": 12288, "NUM_MOD": 3, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "BLOCK_N": 32,
                   "PRECISION": cfg.precision}  # fmt: skip
     facts = _compile("_mhc_logits_kernel", _FP32, constexprs, cfg)

@@ -1,8 +1,9 @@
 """Fused ``mhc_pre`` (operators.md §5.2): the streams read once for the logits, once for the branch input.
 
 Two launches. The first reads each token's flattened ``n·D`` row once: it accumulates the FP32 sum of
-squares and the projection of ``x·(w[m] + 1)`` onto ``phi`` (an FP32 ``tl.dot`` at IEEE precision over
-a tile of tokens, so each ``phi`` tile is read once per tile, not once per token), and scales the
+squares and the projection of ``x·(w[m] + 1)`` onto ``phi`` (over a tile of tokens, so each ``phi``
+tile is read once per tile, not once per token: for BF16 streams three BF16 tensor-core dots against
+the folded weight split in three exact pieces, otherwise an FP32 ``tl.dot``), and scales the
 ``2n + n²`` sums by the row's ``rsqrt(mean(x²) + eps)``: the norm is a per-token scalar, so it commutes
 with the projection and the normalised row is never written. The logits go to a small FP32 buffer
 (``T·(2n + n²)`` values). The second launch forms the sigmoid pre coefficients, rounds them to the
@@ -20,7 +21,7 @@ host-to-device copy, so the call is CUDA-graph safe); one launch serves up to fo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +34,7 @@ from magi2_backend_triton.interpret import interpreting
 if TYPE_CHECKING:
     from magi2_core.backend import MHCPreCall
 
-__all__ = ["LOGITS", "LogitsConfig", "launch_mhc_pre"]
+__all__ = ["LOGITS", "LOGITS_FP32", "LogitsConfig", "launch_mhc_pre"]
 
 _MOD_PER_LAUNCH = 4
 
@@ -44,10 +45,10 @@ class LogitsConfig:
     dot's FP32 precision, warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates.
 
     Precisions: ``ieee`` (the FP32 dot on the FMA units); ``tf32x3`` (three TF32 tensor-core
-    products); ``bf16x3`` (BF16 streams only, others take ``ieee``): ``(w[m] + 1)·phi`` is formed in
-    FP32 per modality and split into three BF16 pieces that sum to it (8 + 8 + 8 significant bits),
-    so the streams, exact in BF16, meet each piece in a BF16 tensor-core product, exact in FP32, and
-    only the FP32 accumulation rounds; one launch per modality."""
+    products); ``bf16x3`` (BF16 streams only): ``(w[m] + 1)·phi`` is formed in FP32 per modality and
+    split into three BF16 pieces that sum to it (8 + 8 + 8 significant bits), so the streams, exact
+    in BF16, meet each piece in a BF16 tensor-core product, exact in FP32, and only the FP32
+    accumulation rounds; one launch per modality."""
 
     block_t: int = 32
     block_k: int = 128
@@ -63,7 +64,11 @@ class LogitsConfig:
 
 
 _PRECISIONS = ("ieee", "tf32x3", "bf16x3")
-LOGITS = LogitsConfig()
+# The launches: BF16 streams take the split-BF16 tensor-core kernel, FP16 and FP32 streams (not exact
+# in BF16) the FP32 dot; chosen by benchmarks/mhc_sweep.py and mhc_split_diagnose.py, results in
+# docs/benchmarks.md.
+LOGITS = LogitsConfig(block_t=128, block_k=64, precision="bf16x3", num_warps=8, num_stages=4)
+LOGITS_FP32 = LogitsConfig(block_t=32, block_k=128, precision="ieee", num_warps=4, num_stages=2)
 _BLOCK_T_APPLY = 2
 _BLOCK_D = 512
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -130,10 +135,12 @@ def _mhc_logits_split_kernel(
 ):  # fmt: skip
     """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``.
 
-    Each piece has its own accumulator, summed smallest first at the end. The three dots chained into
-    one accumulator, with the same loaded ``x`` also feeding the sum of squares, gave wrong rows that
-    changed from run to run on sm_90 under Triton 3.6 for some launches (software-pipelined, 2+
-    stages); ``benchmarks/mhc_split_diagnose.py`` takes that apart and the GPU tests run the launches."""
+    The sum of squares reads the streams' tile through a load of its own (``.cg``: from L2, where the
+    dots' load has just brought it), not the dots' operand, and each piece has its own accumulator,
+    summed smallest first. With one load feeding both the dots and the sum of squares, pipelined
+    launches on sm_90 (Triton 3.6) were not repeatable from run to run, a few rows far off in the
+    chained-accumulator form; ``benchmarks/mhc_split_diagnose.py`` takes it apart, and the GPU tests
+    run pipelined launches twice against float64."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     cols = tl.arange(0, BLOCK_N)
@@ -144,8 +151,10 @@ def _mhc_logits_split_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        xf = x.to(tl.float32)
+        xp = x_ptr + rows[:, None] * stride_xt + ks[None, :]
+        m = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(xp, mask=m, other=0.0)
+        xf = tl.load(xp, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
         piece = p_ptr + ks[:, None] * BLOCK_N + cols[None, :]
         hi = tl.load(piece, mask=k_ok[:, None], other=0.0)
@@ -257,7 +266,7 @@ def launch_mhc_pre(
     if cfg.precision == "bf16x3" and x.dtype == torch.bfloat16:
         _split_logits(flat, w, phi, logits, sizes, float(call.eps), cfg)
     else:
-        fp32 = replace(cfg, precision="ieee") if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
+        fp32 = LOGITS_FP32 if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
         _fp32_logits(flat, w, phi, logits, sizes, float(call.eps), fp32)
     interp = interpreting()
     _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
