@@ -28,8 +28,8 @@ import torch
 from magi2_core.timing import FLUSH_BYTES, Timer, flush_l2, measure, percentile, stats, time_alternating
 
 __all__ = ["COPY_BYTES", "FLUSH_BYTES", "MATMUL_N", "Ceilings", "env_record", "flush_l2", "git_commit", "graphed",
-           "measure", "measure_ceilings", "measure_copy_tbs", "measure_matmul_tflops", "percentile", "stats",
-           "time_alternating", "time_loop"]
+           "measure", "measure_ceilings", "measure_copy_tbs", "measure_matmul_tflops", "pack_counter", "percentile",
+           "stats", "time_alternating", "time_loop"]
 
 COPY_BYTES = 2 * 1024**3  # read + written by one copy of a 1 GiB buffer: far larger than any GPU's L2
 MATMUL_N = 8192  # a square BF16 GEMM this size runs at the device's dense matmul rate
@@ -167,3 +167,23 @@ def measure_ceilings(device: str = "cuda") -> Ceilings:
            f"{CEILING_ITERS} calls; matmul: {MATMUL_N}^3 BF16 torch.mm, 2*{MATMUL_N}^3 FLOP over the p50 of "
            f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.timing)")
     return Ceilings(measure_copy_tbs(device=device), measure_matmul_tflops(device=device), how)
+
+
+@functools.cache
+def pack_counter() -> Callable[[], int] | None:
+    """A count of the gate/up banks the Triton backend builds from now on in this process (its
+    ``pack_w13`` wrapped where the backend calls it), or None without that backend."""
+    try:
+        from magi2_backend_triton import providers
+        from magi2_backend_triton.moe import fused, pack
+    except ImportError:
+        return None
+    built = [0]
+    real = pack.pack_w13
+
+    def counting(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+        built[0] += 1
+        return real(w_gate, w_up)
+
+    fused.pack_w13 = providers.pack_w13 = counting  # type: ignore[attr-defined]
+    return lambda: built[0]

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import magi2_core as m2
-from benchmarks._common import env_record, graphed, stats, time_alternating
+from benchmarks._common import env_record, graphed, pack_counter, stats, time_alternating
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.contracts.moe import swiglu7
 
@@ -543,11 +543,8 @@ def deterministic_vs_default(c: Config, lw: Layer, dev: str, iters: int) -> dict
 
 
 def pack_count() -> int | None:
-    try:
-        from magi2_backend_triton.moe.pack import pack_count as count
-    except ImportError:
-        return None
-    return count()
+    count = pack_counter()
+    return None if count is None else count()
 
 
 # ---------------------------------------------------------------------------------------------

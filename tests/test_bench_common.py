@@ -138,3 +138,18 @@ def test_no_benchmark_hard_codes_a_device_ceiling(path: Path) -> None:
         lines = [line for line in lines if not line.startswith(_LEGACY)]
     found = _bare_ceilings("\n".join(lines))
     assert not found, f"{path.name}: device ceilings written in ({found}); use _common.measure_ceilings()"
+
+
+def test_the_pack_counter_counts_the_banks_the_triton_backend_builds() -> None:
+    pytest.importorskip("magi2_backend_triton")
+    import magi2_core as m2
+    from benchmarks._common import pack_counter
+
+    count = pack_counter()
+    assert count is not None and pack_counter() is count  # installed once per process
+    g = torch.Generator().manual_seed(1)
+    wg, wu, wd = (torch.randn(4, 8, 16, generator=g), torch.randn(4, 8, 16, generator=g),
+                  torch.randn(4, 16, 8, generator=g))  # fmt: skip
+    before = count()
+    m2.prepare_moe_weights(wg, wu, wd, provider="triton")
+    assert count() == before + 1

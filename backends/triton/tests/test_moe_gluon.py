@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState
 from magi2_backend_triton.moe.fused import run_fused, run_plan
 from magi2_backend_triton.moe.gluon import gluon_shape_reason, gluon_unsupported_reason
-from magi2_backend_triton.moe.pack import pack_count, pack_w13
+from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import SliceTile
 from test_moe_fused import INTERPRET, make_moe, one_kernel_plan, rel_l2
 
@@ -173,7 +174,7 @@ def test_gpu_gluon_deterministic_runs_repeat_bitwise(variant: str) -> None:
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gpu_gluon_prepared_weights_in_cuda_graph(variant: str) -> None:
+def test_gpu_gluon_prepared_weights_in_cuda_graph(variant: str, pack_count: Callable[[], int]) -> None:
     # Prepared views of one packed bank: the kernel is captured with its descriptors by value and
     # replays bit-equal to the same kernel run eagerly, on new inputs copied into the static ones.
     x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")

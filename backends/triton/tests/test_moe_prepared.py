@@ -22,7 +22,7 @@ from magi2_backend_triton.moe.align import (
     align_routes_stable,
     route_capacity,
 )
-from magi2_backend_triton.moe.pack import interleaved_bank, pack_count, pack_w13
+from magi2_backend_triton.moe.pack import interleaved_bank, pack_w13
 from magi2_backend_triton.providers import TritonMoEExperts
 from moe_align_oracle import align_routes
 
@@ -68,7 +68,7 @@ def assert_within_one_ulp(out: torch.Tensor, ref: torch.Tensor) -> None:
 # ---- preparation -------------------------------------------------------------------------------
 
 
-def test_triton_prepares_one_bank_and_exposes_checkpoint_views() -> None:
+def test_triton_prepares_one_bank_and_exposes_checkpoint_views(pack_count: Callable[[], int]) -> None:
     _, _, _, wg, wu, wd = make_moe(5, 2, 4, 32, 48, 2)
     before = pack_count()
     prepared = m2.prepare_moe_weights(wg, wu, wd)
@@ -125,7 +125,7 @@ def test_prepared_weights_reject_extra_tensors_and_bad_layouts() -> None:
 # ---- no re-packs across layers; raw weights never cached -----------------------------------------
 
 
-def test_layers_called_in_turn_never_pack() -> None:
+def test_layers_called_in_turn_never_pack(pack_count: Callable[[], int]) -> None:
     layers = [make_moe(5, 2, 4, 32, 32, 2, seed=10 + n) for n in range(3)]
     x, probs, idx = layers[0][:3]
     prepared = [m2.prepare_moe_weights(*w[3:]) for w in layers]
@@ -357,7 +357,7 @@ def test_gpu_compile_fullgraph_serves_triton(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_cuda_graph_two_layer_stack_replays_bit_equal() -> None:
+def test_gpu_cuda_graph_two_layer_stack_replays_bit_equal(pack_count: Callable[[], int]) -> None:
     torch.manual_seed(9)
     with torch.device("cuda"):  # built on the GPU: prepared there at construction
         stack = torch.nn.Sequential(

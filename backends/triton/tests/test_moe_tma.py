@@ -11,6 +11,7 @@ compiler orders a reduction differently, within the contract (rel-L2 <= 3e-4 vs 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ if not torch.cuda.is_available():
 from magi2_backend_reference.moe import exact_moe_experts
 from magi2_backend_triton.moe import MoEState
 from magi2_backend_triton.moe.fused import run_fused
-from magi2_backend_triton.moe.pack import pack_count, pack_w13
+from magi2_backend_triton.moe.pack import pack_w13
 from magi2_backend_triton.moe.tiles import SliceTile, launch_of
 from magi2_backend_triton.moe.tma import tma_unsupported_reason
 from test_moe_fused import INTERPRET, make_moe, one_kernel_plan, rel_l2
@@ -65,7 +66,7 @@ def test_tma_variant_equals_pointer_kernel(case: str) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
-def test_tma_variant_reads_prepared_bank_in_place() -> None:
+def test_tma_variant_reads_prepared_bank_in_place(pack_count: Callable[[], int]) -> None:
     # Prepared weights are strided views of one packed bank: the descriptors must address the bank
     # itself (gate row 2i, up row 2i+1), not the view, and build no cached copy.
     _skip_without_triton_support()

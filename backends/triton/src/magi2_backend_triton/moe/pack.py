@@ -18,22 +18,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["interleaved_bank", "pack_count", "pack_w13"]
-
-_PACKS = 0
-
-
-def pack_count() -> int:
-    """How many banks were built in this process (a test and benchmark hook)."""
-    return _PACKS
+__all__ = ["interleaved_bank", "pack_w13"]
 
 
 def pack_w13(w_gate: Tensor, w_up: Tensor) -> Tensor:
     """[F, d, I] x 2 -> [F, 2I, d] with gate/up interleaved per output channel."""
-    global _PACKS
     f, d, i = w_gate.shape
     packed = torch.stack((w_gate.transpose(1, 2), w_up.transpose(1, 2)), dim=2)  # [F, I, 2, d]
-    _PACKS += 1
     return packed.reshape(f, 2 * i, d).contiguous()
 
 
