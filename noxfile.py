@@ -24,8 +24,16 @@ from pathlib import Path
 import nox
 
 nox.needs_version = ">=2025.2.9"  # sessions with requires=
-nox.options.sessions = ["lint", "typecheck", "tests", "tests-triton", "tests-cuda_fa3", "tests-cuda_fa4",
-                        "tests-musa_mate", "conformance"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "tests-triton",
+    "tests-cuda_fa3",
+    "tests-cuda_fa4",
+    "tests-musa_mate",
+    "conformance",
+]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"  # the CPU build on this project's machines; a bare "torch" pulls a multi-GB CUDA build
@@ -56,15 +64,21 @@ def _run_shared(session: nox.Session, *args: str, env: dict[str, str] | None = N
     """Run a command of the shared environment (its own path first, as an activated venv would)."""
     bin_dir = _shared(session)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    session.run(str(bin_dir / args[0]), *args[1:],
-                env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})}, external=True)
+    session.run(
+        str(bin_dir / args[0]),
+        *args[1:],
+        env={"VIRTUAL_ENV": str(bin_dir.parent), "PATH": path, **(env or {})},
+        external=True,
+    )
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff's rules of pyproject.toml, no line over 120 columns (E501) among them."""
-    session.install("ruff>=0.6")
+    """ruff's rules of pyproject.toml, no line over 120 columns (E501) among them, and its formatter:
+    ``ruff format .`` writes what ``--check`` asks for."""
+    session.install("ruff==0.17.6")  # pinned: the formatter's output changes between versions
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session(name="shared-env", venv_backend="none")
@@ -122,8 +136,15 @@ def tests_musa_mate(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=SHARED)
 def conformance(session: nox.Session) -> None:
     """The conformance kit against the project's providers that can run here (Triton via the interpreter)."""
-    _run_shared(session, "magi2", "check", "--device", "cpu", *session.posargs,
-                env={"TRITON_INTERPRET": "1", "MAGI2_PLUGINS": PROJECT_BACKENDS})
+    _run_shared(
+        session,
+        "magi2",
+        "check",
+        "--device",
+        "cpu",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1", "MAGI2_PLUGINS": PROJECT_BACKENDS},
+    )
 
 
 @nox.session(venv_backend="none")
@@ -131,8 +152,16 @@ def gpu(session: nox.Session) -> None:
     """On an NVIDIA machine, in an environment that already has a CUDA torch and the backends installed:
     the gpu-marked tests, then the conformance kit against every provider that runs on CUDA."""
     session.run(*PYTEST, "-m", "gpu", "tests", "backends", *session.posargs)
-    session.run(*PYTEST, "-p", "magi2_core.testing.plugin", "--magi2-conformance", "--magi2-only",
-                "--magi2-device", "cuda", "-rs")
+    session.run(
+        *PYTEST,
+        "-p",
+        "magi2_core.testing.plugin",
+        "--magi2-conformance",
+        "--magi2-only",
+        "--magi2-device",
+        "cuda",
+        "-rs",
+    )
 
 
 @nox.session(venv_backend="none")
@@ -153,8 +182,14 @@ def report(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.report")
 
 
-DISTRIBUTIONS = (".", "backends/reference", "backends/triton", "backends/cuda_fa3", "backends/cuda_fa4",
-                 "backends/musa_mate")
+DISTRIBUTIONS = (
+    ".",
+    "backends/reference",
+    "backends/triton",
+    "backends/cuda_fa3",
+    "backends/cuda_fa4",
+    "backends/musa_mate",
+)
 
 
 @nox.session
@@ -180,19 +215,33 @@ def dist(session: nox.Session) -> None:
     session.run("twine", "check", "--strict", *built)
     wheelhouse = Path(".nox/wheelhouse")
     requirements = [TORCH, "magi2-core[cuda]", "magi2-core[musa]"]
-    session.run("python", "-m", "pip", "download", "-q", "--dest", str(wheelhouse), "--find-links", str(out),
-                *requirements)
+    session.run(
+        "python", "-m", "pip", "download", "-q", "--dest", str(wheelhouse), "--find-links", str(out), *requirements
+    )
     for ours in wheelhouse.glob("magi2_*"):  # pip download copies the project's wheels too: keep only dist/'s
         ours.unlink()
     for extra in ("cuda", "musa"):
         venv = Path(session.create_tmp()) / f"wheels-{extra}"
         session.run("python", "-m", "venv", "--clear", str(venv))
         bin_dir = venv / "bin"
-        session.run(str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(out),
-                    "--find-links", str(wheelhouse), f"magi2-core[{extra}]", external=True)
+        session.run(
+            str(bin_dir / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(out),
+            "--find-links",
+            str(wheelhouse),
+            f"magi2-core[{extra}]",
+            external=True,
+        )
         session.run(str(bin_dir / "python"), "-m", "pip", "check", external=True)
         session.run(str(bin_dir / "magi2"), "--version", external=True)
         session.run(str(bin_dir / "magi2"), "backends", external=True)
         session.run(str(bin_dir / "magi2"), "demo", "--device", "cpu", external=True)
-    session.log(f"dist: {len(built)} files built and installed as [cuda] and [musa] "
-                f"in {time.monotonic() - start:.0f} s")
+    session.log(
+        f"dist: {len(built)} files built and installed as [cuda] and [musa] in {time.monotonic() - start:.0f} s"
+    )

@@ -112,8 +112,9 @@ def breakdown(kernels: Iterable[KernelTime], widths: GemmWidths, *, top: int = 6
     return {"kernel_ms": round(total, 4), "launches": sum(launches.values()), "categories": rows}
 
 
-def _enclosing_op(launch: dict[str, Any] | None, ops: dict[Any, list[dict[str, Any]]],
-                  starts: dict[Any, list[float]]) -> dict[str, Any] | None:  # fmt: skip
+def _enclosing_op(
+    launch: dict[str, Any] | None, ops: dict[Any, list[dict[str, Any]]], starts: dict[Any, list[float]]
+) -> dict[str, Any] | None:
     """The innermost aten op running on the launching thread when ``launch`` (a runtime call) ran."""
     if launch is None:
         return None

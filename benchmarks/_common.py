@@ -27,9 +27,25 @@ import torch
 
 from magi2_core.timing import FLUSH_BYTES, Timer, flush_l2, measure, percentile, stats, time_alternating
 
-__all__ = ["COPY_BYTES", "FLUSH_BYTES", "MATMUL_N", "Ceilings", "env_record", "flush_l2", "git_commit", "graphed",
-           "measure", "measure_ceilings", "measure_copy_tbs", "measure_matmul_tflops", "pack_counter", "percentile",
-           "stats", "time_alternating", "time_loop"]
+__all__ = [
+    "COPY_BYTES",
+    "FLUSH_BYTES",
+    "MATMUL_N",
+    "Ceilings",
+    "env_record",
+    "flush_l2",
+    "git_commit",
+    "graphed",
+    "measure",
+    "measure_ceilings",
+    "measure_copy_tbs",
+    "measure_matmul_tflops",
+    "pack_counter",
+    "percentile",
+    "stats",
+    "time_alternating",
+    "time_loop",
+]
 
 COPY_BYTES = 2 * 1024**3  # read + written by one copy of a 1 GiB buffer: far larger than any GPU's L2
 MATMUL_N = 8192  # a square BF16 GEMM this size runs at the device's dense matmul rate
@@ -158,14 +174,20 @@ def measure_ceilings(device: str = "cuda") -> Ceilings:
     record). A benchmark's dry run on the CPU has no device ceilings: it records none and reports no
     fractions, and asking for them there is an error."""
     if not device.startswith("cuda"):
-        raise ValueError(f"measure_ceilings: {device!r} is not a CUDA device; the ceilings are a GPU's copy and "
-                         "matmul rates (a dry run on the CPU records no ceilings: pass None where they go)")
+        raise ValueError(
+            f"measure_ceilings: {device!r} is not a CUDA device; the ceilings are a GPU's copy and "
+            "matmul rates (a dry run on the CPU records no ceilings: pass None where they go)"
+        )
     if not torch.cuda.is_available():
-        raise RuntimeError("measure_ceilings: no CUDA device here (torch.cuda.is_available() is False); run the "
-                           "benchmark on the GPU whose ceilings its fractions divide by")
-    how = (f"copy: {COPY_BYTES / 2**30:g} GiB read + written by one device-to-device copy, over the p50 of "
-           f"{CEILING_ITERS} calls; matmul: {MATMUL_N}^3 BF16 torch.mm, 2*{MATMUL_N}^3 FLOP over the p50 of "
-           f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.timing)")
+        raise RuntimeError(
+            "measure_ceilings: no CUDA device here (torch.cuda.is_available() is False); run the "
+            "benchmark on the GPU whose ceilings its fractions divide by"
+        )
+    how = (
+        f"copy: {COPY_BYTES / 2**30:g} GiB read + written by one device-to-device copy, over the p50 of "
+        f"{CEILING_ITERS} calls; matmul: {MATMUL_N}^3 BF16 torch.mm, 2*{MATMUL_N}^3 FLOP over the p50 of "
+        f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.timing)"
+    )
     return Ceilings(measure_copy_tbs(device=device), measure_matmul_tflops(device=device), how)
 
 

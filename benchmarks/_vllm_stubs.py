@@ -91,8 +91,18 @@ def download(into: Path) -> Path:
     wheel = into / WHEEL
     if wheel.is_file():
         return wheel
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--dest", str(into), f"{DISTRIBUTION}=={VERSION}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--dest",
+        str(into),
+        f"{DISTRIBUTION}=={VERSION}",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not wheel.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -246,8 +256,16 @@ def _flash_attn_varlen_func(
     if fa_version != 3:
         raise NotImplementedError(f"only FA3 stands in for vLLM's bundled FlashAttention, not FA{fa_version}")
     abi = _fa3()
-    kwargs: dict[str, Any] = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
-                              "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "cu_seqlens_q": cu_seqlens_q,
+        "cu_seqlens_k": cu_seqlens_k,
+        "max_seqlen_q": max_seqlen_q,
+        "max_seqlen_k": max_seqlen_k,
+        "causal": causal,
+    }
     if softmax_scale is not None:
         kwargs["softmax_scale"] = softmax_scale
     if softcap > 0 or "softcap" in abi.params:
@@ -303,8 +321,9 @@ def install(root: Path) -> None:
     vllm = _module("vllm", Path("/nonexistent/vllm"))  # no file of vLLM's is ever found through it
     vllm.logger = _module("vllm.logger", init_logger=logging.getLogger)
     vllm.triton_utils = _module("vllm.triton_utils", HAS_TRITON=True, triton=triton, tl=tl)
-    fa = _module("vllm.vllm_flash_attn", Path("/nonexistent/vllm_flash_attn"),
-                 flash_attn_varlen_func=_flash_attn_varlen_func)
+    fa = _module(
+        "vllm.vllm_flash_attn", Path("/nonexistent/vllm_flash_attn"), flash_attn_varlen_func=_flash_attn_varlen_func
+    )
     fa.flash_attn_interface = _module(
         "vllm.vllm_flash_attn.flash_attn_interface", is_fa_version_supported=_is_fa_version_supported
     )

@@ -64,21 +64,26 @@ def ensure_backends() -> None:
     import magi2_backend_reference.plugin as ref_plugin
 
     reg = get_registry()
-    for name, plugin, provider in (("reference", ref_plugin, "reference"), ("cuda_fa3", fa3_plugin, "fa3"),
-                                   ("cuda_fa4", fa4_plugin, "fa4")):
+    for name, plugin, provider in (
+        ("reference", ref_plugin, "reference"),
+        ("cuda_fa3", fa3_plugin, "fa3"),
+        ("cuda_fa4", fa4_plugin, "fa4"),
+    ):
         if reg.provider("attention", provider) is None:
             reg.register(plugin, name=name)
     unruled = []
     for provider in ("fa3", "fa4"):
         loaded = reg.provider("attention", provider)
         assert loaded is not None
-        unruled.append(loaded.capability.model_copy(
-            update={"name": f"{provider}_norules", "rules": (), "priority": -1, "backend": ""}))
+        unruled.append(
+            loaded.capability.model_copy(
+                update={"name": f"{provider}_norules", "rules": (), "priority": -1, "backend": ""}
+            )
+        )
 
     class NoRules:
         def magi2_backend(self) -> m2.BackendSpec:
-            return m2.BackendSpec(name="bench-fa-norules", version="0", core_api=">=2.0,<3",
-                                  providers=tuple(unruled))
+            return m2.BackendSpec(name="bench-fa-norules", version="0", core_api=">=2.0,<3", providers=tuple(unruled))
 
     reg.register(NoRules(), name="bench_fa_norules")
 
@@ -113,12 +118,29 @@ def jit_costs(cached_reps: int) -> dict[str, Any]:
     mx = max(JIT_SHAPE)
     ls = native_sink(sink).logit
     out: dict[str, Any] = {"import_s": import_s, "shape": JIT_SHAPE}
-    for name, with_sink, lse in (("sink", True, False), ("nosink", False, False), ("sink_lse", True, True),
-                                 ("nosink_lse", False, True)):
+    for name, with_sink, lse in (
+        ("sink", True, False),
+        ("nosink", False, False),
+        ("sink_lse", True, True),
+        ("nosink_lse", False, True),
+    ):
+
         def call(with_sink: bool = with_sink, lse: bool = lse) -> Any:
-            return abi.varlen(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
-                              softmax_scale=D**-0.5, causal=False, softcap=0.0,
-                              learnable_sink=ls if with_sink else None, num_splits=1, return_lse=lse)
+            return abi.varlen(
+                q=q,
+                k=k,
+                v=v,
+                cu_seqlens_q=cu,
+                cu_seqlens_k=cu,
+                max_seqlen_q=mx,
+                max_seqlen_k=mx,
+                softmax_scale=D**-0.5,
+                causal=False,
+                softcap=0.0,
+                learnable_sink=ls if with_sink else None,
+                num_splits=1,
+                return_lse=lse,
+            )
 
         first = _timed(call)
         cached = [_timed(call) * 1e3 for _ in range(cached_reps)]
@@ -137,10 +159,27 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
     fa3, fa4 = fa3_attention.loaded.abi, fa4_attention.loaded.abi
     assert fa3 is not None and fa4 is not None
     ls = native_sink(sink).logit
-    kw: dict[str, Any] = {"max_seqlen_q": mx, "max_seqlen_k": mx, "softmax_scale": scale, "softcap": 0.0,
-                          "sinks": sink, "sink_rescale": "fp32", "deterministic": False, "return_lse": False}
-    common = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": mx, "max_seqlen_k": mx,
-              "softmax_scale": scale, "causal": False}
+    kw: dict[str, Any] = {
+        "max_seqlen_q": mx,
+        "max_seqlen_k": mx,
+        "softmax_scale": scale,
+        "softcap": 0.0,
+        "sinks": sink,
+        "sink_rescale": "fp32",
+        "deterministic": False,
+        "return_lse": False,
+    }
+    common = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "cu_seqlens_q": cu,
+        "cu_seqlens_k": cu,
+        "max_seqlen_q": mx,
+        "max_seqlen_k": mx,
+        "softmax_scale": scale,
+        "causal": False,
+    }
 
     def api(sinks: torch.Tensor | None, provider: str | None = None) -> Callable[[], Any]:
         return lambda: m2.attention(q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, sinks=sinks, provider=provider)
@@ -152,7 +191,8 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
 
     record = call_record("attention", q, k, v, cu, cu, **kw)  # what the kernel objects receive, built once
     fns: dict[str, Callable[[], Any]] = {
-        "resolved_sink": api(sink), "resolved_nosink": api(None),
+        "resolved_sink": api(sink),
+        "resolved_nosink": api(None),
         "raw_fa3": lambda: fa3.varlen(**common),
         "fa3_fused_sink": lambda: fa3_attention(record),
         "api_fa3_sink": api(sink, "fa3_norules"),
@@ -160,7 +200,7 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
         "raw_fa4": lambda: fa4.varlen(**common, softcap=0.0, learnable_sink=None, num_splits=1, return_lse=False),
         "fa4_sink": lambda: fa4_attention(record),
         "api_fa4_sink": api(sink, "fa4_norules"),
-    }  # fmt: skip
+    }
     if short and get_registry().provider("attention", "torch_varlen") is not None:
         from torch.nn.attention.varlen import varlen_attn
 
@@ -182,18 +222,25 @@ def case(lengths: list[int], reps: int, loop_reps: int, seed: int, short: bool) 
     ev = time_alternating(fns, reps, warmup=1)
     lp = time_loop(fns, loop_reps, LOOP)
     out: dict[str, Any] = {
-        "segments": lengths if len(lengths) <= 8 else f"{len(lengths)}x{lengths[0]}", "tokens": sum(lengths),
-        "resolution_sink": resolution(sink), "resolution_nosink": resolution(None), "correctness": correctness,
-        "event_ms": {n: stats(x) for n, x in ev.items()}, "loop_ms": {n: stats(x) for n, x in lp.items()},
-    }  # fmt: skip
+        "segments": lengths if len(lengths) <= 8 else f"{len(lengths)}x{lengths[0]}",
+        "tokens": sum(lengths),
+        "resolution_sink": resolution(sink),
+        "resolution_nosink": resolution(None),
+        "correctness": correctness,
+        "event_ms": {n: stats(x) for n, x in ev.items()},
+        "loop_ms": {n: stats(x) for n, x in lp.items()},
+    }
     for timing in ("event_ms", "loop_ms"):
         p50 = {n: s["p50"] for n, s in out[timing].items()}
         out[f"over_raw_fa3_{timing}"] = {n: t / p50["raw_fa3"] for n, t in p50.items()}
         # the choice the fa4-sink preferences make: FA4's native sink vs FA3 + the fused correction
         best = "fa4_sink" if p50["fa4_sink"] < p50["fa3_fused_sink"] else "fa3_fused_sink"
         picked = "fa4_sink" if out["resolution_sink"]["chosen"] == "fa4" else "fa3_fused_sink"
-        out[f"sink_winner_{timing}"] = {"best": best, "resolved": picked, "fa4_over_fa3_fused":
-                                        p50["fa4_sink"] / p50["fa3_fused_sink"]}
+        out[f"sink_winner_{timing}"] = {
+            "best": best,
+            "resolved": picked,
+            "fa4_over_fa3_fused": p50["fa4_sink"] / p50["fa3_fused_sink"],
+        }
     return out
 
 
@@ -210,8 +257,11 @@ def _commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description="FA4 vs FA3 with and without a sink, and FA4's JIT cost")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--quick", action="store_true",
-                    help="fewer repetitions (meant to finish within 4 minutes on an H200, JIT included)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repetitions (meant to finish within 4 minutes on an H200, JIT included)",
+    )
     ap.add_argument("--jit-only", action="store_true", help="only the first-call / cached-call JIT costs")
     args = ap.parse_args()
     ensure_backends()
@@ -222,25 +272,35 @@ def main() -> None:
 
     t0 = time.time()
     results: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(), "compute_capability": list(torch.cuda.get_device_capability()),
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "flash_attn_4": dist_version("flash-attn-4"), "nvidia_cutlass_dsl": dist_version("nvidia-cutlass-dsl"),
+        "device": torch.cuda.get_device_name(),
+        "compute_capability": list(torch.cuda.get_device_capability()),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "flash_attn_4": dist_version("flash-attn-4"),
+        "nvidia_cutlass_dsl": dist_version("nvidia-cutlass-dsl"),
         "fa3_build": fa3_attention.loaded.abi.label if fa3_attention.loaded.abi else fa3_attention.loaded.why_none(),
-        "sink_correction": fa3_attention.sink_correction.name, "git_commit": _commit(),
-        "env": {key: os.environ.get(key) for key in ENV_KEYS}, "heads": H, "head_dim": D, "dtype": "bfloat16",
+        "sink_correction": fa3_attention.sink_correction.name,
+        "git_commit": _commit(),
+        "env": {key: os.environ.get(key) for key in ENV_KEYS},
+        "heads": H,
+        "head_dim": D,
+        "dtype": "bfloat16",
         "profile": active_profile("cuda").note.model_dump(mode="json"),
-        "preferences": [r.model_dump(mode="json") for r in active_profile("cuda").profile.preferences
-                        if r.op == "attention"],
+        "preferences": [
+            r.model_dump(mode="json") for r in active_profile("cuda").profile.preferences if r.op == "attention"
+        ],
         "jit": jit_costs(5),
-    }  # fmt: skip
+    }
     if not args.jit_only:
         reps, loop_reps = (8, 2) if args.quick else (16, 4)
         short_reps, short_loops = (20, 4) if args.quick else (40, 8)
         results["long"] = {n: case(x, reps, loop_reps, 100 + i, short=False) for i, (n, x) in enumerate(LONG.items())}
-        results["short"] = {n: case(x, short_reps, short_loops, 200 + i, short=True)
-                            for i, (n, x) in enumerate(SHORT.items())}
-        results["single"] = {n: case(x, short_reps, short_loops, 300 + i, short=True)
-                             for i, (n, x) in enumerate(SINGLE.items())}
+        results["short"] = {
+            n: case(x, short_reps, short_loops, 200 + i, short=True) for i, (n, x) in enumerate(SHORT.items())
+        }
+        results["single"] = {
+            n: case(x, short_reps, short_loops, 300 + i, short=True) for i, (n, x) in enumerate(SINGLE.items())
+        }
     results["seconds"] = time.time() - t0
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
@@ -249,28 +309,48 @@ def main() -> None:
 
 
 def report(results: dict[str, Any]) -> None:
-    print(f"device {results['device']}; flash-attn-4 {results['flash_attn_4']}; fa3 {results['fa3_build']}; "
-          f"correction {results['sink_correction']}; {results['seconds']:.0f} s")
+    print(
+        f"device {results['device']}; flash-attn-4 {results['flash_attn_4']}; fa3 {results['fa3_build']}; "
+        f"correction {results['sink_correction']}; {results['seconds']:.0f} s"
+    )
     jit = results["jit"]
-    print(f"FA4 import {jit['import_s']:.2f} s; first call / cached call at {jit['shape']}: " + "; ".join(
-        f"{n} {v['first_call_s']:.2f} s / {v['cached_call_ms']:.3f} ms" for n, v in jit.items() if isinstance(v, dict)))
-    cols = ("resolved_sink", "fa3_fused_sink", "fa4_sink", "raw_fa4_sink", "raw_fa3", "raw_fa4", "resolved_nosink",
-            "raw_varlen")
+    print(
+        f"FA4 import {jit['import_s']:.2f} s; first call / cached call at {jit['shape']}: "
+        + "; ".join(
+            f"{n} {v['first_call_s']:.2f} s / {v['cached_call_ms']:.3f} ms"
+            for n, v in jit.items()
+            if isinstance(v, dict)
+        )
+    )
+    cols = (
+        "resolved_sink",
+        "fa3_fused_sink",
+        "fa4_sink",
+        "raw_fa4_sink",
+        "raw_fa3",
+        "raw_fa4",
+        "resolved_nosink",
+        "raw_varlen",
+    )
     for section in ("long", "short", "single"):
         if section not in results:
             continue
         print(f"[{section}] p50 ms, event (L2 flushed) / loop; chosen with/without sink; time / raw FA3 (event)")
         print(f"{'shape':>9} {'chosen':>18} | " + " ".join(f"{c[:14]:>15}" for c in cols))
         for name, r in results[section].items():
-            cells = [f"{r['event_ms'][c]['p50']:7.3f}/{r['loop_ms'][c]['p50']:7.3f}" if c in r["event_ms"] else
-                     f"{'-':>15}" for c in cols]
+            cells = [
+                f"{r['event_ms'][c]['p50']:7.3f}/{r['loop_ms'][c]['p50']:7.3f}" if c in r["event_ms"] else f"{'-':>15}"
+                for c in cols
+            ]
             chosen = f"{r['resolution_sink']['chosen']}/{r['resolution_nosink']['chosen']}"
             ratio = r["over_raw_fa3_event_ms"]
             win = r["sink_winner_event_ms"]
             print(f"{name:>9} {chosen:>18} | " + " ".join(cells))
-            print(f"{'':>9} {'':>18} | fa4_sink {ratio['fa4_sink']:.3f}, fa3_fused_sink {ratio['fa3_fused_sink']:.3f}, "
-                  f"resolved {ratio['resolved_sink']:.3f}; sink winner {win['best']} (resolved {win['resolved']}); "
-                  f"fa4 rel-L2 {r['correctness']['fa4_sink_vs_fa3_plus_fp32_correction_rel_l2']:.1e}")
+            print(
+                f"{'':>9} {'':>18} | fa4_sink {ratio['fa4_sink']:.3f}, fa3_fused_sink {ratio['fa3_fused_sink']:.3f}, "
+                f"resolved {ratio['resolved_sink']:.3f}; sink winner {win['best']} (resolved {win['resolved']}); "
+                f"fa4 rel-L2 {r['correctness']['fa4_sink_vs_fa3_plus_fp32_correction_rel_l2']:.1e}"
+            )
 
 
 if __name__ == "__main__":

@@ -71,11 +71,36 @@ class Config:
         return self.moe_heads * self.d
 
 
-PROD = Config(layers=4, packs={"14601": (14601,), "8192x2": (8192, 8192)}, attn_heads=24, head_dim=128,
-              moe_heads=3, experts=256, top_k=6, d=256, inter=1280, route_tokens=(512, 4096, 14601),
-              det_tokens=4096, iters=15, warmup=3)  # fmt: skip
-TINY = Config(layers=4, packs={"40": (40,), "24x2": (24, 24)}, attn_heads=2, head_dim=32, moe_heads=3,
-              experts=8, top_k=2, d=32, inter=64, route_tokens=(16, 40), det_tokens=32, iters=2, warmup=1)  # fmt: skip
+PROD = Config(
+    layers=4,
+    packs={"14601": (14601,), "8192x2": (8192, 8192)},
+    attn_heads=24,
+    head_dim=128,
+    moe_heads=3,
+    experts=256,
+    top_k=6,
+    d=256,
+    inter=1280,
+    route_tokens=(512, 4096, 14601),
+    det_tokens=4096,
+    iters=15,
+    warmup=3,
+)
+TINY = Config(
+    layers=4,
+    packs={"40": (40,), "24x2": (24, 24)},
+    attn_heads=2,
+    head_dim=32,
+    moe_heads=3,
+    experts=8,
+    top_k=2,
+    d=32,
+    inter=64,
+    route_tokens=(16, 40),
+    det_tokens=32,
+    iters=2,
+    warmup=1,
+)
 ROUTE_SCALE = 4.9
 TARGETS = {"graph_vs_ops_sum": 1.05, "mode_vs_graph": 1.10, "route_vs_experts": 0.10, "det_vs_default": 1.3}
 
@@ -112,12 +137,18 @@ def make_layer(c: Config, dev: str, g: torch.Generator) -> Layer:
     w_up = rnd(f, c.d, c.inter, scale=1 / 16).bfloat16()
     w_down = rnd(f, c.inter, c.d, scale=c.inter**-0.5).bfloat16()
     return Layer(
-        norm1=rnd(3, 1, c.hidden, scale=0.1), norm2=rnd(3, 1, c.hidden, scale=0.1),
+        norm1=rnd(3, 1, c.hidden, scale=0.1),
+        norm2=rnd(3, 1, c.hidden, scale=0.1),
         wqkv=rnd(c.hidden, 3 * attn, scale=c.hidden**-0.5).bfloat16(),
         wo=rnd(attn, c.hidden, scale=attn**-0.5).bfloat16(),
-        sinks=rnd(1, c.attn_heads) + 2.0, router=rnd(f, c.d, scale=c.d**-0.5), bias=rnd(f, scale=0.01),
-        w_gate=w_gate, w_up=w_up, w_down=w_down, prepared=m2.prepare_moe_weights(w_gate, w_up, w_down),
-    )  # fmt: skip
+        sinks=rnd(1, c.attn_heads) + 2.0,
+        router=rnd(f, c.d, scale=c.d**-0.5),
+        bias=rnd(f, scale=0.01),
+        w_gate=w_gate,
+        w_up=w_up,
+        w_down=w_down,
+        prepared=m2.prepare_moe_weights(w_gate, w_up, w_down),
+    )
 
 
 @dataclass(frozen=True)
@@ -169,8 +200,9 @@ def baseline_attention(dev: str) -> tuple[str, Callable[..., torch.Tensor]]:
     if dev == "cpu":
 
         def ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pack, sinks: torch.Tensor) -> torch.Tensor:
-            return m2.attention(q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=sinks,
-                                provider="reference")  # fmt: skip
+            return m2.attention(
+                q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=sinks, provider="reference"
+            )
 
         return "reference (no FA3 on the CPU)", ref
     from magi2_backend_cuda_fa3.provider import fa3_attention
@@ -180,16 +212,29 @@ def baseline_attention(dev: str) -> tuple[str, Callable[..., torch.Tensor]]:
         raise RuntimeError(f"baseline needs FA3: {fa3_attention.loaded.why_none()}")
 
     def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Pack, sinks: torch.Tensor) -> torch.Tensor:
-        o, lse = abi.varlen(q=q, k=k, v=v, cu_seqlens_q=p.cu, cu_seqlens_k=p.cu, max_seqlen_q=p.max_len,
-                            max_seqlen_k=p.max_len, softmax_scale=q.shape[-1] ** -0.5, causal=False,
-                            **{abi.lse_flag: True})[:2]  # fmt: skip
+        o, lse = abi.varlen(
+            q=q,
+            k=k,
+            v=v,
+            cu_seqlens_q=p.cu,
+            cu_seqlens_k=p.cu,
+            max_seqlen_q=p.max_len,
+            max_seqlen_k=p.max_len,
+            softmax_scale=q.shape[-1] ** -0.5,
+            causal=False,
+            **{abi.lse_flag: True},
+        )[:2]
         return sink_correction(o, lse, sinks, rescale="fp32")[0]
 
     return f"raw FA3 ({abi.build.label}) + torch sink correction", fa3
 
 
 def baseline_layer(
-    x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    lw: Layer,
+    p: Pack,
+    c: Config,
+    attn: Callable[..., torch.Tensor],
     experts: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     return baseline_trace(x, lw, p, c, attn, experts).y
@@ -233,8 +278,17 @@ def oracle_layer(x: torch.Tensor, lw: Layer, p: Pack, c: Config) -> LayerTrace:
     x32 = x.float()
     h = m2.rmsnorm(x32, lw.norm1, modality_sizes=p.sizes, provider="reference")
     q, k, v = (h @ lw.wqkv.float()).view(p.tokens, 3, c.attn_heads, c.head_dim).unbind(1)
-    o = m2.attention(q.contiguous(), k.contiguous(), v.contiguous(), p.cu, p.cu, max_seqlen_q=p.max_len,
-                     max_seqlen_k=p.max_len, sinks=lw.sinks, provider="reference")  # fmt: skip
+    o = m2.attention(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        p.cu,
+        p.cu,
+        max_seqlen_q=p.max_len,
+        max_seqlen_k=p.max_len,
+        sinks=lw.sinks,
+        provider="reference",
+    )
     x1 = x32 + o.reshape(p.tokens, -1) @ lw.wo.float()
     hm = m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes, provider="reference").view(p.tokens, c.moe_heads, c.d)
     probs, idx = m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE, provider="reference")
@@ -255,9 +309,13 @@ def magi2_trace(x: torch.Tensor, lw: Layer, p: Pack, c: Config) -> LayerTrace:
 
 
 def baseline_trace(
-    x: torch.Tensor, lw: Layer, p: Pack, c: Config, attn: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    lw: Layer,
+    p: Pack,
+    c: Config,
+    attn: Callable[..., torch.Tensor],
     experts: Callable[..., torch.Tensor],
-) -> LayerTrace:  # fmt: skip
+) -> LayerTrace:
     """``baseline_layer`` with its intermediates kept."""
     h = composite_rmsnorm(x, lw.norm1, p.sizes)
     q, k, v = qkv_views(h, lw, c)
@@ -307,9 +365,11 @@ def layer_errors(m: LayerTrace, b: LayerTrace, orc: LayerTrace, x: torch.Tensor)
         "baseline": trace_errors(b, orc, x, clean),
         "clean_token_fraction": float(clean.double().mean()),
         # The two paths on the same input: rows they route differently, and how far their layers differ.
-        "magi2_vs_baseline": {"route_rows_differ": float(1.0 - same_sets(m.idx, b.idx).double().mean()),
-                              "layer_increment": float((m.y.double() - b.y.double()).norm() / increment),
-                              "attention": _rel(m.attn, b.attn)},
+        "magi2_vs_baseline": {
+            "route_rows_differ": float(1.0 - same_sets(m.idx, b.idx).double().mean()),
+            "layer_increment": float((m.y.double() - b.y.double()).norm() / increment),
+            "attention": _rel(m.attn, b.attn),
+        },
         "input_norm": float(x.double().norm()),
         "increment_norm": float(increment),
     }
@@ -341,11 +401,17 @@ def oracle_errors(lengths: tuple[int, ...], c: Config, layers: list[Layer], dev:
             m, b = magi2_trace(x, lw, p, c), baseline_trace(x, lw, p, c, attn, grouped_mm_moe_experts)
             per_layer.append(layer_errors(m, b, orc, x))
             x = orc.y.bfloat16()
-            own = {"magi2": magi2_layer(own["magi2"], lw, p, c),
-                   "baseline": baseline_layer(own["baseline"], lw, p, c, attn, grouped_mm_moe_experts)}  # fmt: skip
-            drift.append({"magi2_vs_oracle": _rel(own["magi2"], orc.y),
-                          "baseline_vs_oracle": _rel(own["baseline"], orc.y),
-                          "magi2_vs_baseline": _rel(own["magi2"], own["baseline"])})  # fmt: skip
+            own = {
+                "magi2": magi2_layer(own["magi2"], lw, p, c),
+                "baseline": baseline_layer(own["baseline"], lw, p, c, attn, grouped_mm_moe_experts),
+            }
+            drift.append(
+                {
+                    "magi2_vs_oracle": _rel(own["magi2"], orc.y),
+                    "baseline_vs_oracle": _rel(own["baseline"], orc.y),
+                    "magi2_vs_baseline": _rel(own["magi2"], own["baseline"]),
+                }
+            )
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     return {"segments": list(lengths), "tokens": p.tokens, "layers": per_layer, "stack_drift": drift}
@@ -392,8 +458,9 @@ def p50s(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 # ---------------------------------------------------------------------------------------------
 # measurements
 # ---------------------------------------------------------------------------------------------
-def bench_pack(name: str, lengths: tuple[int, ...], c: Config, layers: list[Layer], dev: str, modes: Sequence[str],
-               iters: int) -> dict[str, Any]:  # fmt: skip
+def bench_pack(
+    name: str, lengths: tuple[int, ...], c: Config, layers: list[Layer], dev: str, modes: Sequence[str], iters: int
+) -> dict[str, Any]:
     from benchmarks._moe_native import grouped_mm_moe_experts
 
     p = make_pack(lengths, dev)
@@ -411,8 +478,12 @@ def bench_pack(name: str, lengths: tuple[int, ...], c: Config, layers: list[Laye
             x = baseline_layer(x, lw, p, c, attn, grouped_mm_moe_experts)
         return x
 
-    row: dict[str, Any] = {"segments": list(lengths), "tokens": p.tokens, "modality_sizes": p.sizes,
-                           "baseline_attention": attn_label}  # fmt: skip
+    row: dict[str, Any] = {
+        "segments": list(lengths),
+        "tokens": p.tokens,
+        "modality_sizes": p.sizes,
+        "baseline_attention": attn_label,
+    }
     row["providers"] = resolved_providers(layers[0], p, c, x)
     fns, errors = build_modes(modes, magi2_stack, x, dev)
     base_fns, base_errors = build_modes([m for m in modes if m != "compile"], baseline_stack, x, dev)
@@ -437,15 +508,24 @@ def resolved_providers(lw: Layer, p: Pack, c: Config, x: torch.Tensor) -> dict[s
     idx = torch.arange(c.top_k, device=x.device).expand(c.moe_heads, p.tokens, c.top_k)
     return {
         "rmsnorm": m2.resolve("rmsnorm", x, lw.norm1, modality_sizes=p.sizes).chosen,
-        "attention": m2.resolve("attention", q, q, q, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len,
-                                sinks=lw.sinks).chosen,
+        "attention": m2.resolve(
+            "attention", q, q, q, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=lw.sinks
+        ).chosen,
         "moe_route": m2.resolve("moe_route", h, lw.router, lw.bias, top_k=c.top_k).chosen,
         "moe_experts": m2.resolve("moe_experts", h, probs, idx, lw.prepared).chosen,
-    }  # fmt: skip
+    }
 
 
-def ops_alone(lw: Layer, p: Pack, c: Config, x: torch.Tensor, dev: str, iters: int,
-              attn: Callable[..., torch.Tensor], experts: Callable[..., torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+def ops_alone(
+    lw: Layer,
+    p: Pack,
+    c: Config,
+    x: torch.Tensor,
+    dev: str,
+    iters: int,
+    attn: Callable[..., torch.Tensor],
+    experts: Callable[..., torch.Tensor],
+) -> dict[str, Any]:
     """Each op of layer 0 alone, on the inputs it sees inside the block, in its own CUDA graph."""
     t = p.tokens
     h = m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes)
@@ -458,8 +538,9 @@ def ops_alone(lw: Layer, p: Pack, c: Config, x: torch.Tensor, dev: str, iters: i
     magi2: dict[str, Fn] = {
         "rmsnorm_1": lambda: m2.rmsnorm(x, lw.norm1, modality_sizes=p.sizes),
         "qkv_proj": lambda: h @ lw.wqkv,
-        "attention": lambda: m2.attention(q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len,
-                                          sinks=lw.sinks),
+        "attention": lambda: m2.attention(
+            q, k, v, p.cu, p.cu, max_seqlen_q=p.max_len, max_seqlen_k=p.max_len, sinks=lw.sinks
+        ),
         "o_proj_residual": lambda: x + o.reshape(t, -1) @ lw.wo,
         "rmsnorm_2": lambda: m2.rmsnorm(x1, lw.norm2, modality_sizes=p.sizes),
         "moe_route": lambda: m2.moe_route(hm, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE),
@@ -506,18 +587,32 @@ def route_vs_experts(c: Config, lw: Layer, dev: str, iters: int) -> list[dict[st
         eager = p50s(time_alternating(fns, iters, warmup=c.warmup, device=dev))
         graphs = {k: graphed(f, dev) for k, f in fns.items()} if dev != "cpu" else {}
         graph = p50s(time_alternating(graphs, iters, warmup=c.warmup, device=dev)) if graphs else {}
-        rows.append({
-            "tokens": t, "route_provider": m2.resolve("moe_route", x, lw.router, lw.bias, top_k=c.top_k).chosen,
-            "ids_equal_reference": bool(torch.equal(idx.cpu(), ref_i.cpu())),
-            # the routing contract (operators.md §3.2): ids against the float64 truth, not the reference's
-            "route_contract_ok": accept_moe_route(probs, idx, route_truth(
-                x, lw.router, lw.bias, top_k=c.top_k, route_scale=ROUTE_SCALE, route_norm=True,
-                score_func="sigmoid")).ok,
-            "probs_max_abs_diff_vs_reference": float((probs - ref_p).abs().max()) if t else 0.0,
-            "eager_ms": eager, "graph_ms": graph,
-            "route_over_experts_eager": eager["route"]["p50"] / eager["experts"]["p50"],
-            "route_over_experts_graph": graph["route"]["p50"] / graph["experts"]["p50"] if graph else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "tokens": t,
+                "route_provider": m2.resolve("moe_route", x, lw.router, lw.bias, top_k=c.top_k).chosen,
+                "ids_equal_reference": bool(torch.equal(idx.cpu(), ref_i.cpu())),
+                # the routing contract (operators.md §3.2): ids against the float64 truth, not the reference's
+                "route_contract_ok": accept_moe_route(
+                    probs,
+                    idx,
+                    route_truth(
+                        x,
+                        lw.router,
+                        lw.bias,
+                        top_k=c.top_k,
+                        route_scale=ROUTE_SCALE,
+                        route_norm=True,
+                        score_func="sigmoid",
+                    ),
+                ).ok,
+                "probs_max_abs_diff_vs_reference": float((probs - ref_p).abs().max()) if t else 0.0,
+                "eager_ms": eager,
+                "graph_ms": graph,
+                "route_over_experts_eager": eager["route"]["p50"] / eager["experts"]["p50"],
+                "route_over_experts_graph": graph["route"]["p50"] / graph["experts"]["p50"] if graph else None,
+            }
+        )
     return rows
 
 
@@ -533,13 +628,15 @@ def deterministic_vs_default(c: Config, lw: Layer, dev: str, iters: int) -> dict
     a, b = fns["deterministic"](), fns["deterministic"]()
     res = p50s(time_alternating(fns, iters, warmup=c.warmup, device=dev))
     return {
-        "tokens": t, "ms": res, "ratio": res["deterministic"]["p50"] / res["default"]["p50"],
+        "tokens": t,
+        "ms": res,
+        "ratio": res["deterministic"]["p50"] / res["default"]["p50"],
         "deterministic_runs_bitwise_equal": bool(torch.equal(a, b)),
         "providers": {
             "default": m2.resolve("moe_experts", x, probs, idx, lw.prepared, deterministic=False).chosen,
             "deterministic": m2.resolve("moe_experts", x, probs, idx, lw.prepared, deterministic=True).chosen,
         },
-    }  # fmt: skip
+    }
 
 
 def pack_count() -> int | None:
@@ -556,7 +653,8 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
         blk, ops = row["block_ms"], row.get("ops")
         graph = blk.get("graph", {}).get("p50")
         t[f"{name}: no mode failed (strict: reference served nothing)"] = not {
-            k for k in row["errors"] if not k.startswith("baseline_")}
+            k for k in row["errors"] if not k.startswith("baseline_")
+        }
         if graph is not None:
             ratio = graph / ops["magi2_stack_sum_ms"] if ops else math.inf
             t[f"{name}: graph <= 1.05 x ops alone"] = ratio <= TARGETS["graph_vs_ops_sum"]
@@ -569,7 +667,8 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
         for i, row in enumerate(orc["layers"]):
             mine, base = row["magi2"]["layer_increment_clean_rows"], row["baseline"]["layer_increment_clean_rows"]
             t[f"{name}: layer {i} error vs the FP32 oracle <= the baseline's (tokens both route as the oracle)"] = (
-                mine <= base)
+                mine <= base
+            )
     for r in report.get("route_vs_experts", []):
         t[f"route <= 10% of experts at T={r['tokens']}"] = r["route_over_experts_eager"] <= TARGETS["route_vs_experts"]
         t[f"route holds the routing contract at T={r['tokens']}"] = r["route_contract_ok"]
@@ -584,8 +683,10 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     env = report["env"]
-    print(f"{env['device']} torch {env['torch']} triton {env['triton']} commit {env['git_commit'][:12]}; "
-          f"{report['config']['layers']} layers")  # fmt: skip
+    print(
+        f"{env['device']} torch {env['torch']} triton {env['triton']} commit {env['git_commit'][:12]}; "
+        f"{report['config']['layers']} layers"
+    )
     for name, row in report["packs"].items():
         print(f"\n[{name}] {row['tokens']} tokens; providers {row['providers']}")
         for mode, err in row["errors"].items():
@@ -593,49 +694,66 @@ def print_table(report: dict[str, Any]) -> None:
         ops = row.get("ops")
         if not ops:
             continue
-        print(f"  {'stack mode':18s} {'p50 ms':>9s} {'p10-p90':>17s}  "
-              f"vs magi2 ops-alone sum {ops['magi2_stack_sum_ms']:.3f}"
-              f" / baseline ops-alone sum {ops['baseline_stack_sum_ms']:.3f}")  # fmt: skip
+        print(
+            f"  {'stack mode':18s} {'p50 ms':>9s} {'p10-p90':>17s}  "
+            f"vs magi2 ops-alone sum {ops['magi2_stack_sum_ms']:.3f}"
+            f" / baseline ops-alone sum {ops['baseline_stack_sum_ms']:.3f}"
+        )
         for mode, s in row["block_ms"].items():
             base = ops["baseline_stack_sum_ms"] if mode.startswith("baseline") else ops["magi2_stack_sum_ms"]
             print(f"  {mode:18s} {s['p50']:9.3f} {s['p10']:8.3f}-{s['p90']:<8.3f}  x{s['p50'] / base:.3f}")
         print(f"  {'op (one layer)':18s} {'magi2 ms':>9s} {'share':>6s} {'baseline':>9s} {'share':>6s}")
         for op, ms in ops["magi2"].items():
             b = ops["baseline"].get(op, float("nan"))
-            print(f"  {op:18s} {ms:9.4f} {ops['magi2_share'][op]:6.1%} {b:9.4f} "
-                  f"{ops['baseline_share'].get(op, 0):6.1%}")
+            print(
+                f"  {op:18s} {ms:9.4f} {ops['magi2_share'][op]:6.1%} {b:9.4f} {ops['baseline_share'].get(op, 0):6.1%}"
+            )
     for key, err in report["errors"].items():
         print(f"\n{key} FAILED: {err}")
     for name, orc in report.get("oracle", {}).items():
-        print(f"\n[{name}] per-layer error against the FP32 oracle on the same input (rel-L2 of the layer increment; "
-              "clean = tokens both paths route as the oracle; "
-              "flips = rows with other experts than the oracle's)")  # fmt: skip
-        print(f"  {'layer':>5} {'magi2':>9} {'clean':>9} {'flips':>8}   {'baseline':>9} {'clean':>9} {'flips':>8}"
-              f"   {'attn m2':>8} {'attn base':>9} {'moe m2':>8} {'moe base':>8}")  # fmt: skip
+        print(
+            f"\n[{name}] per-layer error against the FP32 oracle on the same input (rel-L2 of the layer increment; "
+            "clean = tokens both paths route as the oracle; "
+            "flips = rows with other experts than the oracle's)"
+        )
+        print(
+            f"  {'layer':>5} {'magi2':>9} {'clean':>9} {'flips':>8}   {'baseline':>9} {'clean':>9} {'flips':>8}"
+            f"   {'attn m2':>8} {'attn base':>9} {'moe m2':>8} {'moe base':>8}"
+        )
         for i, row in enumerate(orc["layers"]):
             m, b, mb = row["magi2"], row["baseline"], row["magi2_vs_baseline"]
-            print(f"  {i:>5} {m['layer_increment']:9.2e} {m['layer_increment_clean_rows']:9.2e} "
-                  f"{m['route_rows_other_experts']:8.2e}   {b['layer_increment']:9.2e} "
-                  f"{b['layer_increment_clean_rows']:9.2e} {b['route_rows_other_experts']:8.2e}   "
-                  f"{m['attention']:8.2e} {b['attention']:9.2e} {m['moe']:8.2e} {b['moe']:8.2e}   magi2 vs baseline: "
-                  f"{mb['route_rows_differ']:.2e} rows routed differently, "
-                  f"layers differ {mb['layer_increment']:.2e}")  # fmt: skip
-        print("  each stack on its own stream, after each layer (rel-L2): "
-              + "; ".join(f"{i}: m2-oracle {d['magi2_vs_oracle']:.3f}, base-oracle {d['baseline_vs_oracle']:.3f}, "
-                          f"m2-base {d['magi2_vs_baseline']:.3f}"
-                          for i, d in enumerate(orc["stack_drift"])))  # fmt: skip
+            print(
+                f"  {i:>5} {m['layer_increment']:9.2e} {m['layer_increment_clean_rows']:9.2e} "
+                f"{m['route_rows_other_experts']:8.2e}   {b['layer_increment']:9.2e} "
+                f"{b['layer_increment_clean_rows']:9.2e} {b['route_rows_other_experts']:8.2e}   "
+                f"{m['attention']:8.2e} {b['attention']:9.2e} {m['moe']:8.2e} {b['moe']:8.2e}   magi2 vs baseline: "
+                f"{mb['route_rows_differ']:.2e} rows routed differently, "
+                f"layers differ {mb['layer_increment']:.2e}"
+            )
+        print(
+            "  each stack on its own stream, after each layer (rel-L2): "
+            + "; ".join(
+                f"{i}: m2-oracle {d['magi2_vs_oracle']:.3f}, base-oracle {d['baseline_vs_oracle']:.3f}, "
+                f"m2-base {d['magi2_vs_baseline']:.3f}"
+                for i, d in enumerate(orc["stack_drift"])
+            )
+        )
     print(f"\n{'T':>6} {'route ms':>9} {'experts ms':>10} {'ratio':>6} {'graph ratio':>11} ids==ref")
     for r in report.get("route_vs_experts", []):
         e = r["eager_ms"]
         graph_ratio = r["route_over_experts_graph"]
-        print(f"{r['tokens']:>6} {e['route']['p50']:9.4f} {e['experts']['p50']:10.4f} "
-              f"{r['route_over_experts_eager']:6.3f} {graph_ratio or float('nan'):11.3f} "
-              f"{r['ids_equal_reference']}")  # fmt: skip
+        print(
+            f"{r['tokens']:>6} {e['route']['p50']:9.4f} {e['experts']['p50']:10.4f} "
+            f"{r['route_over_experts_eager']:6.3f} {graph_ratio or float('nan'):11.3f} "
+            f"{r['ids_equal_reference']}"
+        )
     d = report.get("deterministic")
     if d is not None:
-        print(f"\ndeterministic / default experts at T={d['tokens']}: {d['ratio']:.3f} "
-              f"({d['ms']['deterministic']['p50']:.3f} / {d['ms']['default']['p50']:.3f} ms), "
-              f"providers {d['providers']}")
+        print(
+            f"\ndeterministic / default experts at T={d['tokens']}: {d['ratio']:.3f} "
+            f"({d['ms']['deterministic']['p50']:.3f} / {d['ms']['default']['p50']:.3f} ms), "
+            f"providers {d['providers']}"
+        )
     print("\ntargets:")
     for k, ok in report["targets"].items():
         print(f"  {'MET ' if ok else 'MISS'} {k}")
@@ -650,8 +768,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one pack, fewer samples, T in {512, 4096}")
     ap.add_argument("--layers", type=int, default=None, help="blocks in the stack (>= 4)")
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--modes", nargs="*", default=None, choices=["eager", "compile", "graph"],
-                    help="stack modes (default: all three on CUDA, eager on the CPU)")
+    ap.add_argument(
+        "--modes",
+        nargs="*",
+        default=None,
+        choices=["eager", "compile", "graph"],
+        help="stack modes (default: all three on CUDA, eager on the CPU)",
+    )
     a = ap.parse_args()
     t0 = time.time()
     dev = a.device
@@ -667,15 +790,21 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(419)
     layers = [make_layer(c, dev, g) for _ in range(c.layers)]
     report: dict[str, Any] = {
-        "benchmark": "block", "env": env_record(dev), "config": {**c.__dict__, "hidden": c.hidden}, "modes": modes,
-        "strict": True, "targets_def": TARGETS,
+        "benchmark": "block",
+        "env": env_record(dev),
+        "config": {**c.__dict__, "hidden": c.hidden},
+        "modes": modes,
+        "strict": True,
+        "targets_def": TARGETS,
         "method": "CUDA events per call after warm-up, 256 MiB zeroed before each call; ops alone = layer 0's "
-                  "ops on their in-block inputs, each in its own CUDA graph, summed x layers",
+        "ops on their in-block inputs, each in its own CUDA graph, summed x layers",
         "prepared_nbytes_per_layer": layers[0].prepared.nbytes,
-        "checkpoint_nbytes_per_layer": sum(w.numel() * w.element_size() for w in (layers[0].w_gate, layers[0].w_up,
-                                                                                   layers[0].w_down)),
-        "pack_count": {"after_prepare": pack_count()}, "packs": {},
-    }  # fmt: skip
+        "checkpoint_nbytes_per_layer": sum(
+            w.numel() * w.element_size() for w in (layers[0].w_gate, layers[0].w_up, layers[0].w_down)
+        ),
+        "pack_count": {"after_prepare": pack_count()},
+        "packs": {},
+    }
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
 
     def dump() -> None:

@@ -53,8 +53,10 @@ def main() -> None:
     out: Path = args.out or default_out(device)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
-        print(f"{r['op']:>10}: resolve {r['resolve_us']:.2f} us  public {r['public_us']:.2f} us  "
-              f"direct {r['direct_us']:.2f} us  added {r['added_us']:.2f} us")
+        print(
+            f"{r['op']:>10}: resolve {r['resolve_us']:.2f} us  public {r['public_us']:.2f} us  "
+            f"direct {r['direct_us']:.2f} us  added {r['added_us']:.2f} us"
+        )
     print(f"wrote {out}")
 
 

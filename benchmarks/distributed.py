@@ -120,13 +120,17 @@ def summary(ms: list[float]) -> dict[str, float]:
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
-    diff = (a.float() - b.float())
-    return {"rel_l2": float(diff.norm() / b.float().norm().clamp_min(1e-30)), "max_abs": float(diff.abs().max()),
-            "bit_equal": bool(torch.equal(a, b))}
+    diff = a.float() - b.float()
+    return {
+        "rel_l2": float(diff.norm() / b.float().norm().clamp_min(1e-30)),
+        "max_abs": float(diff.abs().max()),
+        "bit_equal": bool(torch.equal(a, b)),
+    }
 
 
-def bench_moe(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock, warmup: int,
-              iters: int) -> dict[str, Any]:
+def bench_moe(
+    rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock, warmup: int, iters: int
+) -> dict[str, Any]:
     import magi2_core as m2
     from magi2_core.distributed import ep_moe_local, ep_plan, ep_slice
 
@@ -144,7 +148,7 @@ def bench_moe(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock,
     }
     local = {k: ep_slice(v, rank, world, h, e) for k, v in full.items()}
     t0 = rank * s.tokens_local
-    x = x_full[t0:t0 + s.tokens_local].contiguous()
+    x = x_full[t0 : t0 + s.tokens_local].contiguous()
     plan = ep_plan(h, s.tokens_local, tokens=tokens)
 
     def one_gpu() -> torch.Tensor:
@@ -153,8 +157,12 @@ def bench_moe(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock,
 
     ep_stages: list[tuple[str, Callable[[Any], Any]]] = [
         ("a2a_in", lambda _: plan.scatter_heads(x)),
-        ("compute", lambda xl: ep_moe_local(xl, plan, local["router"], local["bias"], local["w_gate"],
-                                            local["w_up"], local["w_down"], top_k=s.top_k)),
+        (
+            "compute",
+            lambda xl: ep_moe_local(
+                xl, plan, local["router"], local["bias"], local["w_gate"], local["w_up"], local["w_down"], top_k=s.top_k
+            ),
+        ),
         ("a2a_out", lambda yl: plan.gather_heads(yl)),
     ]
     xl = plan.scatter_heads(x)
@@ -164,10 +172,12 @@ def bench_moe(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock,
         rows = n * e
         probs, idx = m2.moe_route(xl, local["router"][:rows], local["bias"][:rows], top_k=s.top_k)
         providers = {
-            "moe_route": m2.resolve("moe_route", xl, local["router"][:rows], local["bias"][:rows],
-                                    top_k=s.top_k).chosen,
-            "moe_experts": m2.resolve("moe_experts", xl, probs, idx, local["w_gate"][:rows], local["w_up"][:rows],
-                                      local["w_down"][:rows]).chosen,
+            "moe_route": m2.resolve(
+                "moe_route", xl, local["router"][:rows], local["bias"][:rows], top_k=s.top_k
+            ).chosen,
+            "moe_experts": m2.resolve(
+                "moe_experts", xl, probs, idx, local["w_gate"][:rows], local["w_up"][:rows], local["w_down"][:rows]
+            ).chosen,
         }
     elt = x.element_size()
     sent = sum(s.tokens_local * c * s.d * elt for r, c in enumerate(plan.head_counts) if r != rank)
@@ -175,16 +185,24 @@ def bench_moe(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock,
     flops_1 = 6.0 * s.d * s.inter * h * t_all * s.top_k
     result = run_alternating(rank, clock, ep_stages, one_gpu, warmup, iters)
     _, y = staged(clock, ep_stages)
-    result["check_vs_one_gpu"] = compare(y, one_gpu()[t0:t0 + s.tokens_local])
-    result.update(providers=providers, local_heads=n, tokens_local=s.tokens_local, tokens_total=t_all,
-                  a2a_bytes_sent_per_direction=sent, flops_ep_rank=flops_ep, flops_one_gpu=flops_1,
-                  weight_bytes_ep_rank=n * e * 3 * s.d * s.inter * elt,
-                  weight_bytes_one_gpu=h * e * 3 * s.d * s.inter * elt)
+    result["check_vs_one_gpu"] = compare(y, one_gpu()[t0 : t0 + s.tokens_local])
+    result.update(
+        providers=providers,
+        local_heads=n,
+        tokens_local=s.tokens_local,
+        tokens_total=t_all,
+        a2a_bytes_sent_per_direction=sent,
+        flops_ep_rank=flops_ep,
+        flops_one_gpu=flops_1,
+        weight_bytes_ep_rank=n * e * 3 * s.d * s.inter * elt,
+        weight_bytes_one_gpu=h * e * 3 * s.d * s.inter * elt,
+    )
     return result
 
 
-def bench_attention(rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock, warmup: int,
-                    iters: int) -> dict[str, Any]:
+def bench_attention(
+    rank: int, world: int, s: Shapes, dev: torch.device, clock: Clock, warmup: int, iters: int
+) -> dict[str, Any]:
     import magi2_core as m2
     from magi2_core.distributed import ulysses_plans
 
@@ -198,7 +216,7 @@ def bench_attention(rank: int, world: int, s: Shapes, dev: torch.device, clock: 
     sinks = torch.randn(1, h, device=dev, generator=g)
     cu = torch.tensor([0, *torch.tensor(s.segments).cumsum(0).tolist()], dtype=torch.int32, device=dev)
     mx = max(s.segments)
-    ql, kl, vl = (t[t0:t0 + tokens[rank]].contiguous() for t in (q, k, v))
+    ql, kl, vl = (t[t0 : t0 + tokens[rank]].contiguous() for t in (q, k, v))
     plans = ulysses_plans(h, h, tokens[rank], tokens[rank], tokens_q=tokens, tokens_k=tokens)
     sl = sinks[:, plans.head_slice()].contiguous()
     kw: dict[str, Any] = {"max_seqlen_q": mx, "max_seqlen_k": mx}
@@ -220,15 +238,29 @@ def bench_attention(rank: int, world: int, s: Shapes, dev: torch.device, clock: 
     flops_1 = 4.0 * sum(L * L for L in s.segments) * h * hd
     result = run_alternating(rank, clock, ul_stages, one_gpu, warmup, iters)
     _, o = staged(clock, ul_stages)
-    result["check_vs_one_gpu"] = compare(o, one_gpu()[t0:t0 + tokens[rank]])
-    result.update(providers={"attention": provider}, local_heads=hc, tokens_local=tokens[rank], tokens_total=t_all,
-                  segments=list(s.segments), a2a_bytes_sent_per_direction=sent, a2a_bytes_back=sent // 3,
-                  flops_ep_rank=flops_1 * hc / h, flops_one_gpu=flops_1)
+    result["check_vs_one_gpu"] = compare(o, one_gpu()[t0 : t0 + tokens[rank]])
+    result.update(
+        providers={"attention": provider},
+        local_heads=hc,
+        tokens_local=tokens[rank],
+        tokens_total=t_all,
+        segments=list(s.segments),
+        a2a_bytes_sent_per_direction=sent,
+        a2a_bytes_back=sent // 3,
+        flops_ep_rank=flops_1 * hc / h,
+        flops_one_gpu=flops_1,
+    )
     return result
 
 
-def run_alternating(rank: int, clock: Clock, stages: list[tuple[str, Callable[[Any], Any]]],
-                    one_gpu: Callable[[], torch.Tensor], warmup: int, iters: int) -> dict[str, Any]:
+def run_alternating(
+    rank: int,
+    clock: Clock,
+    stages: list[tuple[str, Callable[[Any], Any]]],
+    one_gpu: Callable[[], torch.Tensor],
+    warmup: int,
+    iters: int,
+) -> dict[str, Any]:
     """Alternate a distributed call (all ranks) and the one-GPU call (rank 0), flushing L2 before each."""
     times: dict[str, list[float]] = {name: [] for name, _ in stages}
     times["total"] = []
@@ -262,8 +294,14 @@ def worker(rank: int, world: int, store: str, args: argparse.Namespace) -> None:
         torch.cuda.set_device(dev)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group(args.backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300), device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(
+        args.backend,
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+        device_id=dev if dev.type == "cuda" else None,
+    )
     try:
         ensure_backends()
         shapes = TINY if args.tiny else PRODUCTION
@@ -285,16 +323,26 @@ def worker(rank: int, world: int, store: str, args: argparse.Namespace) -> None:
 def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, ranks: list[dict[str, Any]]) -> None:
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = "absent"
     doc: dict[str, Any] = {
-        "benchmark": "distributed", "world": world, "backend": args.backend, "tiny": args.tiny,
+        "benchmark": "distributed",
+        "world": world,
+        "backend": args.backend,
+        "tiny": args.tiny,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "torch": torch.__version__, "triton": triton_version, "commit": git_commit(),
-        "env": {k: os.environ.get(k) for k in SAFE_ENV}, "warmup": args.warmup, "iters": args.iters,
-        "shapes": s.__dict__, "layers": {},
-        "ceilings": ranks[0]["ceilings"], "ceilings_per_rank": [r["ceilings"] for r in ranks],
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "commit": git_commit(),
+        "env": {k: os.environ.get(k) for k in SAFE_ENV},
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "shapes": s.__dict__,
+        "layers": {},
+        "ceilings": ranks[0]["ceilings"],
+        "ceilings_per_rank": [r["ceilings"] for r in ranks],
     }
     matmul = doc["ceilings"]["matmul_tflops"] if doc["ceilings"] else None
     rows = []
@@ -321,16 +369,24 @@ def report(world: int, args: argparse.Namespace, s: Shapes, dev: torch.device, r
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)
     print(f"\n{doc['device']} x{world} ({args.backend}), torch {doc['torch']}, p50 ms (max over ranks)")
-    print(f"{'layer':18} {'a2a_in':>8} {'compute':>8} {'a2a_out':>8} {'total':>8} {'1-GPU':>8} {'speedup':>8}  "
-          f"check (rank0 rel-L2 / bit-equal)  providers")
+    print(
+        f"{'layer':18} {'a2a_in':>8} {'compute':>8} {'a2a_out':>8} {'total':>8} {'1-GPU':>8} {'speedup':>8}  "
+        f"check (rank0 rel-L2 / bit-equal)  providers"
+    )
     for layer, st, one, per in rows:
         c = per[0]["check_vs_one_gpu"]
-        print(f"{layer:18} {st['a2a_in']:8.3f} {st['compute']:8.3f} {st['a2a_out']:8.3f} {st['total']:8.3f} "
-              f"{one:8.3f} {one / st['total']:8.2f}  {c['rel_l2']:.2e} / {c['bit_equal']}  {per[0]['providers']}")
+        print(
+            f"{layer:18} {st['a2a_in']:8.3f} {st['compute']:8.3f} {st['a2a_out']:8.3f} {st['total']:8.3f} "
+            f"{one:8.3f} {one / st['total']:8.2f}  {c['rel_l2']:.2e} / {c['bit_equal']}  {per[0]['providers']}"
+        )
     if matmul:
-        print("compute stage at " + ", ".join(
-            f"{layer} {doc['layers'][layer]['compute_fraction_of_matmul_ceiling']:.2f}" for layer, *_ in rows)
-            + f" of this device's matmul ({matmul:.0f} TFLOP/s, measured on rank 0 in this run)")
+        print(
+            "compute stage at "
+            + ", ".join(
+                f"{layer} {doc['layers'][layer]['compute_fraction_of_matmul_ceiling']:.2f}" for layer, *_ in rows
+            )
+            + f" of this device's matmul ({matmul:.0f} TFLOP/s, measured on rank 0 in this run)"
+        )
     print(f"wrote {args.out}")
 
 
@@ -340,8 +396,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, for checking the logic on CPU")
-    ap.add_argument("--layers", nargs="+", default=["ep_moe", "ulysses_attention"],
-                    choices=("ep_moe", "ulysses_attention"))
+    ap.add_argument(
+        "--layers", nargs="+", default=["ep_moe", "ulysses_attention"], choices=("ep_moe", "ulysses_attention")
+    )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/distributed_h200x2.json")
@@ -350,8 +407,9 @@ def main() -> None:
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"need {args.world} GPUs, found {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(args.world, os.path.join(tmp, "store"), args), nprocs=args.world,
-                           start_method="spawn")
+        mp.start_processes(
+            worker, args=(args.world, os.path.join(tmp, "store"), args), nprocs=args.world, start_method="spawn"
+        )
 
 
 if __name__ == "__main__":

@@ -99,18 +99,32 @@ def model_config(smoke: bool, *, num_layers: int | None = None, moe_only: bool =
         base = release
     else:
         base = cfg.Magi2PreviewConfig(
-            num_layers=6, hidden_size=64, head_dim=16, num_query_groups=4, video_in_channels=4,
-            audio_in_channels=4, text_in_channels=8, intermediate_factor=1.0, multimodal_layers=(0, 1, 4, 5),
+            num_layers=6,
+            hidden_size=64,
+            head_dim=16,
+            num_query_groups=4,
+            video_in_channels=4,
+            audio_in_channels=4,
+            text_in_channels=8,
+            intermediate_factor=1.0,
+            multimodal_layers=(0, 1, 4, 5),
             mhc=cfg.Magi2MHCConfig(num_streams=2),
-            moe=cfg.Magi2MoEConfig(num_heads=4, num_experts=8, top_k=2, expert_intermediate_size=32,
-                                   shared_expert_intermediate_size=16, modality_shared_expert_intermediate_size=16,
-                                   layers=(2, 3)),
-        )  # fmt: skip
+            moe=cfg.Magi2MoEConfig(
+                num_heads=4,
+                num_experts=8,
+                top_k=2,
+                expert_intermediate_size=32,
+                shared_expert_intermediate_size=16,
+                modality_shared_expert_intermediate_size=16,
+                layers=(2, 3),
+            ),
+        )
     if not moe_only:
         return base
     n = num_layers or 4
-    return dataclasses.replace(base, num_layers=n, multimodal_layers=(),
-                               moe=dataclasses.replace(base.moe, layers=tuple(range(n))))  # fmt: skip
+    return dataclasses.replace(
+        base, num_layers=n, multimodal_layers=(), moe=dataclasses.replace(base.moe, layers=tuple(range(n)))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +148,12 @@ def step_shape(smoke: bool, text_tokens: int) -> StepShape:
     t = (frames - 1) // gen.video_vae_stride[0] + 1
     h, w = height // gen.video_vae_stride[1], width // gen.video_vae_stride[2]
     audio = round(gen.duration_seconds * gen.audio_latent_fps)
-    return StepShape(video=(1, gen.video_latent_channels, t, h, w), audio=(1, audio, gen.audio_latent_channels),
-                     text_tokens=text_tokens, text_channels=5120)  # fmt: skip
+    return StepShape(
+        video=(1, gen.video_latent_channels, t, h, w),
+        audio=(1, audio, gen.audio_latent_channels),
+        text_tokens=text_tokens,
+        text_channels=5120,
+    )
 
 
 def step_input(shape: StepShape, dev: str, *, timestep: float = 500.0) -> Any:
@@ -149,11 +167,15 @@ def step_input(shape: StepShape, dev: str, *, timestep: float = 500.0) -> Any:
     t = torch.full((2,), timestep / 1000.0, device=dev)
     _, _, vt, vh, vw = shape.video
     model_input = proxy.ModelInput(
-        x_t=torch.cat((latent, latent)), audio_x_t=torch.cat((audio, audio)), audio_feat_len=[shape.audio[1]] * 2,
-        txt_feat=torch.cat((text, null_text)), txt_feat_len=[shape.text_tokens] * 2, t=t,
+        x_t=torch.cat((latent, latent)),
+        audio_x_t=torch.cat((audio, audio)),
+        audio_feat_len=[shape.audio[1]] * 2,
+        txt_feat=torch.cat((text, null_text)),
+        txt_feat_len=[shape.text_tokens] * 2,
+        t=t,
         per_token_video_t=t.view(-1, 1, 1, 1, 1).expand(2, 1, vt, vh, vw),
         per_token_audio_t=t.view(-1, 1, 1).expand(2, shape.audio[1], 1),
-    )  # fmt: skip
+    )
     return proxy.Magi2DataProxy().process_input(model_input)
 
 
@@ -163,8 +185,12 @@ def pack_summary(packed: Any) -> dict[str, Any]:
         {"video": it.video_token_num, "audio": it.audio_feat_len, "text": it.txt_feat_len, "total": it.total_token_num}
         for it in layout.items
     ]
-    return {"tokens": layout.total_token_num, "sequences": len(items), "per_sequence": items,
-            "max_seqlen": layout.max_seqlen}  # fmt: skip
+    return {
+        "tokens": layout.total_token_num,
+        "sequences": len(items),
+        "per_sequence": items,
+        "max_seqlen": layout.max_seqlen,
+    }
 
 
 @torch.no_grad()
@@ -198,8 +224,9 @@ def materialize(model: nn.Module, dev: str, banks: Sequence[tuple[nn.Parameter, 
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None and p.is_meta:
-                module._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=dev),
-                                                        requires_grad=False)  # fmt: skip
+                module._parameters[name] = nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device=dev), requires_grad=False
+                )
         for name, b in list(module._buffers.items()):
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=dev)
@@ -311,8 +338,10 @@ def block_input(model: nn.Module, packed: Any, dev: str) -> BlockInput:
     x, coords, modality, varlen, time_tokens = packed.model_args
     modeling = _mod("modeling_magi2")
     modality = torch.where(modality == int(modeling.Modality.TIME), int(modeling.Modality.TEXT), modality)
-    idx = [torch.nonzero(modality == int(m)).flatten() for m in (modeling.Modality.VIDEO, modeling.Modality.AUDIO,
-                                                                   modeling.Modality.TEXT)]  # fmt: skip
+    idx = [
+        torch.nonzero(modality == int(m)).flatten()
+        for m in (modeling.Modality.VIDEO, modeling.Modality.AUDIO, modeling.Modality.TEXT)
+    ]
     hidden = model.pre_adapter(x, *idx)
     if time_tokens.shape[-1] > 0:
         hidden[:, : time_tokens.shape[-1]] = time_tokens.to(hidden.dtype)
@@ -328,15 +357,21 @@ def peak_gib(fn: Callable[[], object], dev: str) -> dict[str, float] | None:
     fn()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    return {"peak_gib": round(peak / GIB, 3), "resident_gib": round(base / GIB, 3),
-            "activation_gib": round((peak - base) / GIB, 3)}  # fmt: skip
+    return {
+        "peak_gib": round(peak / GIB, 3),
+        "resident_gib": round(base / GIB, 3),
+        "activation_gib": round((peak - base) / GIB, 3),
+    }
 
 
 def dynamo_counters() -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
-    return {group: dict(values) for group, values in counters.items() if group in
-            ("stats", "graph_break", "recompiles", "unimplemented", "frames")}  # fmt: skip
+    return {
+        group: dict(values)
+        for group, values in counters.items()
+        if group in ("stats", "graph_break", "recompiles", "unimplemented", "frames")
+    }
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -361,14 +396,32 @@ class Report:
         self.out.write_text(json.dumps(self.data, indent=1))
 
 
-def _record_times(report: Report, form: str, mode: str, fns: dict[str, Callable[[], object]], iters: int, dev: str,
-                  *, per: int = 1, **extra: Any) -> None:  # fmt: skip
+def _record_times(
+    report: Report,
+    form: str,
+    mode: str,
+    fns: dict[str, Callable[[], object]],
+    iters: int,
+    dev: str,
+    *,
+    per: int = 1,
+    **extra: Any,
+) -> None:
     """Time the plugin-off and plugin-on calls alternating; one record each, in seconds per step
     (``per``: calls per step divide the time, for per-layer figures)."""
     times = time_alternating(fns, iters, warmup=1, device=dev)
     for plugin, ms in times.items():
-        report.add("results", {"form": form, "mode": mode, "plugin": plugin, **extra,
-                               "s_per_step": stats([t / 1e3 / per for t in ms]), "samples_ms": ms})  # fmt: skip
+        report.add(
+            "results",
+            {
+                "form": form,
+                "mode": mode,
+                "plugin": plugin,
+                **extra,
+                "s_per_step": stats([t / 1e3 / per for t in ms]),
+                "samples_ms": ms,
+            },
+        )
     if len(times) < 2:  # one plugin could not run this form (a capture failed): no ratio
         print(
             f"{form:>15} {mode:>8}: " + ", ".join(f"{k} {stats(v)['p50'] / 1e3 / per:.4f} s" for k, v in times.items())
@@ -381,8 +434,19 @@ def _record_times(report: Report, form: str, mode: str, fns: dict[str, Callable[
     )
 
 
-def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: Report, *, modes: Sequence[str],
-           iters: int, dev: str, smoke: bool, widths: GemmWidths) -> None:  # fmt: skip
+def _modes(
+    off: Variant,
+    on: Variant,
+    packed: Any,
+    binput: BlockInput,
+    report: Report,
+    *,
+    modes: Sequence[str],
+    iters: int,
+    dev: str,
+    smoke: bool,
+    widths: GemmWidths,
+) -> None:
     compile_args = SMOKE_COMPILE if smoke else GPU_COMPILE
     compiled = False
     for mode in modes:
@@ -396,8 +460,15 @@ def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: R
                 block_fn(v, packed, binput)()
                 if dev != "cpu":
                     torch.cuda.synchronize()
-                report.add("results", {"form": "compile", "mode": "compiled", "plugin": name,
-                                       "first_call_s": round(time.perf_counter() - t0, 2)})  # fmt: skip
+                report.add(
+                    "results",
+                    {
+                        "form": "compile",
+                        "mode": "compiled",
+                        "plugin": name,
+                        "first_call_s": round(time.perf_counter() - t0, 2),
+                    },
+                )
             report.put("dynamo_counters", dynamo_counters())
             compiled = True
         fwd = {"off": forward_fn(off, packed), "on": forward_fn(on, packed)}
@@ -406,8 +477,15 @@ def _modes(off: Variant, on: Variant, packed: Any, binput: BlockInput, report: R
             blk = _captured(blk, report, dev)
         else:
             want, got = fwd["off"](), fwd["on"]()
-            report.add("results", {"form": "check", "mode": mode, "finite": bool(torch.isfinite(want).all()
-                                   and torch.isfinite(got).all()), "rel_l2_on_vs_off": rel_l2(got, want)})  # fmt: skip
+            report.add(
+                "results",
+                {
+                    "form": "check",
+                    "mode": mode,
+                    "finite": bool(torch.isfinite(want).all() and torch.isfinite(got).all()),
+                    "rel_l2_on_vs_off": rel_l2(got, want),
+                },
+            )
         if iters and mode != "graph":
             _record_times(report, "forward", mode, dict(fwd), iters, dev)
         if iters and mode != "eager" and blk:
@@ -431,10 +509,20 @@ def _captured(fns: dict[str, Callable[[], object]], report: Report, dev: str) ->
             frames = [
                 f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
             ]
-            report.add("errors", {"form": "block", "mode": "graph", "plugin": plugin,
-                                  "error": f"{type(exc).__name__}: {exc}"[:1000], "where": frames[-8:]})  # fmt: skip
-            print(f"graph capture failed (plugin {plugin}): {type(exc).__name__}: {str(exc)[:200]} at {frames[-3:]}",
-                  flush=True)  # fmt: skip
+            report.add(
+                "errors",
+                {
+                    "form": "block",
+                    "mode": "graph",
+                    "plugin": plugin,
+                    "error": f"{type(exc).__name__}: {exc}"[:1000],
+                    "where": frames[-8:],
+                },
+            )
+            print(
+                f"graph capture failed (plugin {plugin}): {type(exc).__name__}: {str(exc)[:200]} at {frames[-3:]}",
+                flush=True,
+            )
             if dev != "cpu":
                 torch.cuda.synchronize()
     return out
@@ -542,11 +630,21 @@ def fidelity(report: Report, off: Variant, on: Variant, cfg: Any, dev: str, smok
             h.remove()
     worse = [r["layer"] for r in rows if r["on_rel_err"] > r["off_rel_err"]]
     worse_clean = [r["layer"] for r in rows if r["on_rel_err_clean"] > r["off_rel_err_clean"]]
-    report.put("fidelity", {"pack": pack_summary(packed), "layers": rows, "on_worse_than_off_at": worse,
-                            "on_worse_than_off_on_clean_tokens_at": worse_clean,
-                            "method": fidelity.__doc__})  # fmt: skip
-    print(f"fidelity: {len(rows)} layers; plugin on worse than off at layers {worse}; on the clean tokens at "
-          f"{worse_clean}", flush=True)  # fmt: skip
+    report.put(
+        "fidelity",
+        {
+            "pack": pack_summary(packed),
+            "layers": rows,
+            "on_worse_than_off_at": worse,
+            "on_worse_than_off_on_clean_tokens_at": worse_clean,
+            "method": fidelity.__doc__,
+        },
+    )
+    print(
+        f"fidelity: {len(rows)} layers; plugin on worse than off at layers {worse}; on the clean tokens at "
+        f"{worse_clean}",
+        flush=True,
+    )
     _free(oracle, binput, x)
 
 
@@ -558,8 +656,9 @@ def _free(*objs: object) -> None:
         torch.cuda.empty_cache()
 
 
-def _distinct_banks(report: Report, packed: Any, theirs: Callable[..., torch.Tensor], *, iters: int, dev: str,
-                    smoke: bool) -> None:  # fmt: skip
+def _distinct_banks(
+    report: Report, packed: Any, theirs: Callable[..., torch.Tensor], *, iters: int, dev: str, smoke: bool
+) -> None:
     """Per-layer time of a 4-MoE-layer stack with 4 banks and with one, plugin off and on."""
 
     cfg = model_config(smoke, num_layers=4, moe_only=True)
@@ -568,16 +667,18 @@ def _distinct_banks(report: Report, packed: Any, theirs: Callable[..., torch.Ten
         _free()
 
 
-def _time_stack(report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], banks: int, *,
-                iters: int, dev: str) -> None:  # fmt: skip
+def _time_stack(
+    report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], banks: int, *, iters: int, dev: str
+) -> None:
     from magi2_core.integrations import vllm_omni as integ
 
     off_m, on_m = build_pair(cfg, dev, banks, seed=60)
     off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
     binput = block_input(off_m, packed, dev)
     fns: dict[str, Callable[[], object]] = {"off": block_fn(off, packed, binput), "on": block_fn(on, packed, binput)}
-    _record_times(report, "distinct-banks", "eager", fns, iters, dev, per=cfg.num_layers, banks=banks,
-                  layers=cfg.num_layers)  # fmt: skip
+    _record_times(
+        report, "distinct-banks", "eager", fns, iters, dev, per=cfg.num_layers, banks=banks, layers=cfg.num_layers
+    )
 
 
 def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev: str) -> None:
@@ -593,8 +694,9 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
         model = _mod("modeling_magi2").Magi2PreviewTransformer(cfg)
         for layer in model.block.layers:
             if hasattr(layer.mlp, "moe_mlp"):
-                layer.mlp.moe_mlp = integ.Magi2MultiHeadMoE(layer.mlp.moe_mlp.config,
-                                                            ep_group=EPGroup(world_size=4, rank=0))  # fmt: skip
+                layer.mlp.moe_mlp = integ.Magi2MultiHeadMoE(
+                    layer.mlp.moe_mlp.config, ep_group=EPGroup(world_size=4, rank=0)
+                )
     materialize(model, dev, [])
     for moe in _moe_modules(model):
         moe.prepare_weights()
@@ -605,11 +707,23 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
     total = torch.cuda.memory_allocated() - base
     card_gib = 81559 / 1024  # an 80 GB card (H100 80GB HBM3: 81,559 MiB)
     moe_heads = {m.real_local_heads for m in _moe_modules(model)}
-    report.add("results", {"form": "ep4-rank-memory", "mode": "eager", "plugin": "on", "ep": 4, "rank": 0,
-                           "local_moe_heads": sorted(moe_heads), "weights_gib": round(weights / GIB, 3),
-                           "activation_gib": activation_gib, "total_gib": round(total / GIB, 3),
-                           "card_gib": round(card_gib, 2), "spare_gib": round(card_gib - total / GIB, 3),
-                           "fits": total / GIB < card_gib})  # fmt: skip
+    report.add(
+        "results",
+        {
+            "form": "ep4-rank-memory",
+            "mode": "eager",
+            "plugin": "on",
+            "ep": 4,
+            "rank": 0,
+            "local_moe_heads": sorted(moe_heads),
+            "weights_gib": round(weights / GIB, 3),
+            "activation_gib": activation_gib,
+            "total_gib": round(total / GIB, 3),
+            "card_gib": round(card_gib, 2),
+            "spare_gib": round(card_gib - total / GIB, 3),
+            "fits": total / GIB < card_gib,
+        },
+    )
     print(
         f"EP4 rank 0: weights {weights / GIB:.1f} GiB + activations {activation_gib} GiB = {total / GIB:.1f} GiB "
         f"of {card_gib:.1f}",
@@ -618,9 +732,19 @@ def _ep4_rank_memory(report: Report, cfg: Any, activation_gib: float | None, dev
     _free(model, block)
 
 
-def _whole_model(report: Report, cfg: Any, packed: Any, theirs: Callable[..., torch.Tensor], *, banks: int,
-                 modes: Sequence[str], iters: int, dev: str, smoke: bool,
-                 check_fidelity: bool) -> float | None:  # fmt: skip
+def _whole_model(
+    report: Report,
+    cfg: Any,
+    packed: Any,
+    theirs: Callable[..., torch.Tensor],
+    *,
+    banks: int,
+    modes: Sequence[str],
+    iters: int,
+    dev: str,
+    smoke: bool,
+    check_fidelity: bool,
+) -> float | None:
     """Plugin off and on on the whole model: fidelity, then every mode. Returns plugin on's activation
     peak of one eager step (GiB), measured once if no eager mode ran."""
     from benchmarks.vllm_omni_stack import providers
@@ -631,23 +755,42 @@ def _whole_model(report: Report, cfg: Any, packed: Any, theirs: Callable[..., to
     binput = block_input(off_m, packed, dev)
     report.put("providers", providers(on_m, cfg, binput))
     moe = cfg.moe
-    widths = GemmWidths(hidden=cfg.hidden_size, streams=cfg.mhc.num_streams, heads_q=cfg.num_heads_q,
-                        shared_intermediate=(moe.shared_expert_intermediate_size,
-                                             moe.modality_shared_expert_intermediate_size))  # fmt: skip
+    widths = GemmWidths(
+        hidden=cfg.hidden_size,
+        streams=cfg.mhc.num_streams,
+        heads_q=cfg.num_heads_q,
+        shared_intermediate=(moe.shared_expert_intermediate_size, moe.modality_shared_expert_intermediate_size),
+    )
     if check_fidelity:
         fidelity(report, off, on, cfg, dev, smoke)
     _modes(off, on, packed, binput, report, modes=modes, iters=iters, dev=dev, smoke=smoke, widths=widths)
-    activation: float | None = next((r["activation_gib"] for r in report.data["results"]
-                                     if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"),
-                                    None)  # fmt: skip
+    activation: float | None = next(
+        (
+            r["activation_gib"]
+            for r in report.data["results"]
+            if r["form"] == "memory" and r["mode"] == "eager" and r["plugin"] == "on"
+        ),
+        None,
+    )
     if activation is None and dev != "cpu":
         activation = (peak_gib(forward_fn(on, packed), dev) or {}).get("activation_gib")
     return activation
 
 
-def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, modes: Sequence[str], smoke: bool,
-        distinct: bool, ep4: bool, check_fidelity: bool,
-        activation_gib: float | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    source: Path,
+    out: Path,
+    *,
+    banks: int,
+    text_tokens: int,
+    iters: int,
+    modes: Sequence[str],
+    smoke: bool,
+    distinct: bool,
+    ep4: bool,
+    check_fidelity: bool,
+    activation_gib: float | None = None,
+) -> dict[str, Any]:
 
     dev = "cpu" if smoke else "cuda"
     if not smoke:
@@ -655,25 +798,57 @@ def run(source: Path, out: Path, *, banks: int, text_tokens: int, iters: int, mo
     cfg = model_config(smoke)
     packed = step_input(step_shape(smoke, text_tokens), dev)
     theirs = _mod("attention").packed_attention_with_sink
-    report = Report(out, {
-        **env_record(dev), "magi2_core": m2.__version__, "vllm_omni": stubs.VERSION, "vllm_omni_from": str(source),
-        "config": {"layers": cfg.num_layers, "multimodal_layers": list(cfg.multimodal_layers),
-                   "moe_layers": list(cfg.moe.layers), "hidden": cfg.hidden_size, "heads_q": cfg.num_heads_q,
-                   "heads_kv": cfg.num_heads_kv, "head_dim": cfg.head_dim, "mhc_streams": cfg.mhc.num_streams,
-                   "moe_heads": cfg.moe.num_heads, "experts": cfg.moe.num_experts, "top_k": cfg.moe.top_k,
-                   "expert_intermediate": cfg.moe.expert_intermediate_size, "dtype": str(cfg.params_dtype),
-                   "moe_banks": banks, "smoke": smoke},
-        "pack": {**pack_summary(packed), "text_tokens_assumed": text_tokens, "resolution": "272p (256x448)",
-                 "seconds": 10, "cfg_branches": 2},
-        "compile_regions": SMOKE_COMPILE if smoke else GPU_COMPILE,
-        "method": "one step = one transformer forward over the CFG pack; CUDA events, L2 flushed before each call, "
-                  "plugin off/on alternating (benchmarks/_common); MoE banks shared round-robin between layers",
-    })  # fmt: skip
+    report = Report(
+        out,
+        {
+            **env_record(dev),
+            "magi2_core": m2.__version__,
+            "vllm_omni": stubs.VERSION,
+            "vllm_omni_from": str(source),
+            "config": {
+                "layers": cfg.num_layers,
+                "multimodal_layers": list(cfg.multimodal_layers),
+                "moe_layers": list(cfg.moe.layers),
+                "hidden": cfg.hidden_size,
+                "heads_q": cfg.num_heads_q,
+                "heads_kv": cfg.num_heads_kv,
+                "head_dim": cfg.head_dim,
+                "mhc_streams": cfg.mhc.num_streams,
+                "moe_heads": cfg.moe.num_heads,
+                "experts": cfg.moe.num_experts,
+                "top_k": cfg.moe.top_k,
+                "expert_intermediate": cfg.moe.expert_intermediate_size,
+                "dtype": str(cfg.params_dtype),
+                "moe_banks": banks,
+                "smoke": smoke,
+            },
+            "pack": {
+                **pack_summary(packed),
+                "text_tokens_assumed": text_tokens,
+                "resolution": "272p (256x448)",
+                "seconds": 10,
+                "cfg_branches": 2,
+            },
+            "compile_regions": SMOKE_COMPILE if smoke else GPU_COMPILE,
+            "method": "one step = one transformer forward over the CFG pack; CUDA events, L2 flushed before each call, "
+            "plugin off/on alternating (benchmarks/_common); MoE banks shared round-robin between layers",
+        },
+    )
     print(f"pack: {report.data['pack']}", flush=True)
     with torch.inference_mode():
         if modes or check_fidelity or (ep4 and activation_gib is None and dev != "cpu"):
-            measured = _whole_model(report, cfg, packed, theirs, banks=banks, modes=modes, iters=iters, dev=dev,
-                                    smoke=smoke, check_fidelity=check_fidelity)  # fmt: skip
+            measured = _whole_model(
+                report,
+                cfg,
+                packed,
+                theirs,
+                banks=banks,
+                modes=modes,
+                iters=iters,
+                dev=dev,
+                smoke=smoke,
+                check_fidelity=check_fidelity,
+            )
             activation_gib = activation_gib if activation_gib is not None else measured
         _free()  # the whole model's two copies are gone with _whole_model's frame
         if ep4 and dev != "cpu":
@@ -710,9 +885,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = stubs.unpack(a.wheel, Path(tmp))
         stubs.install(root)
         try:
-            report = run(a.wheel, a.out, banks=a.banks, text_tokens=a.text_tokens, iters=iters,
-                         modes=a.modes, smoke=a.smoke, distinct=not a.no_distinct_banks, ep4=not a.no_ep4,
-                         check_fidelity=not a.no_fidelity, activation_gib=a.activation_gib)  # fmt: skip
+            report = run(
+                a.wheel,
+                a.out,
+                banks=a.banks,
+                text_tokens=a.text_tokens,
+                iters=iters,
+                modes=a.modes,
+                smoke=a.smoke,
+                distinct=not a.no_distinct_banks,
+                ep4=not a.no_ep4,
+                check_fidelity=not a.no_fidelity,
+                activation_gib=a.activation_gib,
+            )
         finally:
             integ.unregister()
             stubs.uninstall()

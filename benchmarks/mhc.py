@@ -47,8 +47,9 @@ def _sizes(t: int) -> list[int]:
     return [t - audio - text, audio, text]
 
 
-def vllm_omni_variants(root: Path, x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[int],
-                       y: torch.Tensor) -> dict[str, Callable[[], object]]:  # fmt: skip
+def vllm_omni_variants(
+    root: Path, x: torch.Tensor, params: tuple[torch.Tensor, ...], sizes: list[int], y: torch.Tensor
+) -> dict[str, Callable[[], object]]:
     """vllm-omni's own mHC of one branch on a real layer holding ``params``: eager and compiled."""
     from benchmarks import _vllm_stubs as stubs
     from benchmarks.dit_step import model_config
@@ -60,8 +61,13 @@ def vllm_omni_variants(root: Path, x: torch.Tensor, params: tuple[torch.Tensor, 
     with torch.device("meta"):
         layer = modeling.Magi2TransformerLayer(cfg, cfg.multimodal_layers[0])
     layer.to_empty(device=x.device)
-    names = ("mhc_norm.weight", *(f"mhc_{n}_attn" for n in ("phi_fused", "alpha_pre", "alpha_post", "alpha_res",
-                                                            "bias_pre", "bias_post", "bias_res")))  # fmt: skip
+    names = (
+        "mhc_norm.weight",
+        *(
+            f"mhc_{n}_attn"
+            for n in ("phi_fused", "alpha_pre", "alpha_post", "alpha_res", "bias_pre", "bias_post", "bias_res")
+        ),
+    )
     own = dict(layer.named_parameters())
     with torch.no_grad():
         for name, value in zip(names, params, strict=True):
@@ -102,9 +108,11 @@ def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
     verdicts: list[str] = []
     got = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="triton")
     ref = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="reference")
-    verdicts += [str(acc.accept_mhc_branch_input(got[0], ref[0], x)),
-                 str(acc.accept_mhc_coefficients(got[1], ref[1], "post")),
-                 str(acc.accept_mhc_coefficients(got[2], ref[2], "residual"))]  # fmt: skip
+    verdicts += [
+        str(acc.accept_mhc_branch_input(got[0], ref[0], x)),
+        str(acc.accept_mhc_coefficients(got[1], ref[1], "post")),
+        str(acc.accept_mhc_coefficients(got[2], ref[2], "residual")),
+    ]
     mix_call = call_record("mhc_mix", x, y, ref[1], ref[2])
     verdicts.append(
         str(
@@ -134,11 +142,23 @@ def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
     results = {}
     for name, samples in ms.items():
         st = stats(samples)
-        results[name] = {"p10_ms": st["p10"], "p50_ms": st["p50"], "p90_ms": st["p90"],
-                         "tb_s_design_bytes": design / (st["p50"] * 1e-3) / 1e12,
-                         "tb_s_minimum_bytes": minimum / (st["p50"] * 1e-3) / 1e12}  # fmt: skip
-    return {"tokens": t, "streams": STREAMS, "width": WIDTH, "modality_sizes": sizes, "design_bytes": design,
-            "minimum_bytes": minimum, "acceptance": verdicts, "results": results}  # fmt: skip
+        results[name] = {
+            "p10_ms": st["p10"],
+            "p50_ms": st["p50"],
+            "p90_ms": st["p90"],
+            "tb_s_design_bytes": design / (st["p50"] * 1e-3) / 1e12,
+            "tb_s_minimum_bytes": minimum / (st["p50"] * 1e-3) / 1e12,
+        }
+    return {
+        "tokens": t,
+        "streams": STREAMS,
+        "width": WIDTH,
+        "modality_sizes": sizes,
+        "design_bytes": design,
+        "minimum_bytes": minimum,
+        "acceptance": verdicts,
+        "results": results,
+    }
 
 
 def main() -> None:

@@ -32,9 +32,20 @@ from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
 # MODE 1: dots only (no norm); 2: sum of squares only; 3: sum of squares from a second load;
 # 4: three separate accumulators summed at the end; 5: 3 and 4 together.
 @triton.jit
-def _variant(x_ptr, p_ptr, out_ptr, T, NL, stride_xt, eps,
-             K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-             MODE: tl.constexpr):  # fmt: skip
+def _variant(
+    x_ptr,
+    p_ptr,
+    out_ptr,
+    T,
+    NL,
+    stride_xt,
+    eps,
+    K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     cols = tl.arange(0, BLOCK_N)
@@ -129,8 +140,12 @@ def main() -> None:
         outs = [run() for _ in range(REPEATS)]
         rel = ((outs[0].double() - truth[mode]).abs() / bound[mode].clamp_min(1e-30)).amax(1)
         bad = (rel > 1e-4).nonzero().flatten()
-        return {"max_rel": float(rel.max()), "rows_off": int(bad.numel()), "first_rows": bad[:8].tolist(),
-                "bitwise_repeatable": all(torch.equal(outs[0], o) for o in outs[1:])}  # fmt: skip
+        return {
+            "max_rel": float(rel.max()),
+            "rows_off": int(bad.numel()),
+            "first_rows": bad[:8].tolist(),
+            "bitwise_repeatable": all(torch.equal(outs[0], o) for o in outs[1:]),
+        }
 
     def shipped(cfg: kernel.LogitsConfig) -> torch.Tensor:
         out = torch.empty((t, nl), dtype=torch.float32, device="cuda")
@@ -141,9 +156,22 @@ def main() -> None:
         out = torch.empty((t, nl), dtype=torch.float32, device="cuda")
         t0 = 0
         for gi, s in enumerate(sizes):
-            _variant[(triton.cdiv(s, bt),)](flat[t0 : t0 + s], pieces[gi], out[t0 : t0 + s], s, nl, flat.stride(0),
-                                            eps, K=k, BLOCK_T=bt, BLOCK_K=bk, BLOCK_N=bn, MODE=mode,
-                                            num_warps=nw, num_stages=ns)  # fmt: skip
+            _variant[(triton.cdiv(s, bt),)](
+                flat[t0 : t0 + s],
+                pieces[gi],
+                out[t0 : t0 + s],
+                s,
+                nl,
+                flat.stride(0),
+                eps,
+                K=k,
+                BLOCK_T=bt,
+                BLOCK_K=bk,
+                BLOCK_N=bn,
+                MODE=mode,
+                num_warps=nw,
+                num_stages=ns,
+            )
             t0 += s
         return out
 
@@ -176,8 +204,18 @@ def main() -> None:
         print(f"{k:40s} logits p50 {v:.3f} ms")
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"benchmark": "mhc_split_diagnose", "env": env_record(), "tokens": t, "repeats": REPEATS,
-                   "rows": rows, "logits_p50_ms": times}, f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "benchmark": "mhc_split_diagnose",
+                "env": env_record(),
+                "tokens": t,
+                "repeats": REPEATS,
+                "rows": rows,
+                "logits_p50_ms": times,
+            },
+            f,
+            indent=2,
+        )
 
 
 if __name__ == "__main__":

@@ -73,13 +73,22 @@ def main() -> None:
                 {"config": dataclasses.asdict(cfg), "name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
             )
             continue
-        verdicts = [acc.accept_mhc_branch_input(got[0], ref[0], x), acc.accept_mhc_coefficients(got[1], ref[1], "post"),
-                    acc.accept_mhc_coefficients(got[2], ref[2], "residual")]  # fmt: skip
+        verdicts = [
+            acc.accept_mhc_branch_input(got[0], ref[0], x),
+            acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+            acc.accept_mhc_coefficients(got[2], ref[2], "residual"),
+        ]
         again = kernel.launch_mhc_pre(call, cfg)  # a race shows as a second run that differs
         repeatable = all(torch.equal(u, v) for u, v in zip(got, again, strict=True))
-        rows.append({"config": dataclasses.asdict(cfg), "name": name, "repeatable": repeatable,
-                     "pass": repeatable and all(bool(v) for v in verdicts),
-                     "verdicts": [str(v) for v in verdicts]})  # fmt: skip
+        rows.append(
+            {
+                "config": dataclasses.asdict(cfg),
+                "name": name,
+                "repeatable": repeatable,
+                "pass": repeatable and all(bool(v) for v in verdicts),
+                "verdicts": [str(v) for v in verdicts],
+            }
+        )
         del again
         fns[name] = lambda cfg=cfg: kernel.launch_mhc_pre(call, cfg)
         del got
@@ -87,24 +96,39 @@ def main() -> None:
     for row in rows:
         if row["name"] in times:
             st = stats(times[row["name"]])
-            row |= {"p10_ms": st["p10"], "p50_ms": st["p50"], "p90_ms": st["p90"],
-                    "of_copy": moved / (st["p50"] * 1e-3) / 1e12 / copy}  # fmt: skip
+            row |= {
+                "p10_ms": st["p10"],
+                "p50_ms": st["p50"],
+                "p90_ms": st["p90"],
+                "of_copy": moved / (st["p50"] * 1e-3) / 1e12 / copy,
+            }
     rows.sort(key=lambda r: r.get("p50_ms", float("inf")))
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"benchmark": "mhc_sweep", "env": {**env_record(), "ceilings": ceilings.record()}, "tokens": t,
-                   "default": dataclasses.asdict(kernel.LOGITS), "moved_bytes": moved, "rows": rows},
-                  f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "benchmark": "mhc_sweep",
+                "env": {**env_record(), "ceilings": ceilings.record()},
+                "tokens": t,
+                "default": dataclasses.asdict(kernel.LOGITS),
+                "moved_bytes": moved,
+                "rows": rows,
+            },
+            f,
+            indent=2,
+        )
     print(
         f"this device's copy {copy:.2f} TB/s, measured in this run; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}; "
         f"default {kernel.LOGITS}"
     )
     for r in rows:
         if "p50_ms" in r:
-            print(f"{r['name']:28s} p50 {r['p50_ms']:.3f} ms ({r['p10_ms']:.3f}-{r['p90_ms']:.3f}) "
-                  f"{r['of_copy']:.2f} of this device's copy  "
-                  f"{'PASS' if r['pass'] else 'FAIL ' + ('' if r['repeatable'] else 'two runs differ; ')}"
-                  f"{'' if r['pass'] else '; '.join(r['verdicts'])}")  # fmt: skip
+            print(
+                f"{r['name']:28s} p50 {r['p50_ms']:.3f} ms ({r['p10_ms']:.3f}-{r['p90_ms']:.3f}) "
+                f"{r['of_copy']:.2f} of this device's copy  "
+                f"{'PASS' if r['pass'] else 'FAIL ' + ('' if r['repeatable'] else 'two runs differ; ')}"
+                f"{'' if r['pass'] else '; '.join(r['verdicts'])}"
+            )
         else:
             print(f"{r['name']:28s} {r.get('error', '')}")
 

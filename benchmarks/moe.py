@@ -116,16 +116,39 @@ def single_candidates(tokens: int) -> list[Plan]:
     """One-kernel configs: (block_m, intermediate slice, warps, stages, bank) with bank 0 = w_gate/w_up
     as given, 1 = packed with two dots, 2 = packed with one interleaved dot."""
     cfgs = (
-        [(16, 32, 4, 4, 1), (16, 32, 4, 4, 2), (16, 16, 4, 4, 2), (32, 32, 4, 3, 1), (32, 32, 4, 3, 2),
-         (16, 64, 4, 2, 2)]
+        [
+            (16, 32, 4, 4, 1),
+            (16, 32, 4, 4, 2),
+            (16, 16, 4, 4, 2),
+            (32, 32, 4, 3, 1),
+            (32, 32, 4, 3, 2),
+            (16, 64, 4, 2, 2),
+        ]
         if tokens * K / E < 40
-        else [(128, 32, 8, 3, 1), (128, 32, 8, 3, 0), (128, 32, 8, 3, 2), (128, 16, 8, 4, 2), (64, 64, 4, 2, 2),
-              (64, 32, 4, 3, 2), (32, 32, 4, 3, 1)]
-    )  # fmt: skip
+        else [
+            (128, 32, 8, 3, 1),
+            (128, 32, 8, 3, 0),
+            (128, 32, 8, 3, 2),
+            (128, 16, 8, 4, 2),
+            (64, 64, 4, 2, 2),
+            (64, 32, 4, 3, 2),
+            (32, 32, 4, 3, 1),
+        ]
+    )
     return [
-        Plan(variant="pointer", tile={"BLOCK_M": bm, "BLOCK_I": bi, "num_warps": w, "num_stages": st,
-                                      "PACKED_W13": int(b > 0), "INTERLEAVED": int(b == 2)},
-             align=_align(), why="benchmark candidate")
+        Plan(
+            variant="pointer",
+            tile={
+                "BLOCK_M": bm,
+                "BLOCK_I": bi,
+                "num_warps": w,
+                "num_stages": st,
+                "PACKED_W13": int(b > 0),
+                "INTERLEAVED": int(b == 2),
+            },
+            align=_align(),
+            why="benchmark candidate",
+        )
         for bm, bi, w, st, b in cfgs
     ]
 
@@ -181,12 +204,15 @@ def check(tokens: int, heads: int, state: MoEState, seed: int, tiles: Plan | Non
     y = run_fused(x, probs, idx, wg, wu, wd, state=state, plan=tiles).y
     nat = grouped_mm_moe_experts(x, probs, idx, wg, wu, wd)
     return {
-        "tokens": tokens, "heads": heads, "seed": seed,
-        "fused_rel_l2": rel_l2(y, ref), "fused_finite": bool(torch.isfinite(y).all()),
+        "tokens": tokens,
+        "heads": heads,
+        "seed": seed,
+        "fused_rel_l2": rel_l2(y, ref),
+        "fused_finite": bool(torch.isfinite(y).all()),
         "fused_max_abs": float((y.float() - ref.float()).abs().max()),
         "native_rel_l2": rel_l2(nat, ref),
         "single_kernel": tiles is not None and tiles.variant != "two_kernel",
-    }  # fmt: skip
+    }
 
 
 def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any] | None, str | None]:
@@ -214,8 +240,13 @@ def bench(
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
     table = tiles or table_plan(x, idx, wg)
     pointer_align = choose_alignment(device_id(DEV, None), heads * E, False) if table.align == "lists" else table.align
-    previous = table if table.variant == "two_kernel" else table.model_copy(
-        update={"variant": "pointer", "align": pointer_align, "why": "the plan's tile through the pointer kernel"})
+    previous = (
+        table
+        if table.variant == "two_kernel"
+        else table.model_copy(
+            update={"variant": "pointer", "align": pointer_align, "why": "the plan's tile through the pointer kernel"}
+        )
+    )
     state, prev_state = MoEState(), MoEState()
     fns: dict[str, Callable[[], Any]] = {
         "fused": functools.partial(run_fused, x, probs, idx, gate, up, wd, state=state, plan=table),
@@ -301,14 +332,17 @@ def layers_in_turn(tokens: int, heads: int, layers: int, iters: int) -> dict[str
     packs0 = pack_count()
     samples = time_alternating(fns, iters)
     res: dict[str, Any] = {
-        "tokens": tokens, "heads": heads, "layers": layers, "provider": provider,
+        "tokens": tokens,
+        "heads": heads,
+        "layers": layers,
+        "provider": provider,
         "repacks_after_first_pass": pack_count() - packs0,
         "bytes_per_layer": {
             "raw_tensors": sum(t.nbytes for t in raw[0]),
             "raw_plus_cached_bank": sum(t.nbytes for t in raw[0]) + 2 * raw[0][0].nbytes,
             "prepared": prepared[0].nbytes,
         },
-    }  # fmt: skip
+    }
     for name, s in samples.items():
         res[name] = stats([v / layers for v in s])
     base = res["prepared_in_turn"]["p50"]
@@ -415,9 +449,11 @@ def main() -> None:
             report["layers_in_turn"].append(layers_in_turn(t, 3, a.layers, a.iters))
             dump()
     if ceilings:
-        print(f"this device's ceilings, measured in this run: copy {ceilings.copy_tb_s:.2f} TB/s, matmul "
-              f"{ceilings.matmul_tflops:.0f} TFLOP/s; matmul% / wfloor% = the useful FLOPs at this device's matmul "
-              "rate / the weights read once at this device's copy rate, over the p50")
+        print(
+            f"this device's ceilings, measured in this run: copy {ceilings.copy_tb_s:.2f} TB/s, matmul "
+            f"{ceilings.matmul_tflops:.0f} TFLOP/s; matmul% / wfloor% = the useful FLOPs at this device's matmul "
+            "rate / the weights read once at this device's copy rate, over the p50"
+        )
     else:
         print("no device ceilings on the CPU: matmul% and wfloor% left out")
     print(f"{'T':>6} {'Hl':>3} {'':>9} {'fused':>7} {'p10-p90':>13} {'previous':>8} {'native':>8}  matmul% wfloor%")
@@ -433,8 +469,10 @@ def main() -> None:
                 f"{prev:>8.3f} {nat:>8.3f}  {100 * f.get('matmul_fraction', math.nan):>6.1f} "
                 f"{100 * f.get('weight_floor_fraction', math.nan):>6.1f}"
             )
-        print(f"{'':>10} rel-L2 {r['fused_rel_l2']:.2e}, bit-equal previous: {r['fused_bit_equal_previous']}, "
-              f"graph errors: {r['graph_errors'] or 'none'}")  # fmt: skip
+        print(
+            f"{'':>10} rel-L2 {r['fused_rel_l2']:.2e}, bit-equal previous: {r['fused_bit_equal_previous']}, "
+            f"graph errors: {r['graph_errors'] or 'none'}"
+        )
     for c in report.get("crossover", []):
         print(f"crossover T={c['tokens']}: fused {c['fused_p50']:.3f} native {c['native_p50']:.3f}")
     for r in report.get("layers_in_turn", []):

@@ -134,8 +134,14 @@ def run(shape: Shape, tokens: Sequence[int], device: str, iters: int, smoke: boo
             rows.append(point(shape, t, device, iters))
         except Exception as exc:  # one shape that fails must not lose the others; the file says what failed
             errors.append(f"T={t}: {type(exc).__name__}: {exc}")
-    return {**env_record(device), "smoke": smoke, "shape": asdict(shape), "iters": iters, "rows": rows,
-            "errors": errors}  # fmt: skip
+    return {
+        **env_record(device),
+        "smoke": smoke,
+        "shape": asdict(shape),
+        "iters": iters,
+        "rows": rows,
+        "errors": errors,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

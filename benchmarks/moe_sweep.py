@@ -62,8 +62,12 @@ def candidates(base: Any, variants: list[str], align: str) -> dict[str, Any]:
         return out
 
     def plan(variant: str, **over: int) -> Any:
-        return Plan(variant=variant, tile=base.tile | over, align="lists" if variant == "gluon_routed" else align,
-                    why="sweep candidate")
+        return Plan(
+            variant=variant,
+            tile=base.tile | over,
+            align="lists" if variant == "gluon_routed" else align,
+            why="sweep candidate",
+        )
 
     rows = base.tile["BLOCK_M"]
     for v in variants:
@@ -89,10 +93,13 @@ def candidates(base: Any, variants: list[str], align: str) -> dict[str, Any]:
         # bytes share the ~228 KB of shared memory with the 64 KB activation tile), and 64-row
         # blocks (half the padding and the matrix work per block; an expert's weights then stream
         # through twice the programs, mostly from L2 since its blocks run side by side).
-        for name, over in (("tma_s2", {"num_stages": 2}), ("tma_s4", {"num_stages": 4}),
-                           ("tma_i64_s2", {"BLOCK_I": 64, "num_stages": 2}),
-                           ("tma_m64_w4", {"BLOCK_M": 64, "num_warps": 4}),
-                           ("tma_m64_w8", {"BLOCK_M": 64, "num_warps": 8})):  # fmt: skip
+        for name, over in (
+            ("tma_s2", {"num_stages": 2}),
+            ("tma_s4", {"num_stages": 4}),
+            ("tma_i64_s2", {"BLOCK_I": 64, "num_stages": 2}),
+            ("tma_m64_w4", {"BLOCK_M": 64, "num_warps": 4}),
+            ("tma_m64_w8", {"BLOCK_M": 64, "num_warps": 8}),
+        ):
             out[name] = plan("tma", **over)
     return out
 
@@ -219,8 +226,10 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{r['tokens']:>6} {r['heads']:>3} {name:<20} {gp} {spread:>15} {ep} {sp} {mm} {wf}  {chk}")
     c = report.get("ceilings")
     if c:
-        print(f"matmul% = useful-FLOP time at this device's matmul ({c['matmul_tflops']:.0f} TFLOP/s) / p50; wfloor% = "
-              f"weight-read time at this device's copy ({c['copy_tb_s']:.2f} TB/s) / p50; both measured in this run")
+        print(
+            f"matmul% = useful-FLOP time at this device's matmul ({c['matmul_tflops']:.0f} TFLOP/s) / p50; wfloor% = "
+            f"weight-read time at this device's copy ({c['copy_tb_s']:.2f} TB/s) / p50; both measured in this run"
+        )
     else:
         print("no device ceilings on the CPU: matmul% and wfloor% left out")
 

@@ -42,13 +42,19 @@ TUNED_BAR = 1.03
 GENERIC_BAR = 1.25
 
 
-def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float, plans: bool = True,
-                timer: Any = None) -> dict[str, Any]:
+def check_point(
+    shape: Shape, *, device: str, reps: int, warmup: int, bar: float, plans: bool = True, timer: Any = None
+) -> dict[str, Any]:
     """Time the resolved call, every eligible provider and (``plans``) every plan of ``shape`` in one run."""
     prep = prepare(shape, device)
     timed = [p for p in prep.eligible if p != REFERENCE]
-    row: dict[str, Any] = {"id": shape.id, "op": shape.op, "resolved": prep.resolved, "eligible": list(prep.eligible),
-                           "problem": prep.problem.model_dump(mode="json", exclude_none=True)}
+    row: dict[str, Any] = {
+        "id": shape.id,
+        "op": shape.op,
+        "resolved": prep.resolved,
+        "eligible": list(prep.eligible),
+        "problem": prep.problem.model_dump(mode="json", exclude_none=True),
+    }
     if not timed:
         return row | {"ok": True, "why": "only the reference can serve this call here: nothing to choose"}
     if prep.resolved in (None, REFERENCE):
@@ -72,14 +78,27 @@ def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float
     fastest = min(timed, key=lambda p: ms[f"provider {p}"]["p50"])
     best_ms = ms[f"provider {fastest}"]["p50"]
     if f"provider {prep.resolved}" not in ms:
-        return row | {"ms": ms, "ok": False,
-                      "why": f"the resolved provider {prep.resolved} raised when forced: {errors}"}
+        return row | {
+            "ms": ms,
+            "ok": False,
+            "why": f"the resolved provider {prep.resolved} raised when forced: {errors}",
+        }
     mine_ms = ms[f"provider {prep.resolved}"]["p50"]
     choice = mine_ms / best_ms
-    row |= {"ms": ms, "fastest_provider": fastest, "choice_ratio": choice,
-            "call_ratio": ms["resolved"]["p50"] / best_ms, "call_overhead_ms": ms["resolved"]["p50"] - mine_ms}
-    ok, why = choice <= bar, [f"resolved {prep.resolved} {mine_ms:.4g} ms, fastest {fastest} {best_ms:.4g} ms "
-                              f"({choice:.3f}x; the resolved call {ms['resolved']['p50']:.4g} ms)"]
+    row |= {
+        "ms": ms,
+        "fastest_provider": fastest,
+        "choice_ratio": choice,
+        "call_ratio": ms["resolved"]["p50"] / best_ms,
+        "call_overhead_ms": ms["resolved"]["p50"] - mine_ms,
+    }
+    ok, why = (
+        choice <= bar,
+        [
+            f"resolved {prep.resolved} {mine_ms:.4g} ms, fastest {fastest} {best_ms:.4g} ms "
+            f"({choice:.3f}x; the resolved call {ms['resolved']['p50']:.4g} ms)"
+        ],
+    )
     if resolved_plan is not None:
         mine = [k for k, (prov, _, _) in planned.items() if prov == prep.resolved]
         chosen = next((k for k in mine if plan_key(planned[k][1]) == plan_key(resolved_plan)), None)
@@ -87,12 +106,18 @@ def check_point(shape: Shape, *, device: str, reps: int, warmup: int, bar: float
             return row | {"ok": False, "why": f"the resolved plan {resolved_plan.describe()} raised: {errors}"}
         best = min(mine, key=lambda k: ms[f"plan {k}"]["p50"])
         plan_ratio = ms[f"plan {chosen}"]["p50"] / ms[f"plan {best}"]["p50"]
-        row |= {"plan": resolved_plan.describe(), "plan_why": resolved_plan.why,
-                "fastest_plan": planned[best][1].describe(),
-                "plans": {planned[k][1].describe(): ms[f"plan {k}"] for k in mine}, "plan_ratio": plan_ratio}
+        row |= {
+            "plan": resolved_plan.describe(),
+            "plan_why": resolved_plan.why,
+            "fastest_plan": planned[best][1].describe(),
+            "plans": {planned[k][1].describe(): ms[f"plan {k}"] for k in mine},
+            "plan_ratio": plan_ratio,
+        }
         ok = ok and plan_ratio <= bar
-        why.append(f"plan {resolved_plan.describe()} {plan_ratio:.3f}x the fastest of {len(mine)} "
-                   f"({planned[best][1].describe()})")
+        why.append(
+            f"plan {resolved_plan.describe()} {plan_ratio:.3f}x the fastest of {len(mine)} "
+            f"({planned[best][1].describe()})"
+        )
     return row | {"ok": ok, "why": "; ".join(why)}
 
 
@@ -100,12 +125,17 @@ def _profile_record(device: str) -> dict[str, Any]:
     from magi2_core.profiles import active_profile
 
     loaded = active_profile(device)
-    return {"name": loaded.name, "source": loaded.source, "origins": list(loaded.origins),
-            "MAGI2_PROFILE": os.environ.get("MAGI2_PROFILE")}
+    return {
+        "name": loaded.name,
+        "source": loaded.source,
+        "origins": list(loaded.origins),
+        "MAGI2_PROFILE": os.environ.get("MAGI2_PROFILE"),
+    }
 
 
-def run(points: Sequence[Shape], *, device: str, reps: int, warmup: int, bar: float, plans: bool,
-        timer: Any = None) -> dict[str, Any]:
+def run(
+    points: Sequence[Shape], *, device: str, reps: int, warmup: int, bar: float, plans: bool, timer: Any = None
+) -> dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for i, shape in enumerate(points, 1):
@@ -120,13 +150,21 @@ def run(points: Sequence[Shape], *, device: str, reps: int, warmup: int, bar: fl
     failed = [r["id"] for r in rows if not r["ok"]]
     ratios = [r[k] for r in rows for k in ("choice_ratio", "plan_ratio") if k in r]
     return {
-        "env": env_record(device), "profile": _profile_record(device), "bar": bar, "reps": reps, "warmup": warmup,
-        "seconds": round(time.perf_counter() - started, 1), "points": rows,
-        "summary": {"points": len(rows), "failed": failed,
-                    "fell_to_reference": [r["id"] for r in rows if "fell to the reference" in r["why"]],
-                    "worst_ratio": max(ratios, default=math.nan),
-                    "worst_call_ratio": max((r["call_ratio"] for r in rows if "call_ratio" in r), default=math.nan)},
-    }  # fmt: skip
+        "env": env_record(device),
+        "profile": _profile_record(device),
+        "bar": bar,
+        "reps": reps,
+        "warmup": warmup,
+        "seconds": round(time.perf_counter() - started, 1),
+        "points": rows,
+        "summary": {
+            "points": len(rows),
+            "failed": failed,
+            "fell_to_reference": [r["id"] for r in rows if "fell to the reference" in r["why"]],
+            "worst_ratio": max(ratios, default=math.nan),
+            "worst_call_ratio": max((r["call_ratio"] for r in rows if "call_ratio" in r), default=math.nan),
+        },
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,8 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ops", help="only these ops, comma-separated")
     ap.add_argument("--reps", type=int, default=10, help="timed calls per variant")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
-    ap.add_argument("--bar", type=float, help=f"the ratio a point must stay within (default {TUNED_BAR}; "
-                                              f"{GENERIC_BAR} under MAGI2_PROFILE=generic)")
+    ap.add_argument(
+        "--bar",
+        type=float,
+        help=f"the ratio a point must stay within (default {TUNED_BAR}; {GENERIC_BAR} under MAGI2_PROFILE=generic)",
+    )
     ap.add_argument("--no-plans", action="store_true", help="time providers only, not the plan candidates")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
@@ -148,10 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     s = result["summary"]
-    print(f"profile {result['profile']['name']} ({result['profile']['source']}): {s['points'] - len(s['failed'])} of "
-          f"{s['points']} points within {bar}x; worst choice {s['worst_ratio']:.3f}x (resolved call "
-          f"{s['worst_call_ratio']:.3f}x, not judged); failed: {s['failed'] or 'none'}; "
-          f"fell to the reference: {s['fell_to_reference'] or 'none'}; {result['seconds']} s")
+    print(
+        f"profile {result['profile']['name']} ({result['profile']['source']}): {s['points'] - len(s['failed'])} of "
+        f"{s['points']} points within {bar}x; worst choice {s['worst_ratio']:.3f}x (resolved call "
+        f"{s['worst_call_ratio']:.3f}x, not judged); failed: {s['failed'] or 'none'}; "
+        f"fell to the reference: {s['fell_to_reference'] or 'none'}; {result['seconds']} s"
+    )
     return 1 if s["failed"] else 0
 
 

@@ -252,8 +252,15 @@ DISPATCH_TARGET_US = 5.0  # added per call, judged where serving runs: every inp
 def dispatch_rows(d: Data, where: str = "", judged: bool = False) -> list[Row]:
     by_op = {r["op"]: r for r in d["rows"]}
     over = [op for op, r in by_op.items() if r["added_us"] > DISPATCH_TARGET_US]
-    verdict = (f"target <= {DISPATCH_TARGET_US:g} us added: "
-               + (f"missed by {', '.join(over)}" if over else "met by every op") + "; ") if judged else ""
+    verdict = (
+        (
+            f"target <= {DISPATCH_TARGET_US:g} us added: "
+            + (f"missed by {', '.join(over)}" if over else "met by every op")
+            + "; "
+        )
+        if judged
+        else ""
+    )
     return [
         (
             "dispatch overhead (CPU)" + (f", {where}" if where else ""),
@@ -285,7 +292,8 @@ def block_rows(d: Data) -> list[Row]:
                 f"[{'/'.join(str(s) for s in p['segments'])}] ({p['tokens']} tokens): RMSNorm, attention "
                 f"{c['attn_heads']} x {c['head_dim']} with a sink, RMSNorm, route + MoE {c['moe_heads']} heads x "
                 f"{c['experts']} experts top-{c['top_k']}",
-                "eager / compile / graph " + " / ".join(_ms(ms[m]["p50"]) for m in ("eager", "compile", "graph"))
+                "eager / compile / graph "
+                + " / ".join(_ms(ms[m]["p50"]) for m in ("eager", "compile", "graph"))
                 + " ms",
                 f"ops alone summed {_ms(ops['magi2_stack_sum_ms'])} ms; user stack (F.rms_norm, "
                 f"{p['baseline_attention']}, torch routing, `_grouped_mm`) eager {_ms(ms['baseline_eager']['p50'])}"
@@ -344,8 +352,9 @@ def _oracle_row(name: str, orc: Data, c: Data, at: str) -> Row:
         return f"{min(vals):.2e}-{max(vals):.2e}"
 
     drift = orc["stack_drift"][-1]
-    wins = sum(row["magi2"]["layer_increment_clean_rows"] <= row["baseline"]["layer_increment_clean_rows"]
-               for row in layers)
+    wins = sum(
+        row["magi2"]["layer_increment_clean_rows"] <= row["baseline"]["layer_increment_clean_rows"] for row in layers
+    )
     return (
         f"MAGI-2 block accuracy, {len(layers)} layers",
         f"{name}: each layer against an FP32 oracle on the same input (rel-L2 of the layer increment)",
@@ -371,15 +380,17 @@ def vllm_omni_stack_rows(d: Data) -> list[Row]:
         if not runs:
             continue
         ts = " / ".join(str(r["tokens"]) for r in runs)
-        rows.append((
-            f"vllm-omni MAGI-2 layers, {mode}" + (" (`compile_regions`)" if mode == "compiled" else ""),
-            f"vllm-omni {d['vllm_omni']}'s transformer blocks, {c['moe_layers']} layers, hidden {c['hidden']}, "
-            f"{c['heads_q']} x {c['head_dim']} attention, MoE {c['moe_heads']} heads x {c['experts']} experts; "
-            f"T = {ts}",
-            "plugin on " + " / ".join(_ms(r["ms_per_layer"]["on"]["p50"]) for r in runs) + " ms per layer",
-            "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms per layer",
-            "speed-up " + " / ".join(f"{r['speedup']:.2f}x" for r in runs) + f"; {at}",
-        ))
+        rows.append(
+            (
+                f"vllm-omni MAGI-2 layers, {mode}" + (" (`compile_regions`)" if mode == "compiled" else ""),
+                f"vllm-omni {d['vllm_omni']}'s transformer blocks, {c['moe_layers']} layers, hidden {c['hidden']}, "
+                f"{c['heads_q']} x {c['head_dim']} attention, MoE {c['moe_heads']} heads x {c['experts']} experts; "
+                f"T = {ts}",
+                "plugin on " + " / ".join(_ms(r["ms_per_layer"]["on"]["p50"]) for r in runs) + " ms per layer",
+                "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms per layer",
+                "speed-up " + " / ".join(f"{r['speedup']:.2f}x" for r in runs) + f"; {at}",
+            )
+        )
     return rows
 
 
@@ -399,7 +410,8 @@ def moe_layers_rows(d: Data) -> list[Row]:
             f"{runs[0]['heads']} heads x {s['E']} experts, top-{s['K']}; T = {ts}; `m2.moe_experts`",
             f"prepared eager {col('prepared_in_turn')} ms per call",
             f"one layer repeated {col('one_layer_repeated')}; raw weights in turn {col('raw_in_turn')} ms",
-            "in turn / repeated " + " / ".join(f"{r['in_turn_over_repeated']:.3f}" for r in runs)
+            "in turn / repeated "
+            + " / ".join(f"{r['in_turn_over_repeated']:.3f}" for r in runs)
             + f"; re-packs after the first pass {'/'.join(str(x) for x in repacks)}; {at}",
         ),
         (
@@ -422,7 +434,7 @@ MOE_TARGETS_DEVICE = "NVIDIA H200"
 
 
 def _moe_fractions(c: FileCeilings | None, points: list[tuple[Data, float]]) -> str | None:
-    """"at M of the matmul ceiling, W of the weight floor" for MoE shapes (their ``flops`` and
+    """ "at M of the matmul ceiling, W of the weight floor" for MoE shapes (their ``flops`` and
     ``weight_bytes``), each at a p50 (ms), against the file's ceilings; None where it has none."""
     if c is None or c.matmul_tflops is None or c.copy_tb_s is None:
         return None
@@ -456,7 +468,8 @@ def moe_bench_rows(d: Data) -> list[Row]:
                 f"graph {col('fused_graph')} ms; eager {col('fused')} ms",
                 f"previous (pointer) kernel graph {col('previous_graph')}, eager {col('previous')}; torch "
                 f"`_grouped_mm` eager {col('native')}, graph {col('native_graph')} ms",
-                _graph_fractions(ceilings, bs) + "; eager / graph "
+                _graph_fractions(ceilings, bs)
+                + "; eager / graph "
                 + " / ".join(f"{b['fused_eager_over_graph']:.2f}" for b in bs)
                 + f"; rel-L2 <= {max(b['fused_rel_l2'] for b in bs):.1e}; {at}",
             )
@@ -491,10 +504,16 @@ def moe_align_rows(d: Data) -> list[Row]:
                 f"stable kernels {us['stable_kernels']} us; call deterministic {_ms(g['op_deterministic'])} ms",
                 f"atomic kernels {us['atomic']} us, torch stable sort {us['stable_torch']} us; call default "
                 f"{_ms(g['op_default'])} ms",
-                ("stable kernels equal the torch sort bit for bit" if r["stable_kernels_equal_torch"]
-                 else "stable kernels DIFFER from the torch sort")
-                + ("; deterministic call repeats bit for bit" if r["deterministic_repeats_bitwise"]
-                   else "; deterministic call does NOT repeat")
+                (
+                    "stable kernels equal the torch sort bit for bit"
+                    if r["stable_kernels_equal_torch"]
+                    else "stable kernels DIFFER from the torch sort"
+                )
+                + (
+                    "; deterministic call repeats bit for bit"
+                    if r["deterministic_repeats_bitwise"]
+                    else "; deterministic call does NOT repeat"
+                )
                 + f"; {at}",
             )
         )
@@ -546,9 +565,13 @@ def moe_sweep_rows(d: Data) -> list[Row]:
         )
         fractions = _moe_fractions(ceilings, [(s, p50)])
         note = (
-            (f"best {fractions}" if fractions else NO_CEILINGS) + f"; {len(vs)} variants "
-            + (f"bit-equal to the base (the table's `{base_kind}` kernel then)" if bit_equal
-               else f"NOT all bit-equal to the base (the table's `{base_kind}` kernel then)")
+            (f"best {fractions}" if fractions else NO_CEILINGS)
+            + f"; {len(vs)} variants "
+            + (
+                f"bit-equal to the base (the table's `{base_kind}` kernel then)"
+                if bit_equal
+                else f"NOT all bit-equal to the base (the table's `{base_kind}` kernel then)"
+            )
         )
         rows.append(
             (
@@ -573,8 +596,9 @@ def attention_fa4_rows(d: Data) -> list[Row]:
             return " / ".join(_ms(v["event_ms"][key]["p50"]) for v in shapes.values())
 
         chosen = [v["resolution_sink"]["chosen"] for v in shapes.values()]
-        fastest = sum(v["sink_winner_event_ms"]["best"] == v["sink_winner_event_ms"]["resolved"]
-                      for v in shapes.values())
+        fastest = sum(
+            v["sink_winner_event_ms"]["best"] == v["sink_winner_event_ms"]["resolved"] for v in shapes.values()
+        )
         rows.append(
             (
                 f"attention with a sink, FA4 vs FA3, {label}",
@@ -630,11 +654,14 @@ def moe_tile_rows(d: Data) -> list[Row]:
     for (t, h), s in sorted(_sweep_shapes(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
         vs = s["variants"]
         tried = ", ".join(
-            f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" if "graph" in v
-            else f"{n} not run here (it failed at an earlier shape)" if "failed earlier" in str(v)
+            f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)"
+            if "graph" in v
+            else f"{n} not run here (it failed at an earlier shape)"
+            if "failed earlier" in str(v)
             else f"{n} did not compile" + (" (out of shared memory)" if "OutOfResources" in str(v) else "")
-            for n, v in vs.items() if n != "base"
-        )  # fmt: skip
+            for n, v in vs.items()
+            if n != "base"
+        )
         faster = [n for n, v in vs.items() if n != "base" and v.get("graph_speedup_vs_base", 0.0) > 1.01]
         verdict = f"faster than the table's: {', '.join(faster)}" if faster else "none > 1% faster than the table's"
         rows.append(
@@ -711,26 +738,33 @@ def profile_check_rows(d: Data) -> list[Row]:
     """One `benchmarks/profile_check.py` run: does the active profile pick the fastest eligible provider and plan?"""
     s, prof, env = d["summary"], d["profile"], d["env"]
     kind = {"env": "named by MAGI2_PROFILE", "generic": "generic (derived from the capability)"}.get(
-        prof["source"], prof["source"])
+        prof["source"], prof["source"]
+    )
     if prof["name"].startswith("tuned-"):
         kind = "written by `magi2 tune` earlier in the same run"
     ops = sorted({p["op"] for p in d["points"]})
     met = s["points"] - len(s["failed"])
-    fell = f"; fell to the reference: {', '.join(s['fell_to_reference'])}" if s["fell_to_reference"] else \
-        "; none fell to the reference"
-    return [(
-        f"device profile check, {prof['name']}",
-        f"{s['points']} grid points ({', '.join(ops)})",
-        f"worst choice {s['worst_ratio']:.3f}x the fastest (resolved provider and plan, forced)",
-        f"every eligible provider forced and every MoE plan, same run, {d['reps']} calls each; "
-        f"the resolved call itself worst {s['worst_call_ratio']:.3f}x (not judged)",
-        f"profile {kind}; target <= {d['bar']:g}x: met at {met} of {s['points']} points{fell}; "
-        f"{env['device']}, {_short(env['git_commit'])}",
-    )]
+    fell = (
+        f"; fell to the reference: {', '.join(s['fell_to_reference'])}"
+        if s["fell_to_reference"]
+        else "; none fell to the reference"
+    )
+    return [
+        (
+            f"device profile check, {prof['name']}",
+            f"{s['points']} grid points ({', '.join(ops)})",
+            f"worst choice {s['worst_ratio']:.3f}x the fastest (resolved provider and plan, forced)",
+            f"every eligible provider forced and every MoE plan, same run, {d['reps']} calls each; "
+            f"the resolved call itself worst {s['worst_call_ratio']:.3f}x (not judged)",
+            f"profile {kind}; target <= {d['bar']:g}x: met at {met} of {s['points']} points{fell}; "
+            f"{env['device']}, {_short(env['git_commit'])}",
+        )
+    ]
 
 
 # The newest `benchmarks/moe.py` run (the table's kernel, the previous kernel and `_grouped_mm`; also plotted).
 MOE_BENCH = "moe_h200_cabdec4.json"
+
 
 def moe_raw_rows(d: Data) -> list[Row]:
     rows = d["rows"]
@@ -739,14 +773,20 @@ def moe_raw_rows(d: Data) -> list[Row]:
         (
             "MoE experts, raw weights read in place",
             "T = " + " / ".join(str(r["tokens"]) for r in rows),
-            "raw " + " / ".join(_ms(r["ms"]["raw"]["p50"]) for r in rows) + " ms ("
-            + " / ".join(f"{r['raw_over_prepared']:.2f}x" for r in rows) + " prepared)",
-            "prepared " + " / ".join(_ms(r["ms"]["prepared"]["p50"]) for r in rows) + " ms; re-packed per call "
-            + " / ".join(_ms(r["ms"]["raw_repacked"]["p50"]) for r in rows) + " ms",
+            "raw "
+            + " / ".join(_ms(r["ms"]["raw"]["p50"]) for r in rows)
+            + " ms ("
+            + " / ".join(f"{r['raw_over_prepared']:.2f}x" for r in rows)
+            + " prepared)",
+            "prepared "
+            + " / ".join(_ms(r["ms"]["prepared"]["p50"]) for r in rows)
+            + " ms; re-packed per call "
+            + " / ".join(_ms(r["ms"]["raw_repacked"]["p50"]) for r in rows)
+            + " ms",
             ("bit-equal to prepared, fresh after .data.copy_" if fresh else "NOT equal or NOT fresh")
             + f"; {d['device']}, {_short(d['git_commit'])}",
         )
-    ]  # fmt: skip
+    ]
 
 
 def mhc_rows(d: Data) -> list[Row]:
@@ -758,15 +798,18 @@ def mhc_rows(d: Data) -> list[Row]:
         fused = r["results"]["fused_triton"]
         base = ", ".join(f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in res.items() if k != "fused_triton")
         passed = all(v.split(" ", 1)[0] == "PASS" or ": PASS" in v for v in r["acceptance"])
-        rows.append((
-            "mHC, mhc_pre + mhc_mix (one branch), fused Triton",
-            f"[{r['tokens']}, {r['streams']}, {r['width']}] bfloat16, {len(r['modality_sizes'])} modalities",
-            f"{res['fused_triton']:.2f} ms ("
-            + (f"{fused['tb_s_design_bytes'] / copy:.2f} of copy on the design's bytes" if copy else NO_CEILINGS) + ")",
-            base,
-            ("every output passes the contract" if passed else "A CONTRACT RULE FAILED")
-            + f"; {env['device']}, {_short(env['git_commit'])}",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "mHC, mhc_pre + mhc_mix (one branch), fused Triton",
+                f"[{r['tokens']}, {r['streams']}, {r['width']}] bfloat16, {len(r['modality_sizes'])} modalities",
+                f"{res['fused_triton']:.2f} ms ("
+                + (f"{fused['tb_s_design_bytes'] / copy:.2f} of copy on the design's bytes" if copy else NO_CEILINGS)
+                + ")",
+                base,
+                ("every output passes the contract" if passed else "A CONTRACT RULE FAILED")
+                + f"; {env['device']}, {_short(env['git_commit'])}",
+            )
+        )
     return rows
 
 
@@ -775,14 +818,16 @@ def mhc_sweep_rows(d: Data) -> list[Row]:
     env, timed = d["env"], [r for r in d["rows"] if "p50_ms" in r]
     best = min((r for r in timed if r["pass"]), key=lambda r: r["p50_ms"])
     default = next(r for r in timed if r["config"] == d["default"])
-    return [(
-        "mhc_pre, logits-kernel launches (benchmarks/mhc_sweep.py)",
-        f"{d['tokens']} tokens x 4 x 3072, {len(timed)} launches",
-        f"fastest passing: {best['name']} {best['p50_ms']:.2f} ms ({best['of_copy']:.2f} of copy)",
-        f"the run's default {default['name']} {default['p50_ms']:.2f} ms",
-        f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; "
-        f"{env['device']}, {_short(env['git_commit'])}",
-    )]  # fmt: skip
+    return [
+        (
+            "mhc_pre, logits-kernel launches (benchmarks/mhc_sweep.py)",
+            f"{d['tokens']} tokens x 4 x 3072, {len(timed)} launches",
+            f"fastest passing: {best['name']} {best['p50_ms']:.2f} ms ({best['of_copy']:.2f} of copy)",
+            f"the run's default {default['name']} {default['p50_ms']:.2f} ms",
+            f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; "
+            f"{env['device']}, {_short(env['git_commit'])}",
+        )
+    ]
 
 
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
@@ -853,9 +898,12 @@ def _dit_step(d: Data | list[Data]) -> list[tuple[str, list[tuple[str, float, fl
         if "s_per_step" not in r:  # checks, memory and compile records carry no step time
             continue
         by.setdefault(str(r["form"]), {}).setdefault(str(r["mode"]), {})[_plugin_on(r["plugin"])] = float(
-            r["s_per_step"]["p50"])
-    return [(form, [(m, t[True], t[False]) for m, t in modes.items() if True in t and False in t])
-            for form, modes in by.items()]
+            r["s_per_step"]["p50"]
+        )
+    return [
+        (form, [(m, t[True], t[False]) for m, t in modes.items() if True in t and False in t])
+        for form, modes in by.items()
+    ]
 
 
 def _secs(x: float) -> str:
@@ -874,7 +922,8 @@ def dit_step_rows(d: Data) -> list[Row]:
             "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s per step",
             "speed-up " + " / ".join(f"{off / on:.2f}x" for _, on, off in runs) + f"; {where}, {_short(commit)}",
         )
-        for form, runs in _dit_step(d) if runs
+        for form, runs in _dit_step(d)
+        if runs
     ]
 
 
@@ -894,45 +943,68 @@ def moe_headline(d: Data) -> list[Headline]:
     s = d["shape"]
     b = max((b for b in d["bench"] if b["heads"] == 3), key=lambda b: b["tokens"])
     native = b.get("native_graph", b["native"])  # graph against graph where the baseline was captured
-    return [(f"MoE experts, T = {b['tokens']}, 3 x {s['E']} experts, top-{s['K']}",
-             f"{_ms(b['fused_graph']['p50'])} ms", f"torch `_grouped_mm` {_ms(native['p50'])} ms")]
+    return [
+        (
+            f"MoE experts, T = {b['tokens']}, 3 x {s['E']} experts, top-{s['K']}",
+            f"{_ms(b['fused_graph']['p50'])} ms",
+            f"torch `_grouped_mm` {_ms(native['p50'])} ms",
+        )
+    ]
 
 
 def attention_headline(d: Data) -> list[Headline]:
     name, v = list(d["long"].items())[-1]
     ms = {k: x["p50"] for k, x in v["event_ms"].items()}
-    return [(f"attention + sink, {name}, {d['heads']} x {d['head_dim']}",
-             f"{_ms(ms['resolved_sink'])} ms",
-             f"FA3 + torch sink fix {_ms(ms['kernel_fa3_sink_torchfix'])} ms")]
+    return [
+        (
+            f"attention + sink, {name}, {d['heads']} x {d['head_dim']}",
+            f"{_ms(ms['resolved_sink'])} ms",
+            f"FA3 + torch sink fix {_ms(ms['kernel_fa3_sink_torchfix'])} ms",
+        )
+    ]
 
 
 def rmsnorm_headline(d: Data) -> list[Headline]:
     r = max(d["rows"], key=lambda r: len(r["modality_sizes"] or ()))
     res = {k: v["tb_s"] for k, v in r["results"].items()}
     m = len(r["modality_sizes"] or ()) or 1
-    return [(f"RMSNorm, {r['shape'][0]} x {r['shape'][1]}, {m} modalities",
-             f"{res['fused_triton']:.2f} TB/s", f"torch.compile {res['composite_compiled']:.2f} TB/s")]
+    return [
+        (
+            f"RMSNorm, {r['shape'][0]} x {r['shape'][1]}, {m} modalities",
+            f"{res['fused_triton']:.2f} TB/s",
+            f"torch.compile {res['composite_compiled']:.2f} TB/s",
+        )
+    ]
 
 
 def vllm_omni_headline(d: Data) -> list[Headline]:
     runs = [r for r in d["results"] if r["tokens"] == max(r["tokens"] for r in d["results"])]
     modes = " / ".join(r["mode"] for r in runs)
-    return [(f"vllm-omni layer, T = {runs[0]['tokens']}, {modes}",
-             " / ".join(f"{r['speedup']:.2f}x" for r in runs),
-             "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms")]
+    return [
+        (
+            f"vllm-omni layer, T = {runs[0]['tokens']}, {modes}",
+            " / ".join(f"{r['speedup']:.2f}x" for r in runs),
+            "plugin off " + " / ".join(_ms(r["ms_per_layer"]["off"]["p50"]) for r in runs) + " ms",
+        )
+    ]
 
 
 def dispatch_headline(d: Data) -> list[Headline]:
     worst = max(d["rows"], key=lambda r: r["added_us"])
-    return [("dispatch added per call, inputs on the GPU", f"<= {worst['added_us']:.1f} us",
-             "a kernel called directly")]
+    return [
+        ("dispatch added per call, inputs on the GPU", f"<= {worst['added_us']:.1f} us", "a kernel called directly")
+    ]
 
 
 def dit_step_headline(d: Data) -> list[Headline]:
     form, runs = _dit_step(d)[0]
-    return [(f"whole DiT step ({form}), " + " / ".join(m for m, _, _ in runs),
-             " / ".join(f"{off / on:.2f}x" for _, on, off in runs),
-             "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s")]
+    return [
+        (
+            f"whole DiT step ({form}), " + " / ".join(m for m, _, _ in runs),
+            " / ".join(f"{off / on:.2f}x" for _, on, off in runs),
+            "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s",
+        )
+    ]
 
 
 # Which file gives each headline row, in the README's order. The whole-DiT-step row comes from
@@ -1055,8 +1127,13 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
             ax.plot(floor_t, [b["weight_bytes"] / (c.copy_tb_s * 1e9) for b in bench], "k--", label="weight-read floor")
         if c and c.matmul_tflops:
             ax.plot(floor_t, [b["flops"] / (c.matmul_tflops * 1e9) for b in bench], "k:", label="matmul floor")
-        ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="ms per call (p50)",
-               title=f"MoE experts, 3 heads x {d['shape']['E']} experts, {d['device']}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="tokens T",
+            ylabel="ms per call (p50)",
+            title=f"MoE experts, 3 heads x {d['shape']['E']} experts, {d['device']}",
+        )
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         save(fig, "moe_time_vs_tokens.svg", "MoE experts: time per call against tokens, per provider, with the floors")
@@ -1065,8 +1142,10 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
     if steps:
         d = data[steps[0]]
         runs = [b for b in d["breakdown"] if b["mode"] in ("eager", "compiled")]
-        cats = sorted({c for b in runs for c in b["categories"]},
-                      key=lambda c: -max(b["categories"].get(c, {}).get("ms", 0.0) for b in runs))  # fmt: skip
+        cats = sorted(
+            {c for b in runs for c in b["categories"]},
+            key=lambda c: -max(b["categories"].get(c, {}).get("ms", 0.0) for b in runs),
+        )
         fig, ax = plt.subplots(figsize=(9.5, 4.2))
         labels = [f"{b['mode']}\nplugin {b['plugin']}" for b in runs]
         bottom = [0.0] * len(runs)
@@ -1086,7 +1165,8 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         nosink = [
             v["event_ms"]["resolved_nosink"]["p50"]
             / min(v["event_ms"]["raw_fa3"]["p50"], v["event_ms"]["raw_varlen"]["p50"])
-            if "resolved_nosink" in v["event_ms"] else float("nan")
+            if "resolved_nosink" in v["event_ms"]
+            else float("nan")
             for v in shapes.values()
         ]
         fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -1103,11 +1183,18 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         d = data["rmsnorm_h200.json"]
         rows = d["rows"]
         fig, ax = plt.subplots(figsize=(7, 3.8))
-        kinds = [("fused_triton", "triton (fused)"), ("composite_compiled", "torch.compile composite"),
-                 ("composite_eager", "eager composite")]
+        kinds = [
+            ("fused_triton", "triton (fused)"),
+            ("composite_compiled", "torch.compile composite"),
+            ("composite_eager", "eager composite"),
+        ]
         for i, (key, label) in enumerate(kinds):
-            ax.bar([x + (i - 1) * 0.27 for x in range(len(rows))], [r["results"][key]["tb_s"] for r in rows], 0.27,
-                   label=label)
+            ax.bar(
+                [x + (i - 1) * 0.27 for x in range(len(rows))],
+                [r["results"][key]["tb_s"] for r in rows],
+                0.27,
+                label=label,
+            )
         copy = _copy_tb_s(d)
         if copy:
             ax.axhline(copy, color="k", ls="--", label="device copy")
@@ -1125,29 +1212,48 @@ def _plots(data: dict[str, Data]) -> list[tuple[str, str]]:
         w = 0.8 / len(names)
         for i, n in enumerate(names):
             xs = [j for j, (_, s) in enumerate(shapes) if n in s["variants"]]
-            ax.bar([x + (i - (len(names) - 1) / 2) * w for x in xs],
-                   [shapes[j][1]["variants"][n]["graph_speedup_vs_base"] for j in xs], w,
-                   label="pointer (base)" if n == "base" else n)
+            ax.bar(
+                [x + (i - (len(names) - 1) / 2) * w for x in xs],
+                [shapes[j][1]["variants"][n]["graph_speedup_vs_base"] for j in xs],
+                w,
+                label="pointer (base)" if n == "base" else n,
+            )
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(range(len(shapes)), [f"T={t}, {h} heads" for (t, h), _ in shapes])
-        ax.set(ylabel="speed-up over the pointer kernel (graph p50)", ylim=(0.5, 1.25),
-               title=f"MoE one-kernel variants, {d['device']}")
+        ax.set(
+            ylabel="speed-up over the pointer kernel (graph p50)",
+            ylim=(0.5, 1.25),
+            title=f"MoE one-kernel variants, {d['device']}",
+        )
         ax.legend(fontsize=7, ncol=4, loc="upper center")
         save(fig, "moe_variant_sweep.svg", "MoE kernel variants: graph-p50 speed-up over the pointer kernel")
 
     if "block_h200.json" in data:
         d = data["block_h200.json"]
         packs = d["packs"]
-        kinds = [("eager", "magi2 eager"), ("compile", "magi2 compile"), ("graph", "magi2 CUDA graph"),
-                 ("baseline_eager", "user stack eager"), ("baseline_graph", "user stack graph")]
+        kinds = [
+            ("eager", "magi2 eager"),
+            ("compile", "magi2 compile"),
+            ("graph", "magi2 CUDA graph"),
+            ("baseline_eager", "user stack eager"),
+            ("baseline_graph", "user stack graph"),
+        ]
         fig, ax = plt.subplots(figsize=(7, 3.8))
         w = 0.8 / (len(kinds) + 1)
         for i, (key, label) in enumerate(kinds):
-            ax.bar([x + (i - len(kinds) / 2) * w for x in range(len(packs))],
-                   [p["block_ms"][key]["p50"] for p in packs.values()], w, label=label)
-        ax.bar([x + (len(kinds) / 2) * w for x in range(len(packs))],
-               [p["ops"]["magi2_stack_sum_ms"] for p in packs.values()], w, label="magi2 ops alone, summed",
-               color="grey")
+            ax.bar(
+                [x + (i - len(kinds) / 2) * w for x in range(len(packs))],
+                [p["block_ms"][key]["p50"] for p in packs.values()],
+                w,
+                label=label,
+            )
+        ax.bar(
+            [x + (len(kinds) / 2) * w for x in range(len(packs))],
+            [p["ops"]["magi2_stack_sum_ms"] for p in packs.values()],
+            w,
+            label="magi2 ops alone, summed",
+            color="grey",
+        )
         ax.set_xticks(range(len(packs)), [f"[{'/'.join(map(str, p['segments']))}]" for p in packs.values()])
         ax.set(ylabel="ms per 4-layer stack (p50)", title=f"MAGI-2 block stack, {d['env']['device']}")
         ax.set_ylim(0, 1.4 * max(p["block_ms"]["baseline_eager"]["p50"] for p in packs.values()))
@@ -1185,8 +1291,12 @@ def write_doc(table: str, history: str, notes: list[str], plots: list[tuple[str,
     for name, caption in plots:
         parts += [f"## {caption}", "", f"![{caption}](img/{name})", ""]
     parts += ["## Current results (the README's headline rows come from these files)", "", table, ""]
-    parts += ["## Earlier runs", "", "Sweeps and analyses of kernels that the H200 table has since replaced "
-              "(CHANGELOG.md says what each decided):", ""]
+    parts += [
+        "## Earlier runs",
+        "",
+        "Sweeps and analyses of kernels that the H200 table has since replaced (CHANGELOG.md says what each decided):",
+        "",
+    ]
     parts += [f"- `{name}`: {why}" for name, why in HISTORY.items()] + ["", history, ""]
     parts += ["## Files not in the tables", ""]
     parts += [f"- {n}" for n in notes] or ["- none"]

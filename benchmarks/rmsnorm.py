@@ -168,8 +168,10 @@ def main() -> None:
                 f"{r['name']:32s} {k:20s} {v['p50_ms']:8.4f} {v['p10_ms']:7.4f} {v['p90_ms']:7.4f} "
                 f"{v['tb_s']:6.2f} {v['frac_copy_ceiling']:5.2f}"
             )
-        print(f"{'':32s} err {r['max_abs_err_fp32_vs_composite']:.2e} exact_cast "
-              f"{r['output_equals_fp32_cast']} tile {r['tile']} sweep {r.get('sweep', {})}")  # fmt: skip
+        print(
+            f"{'':32s} err {r['max_abs_err_fp32_vs_composite']:.2e} exact_cast "
+            f"{r['output_equals_fp32_cast']} tile {r['tile']} sweep {r.get('sweep', {})}"
+        )
 
 
 if __name__ == "__main__":

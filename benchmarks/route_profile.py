@@ -77,8 +77,17 @@ DRY = Setup(((9, 3), (20, 2)), 16, 32, 64, 4, CANDIDATES[:2], "cpu")
 # vllm-omni's route, rebuilt from its behaviour (our code)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _upstream_topk_kernel(logits_ptr, bias_ptr, probs_ptr, idx_ptr, n_tok, E: tl.constexpr, K: tl.constexpr,
-                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _upstream_topk_kernel(
+    logits_ptr,
+    bias_ptr,
+    probs_ptr,
+    idx_ptr,
+    n_tok,
+    E: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One (head, token) row per program: sigmoid, + bias, K rounds of (max, lowest index holding it),
     the unbiased scores of the winners, L1 normalisation with eps 1e-12 (``F.normalize(p=1)``)."""
     row = tl.program_id(0).to(tl.int64)
@@ -103,21 +112,33 @@ def _upstream_topk_kernel(logits_ptr, bias_ptr, probs_ptr, idx_ptr, n_tok, E: tl
     tl.store(idx_ptr + row * K + kc, ids.to(tl.int64), mask=kc < K)
 
 
-def vllm_omni_main_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
-                         top_k: int) -> tuple[torch.Tensor, ...]:
+def vllm_omni_main_route(
+    x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, ...]:
     t, hl, d = x.shape
     e = gate.shape[0] // hl
     logits = torch.einsum("shd,hed->hse", x.float(), gate.view(hl, e, d)).contiguous()
     probs = torch.empty(hl, t, top_k, dtype=torch.float32, device=x.device)
     idx = torch.empty(hl, t, top_k, dtype=torch.int64, device=x.device)
     if t:
-        _upstream_topk_kernel[(hl * t,)](logits, bias, probs, idx, t, E=e, K=top_k, BLOCK_E=triton.next_power_of_2(e),
-                                         BLOCK_K=triton.next_power_of_2(top_k), num_warps=1)
+        _upstream_topk_kernel[(hl * t,)](
+            logits,
+            bias,
+            probs,
+            idx,
+            t,
+            E=e,
+            K=top_k,
+            BLOCK_E=triton.next_power_of_2(e),
+            BLOCK_K=triton.next_power_of_2(top_k),
+            num_warps=1,
+        )
     return probs * ROUTE_SCALE, idx
 
 
-def vllm_omni_030_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
-                        top_k: int) -> tuple[torch.Tensor, ...]:
+def vllm_omni_030_route(
+    x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, ...]:
     _, hl, d = x.shape
     e = gate.shape[0] // hl
     scores = torch.sigmoid(torch.einsum("shd,hed->hse", x.float(), gate.view(hl, e, d)))
@@ -156,8 +177,9 @@ def _routes(s: Setup, x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor)
     return fns
 
 
-def _contract(fns: dict[str, Callable[[], Any]], x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor,
-              top_k: int) -> dict[str, Any]:
+def _contract(
+    fns: dict[str, Callable[[], Any]], x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int
+) -> dict[str, Any]:
     """The routing contract of every route variant on these inputs (float64 truth)."""
     truth = route_truth(x, router, bias, top_k=top_k, route_scale=ROUTE_SCALE, route_norm=True, score_func="sigmoid")
     out: dict[str, Any] = {}
@@ -177,8 +199,11 @@ def _experts(s: Setup, x: torch.Tensor, probs: torch.Tensor, idx: torch.Tensor, 
     def rnd(*shape: int, scale: float) -> torch.Tensor:
         return (torch.randn(*shape, generator=g, device=s.device) * scale).bfloat16()
 
-    prepared = m2.prepare_moe_weights(rnd(f, s.d, s.inter, scale=1 / 16), rnd(f, s.d, s.inter, scale=1 / 16),
-                                      rnd(f, s.inter, s.d, scale=s.inter**-0.5))
+    prepared = m2.prepare_moe_weights(
+        rnd(f, s.d, s.inter, scale=1 / 16),
+        rnd(f, s.d, s.inter, scale=1 / 16),
+        rnd(f, s.inter, s.d, scale=s.inter**-0.5),
+    )
     return lambda: m2.moe_experts(x, probs, idx, prepared)
 
 
@@ -187,27 +212,31 @@ def profile(s: Setup, t: int, hl: int, iters: int) -> dict[str, Any]:
     fns = _routes(s, x, router, bias)
     probs, idx = fns["fused"]()
     fns_timed = dict(fns) | {"experts": _experts(s, x, probs, idx, seed=t + hl)}
-    times = time_alternating({k: graphed(f, s.device) for k, f in fns_timed.items()}, iters, warmup=3,
-                             device=s.device)
+    times = time_alternating({k: graphed(f, s.device) for k, f in fns_timed.items()}, iters, warmup=3, device=s.device)
     ms = {k: stats(v) for k, v in times.items()}
     del fns_timed
     g = torch.Generator().manual_seed(t)
     p_router, p_bias = plant_near_ties(g, router, bias, num_heads=hl, every=PLANT_EVERY)
     assert p_bias is not None
-    accuracy = {"random": _contract(fns, x, router, bias, s.top_k),
-                "planted": _contract(_routes(s, x, p_router, p_bias), x, p_router, p_bias, s.top_k)}
+    accuracy = {
+        "random": _contract(fns, x, router, bias, s.top_k),
+        "planted": _contract(_routes(s, x, p_router, p_bias), x, p_router, p_bias, s.top_k),
+    }
     experts = ms["experts"]["p50"]
     p50 = {k: v["p50"] for k, v in ms.items()}
     cands = {k: v for k, v in p50.items() if k.startswith("fused[")}  # every config as shipped
     best = min(cands, key=cands.__getitem__)
     return {
-        "tokens": t, "heads": hl, "default_config": default_config(t * hl).name, "best_config": best,
+        "tokens": t,
+        "heads": hl,
+        "default_config": default_config(t * hl).name,
+        "best_config": best,
         "ms": ms,
         "share_of_experts": {k: v / experts for k, v in p50.items() if k != "experts"},
         "fused_over_vllm_omni_main": p50["fused"] / p50["vllm_omni_main"],
         "best_over_vllm_omni_main": cands[best] / p50["vllm_omni_main"],
         "accuracy": accuracy,
-    }  # fmt: skip
+    }
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
@@ -217,14 +246,16 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
         at = f"T={r['tokens']} x {r['heads']} heads"
         if key in TARGETS:
             out[f"fused route <= {TARGETS[key]:.0%} of the experts at {at}"] = (
-                r["share_of_experts"]["fused"] <= TARGETS[key])
+                r["share_of_experts"]["fused"] <= TARGETS[key]
+            )
         if key in VS_VLLM:
             out[f"fused route <= {VS_VLLM[key]}x vllm-omni's at {at}"] = r["fused_over_vllm_omni_main"] <= VS_VLLM[key]
         for inputs in ("random", "planted"):
             acc = r["accuracy"][inputs]
             fused = [v for k, v in acc.items() if k.startswith("fused")]
             out[f"0 clear-row id differences, fused, {inputs} inputs, {at}"] = all(
-                v["clear_rows_wrong"] == 0 for v in fused)
+                v["clear_rows_wrong"] == 0 for v in fused
+            )
             out[f"routing contract holds, fused, {inputs} inputs, {at}"] = all(v["contract_ok"] for v in fused)
     return out
 
@@ -240,21 +271,29 @@ def main() -> None:
     s = DRY if args.dry_run else PRODUCTION
     iters = 2 if args.dry_run else args.iters
     report: dict[str, Any] = {
-        "benchmark": "route_profile", **env_record(s.device),
-        "shape": {"experts": s.experts, "d": s.d, "intermediate": s.inter, "top_k": s.top_k,
-                  "route_scale": ROUTE_SCALE},
+        "benchmark": "route_profile",
+        **env_record(s.device),
+        "shape": {
+            "experts": s.experts,
+            "d": s.d,
+            "intermediate": s.inter,
+            "top_k": s.top_k,
+            "route_scale": ROUTE_SCALE,
+        },
         "configs": [c._asdict() | {"name": c.name} for c in s.configs],
         "method": "CUDA graph replay per variant, calls alternating, L2 flushed before each (256 MiB zeroed)",
         "rows": [],
-    }  # fmt: skip
+    }
     for t, hl in s.shapes:
         r = profile(s, t, hl, iters)
         report["rows"].append(r)
         line = "  ".join(f"{k} {v['p50']:.4f}" for k, v in r["ms"].items())
         print(f"T={t} x {hl}: {line}", flush=True)
-        print(f"    share of experts: fused {r['share_of_experts']['fused']:.3f}, best {r['best_config']} "
-              f"{r['share_of_experts'][r['best_config']]:.3f}; "
-              f"fused / vllm-omni main {r['fused_over_vllm_omni_main']:.2f}")
+        print(
+            f"    share of experts: fused {r['share_of_experts']['fused']:.3f}, best {r['best_config']} "
+            f"{r['share_of_experts'][r['best_config']]:.3f}; "
+            f"fused / vllm-omni main {r['fused_over_vllm_omni_main']:.2f}"
+        )
         for inputs, acc in r["accuracy"].items():
             for name, v in acc.items():
                 if not v["contract_ok"] or name in ("fused", "triton", "vllm_omni_main"):

@@ -111,9 +111,11 @@ def measure(rows: int, x_scale: float, planted: bool, seed: int) -> dict[str, di
             "max_abs_logit_err": float(err.max()),
             "mean_abs_logit_err": float(err.mean()),
             "max_abs_score_err": float((torch.sigmoid(z.double()) - torch.sigmoid(z64)).abs().max()),
-            "rows": tally.rows, "near_tie_rows": tally.near_tie_rows, "clear_rows_wrong": tally.clear_rows_wrong,
+            "rows": tally.rows,
+            "near_tie_rows": tally.near_tie_rows,
+            "clear_rows_wrong": tally.clear_rows_wrong,
             "rows_outside_contract": tally.group_violations + tally.tie_order_violations,
-        }  # fmt: skip
+        }
     return out
 
 
@@ -128,15 +130,20 @@ def main() -> None:
             key = f"x_scale={x_scale:g}, {'planted' if planted else 'random'}"
             result[key] = measure(args.rows, x_scale, planted, seed=int(x_scale * 10) + planted)
             for name, m in result[key].items():
-                print(f"{key:24s} {name:16s} max|dz| {m['max_abs_logit_err']:.3g}"
-                      f"  mean|dz| {m['mean_abs_logit_err']:.3g}"
-                      f"  max|ds| {m['max_abs_score_err']:.3g}  near {m['near_tie_rows']}/{m['rows']}"
-                      f"  clear wrong {m['clear_rows_wrong']}  outside contract {m['rows_outside_contract']}",
-                      flush=True)
+                print(
+                    f"{key:24s} {name:16s} max|dz| {m['max_abs_logit_err']:.3g}"
+                    f"  mean|dz| {m['mean_abs_logit_err']:.3g}"
+                    f"  max|ds| {m['max_abs_score_err']:.3g}  near {m['near_tie_rows']}/{m['rows']}"
+                    f"  clear wrong {m['clear_rows_wrong']}  outside contract {m['rows_outside_contract']}",
+                    flush=True,
+                )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"benchmark": "route_split_accuracy", "device": "cpu (emulation)", "rows": args.rows,
-                       "result": result}, f, indent=1)
+            json.dump(
+                {"benchmark": "route_split_accuracy", "device": "cpu (emulation)", "rows": args.rows, "result": result},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -120,8 +120,10 @@ def main() -> None:
                 f"{r['name']:10s} {k:18s} {v['p50_ms'] * 1e3:8.1f} {v['p10_ms'] * 1e3:7.1f} "
                 f"{v['p90_ms'] * 1e3:7.1f} {v['tb_s']:6.2f} {v['frac_of_copy_time']:7.2f}"
             )
-        print(f"{'':10s} bf16 diffs vs torch {r['differing_bf16_values_vs_torch']} tile {r['tile']} "
-              f"sweep {r.get('sweep', {})}")  # fmt: skip
+        print(
+            f"{'':10s} bf16 diffs vs torch {r['differing_bf16_values_vs_torch']} tile {r['tile']} "
+            f"sweep {r.get('sweep', {})}"
+        )
 
 
 if __name__ == "__main__":

@@ -98,8 +98,11 @@ def bench(stack: list[Magi2MultiHeadMoE], tokens: int, iters: int, dev: str) -> 
     per_layer = {k: stats([v / len(stack) for v in s]) for k, s in stack_times.items()}
     single = {k: stats(s) for k, s in alone_times.items()}
     share = single["moe_route"]["p50"] + single["moe_experts"]["p50"]
-    ratios = {f"layer_over_ops_{m}": per_layer[f"layer_{m}"]["p50"] / per_layer[f"ops_{m}"]["p50"]
-              for m in ("eager", "graph") if f"ops_{m}" in per_layer}  # fmt: skip
+    ratios = {
+        f"layer_over_ops_{m}": per_layer[f"layer_{m}"]["p50"] / per_layer[f"ops_{m}"]["p50"]
+        for m in ("eager", "graph")
+        if f"ops_{m}" in per_layer
+    }
     ratios["layer_alone_over_route_plus_experts"] = single["layer"]["p50"] / share
     if "layer_graph" in per_layer:
         ratios["stack_graph_per_layer_over_route_plus_experts"] = per_layer["layer_graph"]["p50"] / share
@@ -151,9 +154,11 @@ def main() -> None:
             json.dump(report, f, indent=1)
         r = report["results"][-1]
         per = ", ".join(f"{k} {v['p50']:.3f}" for k, v in r["stack_ms_per_layer"].items())
-        print(f"T={t} L={a.layers} ms/layer: {per}; route+experts alone {r['moe_share_ms']:.3f}; "
-              f"ratios {json.dumps(r['ratios'])}; within 5%: {r['within_target']}; {r['providers']}",
-              flush=True)  # fmt: skip
+        print(
+            f"T={t} L={a.layers} ms/layer: {per}; route+experts alone {r['moe_share_ms']:.3f}; "
+            f"ratios {json.dumps(r['ratios'])}; within 5%: {r['within_target']}; {r['providers']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -153,8 +153,10 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
     if type(on.block.layers[0].mlp.moe_mlp) is not integ.Magi2MultiHeadMoE:
         raise RuntimeError("the plugin did not swap vllm-omni's MoE layer (see the magi2_core log lines)")
     keep_upstream_mhc(off, mhc_methods)
-    return (Variant(off.eval().requires_grad_(False), theirs),
-            Variant(on.eval().requires_grad_(False), integ.packed_attention_with_sink))  # fmt: skip
+    return (
+        Variant(off.eval().requires_grad_(False), theirs),
+        Variant(on.eval().requires_grad_(False), integ.packed_attention_with_sink),
+    )
 
 
 def upstream_mhc_methods(modeling: Any) -> dict[str, Any]:
@@ -265,20 +267,30 @@ def bench_pack(off: Variant, on: Variant, pack: Pack, layers: int, iters: int, d
     }
 
 
-def run(source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: int, modes: Sequence[str],
-        smoke: bool) -> dict[str, Any]:  # fmt: skip
+def run(
+    source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: int, modes: Sequence[str], smoke: bool
+) -> dict[str, Any]:
     dev = "cpu" if smoke else "cuda"
     if not smoke:
         m2.set_strict(True)
     cfg = stack_config(layers, smoke)
     off, on = build_variants(cfg, dev)
     shape = {
-        "layers": layers, "moe_layers": layers, "hidden": cfg.hidden_size, "heads_q": cfg.num_heads_q,
-        "heads_kv": cfg.num_heads_kv, "head_dim": cfg.head_dim, "mhc_streams": cfg.mhc.num_streams,
-        "moe_heads": cfg.moe.num_heads, "experts": cfg.moe.num_experts, "top_k": cfg.moe.top_k,
-        "expert_intermediate": cfg.moe.expert_intermediate_size, "dtype": str(cfg.params_dtype),
-        "expert_parallel": 1, "smoke": smoke,
-    }  # fmt: skip
+        "layers": layers,
+        "moe_layers": layers,
+        "hidden": cfg.hidden_size,
+        "heads_q": cfg.num_heads_q,
+        "heads_kv": cfg.num_heads_kv,
+        "head_dim": cfg.head_dim,
+        "mhc_streams": cfg.mhc.num_streams,
+        "moe_heads": cfg.moe.num_heads,
+        "experts": cfg.moe.num_experts,
+        "top_k": cfg.moe.top_k,
+        "expert_intermediate": cfg.moe.expert_intermediate_size,
+        "dtype": str(cfg.params_dtype),
+        "expert_parallel": 1,
+        "smoke": smoke,
+    }
     report: dict[str, Any] = {
         **env_record(dev),
         "magi2_core": m2.__version__,
@@ -312,9 +324,11 @@ def run(source: Path, out: Path, *, layers: int, tokens: Sequence[int], iters: i
                     continue
                 report["results"].append(result)
                 per = result["ms_per_layer"]
-                print(f"T={t} {mode}: ms/layer off {per['off']['p50']:.3f} on {per['on']['p50']:.3f}, speed-up "
-                      f"{result['speedup']:.2f}x; rel L2 on vs off {result['rel_l2_on_vs_off']:.2e}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"T={t} {mode}: ms/layer off {per['off']['p50']:.3f} on {per['on']['p50']:.3f}, speed-up "
+                    f"{result['speedup']:.2f}x; rel L2 on vs off {result['rel_l2_on_vs_off']:.2e}",
+                    flush=True,
+                )
                 out.write_text(json.dumps(report, indent=1))
     out.write_text(json.dumps(report, indent=1))
     return report

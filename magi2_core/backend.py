@@ -135,18 +135,68 @@ _HOME: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "AttentionCall", "AttentionKernel", "BackendSpec", "Capability", "Checkable", "CheckableOn", "CheckedOn",
-    "Condition", "ConfigError",
-    "DeviceKey", "ExpertsCall", "Feature", "IntRange", "InvalidDTypeError", "InvalidDeviceError",
-    "InvalidShapeError", "InvalidValueError", "MHCMixCall", "MHCMixKernel", "MHCPreCall", "MHCPreKernel",
-    "MoEExpertsKernel", "MoERouteKernel", "Plan", "PlanRow", "PlanRows", "Planned", "PlannedOn",
-    "Problem", "Provenance", "RMSNormCall", "RMSNormKernel", "Reason", "ReasonCode", "RouteCall", "Rule",
-    "SWIGLU_ALPHA", "SWIGLU_LIMIT", "ScoreFunc", "Setting", "SinkCorrection", "SinkCorrectionSpec", "SinkRescale",
+    "AttentionCall",
+    "AttentionKernel",
+    "BackendSpec",
+    "Capability",
+    "Checkable",
+    "CheckableOn",
+    "CheckedOn",
+    "Condition",
+    "ConfigError",
+    "DeviceKey",
+    "ExpertsCall",
+    "Feature",
+    "IntRange",
+    "InvalidDTypeError",
+    "InvalidDeviceError",
+    "InvalidShapeError",
+    "InvalidValueError",
+    "MHCMixCall",
+    "MHCMixKernel",
+    "MHCPreCall",
+    "MHCPreKernel",
+    "MoEExpertsKernel",
+    "MoERouteKernel",
+    "Plan",
+    "PlanRow",
+    "PlanRows",
+    "Planned",
+    "PlannedOn",
+    "Problem",
+    "Provenance",
+    "RMSNormCall",
+    "RMSNormKernel",
+    "Reason",
+    "ReasonCode",
+    "RouteCall",
+    "Rule",
+    "SWIGLU_ALPHA",
+    "SWIGLU_LIMIT",
+    "ScoreFunc",
+    "Setting",
+    "SinkCorrection",
+    "SinkCorrectionSpec",
+    "SinkRescale",
     "VirtualDevice",
-    "absent_device", "attention", "config", "musa_installed", "plan_rows", "profile_of", "resolve", "router_scores",
-    "sink_correction", "sink_correction_for", "swiglu7", "validate_attention", "validate_mhc_mix", "validate_mhc_pre",
+    "absent_device",
+    "attention",
+    "config",
+    "musa_installed",
+    "plan_rows",
+    "profile_of",
+    "resolve",
+    "router_scores",
+    "sink_correction",
+    "sink_correction_for",
+    "swiglu7",
+    "validate_attention",
+    "validate_mhc_mix",
+    "validate_mhc_pre",
     "validate_moe_experts",
-    "validate_moe_route", "validate_rmsnorm", "with_routes_per_expert"
+    "validate_moe_route",
+    "validate_rmsnorm",
+    "with_routes_per_expert",
 ]
 
 
@@ -155,8 +205,10 @@ def __getattr__(name: str) -> Any:
     try:
         module, attr = _HOME[name]
     except KeyError:
-        raise AttributeError(f"magi2_core.backend has no name {name!r}; a backend may use only the names "
-                             f"in its __all__ (docs/api.md, 'For backend authors')") from None
+        raise AttributeError(
+            f"magi2_core.backend has no name {name!r}; a backend may use only the names "
+            f"in its __all__ (docs/api.md, 'For backend authors')"
+        ) from None
     home = importlib.import_module(module)
     value = getattr(home, attr) if hasattr(home, attr) else importlib.import_module(f"{module}.{attr}")
     globals()[name] = value

@@ -74,8 +74,10 @@ class Condition(BaseModel):
         # the comparison does (the cache buckets integer fields by integer boundaries): reject it.
         values = self.value if isinstance(self.value, tuple) else (self.value,)
         if self.field in INT_FIELDS and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise ValueError(f"{self.field!r} is an integer problem field; compare it with an int (or a tuple of "
-                             f"ints), not {self.value!r}")
+            raise ValueError(
+                f"{self.field!r} is an integer problem field; compare it with an int (or a tuple of "
+                f"ints), not {self.value!r}"
+            )
         return self
 
     def holds(self, problem: Problem) -> bool:
@@ -196,5 +198,8 @@ def descriptor_errors(cap: Capability) -> list[str]:
     """Why ``cap`` cannot be a descriptor of its op: each field it names that the op's problem lacks
     (such a range or rule would silently never fire). Empty: it is consistent."""
     known = op_fields(cap.op)
-    return [f"{where} names {name!r}, which {cap.op} does not have (its fields: {sorted(known - {'op'})})"
-            for where, name in cap.named_fields() if name not in known]
+    return [
+        f"{where} names {name!r}, which {cap.op} does not have (its fields: {sorted(known - {'op'})})"
+        for where, name in cap.named_fields()
+        if name not in known
+    ]

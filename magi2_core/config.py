@@ -255,7 +255,8 @@ def _profile(raw: str) -> str:
 
 profile_choice: _Parser[str] = _Parser(
     "`generic`, the name of a shipped profile (`magi2 tune --show` lists the active one), or the path of a "
-    "profile file (.json)", _profile
+    "profile file (.json)",
+    _profile,
 )
 
 _PROVIDER_DOC = (
@@ -395,8 +396,11 @@ def _watched(base: type[os._Environ[str]]) -> type[os._Environ[str]]:
         if isinstance(key, str) and key.startswith(PREFIX):
             WATCH.writes += 1
 
-    return type("_WatchedEnviron", (base,), {"__setitem__": __setitem__, "__delitem__": __delitem__,
-                                             "_magi2_watched": True, "__module__": __name__})
+    return type(
+        "_WatchedEnviron",
+        (base,),
+        {"__setitem__": __setitem__, "__delitem__": __delitem__, "_magi2_watched": True, "__module__": __name__},
+    )
 
 
 def watch_environ() -> bool:
@@ -419,7 +423,9 @@ _seen_env: dict[str, str] = _snapshot()  # the MAGI2_* items of os.environ at th
 if not watch_environ():
     logging.getLogger("magi2_core").warning(
         "magi2_core: os.environ is a %s, not os._Environ, so a change of a MAGI2_* variable is not noticed by "
-        "itself: call magi2_core.reload_config() after changing one", type(os.environ).__name__)
+        "itself: call magi2_core.reload_config() after changing one",
+        type(os.environ).__name__,
+    )
 
 
 def _parse(var: Variable[Any]) -> Any:
@@ -490,8 +496,11 @@ def _refuse_fixed(fresh: dict[str, Any], raw: dict[str, str], explicit: bool) ->
         var = VARIABLES.get(name)
         if var is None or name not in _fixed or _fixed[name] == value or (explicit and var.read.reloadable):
             continue
-        remedy = ("restore it, or call magi2_core.reload_config() to reload the backends with it"
-                  if var.read.reloadable else "restore it (the value in use cannot change in this process)")
+        remedy = (
+            "restore it, or call magi2_core.reload_config() to reload the backends with it"
+            if var.read.reloadable
+            else "restore it (the value in use cannot change in this process)"
+        )
         raise ConfigChangeError(name, raw.get(name), var.read.when, _fixed[name], remedy)
 
 
@@ -583,8 +592,10 @@ def declare(setting: Setting, owner: str) -> None:
         if existing is not None:
             if held is None or existing.owner != owner or held[0] != setting:
                 mine = "differently by the same owner" if existing.owner == owner else f"by {existing.owner}"
-                raise SettingConflict(f"{setting.name} is already declared {mine}; {owner} declares it too: "
-                                      f"rename {owner}'s setting (or drop it and read {existing.owner}'s)")
+                raise SettingConflict(
+                    f"{setting.name} is already declared {mine}; {owner} declares it too: "
+                    f"rename {owner}'s setting (or drop it and read {existing.owner}'s)"
+                )
             _declared[setting.name] = (setting, held[1] + 1)
             return
         VARIABLES[setting.name] = variable(setting, owner)

@@ -72,8 +72,11 @@ def _oracle(op: OpName, *args: Any, **kwargs: Any) -> Any:
     assert error is None, error
     spec = SPECS[op]
     call = spec.validate_arguments(args, kwargs)
-    up: dict[str, Any] = {f: v.double() for f, v in zip(call._fields, call, strict=True)
-                          if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    up: dict[str, Any] = {
+        f: v.double()
+        for f, v in zip(call._fields, call, strict=True)
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    }
     if "out_dtype" in call._fields:
         up["out_dtype"] = torch.float64
     return spec.run(kernel, call._replace(**up))

@@ -60,8 +60,14 @@ def absent_device(device_type: str) -> list[Reason]:
     if device_type == "cuda" and not cuda_available():
         return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none visible")]
     if device_type == "musa" and not musa_available():
-        return [Reason(code=ReasonCode.UNAVAILABLE, field="musa", expected="torch_musa with a MUSA device",
-                       actual="none visible")]
+        return [
+            Reason(
+                code=ReasonCode.UNAVAILABLE,
+                field="musa",
+                expected="torch_musa with a MUSA device",
+                actual="none visible",
+            )
+        ]
     return []
 
 

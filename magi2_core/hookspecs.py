@@ -43,21 +43,24 @@ class Setting(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^MAGI2_[A-Z0-9_]+$", description="the variable, e.g. 'MAGI2_MATE_BACKEND'")
-    kind: SettingKind = Field(description="how the value parses: boolean (1/true/yes/on, 0/false/no/off), "
-                                          "choice (one of `choices`), fraction (in [0, 1]), seconds (>= 0)")
+    kind: SettingKind = Field(
+        description="how the value parses: boolean (1/true/yes/on, 0/false/no/off), "
+        "choice (one of `choices`), fraction (in [0, 1]), seconds (>= 0)"
+    )
     default: StrictBool | float | str | None = Field(None, description="the value when unset (None: unset)")
     choices: tuple[str, ...] = Field((), description="the accepted values of a 'choice' setting, lower case")
     help: str = Field(min_length=1, description="what it does, for docs/configuration.md")
     read: SettingMoment = Field(
         "every call",
         description="when the backend reads it: 'every call' (config.get at each use; a change takes effect at the "
-                    "next call) or 'backend load' (read once when the backend loads and kept; a later change is "
-                    "refused with ConfigChangeError until reload_config() reloads the backends); 'plugin load' is "
-                    "the vLLM plugin's own",
+        "next call) or 'backend load' (read once when the backend loads and kept; a later change is "
+        "refused with ConfigChangeError until reload_config() reloads the backends); 'plugin load' is "
+        "the vLLM plugin's own",
     )
     forces_sink_correction_on: str | None = Field(
-        None, description="a device type: this 'choice' setting names the learned-sink correction used on that "
-                          "device type (its choices are correction names; 'torch' is the core's own)"
+        None,
+        description="a device type: this 'choice' setting names the learned-sink correction used on that "
+        "device type (its choices are correction names; 'torch' is the core's own)",
     )
 
     @model_validator(mode="after")
@@ -117,8 +120,9 @@ class BackendSpec(BaseModel):
     providers: tuple[Capability, ...]
     description: str = ""
     profiles: tuple[str, ...] = Field(
-        (), description="device-profile fragments this backend ships, as 'package:path/file.json' package-data "
-                        "resources (docs/profiles.md); read and validated when the backend loads"
+        (),
+        description="device-profile fragments this backend ships, as 'package:path/file.json' package-data "
+        "resources (docs/profiles.md); read and validated when the backend loads",
     )
     sink_corrections: tuple[SinkCorrectionSpec, ...] = Field(
         (), description="learned-sink corrections this backend contributes (magi2_core.sink_correction.choice)"

@@ -87,8 +87,12 @@ def check_weights(w_gate: object, w_up: object, w_down: object) -> tuple[torch.T
     wg, wu, wd = ck.tensor(_OP, "w_gate", w_gate), ck.tensor(_OP, "w_up", w_up), ck.tensor(_OP, "w_down", w_down)
     if wg.dtype not in ck.FLOATS:  # said here, not as "no eligible provider" by the resolver
         names = " or ".join(ck.dtype_name(d) for d in ck.FLOATS)
-        raise InvalidDTypeError(_OP, "w_gate", f"of dtype {names} (moe_experts' activation dtypes, which the "
-                                "weights share)", ck.describe(wg))
+        raise InvalidDTypeError(
+            _OP,
+            "w_gate",
+            f"of dtype {names} (moe_experts' activation dtypes, which the weights share)",
+            ck.describe(wg),
+        )
     if wg.dim() != 3 or 0 in wg.shape:
         raise InvalidShapeError(_OP, "w_gate", "[heads·experts, hidden, intermediate], non-empty", ck.describe(wg))
     f, d, i = wg.shape

@@ -26,11 +26,22 @@ __all__ = ["MultiModalityRMSNorm", "PackedAttentionWithSinks", "HeadRoutedMoE"]
 class MultiModalityRMSNorm(nn.Module):
     """FP32 RMSNorm with modality-major delta scales ``w[m, p] + 1`` (zero-initialised = identity)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, num_modality: int = 1, num_patterns: int = 1,
-                 out_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-6,
+        num_modality: int = 1,
+        num_patterns: int = 1,
+        out_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.dim, self.eps, self.num_modality, self.num_patterns, self.out_dtype = (
-            dim, eps, num_modality, num_patterns, out_dtype)
+            dim,
+            eps,
+            num_modality,
+            num_patterns,
+            out_dtype,
+        )
         self.weight = nn.Parameter(torch.zeros(num_modality * num_patterns * dim, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor, modality_sizes: Sequence[int] | None = None) -> torch.Tensor:
@@ -46,18 +57,42 @@ class PackedAttentionWithSinks(nn.Module):
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(sink_tokens, num_heads, dtype=torch.float32))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None,
-                max_seqlen_k: int | None = None) -> torch.Tensor:
-        return ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                             max_seqlen_k=max_seqlen_k, softcap=self.softcap, sinks=self.sinks)
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+    ) -> torch.Tensor:
+        return ops.attention(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            softcap=self.softcap,
+            sinks=self.sinks,
+        )
 
 
 class HeadRoutedMoE(nn.Module):
     """MAGI-2's multi-head MoE: ``x [T, H·d]`` viewed ``[T, H, d]``, each head routed over its own experts."""
 
-    def __init__(self, num_heads: int, head_dim: int, num_experts: int, intermediate: int, top_k: int = 6,
-                 route_scale: float = 4.9, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_experts: int,
+        intermediate: int,
+        top_k: int = 6,
+        route_scale: float = 4.9,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
         super().__init__()
         f = num_heads * num_experts
         self.num_heads, self.head_dim, self.top_k, self.route_scale = num_heads, head_dim, top_k, route_scale
@@ -73,9 +108,9 @@ class HeadRoutedMoE(nn.Module):
         self.register_state_dict_post_hook(_checkpoint_layout)  # type: ignore[no-untyped-call]
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.router, std=self.head_dim ** -0.5)
+        nn.init.normal_(self.router, std=self.head_dim**-0.5)
         for w in (self.w_gate, self.w_up):
-            nn.init.normal_(w, std=self.head_dim ** -0.5)
+            nn.init.normal_(w, std=self.head_dim**-0.5)
         nn.init.normal_(self.w_down, std=self.w_down.shape[1] ** -0.5)
         self.prepare_weights()
 
@@ -101,8 +136,7 @@ class HeadRoutedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], self.num_heads, self.head_dim)
         bias = self.get_buffer("expert_bias")
-        probs, idx = ops.moe_route(heads, self.router, bias, top_k=self.top_k,
-                                   route_scale=self.route_scale)
+        probs, idx = ops.moe_route(heads, self.router, bias, top_k=self.top_k, route_scale=self.route_scale)
         was = self._prepared_for
         if self._prepared is not None and was[0] is self.w_gate and was[1] is self.w_up and was[2] is self.w_down:
             y = ops.moe_experts(heads, probs, idx, self._prepared)

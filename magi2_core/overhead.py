@@ -56,8 +56,12 @@ def _noop_tensor(call: tuple[Any, ...]) -> torch.Tensor:
 
 
 _KERNELS: dict[str, Callable[..., Any]] = {
-    "attention": _noop_attention, "moe_route": _noop_moe_route, "moe_experts": _noop_tensor, "rmsnorm": _noop_tensor,
-    "mhc_pre": _noop_mhc_pre, "mhc_mix": _noop_tensor,
+    "attention": _noop_attention,
+    "moe_route": _noop_moe_route,
+    "moe_experts": _noop_tensor,
+    "rmsnorm": _noop_tensor,
+    "mhc_pre": _noop_mhc_pre,
+    "mhc_mix": _noop_tensor,
 }
 
 
@@ -69,14 +73,22 @@ def noop_backend(device: str = "cpu") -> Iterator[None]:
         setattr(kernels, op, fn)
     sys.modules[_NOOP] = kernels
     caps = tuple(
-        Capability(op=op, name=NOOP_PROVIDER, impl=f"{_NOOP}:{op}", device_types=(device,), dtypes=("float32",),
-                   out_dtypes=("float32",) if op in OUT_DTYPE_OPS else None, features=frozenset(Feature),
-                   priority=-1000)
+        Capability(
+            op=op,
+            name=NOOP_PROVIDER,
+            impl=f"{_NOOP}:{op}",
+            device_types=(device,),
+            dtypes=("float32",),
+            out_dtypes=("float32",) if op in OUT_DTYPE_OPS else None,
+            features=frozenset(Feature),
+            priority=-1000,
+        )
         for op in OPS
-    )  # fmt: skip
+    )
     reg = m2.get_registry()
-    reg.register(BackendSpec(name="magi2-bench-noop", version="0", core_api=">=2.0,<3", providers=caps),
-                 name=NOOP_PROVIDER)
+    reg.register(
+        BackendSpec(name="magi2-bench-noop", version="0", core_api=">=2.0,<3", providers=caps), name=NOOP_PROVIDER
+    )
     try:
         yield
     finally:
@@ -97,9 +109,12 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     if device not in DEVICES:
         raise InvalidDeviceError("overhead", "device", " or ".join(map(repr, DEVICES)), repr(device))
     if device == "cuda" and not torch.cuda.is_available():
-        raise InvalidDeviceError("overhead", "device",
-                                 "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
-                                 f"'cuda', but torch {torch.__version__} sees no CUDA device")
+        raise InvalidDeviceError(
+            "overhead",
+            "device",
+            "'cpu' here (CUDA needs an NVIDIA GPU and a CUDA build of torch)",
+            f"'cuda', but torch {torch.__version__} sees no CUDA device",
+        )
     torch.manual_seed(0)
     disp = dispatcher()
 
@@ -119,32 +134,61 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     a, bn, bnn = on(torch.rand(1)), on(torch.randn(2)), on(torch.randn(2, 2))
     post, res = on(torch.rand(4, 2)), on(torch.rand(4, 2, 2))
     p = NOOP_PROVIDER
-    calls: dict[str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...],
-                           dict[str, Any]]] = {
-        "attention": (lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider=p),
-                      _noop_attention, (q, q, q, cu, cu), {"max_seqlen_q": 4, "max_seqlen_k": 4}),
-        "moe_route": (lambda: m2.moe_route(x, router, bias, top_k=2, provider=p), _noop_moe_route,
-                      (x, router, bias), {"top_k": 2}),
-        "moe_experts": (lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p), _noop_tensor,
-                        (x, probs, idx, wg, wu, wd), {}),
+    calls: dict[
+        str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...], dict[str, Any]]
+    ] = {
+        "attention": (
+            lambda: m2.attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4, provider=p),
+            _noop_attention,
+            (q, q, q, cu, cu),
+            {"max_seqlen_q": 4, "max_seqlen_k": 4},
+        ),
+        "moe_route": (
+            lambda: m2.moe_route(x, router, bias, top_k=2, provider=p),
+            _noop_moe_route,
+            (x, router, bias),
+            {"top_k": 2},
+        ),
+        "moe_experts": (
+            lambda: m2.moe_experts(x, probs, idx, wg, wu, wd, provider=p),
+            _noop_tensor,
+            (x, probs, idx, wg, wu, wd),
+            {},
+        ),
         "rmsnorm": (lambda: m2.rmsnorm(xn, wn, provider=p), _noop_tensor, (xn, wn), {}),
-        "mhc_pre": (lambda: m2.mhc_pre(streams, mw, phi, a, a, a, bn, bn, bnn, provider=p), _noop_mhc_pre,
-                    (streams, mw, phi, a, a, a, bn, bn, bnn), {}),
-        "mhc_mix": (lambda: m2.mhc_mix(streams, branch, post, res, provider=p), _noop_tensor,
-                    (streams, branch, post, res), {}),
-    }  # fmt: skip
+        "mhc_pre": (
+            lambda: m2.mhc_pre(streams, mw, phi, a, a, a, bn, bn, bnn, provider=p),
+            _noop_mhc_pre,
+            (streams, mw, phi, a, a, a, bn, bn, bnn),
+            {},
+        ),
+        "mhc_mix": (
+            lambda: m2.mhc_mix(streams, branch, post, res, provider=p),
+            _noop_tensor,
+            (streams, branch, post, res),
+            {},
+        ),
+    }
     rows = []
     with noop_backend(device):
         for op, (public, noop, args, kwargs) in calls.items():
             spec = SPECS[op]  # type: ignore[index]
             call = spec.validate_arguments(args, kwargs)
-            rows.append(_row(op, iters, resolve=partial(disp.kernel, spec, call.key, None), public=public,
-                             direct=partial(noop, call)))
+            rows.append(
+                _row(
+                    op,
+                    iters,
+                    resolve=partial(disp.kernel, spec, call.key, None),
+                    public=public,
+                    direct=partial(noop, call),
+                )
+            )
     return rows
 
 
-def _row(op: str, iters: int, *, resolve: Callable[[], object], public: Callable[[], object],
-         direct: Callable[[], object]) -> dict[str, Any]:
+def _row(
+    op: str, iters: int, *, resolve: Callable[[], object], public: Callable[[], object], direct: Callable[[], object]
+) -> dict[str, Any]:
     r = _per_call_us(resolve, iters)
     p = _per_call_us(public, iters)
     d = _per_call_us(direct, iters)

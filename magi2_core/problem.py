@@ -11,9 +11,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["COMMON_FIELDS", "FEATURE_BIT", "HEAD", "INT_FIELDS", "OPS", "OP_FEATURES", "OP_INT_FIELDS", "OUT_DTYPE_OPS",
-           "Feature",
-           "OpName", "Problem", "features_from_mask", "op_fields", "with_routes_per_expert"]
+__all__ = [
+    "COMMON_FIELDS",
+    "FEATURE_BIT",
+    "HEAD",
+    "INT_FIELDS",
+    "OPS",
+    "OP_FEATURES",
+    "OP_INT_FIELDS",
+    "OUT_DTYPE_OPS",
+    "Feature",
+    "OpName",
+    "Problem",
+    "features_from_mask",
+    "op_fields",
+    "with_routes_per_expert",
+]
 
 OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix"]
 OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix")
@@ -95,8 +108,16 @@ COMMON_FIELDS = frozenset({"op", "device_type", "device_index", "dtype", "featur
 # Each op's integer problem fields, in the order of its typed key after HEAD (the op's key type is
 # checked against this when its spec is defined): what the dispatcher buckets and descriptors may name.
 OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
-    "attention": ("tokens", "tokens_k", "max_seqlen_q", "max_seqlen_k", "num_segments", "head_dim", "num_heads_q",
-                  "num_heads_kv"),
+    "attention": (
+        "tokens",
+        "tokens_k",
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "num_segments",
+        "head_dim",
+        "num_heads_q",
+        "num_heads_kv",
+    ),
     "moe_route": ("tokens", "num_heads", "num_experts", "top_k", "hidden"),
     "moe_experts": ("tokens", "num_heads", "num_experts", "top_k", "hidden", "intermediate"),
     "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),

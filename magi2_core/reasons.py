@@ -15,8 +15,16 @@ from magi2_core.problem import Problem
 from magi2_core.virtual_device import VirtualDevice
 
 __all__ = [
-    "Candidate", "DecidedBy", "PreferenceNote", "ProfileNote", "QuarantinedPlugin", "Reason", "ReasonCode",
-    "Resolution", "Verdict", "tune_advice",
+    "Candidate",
+    "DecidedBy",
+    "PreferenceNote",
+    "ProfileNote",
+    "QuarantinedPlugin",
+    "Reason",
+    "ReasonCode",
+    "Resolution",
+    "Verdict",
+    "tune_advice",
 ]
 
 
@@ -65,8 +73,11 @@ class Candidate(BaseModel):
     priority: int
     verdict: Verdict
     reasons: tuple[Reason, ...] = ()
-    notes: tuple[str, ...] = Field((), description="what was assumed to judge it for a described device "
-                                                   "(a library that does not import here, say); never a reason")
+    notes: tuple[str, ...] = Field(
+        (),
+        description="what was assumed to judge it for a described device "
+        "(a library that does not import here, say); never a reason",
+    )
 
 
 DecidedBy = Literal["argument", "context", "env", "profile", "priority"]
@@ -87,8 +98,10 @@ def tune_advice(device_type: str) -> str:
     """What a reader can do about a device without measurements: ``magi2 tune`` measures GPU kernels, so
     on a CPU the advice is what a CPU user can do instead."""
     if device_type == "cpu":
-        return ("nothing to tune on a CPU: the reference providers serve every call here (`magi2 check` "
-                "verifies them); `magi2 tune` measures GPU kernels, on the GPU machine that serves the model")
+        return (
+            "nothing to tune on a CPU: the reference providers serve every call here (`magi2 check` "
+            "verifies them); `magi2 tune` measures GPU kernels, on the GPU machine that serves the model"
+        )
     return f"`magi2 tune` on a machine with this {device_type or 'device'} device measures it"
 
 
@@ -102,22 +115,33 @@ class ProfileNote(BaseModel):
     origin: str = Field(description="the file(s) or package resources it was read from")
     device: str = Field(description="the device it was chosen for (type, name, capability)")
     provenance: str
-    libraries: tuple[str, ...] = Field((), description="kernel library versions it was measured with that "
-                                                           "differ from the installed ones")
-    why: str = Field("", description="why the device gets this profile: what named it, or which device name "
-                                     "and capability matched or did not")
+    libraries: tuple[str, ...] = Field(
+        (), description="kernel library versions it was measured with that differ from the installed ones"
+    )
+    why: str = Field(
+        "",
+        description="why the device gets this profile: what named it, or which device name "
+        "and capability matched or did not",
+    )
     device_type: str = Field("", description="the type of the device it was chosen for (cpu, cuda, musa, ...)")
 
     def lines(self) -> list[str]:
-        where = {"env": "MAGI2_PROFILE", "given": "given to explain", "user": "user profile", "shipped": "shipped",
-                 "generic": "generic"}
+        where = {
+            "env": "MAGI2_PROFILE",
+            "given": "given to explain",
+            "user": "user profile",
+            "shipped": "shipped",
+            "generic": "generic",
+        }
         out = [f"profile: {self.name} ({where[self.source]}: {self.origin}; for {self.device})"]
         if self.why:
             out.append(f"  why this profile: {self.why}")
         out.append(f"  provenance: {self.provenance}")
         if self.source == "generic":
-            out.append("  generic profile: no measurements for this device, so the descriptors' priorities decide "
-                       f"where no row does; {tune_advice(self.device_type)}")
+            out.append(
+                "  generic profile: no measurements for this device, so the descriptors' priorities decide "
+                f"where no row does; {tune_advice(self.device_type)}"
+            )
         out += [f"  {note} (it still applies)" for note in self.libraries]
         return out
 
@@ -181,8 +205,10 @@ class Resolution(BaseModel):
             lines.append("  no preference of the profile matched this call")
         lines.append(f"chosen: {self.chosen or 'NONE'}")
         if p.op == "attention":
-            lines.append("rules see max_seqlen_q/k as the longest segment of host prefix sums; with prefix sums "
-                         "on the device, as the max_seqlen_* passed (the declared bound)")
+            lines.append(
+                "rules see max_seqlen_q/k as the longest segment of host prefix sums; with prefix sums "
+                "on the device, as the max_seqlen_* passed (the declared bound)"
+            )
         for i, c in enumerate(self.candidates, 1):
             lines.append(f"  {i}. {c.provider} ({c.backend} {c.version}, priority {c.priority}): {c.verdict.value}")
             for r in c.reasons:

@@ -59,8 +59,15 @@ from magi2_core.profiles.active import Fragment, fragment_from_resource, use_bac
 from magi2_core.reasons import QuarantinedPlugin
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "REFERENCE", "REFERENCE_DIST", "LoadedBackend", "LoadedProvider", "Registry",
-    "RegistryState", "TORCH_SINK_CORRECTION", "get_registry",
+    "ENTRY_POINT_GROUP",
+    "REFERENCE",
+    "REFERENCE_DIST",
+    "LoadedBackend",
+    "LoadedProvider",
+    "Registry",
+    "RegistryState",
+    "TORCH_SINK_CORRECTION",
+    "get_registry",
 ]
 
 ENTRY_POINT_GROUP = "magi2_core.backends"
@@ -191,8 +198,13 @@ class Registry:
                 continue
             dist = ep.dist.name if ep.dist is not None else "?"
             if ep.name == REFERENCE and not _is_reference(ep):
-                self._quarantine(ep.name, ep.value, dist, f"the entry point name {REFERENCE!r} belongs to "
-                                 f"{REFERENCE_DIST}; rename this backend's entry point")
+                self._quarantine(
+                    ep.name,
+                    ep.value,
+                    dist,
+                    f"the entry point name {REFERENCE!r} belongs to "
+                    f"{REFERENCE_DIST}; rename this backend's entry point",
+                )
                 continue
             start = time.perf_counter()
             # The genuine reference is always loaded (it is the fallback of every op): never on a timer.
@@ -235,9 +247,11 @@ class Registry:
         worker.start()
         worker.join(limit or None)
         if worker.is_alive():
-            return None, (f"import did not finish within {limit:g} s (MAGI2_PLUGIN_IMPORT_TIMEOUT={limit:g}): "
-                          f"set a larger MAGI2_PLUGIN_IMPORT_TIMEOUT if this backend needs longer, or "
-                          f"MAGI2_DISABLE_PLUGINS={ep.name} to stop loading it")
+            return None, (
+                f"import did not finish within {limit:g} s (MAGI2_PLUGIN_IMPORT_TIMEOUT={limit:g}): "
+                f"set a larger MAGI2_PLUGIN_IMPORT_TIMEOUT if this backend needs longer, or "
+                f"MAGI2_DISABLE_PLUGINS={ep.name} to stop loading it"
+            )
         self._importers.discard(worker.ident or 0)
         error = outcome.get("error")
         if isinstance(error, Exception):
@@ -272,11 +286,17 @@ class Registry:
                     self._providers[op] = [p for p in self._providers[op] if p.capability.backend != backend.spec.name]
             self._changed()
 
-    def _add(self, plugin: object, name: str, value: str, dist: str, start: float, *,
-             entry_point: bool = False) -> None:
+    def _add(
+        self, plugin: object, name: str, value: str, dist: str, start: float, *, entry_point: bool = False
+    ) -> None:
         if name in self._backends:
-            self._quarantine(name, value, dist, f"a backend named {name!r} is already registered "
-                             f"({self._backends[name].spec.name}); unregister it first or choose another name")
+            self._quarantine(
+                name,
+                value,
+                dist,
+                f"a backend named {name!r} is already registered "
+                f"({self._backends[name].spec.name}); unregister it first or choose another name",
+            )
             return
         try:
             describe = _describer(plugin, value, entry_point=entry_point)
@@ -290,14 +310,17 @@ class Registry:
             _check_core_api(spec)
             reference = name == REFERENCE and _normalise(dist) == REFERENCE_DIST
             if not reference and any(c.name == REFERENCE for c in spec.providers):
-                raise ValueError(f"the provider name {REFERENCE!r} is reserved for {REFERENCE_DIST}'s exact "
-                                 f"reference; rename this backend's provider")
+                raise ValueError(
+                    f"the provider name {REFERENCE!r} is reserved for {REFERENCE_DIST}'s exact "
+                    f"reference; rename this backend's provider"
+                )
             # A descriptor naming a field its op lacks is an authoring error that would never fire:
             # the whole backend is quarantined (as for any invalid spec), not just that capability dropped.
             wrong = [f"{c.op}:{c.name} {why}" for c in spec.providers for why in descriptor_errors(c)]
             if wrong:
-                raise ValueError("capability descriptors name problem fields their op does not have: "
-                                 + "; ".join(wrong))
+                raise ValueError(
+                    "capability descriptors name problem fields their op does not have: " + "; ".join(wrong)
+                )
             clashes = [
                 f"{c.op}:{c.name}" for c in spec.providers if any(p.name == c.name for p in self._providers[c.op])
             ]
@@ -318,10 +341,15 @@ class Registry:
             if name == REFERENCE:
                 log.info("magi2_core: the reference backend took %.1f s to import and describe itself", seconds)
             else:
-                log.warning("magi2_core: backend %r (%s) took %.1f s to import and describe itself, which every "
-                            "process pays on its first op call; if you do not use it, set "
-                            "MAGI2_DISABLE_PLUGINS=%s (or list the backends you use in MAGI2_PLUGINS)",
-                            name, dist, seconds, name)
+                log.warning(
+                    "magi2_core: backend %r (%s) took %.1f s to import and describe itself, which every "
+                    "process pays on its first op call; if you do not use it, set "
+                    "MAGI2_DISABLE_PLUGINS=%s (or list the backends you use in MAGI2_PLUGINS)",
+                    name,
+                    dist,
+                    seconds,
+                    name,
+                )
         self._backends[name] = LoadedBackend(name, spec, plugin, dist, seconds, corrections, fragments)
         for cap in spec.providers:
             cap = cap.model_copy(update={"backend": spec.name, "version": cap.version or spec.version})
@@ -345,19 +373,25 @@ class Registry:
             raise ValueError(f"settings declared more than once in the spec: {twice}")
         for setting in spec.settings:
             if setting.read == "plugin load":
-                raise ValueError(f"setting {setting.name} of {spec.name}: read='plugin load' is the vLLM plugin's "
-                                 "moment; a backend reads a setting at 'every call' or 'backend load'")
+                raise ValueError(
+                    f"setting {setting.name} of {spec.name}: read='plugin load' is the vLLM plugin's "
+                    "moment; a backend reads a setting at 'every call' or 'backend load'"
+                )
             held_by = config.owner(setting.name)
             if held_by is not None and held_by != spec.name:
-                raise ValueError(f"setting {setting.name} is already declared by {held_by}; {spec.name} declares "
-                                 f"it too: rename {spec.name}'s setting")
+                raise ValueError(
+                    f"setting {setting.name} is already declared by {held_by}; {spec.name} declares "
+                    f"it too: rename {spec.name}'s setting"
+                )
         forced = self._forced_by()
         for setting in spec.settings:
             device_type = setting.forces_sink_correction_on
             if device_type is not None and device_type in forced:
                 var, owner = forced[device_type]
-                raise ValueError(f"setting {setting.name} of {spec.name} would force the sink correction on "
-                                 f"{device_type!r}, which {var} of {owner} already forces; drop one of them")
+                raise ValueError(
+                    f"setting {setting.name} of {spec.name} would force the sink correction on "
+                    f"{device_type!r}, which {var} of {owner} already forces; drop one of them"
+                )
 
     def _declare(self, spec: BackendSpec) -> None:
         declared: list[str] = []
@@ -372,8 +406,12 @@ class Registry:
 
     def _forced_by(self) -> dict[str, tuple[str, str]]:
         """Device type -> (variable, owner) for every loaded backend's sink-correction-forcing setting."""
-        return {s.forces_sink_correction_on: (s.name, b.spec.name) for b in self._backends.values()
-                for s in b.spec.settings if s.forces_sink_correction_on is not None}
+        return {
+            s.forces_sink_correction_on: (s.name, b.spec.name)
+            for b in self._backends.values()
+            for s in b.spec.settings
+            if s.forces_sink_correction_on is not None
+        }
 
     def _quarantine(self, name: str, value: str, dist: str, reason: str) -> None:
         installed = not dist.startswith("(")  # not a plugin registered in process
@@ -394,12 +432,20 @@ class Registry:
                 for fld, values in p.capability.boundaries().items():
                     bounds.setdefault(fld, set()).update(values)
             all_bounds[op] = {f: tuple(sorted(v)) for f, v in bounds.items() if f in INT_FIELDS}
-        corrections = sorted((c for b in self._backends.values() for c in b.sink_corrections),
-                             key=lambda c: (-c.priority, c.name))
+        corrections = sorted(
+            (c for b in self._backends.values() for c in b.sink_corrections), key=lambda c: (-c.priority, c.name)
+        )
         fragments = tuple(f for b in sorted(self._backends.values(), key=lambda b: b.spec.name) for f in b.profiles)
         forced = {device_type: var for device_type, (var, _) in self._forced_by().items()}
-        self._state = RegistryState(self._state.generation + 1, providers, all_bounds, tuple(self._quarantined),
-                                    tuple(corrections), fragments, forced)
+        self._state = RegistryState(
+            self._state.generation + 1,
+            providers,
+            all_bounds,
+            tuple(self._quarantined),
+            tuple(corrections),
+            fragments,
+            forced,
+        )
 
     @property
     def generation(self) -> int:
@@ -484,37 +530,49 @@ def _describer(plugin: object, value: str, *, entry_point: bool) -> Callable[[],
     module = isinstance(plugin, types.ModuleType)
     legacy = [h for h in _LEGACY_HOOKS if hasattr(plugin, h)]
     if legacy:
-        where = f"point the entry point at {value}:magi2_backend" if entry_point and module else (
-            "register its magi2_backend function")
+        where = (
+            f"point the entry point at {value}:magi2_backend"
+            if entry_point and module
+            else ("register its magi2_backend function")
+        )
         what = "the entry point names a module" if module else type(plugin).__name__
-        raise TypeError(f"a pluggy-style plugin ({what} "
-                        f"with the hook {', '.join(legacy)}, which is no longer called); since core API "
-                        f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where} "
-                        f"and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections="
-                        f"...)); @hookimpl is no longer needed (docs/writing-a-backend.md)")
+        raise TypeError(
+            f"a pluggy-style plugin ({what} "
+            f"with the hook {', '.join(legacy)}, which is no longer called); since core API "
+            f"{CORE_API_VERSION} a backend is one function that returns its whole BackendSpec: {where} "
+            f"and return what {', '.join(legacy)} returned inside that spec (BackendSpec(sink_corrections="
+            f"...)); @hookimpl is no longer needed (docs/writing-a-backend.md)"
+        )
     hook = getattr(plugin, "magi2_backend", None)
     if callable(hook):
         return hook  # type: ignore[no-any-return]
     if callable(plugin) and not module:
         return plugin
-    raise TypeError(f"invalid plugin: a {type(plugin).__name__} is not a function returning a BackendSpec and has "
-                    "no magi2_backend function; an entry point names 'package.module:magi2_backend'")
+    raise TypeError(
+        f"invalid plugin: a {type(plugin).__name__} is not a function returning a BackendSpec and has "
+        "no magi2_backend function; an entry point names 'package.module:magi2_backend'"
+    )
 
 
 def _check_core_api(spec: BackendSpec) -> None:
     if not spec.core_api.strip():
-        raise ValueError("core_api is empty, which would claim compatibility with every core contract; "
-                         "declare the range this backend implements, e.g. "
-                         f"'>={CORE_API_VERSION},<{Version(CORE_API_VERSION).major + 1}'")
+        raise ValueError(
+            "core_api is empty, which would claim compatibility with every core contract; "
+            "declare the range this backend implements, e.g. "
+            f"'>={CORE_API_VERSION},<{Version(CORE_API_VERSION).major + 1}'"
+        )
     try:
         ok = Version(CORE_API_VERSION) in SpecifierSet(spec.core_api)
     except InvalidSpecifier as exc:
         raise ValueError(f"core_api {spec.core_api!r} is not a valid version specifier: {exc}") from exc
     if not ok:
-        raise ValueError(_older_contract(spec) or (
-            f"backend {spec.name} implements core contract {spec.core_api}, "
-            f"but this magi2-core provides contract {CORE_API_VERSION}; install a matching version"
-        ))
+        raise ValueError(
+            _older_contract(spec)
+            or (
+                f"backend {spec.name} implements core contract {spec.core_api}, "
+                f"but this magi2-core provides contract {CORE_API_VERSION}; install a matching version"
+            )
+        )
 
 
 def _older_contract(spec: BackendSpec) -> str | None:
@@ -547,4 +605,3 @@ def get_registry() -> Registry:
 
 # Device profiles merge the process registry's backend fragments (the registry hands them over).
 use_backend_fragments(lambda: get_registry().state().profiles)
-

@@ -155,11 +155,7 @@ def environment_report(registry: Registry | None = None) -> dict[str, Any]:
     """Everything ``magi2 env`` prints, as plain data."""
     reg = registry or get_registry()
     present = present_device_types()
-    statuses = [
-        provider_status(p.capability, present, reg)
-        for op in OPS
-        for p in reg.providers(op)
-    ]
+    statuses = [provider_status(p.capability, present, reg) for op in OPS for p in reg.providers(op)]
     musa_version = getattr(torch.version, "musa", None)
     return {
         "magi2_core": {"version": __version__, "core_api": CORE_API_VERSION},

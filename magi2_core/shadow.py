@@ -79,8 +79,7 @@ class ShadowMismatchError(Magi2Error):
 
     def __init__(self, op: str, provider: str, metric: str, detail: str) -> None:
         self.op, self.provider, self.metric, self.detail = op, provider, metric, detail
-        super().__init__(f"magi2 shadow: {op} provider {provider!r} is outside the contract "
-                         f"({metric}): {detail}")
+        super().__init__(f"magi2 shadow: {op} provider {provider!r} is outside the contract ({metric}): {detail}")
 
 
 class ShadowMismatchWarning(UserWarning):
@@ -151,9 +150,15 @@ def is_active() -> bool:
 def stats() -> ShadowStats:
     """A snapshot of the counters."""
     with _lock:
-        return ShadowStats(_stats.observed, _stats.sampled, _stats.compared, _stats.mismatches,
-                           _stats.skipped_reference, _stats.errors,
-                           {k: dict(v) for k, v in _stats.by_provider.items()})
+        return ShadowStats(
+            _stats.observed,
+            _stats.sampled,
+            _stats.compared,
+            _stats.mismatches,
+            _stats.skipped_reference,
+            _stats.errors,
+            {k: dict(v) for k, v in _stats.by_provider.items()},
+        )
 
 
 def reset_stats() -> None:
@@ -201,8 +206,11 @@ def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out
     except Exception as exc:  # the shadow must never take the serving call down with it
         with _lock:
             _stats.bump(key, "errors")
-        warnings.warn(f"magi2 shadow: could not verify {op} provider {provider!r}: {type(exc).__name__}: {exc}",
-                      ShadowMismatchWarning, stacklevel=3)
+        warnings.warn(
+            f"magi2 shadow: could not verify {op} provider {provider!r}: {type(exc).__name__}: {exc}",
+            ShadowMismatchWarning,
+            stacklevel=3,
+        )
         return
     finally:
         _local.busy = False
@@ -215,8 +223,11 @@ def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out
         return
     if scope.raise_on_mismatch:
         raise ShadowMismatchError(op, provider, bad.metric, bad.detail)
-    warnings.warn(f"magi2 shadow: {op} provider {provider!r} is outside the contract ({bad.metric}): {bad.detail}",
-                  ShadowMismatchWarning, stacklevel=3)
+    warnings.warn(
+        f"magi2 shadow: {op} provider {provider!r} is outside the contract ({bad.metric}): {bad.detail}",
+        ShadowMismatchWarning,
+        stacklevel=3,
+    )
 
 
 def _from_config() -> None:

@@ -20,8 +20,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["FLUSH_BYTES", "SPIN_UP_SECONDS", "EventTimer", "HostTimer", "Reading", "Timer", "default_timer",
-           "flush_l2", "measure", "percentile", "spin_up", "stats", "time_alternating"]
+__all__ = [
+    "FLUSH_BYTES",
+    "SPIN_UP_SECONDS",
+    "EventTimer",
+    "HostTimer",
+    "Reading",
+    "Timer",
+    "default_timer",
+    "flush_l2",
+    "measure",
+    "percentile",
+    "spin_up",
+    "stats",
+    "time_alternating",
+]
 
 FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 SPIN_UP_SECONDS = 0.25  # of back-to-back matrix products before a process's first measurement on a device
@@ -167,7 +180,7 @@ def time_alternating(
     names = list(fns)
     readings: dict[str, list[Reading]] = {n: [] for n in names}
     for i in range(iters):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             if flush:
                 flush_l2(device, flush_bytes)
             readings[name].append(timer.time(f"{label}/{name}" if label else name, fns[name]))

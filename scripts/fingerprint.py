@@ -119,8 +119,12 @@ def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str,
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         tag = str(dtype).removeprefix("torch.")
         yield "moe_experts", tag, m2.moe_experts, expert_inputs(device, dtype)
-        yield ("moe_experts", f"{tag}_deterministic", m2.moe_experts,
-               {**expert_inputs(device, dtype), "deterministic": True})
+        yield (
+            "moe_experts",
+            f"{tag}_deterministic",
+            m2.moe_experts,
+            {**expert_inputs(device, dtype), "deterministic": True},
+        )
         yield "rmsnorm", tag, m2.rmsnorm, rmsnorm_inputs(device, dtype)
 
 

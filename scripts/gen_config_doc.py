@@ -88,13 +88,15 @@ def backend_variables() -> list[Variable[Any]]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.dist is not None and _normalise(ep.dist.name) in wanted:
             spec = ep.load()()
-            specs[_normalise(ep.dist.name)] = (spec if isinstance(spec, BackendSpec)
-                                               else BackendSpec.model_validate(spec))
+            specs[_normalise(ep.dist.name)] = (
+                spec if isinstance(spec, BackendSpec) else BackendSpec.model_validate(spec)
+            )
     missing = sorted(wanted - set(specs))
     if missing:
         raise SystemExit(f"not installed, so their settings cannot be read: {missing} (pip install -e backends/...)")
-    return [config.variable(s, spec.name)
-            for spec in sorted(specs.values(), key=lambda s: s.name) for s in spec.settings]
+    return [
+        config.variable(s, spec.name) for spec in sorted(specs.values(), key=lambda s: s.name) for s in spec.settings
+    ]
 
 
 def declarations() -> list[Variable[Any]]:
@@ -119,12 +121,24 @@ def _cell(text: str) -> str:
 def render() -> str:
     variables = declarations()
     rows = [
-        "| " + " | ".join(_cell(c) for c in (f"`{v.name}`", v.owner, v.read.when, _default(v.default), v.accepted,
-                                               "unset" if v.empty_is_unset else "an error")) + " |"
+        "| "
+        + " | ".join(
+            _cell(c)
+            for c in (
+                f"`{v.name}`",
+                v.owner,
+                v.read.when,
+                _default(v.default),
+                v.accepted,
+                "unset" if v.empty_is_unset else "an error",
+            )
+        )
+        + " |"
         for v in variables
     ]
-    details = [f"## `{v.name}`\n\nOwner: {v.owner}. Read: {v.read.when}. {v.read.change}\n\n{v.doc}\n"
-               for v in variables]
+    details = [
+        f"## `{v.name}`\n\nOwner: {v.owner}. Read: {v.read.when}. {v.read.change}\n\n{v.doc}\n" for v in variables
+    ]
     return HEADER + "\n".join(rows) + "\n\n" + "\n".join(details)
 
 

@@ -38,12 +38,19 @@ OUT = PROFILES / "generic-cuda-sm90.json"
 BAR = 1.25
 # Each device's check runs (every profile judged: the plan candidates are timed in each run).
 DEVICES: dict[str, tuple[str, ...]] = {
-    "NVIDIA H200": ("profile_check_generic_h200.json", "profile_check_shipped_h200.json",
-                    "profile_check_tuned_h200.json"),
-    "NVIDIA H100 80GB HBM3": ("profile_check_generic_h100.json", "profile_check_generic_h100_run1.json",
-                              "profile_check_h200_h100.json", "profile_check_shipped_h100.json",
-                              "profile_check_tuned_h100.json"),
-}  # fmt: skip
+    "NVIDIA H200": (
+        "profile_check_generic_h200.json",
+        "profile_check_shipped_h200.json",
+        "profile_check_tuned_h200.json",
+    ),
+    "NVIDIA H100 80GB HBM3": (
+        "profile_check_generic_h100.json",
+        "profile_check_generic_h100_run1.json",
+        "profile_check_h200_h100.json",
+        "profile_check_shipped_h100.json",
+        "profile_check_tuned_h100.json",
+    ),
+}
 # Portability: a kernel runs wherever one of a higher rank does (tiles.py: the variants' requirements).
 RANK = {"two_kernel": 0, "pointer": 1, "tma": 2, "gluon": 3, "gluon_routed": 3, "gluon_ws": 3}
 STABLE_KERNELS_MAX_EXPERTS = 1024  # magi2_backend_triton.moe.plan: the ``device`` alignment rule
@@ -151,32 +158,36 @@ def render() -> str:
         source = raw.get("provenance", {}).get("source", "")
         if verdict.startswith("kept"):
             row["provenance"] = {
-                "kind": "benchmark", "source": "benchmarks/results/profile_check_*_h200.json, *_h100*.json",
+                "kind": "benchmark",
+                "source": "benchmarks/results/profile_check_*_h200.json, *_h100*.json",
                 "tool": "scripts/generic_hopper_rows.py",
                 "note": f"the H200's row ({source}), {verdict.removeprefix('kept: ')} of the fastest plan that can "
-                        f"run where it is reached (bar {BAR}x)",
-            }  # fmt: skip
+                f"run where it is reached (bar {BAR}x)",
+            }
         else:
             row["provenance"] = {
-                "kind": "policy", "source": "magi2_backend_triton/profiles/nvidia-h200.json",
-                "note": f"the H200's row ({source}); {verdict}: no point of the check grid reaches it on the "
-                        f"{names}",
-            }  # fmt: skip
+                "kind": "policy",
+                "source": "magi2_backend_triton/profiles/nvidia-h200.json",
+                "note": f"the H200's row ({source}); {verdict}: no point of the check grid reaches it on the {names}",
+            }
         plans.append(row)
     doc = {
-        "format": "magi2-profile", "version": 1, "name": "generic-cuda-sm90",
+        "format": "magi2-profile",
+        "version": 1,
+        "name": "generic-cuda-sm90",
         "device": {"type": "cuda", "capability": "9"},
         "libraries": candidates["libraries"],
         "provenance": {
-            "kind": "policy", "source": "magi2_backend_triton/profiles/nvidia-h200.json",
+            "kind": "policy",
+            "source": "magi2_backend_triton/profiles/nvidia-h200.json",
             "tool": "scripts/generic_hopper_rows.py",
             "note": f"any CUDA 9.x device without rows of its own: the H200's rows within {BAR}x of the fastest "
-                    f"plan on both devices checked, the {names} (the check runs: {_device_files()}); rows no "
-                    f"grid point reaches are kept and say so; an H20 or any other 9.x device is unmeasured",
+            f"plan on both devices checked, the {names} (the check runs: {_device_files()}); rows no "
+            f"grid point reaches are kept and say so; an H20 or any other 9.x device is unmeasured",
         },
         "preferences": [],
         "plans": plans,
-    }  # fmt: skip
+    }
     return json.dumps(doc, indent=1) + "\n"
 
 

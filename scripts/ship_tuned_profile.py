@@ -73,12 +73,18 @@ def fragments(ship: Shipped) -> dict[Path, str]:
     )
     prefs = [{**r, "id": ship.prefix + r["id"], "why": _why(r, device)} for r in tune["preferences"]]
     core = {
-        "format": "magi2-profile", "version": 1, "name": ship.name, "device": tune["device"],
+        "format": "magi2-profile",
+        "version": 1,
+        "name": ship.name,
+        "device": tune["device"],
         "libraries": tune["libraries"],
-        "provenance": _provenance(ship, tune, f"the preference rows of {measured}; the MoE plan rows are the "
-                                              f"Triton backend's {ship.name} fragment"),
+        "provenance": _provenance(
+            ship,
+            tune,
+            f"the preference rows of {measured}; the MoE plan rows are the Triton backend's {ship.name} fragment",
+        ),
         "preferences": prefs,
-    }  # fmt: skip
+    }
     generic = json.loads((TRITON / "generic-cuda-sm90.json").read_text())
     row_provenance = {k: v for k, v in _provenance(ship, tune, "").items() if v}
     plans = [
@@ -87,14 +93,21 @@ def fragments(ship: Shipped) -> dict[Path, str]:
         if r["op"] == "moe_experts" and r["provider"] == "triton"
     ]
     triton = {
-        "format": "magi2-profile", "version": 1, "name": ship.name, "device": tune["device"],
+        "format": "magi2-profile",
+        "version": 1,
+        "name": ship.name,
+        "device": tune["device"],
         "libraries": {k: v for k, v in tune["libraries"].items() if k in ("torch", "triton")},
-        "provenance": _provenance(ship, tune, f"the MoE plan rows of {measured}; rows {len(plans) + 1}-"
-                                              f"{len(plans) + len(generic['plans'])}: generic-cuda-sm90's, for "
-                                              f"the calls outside the measured classes"),
+        "provenance": _provenance(
+            ship,
+            tune,
+            f"the MoE plan rows of {measured}; rows {len(plans) + 1}-"
+            f"{len(plans) + len(generic['plans'])}: generic-cuda-sm90's, for "
+            f"the calls outside the measured classes",
+        ),
         "preferences": [],
         "plans": plans + generic["plans"],
-    }  # fmt: skip
+    }
     return {
         CORE / f"{ship.name}.json": json.dumps(core, indent=2) + "\n",
         TRITON / f"{ship.name}.json": json.dumps(triton, indent=1) + "\n",

@@ -121,8 +121,13 @@ def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
 
 
 def sink_kind_violations(
-    o: torch.Tensor, lse: torch.Tensor | None, sinks: torch.Tensor, plain_o: torch.Tensor,
-    plain_lse: torch.Tensor | None, *, exact: bool = True,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    sinks: torch.Tensor,
+    plain_o: torch.Tensor,
+    plain_lse: torch.Tensor | None,
+    *,
+    exact: bool = True,
 ) -> list[str]:
     """What breaks the rules for infinite sink mass, per head ``h`` of ``o [T, H, D]`` / ``lse [H, T]``:
     ``logsumexp(sinks[:, h]) = +inf`` -> output exactly 0 and LSE ``+inf``; ``-inf`` (every sink of the

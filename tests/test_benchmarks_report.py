@@ -22,9 +22,12 @@ def test_the_headline_table_fits_the_readme() -> None:
     assert 2 < len(lines) <= 2 + report.HEADLINE_ROWS
     assert max(len(line) for line in lines) <= report.HEADLINE_WIDTH
     assert [r.split(" | ")[0] for r in lines[2:]] == [
-        "| MoE experts, T = 14601, 3 x 256 experts, top-6", "| attention + sink, 14601x2, 24 x 128",
-        "| RMSNorm, 65536 x 3072, 3 modalities", "| vllm-omni layer, T = 14601, eager / compiled",
-        "| dispatch added per call, inputs on the GPU", "| whole DiT step (forward), eager / compiled",
+        "| MoE experts, T = 14601, 3 x 256 experts, top-6",
+        "| attention + sink, 14601x2, 24 x 128",
+        "| RMSNorm, 65536 x 3072, 3 modalities",
+        "| vllm-omni layer, T = 14601, eager / compiled",
+        "| dispatch added per call, inputs on the GPU",
+        "| whole DiT step (forward), eager / compiled",
     ]
 
 
@@ -38,14 +41,19 @@ def test_a_whole_dit_step_file_adds_its_row_and_none_is_skipped(tmp_path: Path) 
     data, _ = report.load()
     data = {name: d for name, d in data.items() if not name.startswith(report.DIT_STEP)}
     assert "whole DiT step" not in report.headline_table(data)
-    records = [_dit("eager", True, 1.0), _dit("eager", False, 2.5), _dit("compiled", True, 0.8),
-               _dit("compiled", False, 1.6)]
+    records = [
+        _dit("eager", True, 1.0),
+        _dit("eager", False, 2.5),
+        _dit("compiled", True, 0.8),
+        _dit("compiled", False, 1.6),
+    ]
     (tmp_path / "dit_step_h200.json").write_text(json.dumps({"device": "NVIDIA H200", "records": records}))
     dit, notes = report.load(tmp_path)
     assert set(dit) == {"dit_step_h200.json"} and not notes
     table = report.headline_table({**data, **dit}).splitlines()
-    assert table[-1] == ("| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x "
-                         "| plugin off 2.500 / 1.600 s | H200 |")
+    assert table[-1] == (
+        "| whole DiT step (t2v 480p), eager / compiled | 2.50x / 2.00x | plugin off 2.500 / 1.600 s | H200 |"
+    )
     full = report.results_table(dit)
     assert "plugin on 1.000 / 0.800 s per step" in full and "speed-up 2.50x / 2.00x" in full
     listed = report.results_table({"dit_step_h200.json": records})  # a bare list of records works too
@@ -90,13 +98,27 @@ def _moe_file(device: str, **extra: object) -> dict[str, object]:
         return {"p50": p50, "p10": p50, "p90": p50}
 
     bench = {
-        "tokens": 4096, "heads": 3, "fused": st(0.46), "fused_graph": st(0.44), "previous": st(0.51),
-        "previous_graph": st(0.49), "native": st(3.4), "fused_eager_over_graph": 0.46 / 0.44,
-        "fused_rel_l2": 2.5e-4, "tiles": {"variant": "gluon_ws"}, "graph_errors": {},
-        "flops": 0.5 * 679e12 * 0.44e-3, "weight_bytes": 0.25 * 4.27e12 * 0.44e-3,  # 0.5 / 0.25 on the H200
-    }  # fmt: skip
-    return {"shape": {"E": 256, "K": 6, "d": 256, "I": 1280}, "device": device, "commit": "0123456789",
-            "bench": [bench], **extra}  # fmt: skip
+        "tokens": 4096,
+        "heads": 3,
+        "fused": st(0.46),
+        "fused_graph": st(0.44),
+        "previous": st(0.51),
+        "previous_graph": st(0.49),
+        "native": st(3.4),
+        "fused_eager_over_graph": 0.46 / 0.44,
+        "fused_rel_l2": 2.5e-4,
+        "tiles": {"variant": "gluon_ws"},
+        "graph_errors": {},
+        "flops": 0.5 * 679e12 * 0.44e-3,
+        "weight_bytes": 0.25 * 4.27e12 * 0.44e-3,  # 0.5 / 0.25 on the H200
+    }
+    return {
+        "shape": {"E": 256, "K": 6, "d": 256, "I": 1280},
+        "device": device,
+        "commit": "0123456789",
+        "bench": [bench],
+        **extra,
+    }
 
 
 def test_moe_bench_rows_read_the_eager_and_graph_schema() -> None:
@@ -126,24 +148,34 @@ def test_a_file_with_recorded_ceilings_gets_its_fractions_from_them() -> None:
     assert "graph at 1.00 of the matmul ceiling" in notes
     assert report.file_ceilings({"device": "NVIDIA H200"}) == report.FileCeilings(4.27, 679.0)
     assert report.file_ceilings({"env": {"device": "NVIDIA H100 80GB HBM3"}}) is None
-    assert report.file_ceilings({"env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": h100}}) == \
-        report.FileCeilings(2.135, 339.5)
+    assert report.file_ceilings({"env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": h100}}) == report.FileCeilings(
+        2.135, 339.5
+    )
     # the first mHC files measured their copy in the run, before "ceilings" were recorded
     mhc = {"env": {"device": "NVIDIA H100 80GB HBM3", "copy_tb_s_measured": 3.0}}
     assert report.file_ceilings(mhc) == report.FileCeilings(3.0, None)
     # a distributed file's "env" holds its NCCL settings, its ceilings sit beside its device
-    assert report.file_ceilings({"device": "NVIDIA H100 80GB HBM3", "env": {"NCCL_NVLS_ENABLE": "0"},
-                                 "ceilings": h100}) == report.FileCeilings(2.135, 339.5)  # fmt: skip
+    assert report.file_ceilings(
+        {"device": "NVIDIA H100 80GB HBM3", "env": {"NCCL_NVLS_ENABLE": "0"}, "ceilings": h100}
+    ) == report.FileCeilings(2.135, 339.5)
 
 
 def test_rmsnorm_rows_divide_by_the_files_copy_or_give_none() -> None:
-    row = {"name": "x", "shape": [8, 16], "dtype": "torch.bfloat16", "out_dtype": "torch.bfloat16",
-           "modality_sizes": None, "output_equals_fp32_cast": True,
-           "results": {k: {"tb_s": 2.4} for k in ("fused_triton", "composite_eager", "composite_compiled")}}
+    row = {
+        "name": "x",
+        "shape": [8, 16],
+        "dtype": "torch.bfloat16",
+        "out_dtype": "torch.bfloat16",
+        "modality_sizes": None,
+        "output_equals_fp32_cast": True,
+        "results": {k: {"tb_s": 2.4} for k in ("fused_triton", "composite_eager", "composite_compiled")},
+    }
     old_h200 = {"env": {"device": "NVIDIA H200", "copy_ceiling_tb_s_reference": 4.27}, "rows": [row]}
     assert report.rmsnorm_rows(old_h200)[0][2] == f"2.40 TB/s ({2.4 / 4.27:.2f} of copy)"
-    h100 = {"env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": {"copy_tb_s": 3.0, "matmul_tflops": 600.0}},
-            "rows": [row]}  # fmt: skip
+    h100 = {
+        "env": {"device": "NVIDIA H100 80GB HBM3", "ceilings": {"copy_tb_s": 3.0, "matmul_tflops": 600.0}},
+        "rows": [row],
+    }
     assert report.rmsnorm_rows(h100)[0][2] == "2.40 TB/s (0.80 of copy)"
     bare = {"env": {"device": "NVIDIA H100 80GB HBM3"}, "rows": [row]}
     assert report.rmsnorm_rows(bare)[0][2] == f"2.40 TB/s ({report.NO_CEILINGS})"

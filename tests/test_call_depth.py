@@ -46,8 +46,18 @@ def recording() -> Iterator[str]:
     module = types.ModuleType(_MODULE)
     module.kernel = _recording_kernel  # type: ignore[attr-defined]
     sys.modules[_MODULE] = module
-    caps = [Capability(op=op, name="recording", impl=f"{_MODULE}:kernel", device_types=("cpu",),
-                       dtypes=("float32",), features=frozenset(Feature), priority=-1000) for op in OPS]
+    caps = [
+        Capability(
+            op=op,
+            name="recording",
+            impl=f"{_MODULE}:kernel",
+            device_types=("cpu",),
+            dtypes=("float32",),
+            features=frozenset(Feature),
+            priority=-1000,
+        )
+        for op in OPS
+    ]
     with registered_backend(*caps, name="recording"):
         yield "recording"
     del sys.modules[_MODULE]

@@ -27,8 +27,14 @@ from magi2_core.testing import call_record, registered_backend
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters
 
 _MODULE = "magi2_test_call_record_kernels"
-RECORDS = {"attention": AttentionCall, "moe_route": RouteCall, "moe_experts": ExpertsCall, "rmsnorm": RMSNormCall,
-           "mhc_pre": MHCPreCall, "mhc_mix": MHCMixCall}
+RECORDS = {
+    "attention": AttentionCall,
+    "moe_route": RouteCall,
+    "moe_experts": ExpertsCall,
+    "rmsnorm": RMSNormCall,
+    "mhc_pre": MHCPreCall,
+    "mhc_mix": MHCMixCall,
+}
 SEEN: list[Any] = []
 
 
@@ -38,8 +44,9 @@ def _kernel(call: Any) -> Any:
     if isinstance(call, AttentionCall):
         return x, x.new_zeros(x.shape[1], x.shape[0]) if call.return_lse else None
     if isinstance(call, RouteCall):
-        return x.new_zeros(x.shape[1], x.shape[0], call.top_k), torch.zeros(x.shape[1], x.shape[0], call.top_k,
-                                                                              dtype=torch.int64)
+        return x.new_zeros(x.shape[1], x.shape[0], call.top_k), torch.zeros(
+            x.shape[1], x.shape[0], call.top_k, dtype=torch.int64
+        )
     if isinstance(call, MHCPreCall):
         return x[:, 0], x[:, :, 0], x.new_zeros(x.shape[0], x.shape[1], x.shape[1])
     return x
@@ -50,8 +57,18 @@ def recording() -> Iterator[str]:
     module = types.ModuleType(_MODULE)
     module.kernel = _kernel  # type: ignore[attr-defined]
     sys.modules[_MODULE] = module
-    caps = [Capability(op=op, name="record_seen", impl=f"{_MODULE}:kernel", device_types=("cpu",),
-                       dtypes=("float32",), features=frozenset(Feature), priority=-1000) for op in OPS]
+    caps = [
+        Capability(
+            op=op,
+            name="record_seen",
+            impl=f"{_MODULE}:kernel",
+            device_types=("cpu",),
+            dtypes=("float32",),
+            features=frozenset(Feature),
+            priority=-1000,
+        )
+        for op in OPS
+    ]
     with registered_backend(*caps, name="record_seen"):
         yield "record_seen"
     del sys.modules[_MODULE]
@@ -68,13 +85,19 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
     wd = torch.randn(8, 16, 8, generator=g)
     xn, wn = torch.randn(6, 32, generator=g), torch.randn(2 * 32, generator=g)  # a flat weight: viewed [2, 1, 32]
     return {
-        "attention": (m2.attention, (q, k, v, cu, cu),
-                      {"sinks": torch.randn(1, 2, generator=g), "softcap": 3.0, "return_lse": True}),
+        "attention": (
+            m2.attention,
+            (q, k, v, cu, cu),
+            {"sinks": torch.randn(1, 2, generator=g), "softcap": 3.0, "return_lse": True},
+        ),
         "moe_route": (m2.moe_route, (x, router, bias), {"top_k": 2, "score_func": "softmax", "route_norm": False}),
         "moe_experts": (m2.moe_experts, (x, probs, idx, wg, wu, wd), {"deterministic": True}),
         "rmsnorm": (m2.rmsnorm, (xn, wn), {"modality_sizes": [2, 4], "eps": 1e-5}),
-        "mhc_pre": (m2.mhc_pre, (x, *mhc_parameters(g, 2, 2, 8)),  # a flat norm weight: viewed [2, 16]
-                    {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32}),
+        "mhc_pre": (
+            m2.mhc_pre,
+            (x, *mhc_parameters(g, 2, 2, 8)),  # a flat norm weight: viewed [2, 16]
+            {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32},
+        ),
         "mhc_mix": (m2.mhc_mix, (x, x[:, 0], probs[0], torch.rand(6, 2, 2, generator=g)), {}),
     }
 
@@ -82,7 +105,8 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return type(a) is type(b) and all(
         x is y or (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)) or x == y
-        for x, y in zip(a, b, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -31,8 +31,9 @@ def test_backends_table_exits_zero_with_a_broken_plugin_installed() -> None:
 
 
 def test_explain_musa_short_sequence_picks_reference_and_names_the_rule() -> None:
-    result = runner.invoke(app, ["explain", "attention", "--device", "musa", "--dtype", "bfloat16",
-                                 "--max-seqlen-q", "16", "--sinks"])
+    result = runner.invoke(
+        app, ["explain", "attention", "--device", "musa", "--dtype", "bfloat16", "--max-seqlen-q", "16", "--sinks"]
+    )
     assert result.exit_code == 0, result.output
     assert "chosen: reference" in result.stdout
     if "mate" in result.stdout:  # the MATE backend is installed: its 32-token rule must be named
@@ -70,8 +71,24 @@ def test_demo_json_reports_each_op_against_the_oracle() -> None:
 
 
 def test_explain_generic_feature_and_field_options() -> None:
-    result = runner.invoke(app, ["explain", "attention", "--device", "cpu", "--dtype", "float32", "--json",
-                                 "--feature", "sinks", "--field", "head_dim=48", "--field", "num_segments=3"])
+    result = runner.invoke(
+        app,
+        [
+            "explain",
+            "attention",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--json",
+            "--feature",
+            "sinks",
+            "--field",
+            "head_dim=48",
+            "--field",
+            "num_segments=3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     problem = json.loads(result.stdout)["problem"]
     assert problem["head_dim"] == 48 and problem["num_segments"] == 3 and "sinks" in problem["features"]
@@ -121,8 +138,9 @@ def test_explain_on_a_device_this_host_lacks_says_so_the_same_way_for_every_op()
         data = json.loads(result.stdout)
         assert result.exit_code == 0 and data["chosen"] == "reference", (op, data["chosen"])
         for c in data["candidates"]:
-            reasons[(op, c["provider"])] = [{k: r[k] for k in ("code", "field", "expected", "actual")}
-                                            for r in c["reasons"]]
+            reasons[(op, c["provider"])] = [
+                {k: r[k] for k in ("code", "field", "expected", "actual")} for r in c["reasons"]
+            ]
     absent = [{"code": "unavailable", "field": "cuda", "expected": "a CUDA device", "actual": "none visible"}]
     assert reasons[("attention", "torch_varlen")] == reasons[("rmsnorm", "torch_native")] == absent
     for key in [("rmsnorm", "triton"), ("moe_route", "triton"), ("moe_experts", "triton")]:
@@ -144,8 +162,22 @@ def test_check_failure_hint_reruns_that_case_alone_and_piped_output_has_a_line_p
 
     m2.get_registry().register(bad_plugin, name="bad_example")
     try:
-        result = runner.invoke(app, ["check", "--provider", "bad_attention", "--provider", "reference",
-                                     "--op", "attention", "--seed", "3", "--max-tokens", "64"])
+        result = runner.invoke(
+            app,
+            [
+                "check",
+                "--provider",
+                "bad_attention",
+                "--provider",
+                "reference",
+                "--op",
+                "attention",
+                "--seed",
+                "3",
+                "--max-tokens",
+                "64",
+            ],
+        )
         assert result.exit_code == 1, result.output
         lines = result.stdout.splitlines()
         done = [line for line in lines if re.match(r"attention\[(bad_attention|reference)\] on cpu: \d+ passed", line)]
@@ -200,8 +232,12 @@ def test_check_list_prints_case_ids_without_running_them() -> None:
     assert "passed" not in listed.stdout  # nothing ran: no summary
     some = runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list", "-k", "flat"])
     assert some.exit_code == 0 and set(some.stdout.split()) == {i for i in ids if "flat" in i.lower()}
-    assert json.loads(runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list",
-                                          "--json"]).stdout) == ids
+    assert (
+        json.loads(
+            runner.invoke(app, ["check", "--op", "rmsnorm", "--provider", "reference", "--list", "--json"]).stdout
+        )
+        == ids
+    )
 
 
 def test_explain_on_a_cpu_gives_advice_a_cpu_user_can_follow() -> None:

@@ -31,10 +31,14 @@ def _rejected(args: list[str], needle: str) -> str:
         (["explain", "moe_route", "--experts", "8", "--top-k", "9"], "--top-k 9 exceeds --experts 8"),
         (["explain", "moe_experts", "--experts", "4", "--top-k", "6"], "--top-k 6 exceeds --experts 4"),
         (["explain", "attention", "--tokens", "10", "--max-seqlen-q", "20"], "exceeds --tokens 10"),
-        (["explain", "attention", "--tokens", "100", "--segments", "2", "--max-seqlen-q", "10"],
-         "--tokens 100 do not fit in --segments 2 of at most --max-seqlen-q 10"),
-        (["explain", "rmsnorm", "--out-dtype", "int8"],
-         "--out-dtype int8: rmsnorm writes bfloat16, float16 or float32"),
+        (
+            ["explain", "attention", "--tokens", "100", "--segments", "2", "--max-seqlen-q", "10"],
+            "--tokens 100 do not fit in --segments 2 of at most --max-seqlen-q 10",
+        ),
+        (
+            ["explain", "rmsnorm", "--out-dtype", "int8"],
+            "--out-dtype int8: rmsnorm writes bfloat16, float16 or float32",
+        ),
         (["explain", "attention", "--dtype", "int8"], "--dtype int8: the ops take bfloat16, float16, float32"),
         (["explain", "rmsnorm", "--width", "0"], "--width must be at least 1"),
         (["explain", "attention", "--head-dim", "-8"], "--head-dim must be at least 1"),
@@ -119,9 +123,12 @@ def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
-        (["demo", "--json"], {"MAGI2_ATTENTION_PROVIDER": "nope"},
-         "UnknownProviderError: attention: no provider named 'nope' (env override MAGI2_ATTENTION_PROVIDER); "
-         "installed: ["),
+        (
+            ["demo", "--json"],
+            {"MAGI2_ATTENTION_PROVIDER": "nope"},
+            "UnknownProviderError: attention: no provider named 'nope' (env override MAGI2_ATTENTION_PROVIDER); "
+            "installed: [",
+        ),
         (["demo", "--json"], {"MAGI2_MOE_PROVIDER": "not_installed"}, "no provider named 'not_installed'"),
         (["demo"], {"MAGI2_SHADOW": "2"}, "ConfigError: MAGI2_SHADOW='2' is not valid (outside [0, 1]); accepted"),
         (["demo"], {"MAGI2_PLUGINS": "nope"}, "MAGI2_PLUGINS='nope' is not valid (not installed: ['nope']"),

@@ -44,9 +44,21 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("demo", "-h"), ("env", "--help"),
-                                  ("check", "-h"), ("explain", "-h"), ("backends", "-h"), ("overhead", "-h"),
-                                  ("bench", "-h")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),
+        ("-h",),
+        ("--version",),
+        ("demo", "-h"),
+        ("env", "--help"),
+        ("check", "-h"),
+        ("explain", "-h"),
+        ("backends", "-h"),
+        ("overhead", "-h"),
+        ("bench", "-h"),
+    ],
+)
 def test_help_and_version_import_no_torch(args: tuple[str, ...]) -> None:
     result = _run_cli(*args)
     assert result.returncode == 0, result.stderr
@@ -56,7 +68,8 @@ def test_help_and_version_import_no_torch(args: tuple[str, ...]) -> None:
 def test_version_names_core_and_contract() -> None:
     result = _run_cli("--version")
     assert result.stdout.startswith(
-        f"magi2-core {magi2_core.__version__} (core contract {magi2_core.CORE_API_VERSION})")
+        f"magi2-core {magi2_core.__version__} (core contract {magi2_core.CORE_API_VERSION})"
+    )
 
 
 def test_importing_the_package_is_cheap_and_the_api_loads_on_first_use() -> None:
@@ -81,10 +94,24 @@ def test_plugin_loaded_but_unused_imports_no_torch(tmp_path: Path) -> None:
         "    assert 'magi2_core.testing.plugin' in sys.modules\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-         "-p", "magi2_core.testing.plugin", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-p",
+            "magi2_core.testing.plugin",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-2000:]
 
 
@@ -140,13 +167,19 @@ def test_the_reference_reads_varlen_attn_parameters_without_importing_it() -> No
     assert _varlen_parameters() == frozenset(inspect.signature(varlen_attn).parameters)
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (("explain", "atention"), "magi2 explain: error: Invalid value for 'op': unknown op 'atention'; choose one of "
-                              "attention, moe_route, moe_experts, rmsnorm"),
-    (("explain", "--bogus"), "magi2 explain: error: No such option: --bogus"),
-    (("explain", "attention", "--bogus"), "magi2 explain: error: No such option: --bogus"),
-    (("nope",), "magi2: error: No such command 'nope'"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ("explain", "atention"),
+            "magi2 explain: error: Invalid value for 'op': unknown op 'atention'; choose one of "
+            "attention, moe_route, moe_experts, rmsnorm",
+        ),
+        (("explain", "--bogus"), "magi2 explain: error: No such option: --bogus"),
+        (("explain", "attention", "--bogus"), "magi2 explain: error: No such option: --bogus"),
+        (("nope",), "magi2: error: No such command 'nope'"),
+    ],
+)
 def test_an_unknown_op_or_option_is_refused_in_one_line_before_torch_loads(args: tuple[str, ...], needle: str) -> None:
     """A typo answers at once: click's parsing refuses it before any command imports torch."""
     result = _run_cli(*args)

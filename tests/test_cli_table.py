@@ -7,17 +7,72 @@ import pytest
 from magi2_core.cli._output import wrap
 from magi2_core.cli._table import Column, render
 
-COLUMNS = (Column("op"), Column("provider"), Column("features", droppable=True), Column("rules", droppable=True),
-           Column("usable here"))
-ROWS = [["attention", "reference", "compiling,deterministic,gqa,lse,sinks,softcap", "-", "yes (cpu)"],
-        ["moe_route", "triton_fused", "compiling,deterministic,route_no_norm,route_softmax",
-         "short: tokens < 64\nlong: tokens >= 4096", "no: needs cuda | musa; this machine has cpu"]]
-WORDS = {"attention", "reference", "compiling,", "deterministic,", "gqa,", "lse,", "sinks,", "softcap", "moe_route",
-         "triton_fused", "route_no_norm,", "route_softmax", "yes", "(cpu)", "no:", "needs", "cuda", "|", "musa;",
-         "this", "machine", "has", "cpu", "short:", "tokens", "<", "64", "long:", ">=", "4096", "-", "op", "provider",
-         "features", "rules", "usable", "here", "deterministic,gqa,", "lse,sinks,", "compiling,deterministic,",
-         "route_no_norm,route_softmax", "gqa,lse,", "sinks,softcap", "gqa,lse,sinks,", "lse,sinks,softcap",
-         "deterministic,gqa,lse,", "compiling,gqa,"}
+COLUMNS = (
+    Column("op"),
+    Column("provider"),
+    Column("features", droppable=True),
+    Column("rules", droppable=True),
+    Column("usable here"),
+)
+ROWS = [
+    ["attention", "reference", "compiling,deterministic,gqa,lse,sinks,softcap", "-", "yes (cpu)"],
+    [
+        "moe_route",
+        "triton_fused",
+        "compiling,deterministic,route_no_norm,route_softmax",
+        "short: tokens < 64\nlong: tokens >= 4096",
+        "no: needs cuda | musa; this machine has cpu",
+    ],
+]
+WORDS = {
+    "attention",
+    "reference",
+    "compiling,",
+    "deterministic,",
+    "gqa,",
+    "lse,",
+    "sinks,",
+    "softcap",
+    "moe_route",
+    "triton_fused",
+    "route_no_norm,",
+    "route_softmax",
+    "yes",
+    "(cpu)",
+    "no:",
+    "needs",
+    "cuda",
+    "|",
+    "musa;",
+    "this",
+    "machine",
+    "has",
+    "cpu",
+    "short:",
+    "tokens",
+    "<",
+    "64",
+    "long:",
+    ">=",
+    "4096",
+    "-",
+    "op",
+    "provider",
+    "features",
+    "rules",
+    "usable",
+    "here",
+    "deterministic,gqa,",
+    "lse,sinks,",
+    "compiling,deterministic,",
+    "route_no_norm,route_softmax",
+    "gqa,lse,",
+    "sinks,softcap",
+    "gqa,lse,sinks,",
+    "lse,sinks,softcap",
+    "deterministic,gqa,lse,",
+    "compiling,gqa,",
+}
 
 
 def _cells(text: str) -> list[str]:
@@ -63,8 +118,10 @@ def test_piped_a_table_is_one_aligned_record_per_line_without_box_characters() -
 
 
 def test_wrapped_prose_hangs_under_its_text() -> None:
-    text = ("  1. fa4 (magi2-backend-cuda-fa4 0.1.0 (flash-attn-4 not installed), priority 25): rejected\n"
-            "magi2-core        0.1.0 (core contract 2.0) and a long tail of words that must wrap somewhere")
+    text = (
+        "  1. fa4 (magi2-backend-cuda-fa4 0.1.0 (flash-attn-4 not installed), priority 25): rejected\n"
+        "magi2-core        0.1.0 (core contract 2.0) and a long tail of words that must wrap somewhere"
+    )
     lines = wrap(text, 50).splitlines()
     assert all(len(line) <= 50 for line in lines)
     assert lines[1].startswith("     ") and not lines[1].startswith("      ")  # under "fa4"

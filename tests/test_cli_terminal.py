@@ -60,8 +60,14 @@ def _in_terminal(args: list[str], timeout: float = 240.0) -> str:
 
 
 def _piped(args: list[str]) -> str:
-    result = subprocess.run([sys.executable, "-m", "magi2_core.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(), timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-m", "magi2_core.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        timeout=240,
+    )
     return result.stdout
 
 
@@ -115,6 +121,6 @@ def test_piped_tables_are_one_record_per_line() -> None:
 def test_an_error_in_a_terminal_wraps_at_words() -> None:
     screen = _in_terminal(["explain", "attention", "--provider", "nope"])
     lines = [line for line in screen.splitlines() if line.strip() and not line.startswith("magi2_core: ")]
-    error = lines[lines.index(next(x for x in lines if x.startswith("magi2 explain: error: "))):]
+    error = lines[lines.index(next(x for x in lines if x.startswith("magi2 explain: error: "))) :]
     assert len(error) > 1 and all(len(x) <= COLUMNS for x in error)
     assert all(x.startswith("  ") for x in error[1:])  # continuations indented under the first line

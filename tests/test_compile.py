@@ -11,15 +11,27 @@ import magi2_core as m2
 def _inputs() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    return dict(x=r(7, 2, 16), w=r(1, 1, 16) * 0.1, q=r(9, 4, 16), k=r(9, 2, 16), v=r(9, 2, 16), sinks=r(1, 4),
-                router=r(8, 16), bias=r(8) * 0.01, wg=r(8, 16, 32) / 4, wu=r(8, 16, 32) / 4, wd=r(8, 32, 16) / 4)
+    return dict(
+        x=r(7, 2, 16),
+        w=r(1, 1, 16) * 0.1,
+        q=r(9, 4, 16),
+        k=r(9, 2, 16),
+        v=r(9, 2, 16),
+        sinks=r(1, 4),
+        router=r(8, 16),
+        bias=r(8) * 0.01,
+        wg=r(8, 16, 32) / 4,
+        wu=r(8, 16, 32) / 4,
+        wd=r(8, 32, 16) / 4,
+    )
 
 
 def _block(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     h = m2.rmsnorm(t["x"], t["w"], out_dtype=torch.float32)
-    o, lse = m2.attention(t["q"], t["k"], t["v"], cu, cu, max_seqlen_q=5, max_seqlen_k=5, sinks=t["sinks"],
-                          return_lse=True)
+    o, lse = m2.attention(
+        t["q"], t["k"], t["v"], cu, cu, max_seqlen_q=5, max_seqlen_k=5, sinks=t["sinks"], return_lse=True
+    )
     p, i = m2.moe_route(h, t["router"], t["bias"], top_k=2)
     y = m2.moe_experts(h, p, i, t["wg"], t["wu"], t["wd"])
     return h, o, lse, p, i, y
@@ -45,4 +57,8 @@ def test_graph_holds_one_opaque_node_per_op() -> None:
 
     torch.compile(_block, fullgraph=True, backend=capture)(_inputs())
     assert [s.removesuffix(".default") for s in seen if s.startswith("magi2.")] == [
-        "magi2.rmsnorm", "magi2.attention", "magi2.moe_route", "magi2.moe_experts"]
+        "magi2.rmsnorm",
+        "magi2.attention",
+        "magi2.moe_route",
+        "magi2.moe_experts",
+    ]

@@ -186,7 +186,8 @@ def gen_config_doc() -> Any:
 def test_committed_configuration_page_matches_the_declarations() -> None:
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == gen_config_doc().render(), (
-        "docs/configuration.md is stale: run python scripts/gen_config_doc.py")
+        "docs/configuration.md is stale: run python scripts/gen_config_doc.py"
+    )
 
 
 def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,8 +208,15 @@ def test_magi2_deterministic_is_the_default_of_attention_too(monkeypatch: pytest
     module = types.ModuleType("magi2_toy_det_attention")
     module.kernel = kernel  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    cap = Capability(op="attention", name="toy_det", impl=f"{module.__name__}:kernel", device_types=("cpu",),
-                     dtypes=("float32",), features=frozenset({Feature.DETERMINISTIC}), priority=-50)
+    cap = Capability(
+        op="attention",
+        name="toy_det",
+        impl=f"{module.__name__}:kernel",
+        device_types=("cpu",),
+        dtypes=("float32",),
+        features=frozenset({Feature.DETERMINISTIC}),
+        priority=-50,
+    )
     registry = m2.get_registry()
     registry.register(BackendSpec(name="toy-det", version="0", core_api=">=2.0,<3", providers=(cap,)), "toy_det")
     q, k, v = (torch.randn(6, 2, 8) for _ in range(3))

@@ -42,14 +42,16 @@ def test_reference_passes_the_whole_kit() -> None:
     assert len(report.results) > 100
     assert elapsed < 60
     labels = {r.case.id for r in report.results}
-    for expected in ("attention[reference]-cpu-bfloat16-d32-t0-all-features",
-                     "attention[reference]-cpu-float16-d64-ragged-sinks2",
-                     "attention[reference]-cpu-float32-d64-ragged-gqa",
-                     "moe_experts[reference]-cpu-bfloat16-hot-expert",
-                     "rmsnorm[reference]-cpu-bfloat16-modalities-empty-group",
-                     "rmsnorm[reference]-cpu-float32-rejects-invalid-inputs",
-                     "mhc_pre[reference]-cpu-bfloat16-n4-modalities-empty-group-out-float32",
-                     "mhc_mix[reference]-cpu-float16-nonfinite-streams-coef-float32"):
+    for expected in (
+        "attention[reference]-cpu-bfloat16-d32-t0-all-features",
+        "attention[reference]-cpu-float16-d64-ragged-sinks2",
+        "attention[reference]-cpu-float32-d64-ragged-gqa",
+        "moe_experts[reference]-cpu-bfloat16-hot-expert",
+        "rmsnorm[reference]-cpu-bfloat16-modalities-empty-group",
+        "rmsnorm[reference]-cpu-float32-rejects-invalid-inputs",
+        "mhc_pre[reference]-cpu-bfloat16-n4-modalities-empty-group-out-float32",
+        "mhc_mix[reference]-cpu-float16-nonfinite-streams-coef-float32",
+    ):
         assert expected in labels
 
 
@@ -121,12 +123,21 @@ def test_over_claim_is_a_failure() -> None:
 
 def test_rules_make_cases_ineligible_not_failed() -> None:
     ref = m2.get_registry().provider("attention", "reference").capability  # type: ignore[union-attr]
-    cap = ref.model_copy(update={
-        "name": "ranged_reference", "backend": "",
-        "ranges": (IntRange(field="max_seqlen_q", min=4, max=40),),
-        "rules": (Rule(id="short-keys", when=(Condition(field="max_seqlen_k", op="lt", value=16),),
-                       reason="too short", provenance=Provenance(kind="policy", source="test")),),
-    })
+    cap = ref.model_copy(
+        update={
+            "name": "ranged_reference",
+            "backend": "",
+            "ranges": (IntRange(field="max_seqlen_q", min=4, max=40),),
+            "rules": (
+                Rule(
+                    id="short-keys",
+                    when=(Condition(field="max_seqlen_k", op="lt", value=16),),
+                    reason="too short",
+                    provenance=Provenance(kind="policy", source="test"),
+                ),
+            ),
+        }
+    )
     with registered_backend(cap, name="ranged"):
         report = run_kit(["ranged_reference"], ops=["attention"])
     assert report.ok, report.format()
@@ -143,8 +154,7 @@ def test_rules_make_cases_ineligible_not_failed() -> None:
 
 
 def test_absent_device_is_skipped_with_the_reason() -> None:
-    with registered_backend(rehost("rmsnorm", "reference", device_types=("fpga_test",), name="fpga_norm"),
-                            name="fpga"):
+    with registered_backend(rehost("rmsnorm", "reference", device_types=("fpga_test",), name="fpga_norm"), name="fpga"):
         report = run_kit(["fpga_norm"])
     assert report.ok and not report.results
     assert "device types ['fpga_test'] not present here (available: ['cpu'" in report.format()
@@ -170,35 +180,70 @@ def test_unknown_provider_lists_the_installed_ones() -> None:
 # through pytest, as a vendor runs it
 # ---------------------------------------------------------------------------------------------
 def test_pytest_plugin_passes_the_reference(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("-p", "magi2_core.testing.plugin", "--magi2-provider", "reference",
-                                "--magi2-op", "rmsnorm", "--magi2-seed", "11", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "-p",
+        "magi2_core.testing.plugin",
+        "--magi2-provider",
+        "reference",
+        "--magi2-op",
+        "rmsnorm",
+        "--magi2-seed",
+        "11",
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(passed=49)
-    result.stdout.fnmatch_lines(["magi2 conformance: seed 11 (reproduce with --magi2-seed 11)",
-                                 "magi2 conformance: 49 cases for rmsnorm[[]reference[]]@cpu; 0 provider(s) skipped"])
+    result.stdout.fnmatch_lines(
+        [
+            "magi2 conformance: seed 11 (reproduce with --magi2-seed 11)",
+            "magi2 conformance: 49 cases for rmsnorm[[]reference[]]@cpu; 0 provider(s) skipped",
+        ]
+    )
 
 
 @pytest.mark.usefixtures("bad_backend")
 def test_pytest_plugin_fails_the_bad_provider(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    pass\n")
-    result = pytester.runpytest("-p", "magi2_core.testing.plugin", "--magi2-provider", "bad_rmsnorm",
-                                "--magi2-only", "-k", "float32", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "-p",
+        "magi2_core.testing.plugin",
+        "--magi2-provider",
+        "bad_rmsnorm",
+        "--magi2-only",
+        "-k",
+        "float32",
+        "-p",
+        "no:cacheprovider",
+    )
     outcomes = result.parseoutcomes()
     assert outcomes["failed"] >= 4 and outcomes["passed"] >= 4 and "test_own" not in result.stdout.str()
-    result.stdout.fnmatch_lines([
-        "*magi2 conformance: rmsnorm provider 'bad_rmsnorm' (backend magi2-backend-bad-example 0.0.1) on cpu, float32",
-        "case: rmsnorm[[]bad_rmsnorm[]]-cpu-float32-modalities-empty-group",
-        "FAILED: disagrees with the reference beyond the contract: FAIL rmsnorm fp32: *outside rtol=1e-06*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*magi2 conformance: rmsnorm provider 'bad_rmsnorm' (backend magi2-backend-bad-example 0.0.1)"
+            " on cpu, float32",
+            "case: rmsnorm[[]bad_rmsnorm[]]-cpu-float32-modalities-empty-group",
+            "FAILED: disagrees with the reference beyond the contract: FAIL rmsnorm fp32: *outside rtol=1e-06*",
+        ]
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.mark.usefixtures("bad_backend")
 def test_pytest_plugin_over_claim_and_skips(pytester: pytest.Pytester) -> None:
-    with registered_backend(rehost("rmsnorm", "reference", device_types=("fpga_test",), name="fpga_norm"),
-                            name="fpga"):
-        result = pytester.runpytest("-p", "magi2_core.testing.plugin", "--magi2-provider", "overclaim_attention",
-                                    "--magi2-provider", "fpga_norm", "-rs", "-k", "ragged or skipped",
-                                    "-p", "no:cacheprovider")
+    with registered_backend(rehost("rmsnorm", "reference", device_types=("fpga_test",), name="fpga_norm"), name="fpga"):
+        result = pytester.runpytest(
+            "-p",
+            "magi2_core.testing.plugin",
+            "--magi2-provider",
+            "overclaim_attention",
+            "--magi2-provider",
+            "fpga_norm",
+            "-rs",
+            "-k",
+            "ragged or skipped",
+            "-p",
+            "no:cacheprovider",
+        )
     result.stdout.fnmatch_lines(["*OVER-CLAIM*", "*fpga_norm*not present here*"])
     assert result.parseoutcomes()["failed"] >= 1
 

@@ -15,8 +15,12 @@ from magi2_core.hookspecs import BackendSpec
 from magi2_core.registry import Registry
 from magi2_core.testing import InProcessBackend
 
-_RULE = Rule(id="few-experts", when=(Condition(field="num_experts", op="lt", value=8),), reason="test",
-             provenance=Provenance(kind="policy", source="this test"))
+_RULE = Rule(
+    id="few-experts",
+    when=(Condition(field="num_experts", op="lt", value=8),),
+    reason="test",
+    provenance=Provenance(kind="policy", source="this test"),
+)
 
 
 def _backend(name: str, *caps: Capability) -> InProcessBackend:
@@ -24,19 +28,34 @@ def _backend(name: str, *caps: Capability) -> InProcessBackend:
 
 
 def _attention(name: str = "attn_ok", **extra: object) -> Capability:
-    return Capability(op="attention", name=name, impl="x:y", device_types=("cpu",), dtypes=("float32",),
-                      **extra)  # type: ignore[arg-type]
+    return Capability(op="attention", name=name, impl="x:y", device_types=("cpu",), dtypes=("float32",), **extra)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("cap", "field"), [
-    (_attention("attn_range", ranges=(IntRange(field="num_experts", min=1),)), "num_experts"),
-    (_attention("attn_rule", rules=(_RULE,)), "num_experts"),
-    (_attention("attn_out", out_dtypes=("float32",)), "out_dtype"),
-    (Capability(op="rmsnorm", name="norm_heads", impl="x:y", device_types=("cpu",), dtypes=("float32",),
-                head_dims=(64,)), "head_dim"),
-    (Capability(op="moe_route", name="route_inter", impl="x:y", device_types=("cpu",), dtypes=("float32",),
-                ranges=(IntRange(field="intermediate", max=1024),)), "intermediate"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cap", "field"),
+    [
+        (_attention("attn_range", ranges=(IntRange(field="num_experts", min=1),)), "num_experts"),
+        (_attention("attn_rule", rules=(_RULE,)), "num_experts"),
+        (_attention("attn_out", out_dtypes=("float32",)), "out_dtype"),
+        (
+            Capability(
+                op="rmsnorm", name="norm_heads", impl="x:y", device_types=("cpu",), dtypes=("float32",), head_dims=(64,)
+            ),
+            "head_dim",
+        ),
+        (
+            Capability(
+                op="moe_route",
+                name="route_inter",
+                impl="x:y",
+                device_types=("cpu",),
+                dtypes=("float32",),
+                ranges=(IntRange(field="intermediate", max=1024),),
+            ),
+            "intermediate",
+        ),
+    ],
+)
 def test_a_field_the_op_lacks_quarantines_the_backend_with_the_reason(cap: Capability, field: str) -> None:
     reg = Registry(discover=False)
     reg.register(_backend("fine", _attention()), name="fine")
@@ -51,15 +70,32 @@ def test_a_field_the_op_lacks_quarantines_the_backend_with_the_reason(cap: Capab
 
 def test_fields_every_op_has_and_its_own_fields_are_accepted() -> None:
     reg = Registry(discover=False)
-    moe_rule = Rule(id="few-experts", when=(Condition(field="num_experts", op="lt", value=8),
-                                            Condition(field="device_index", op="eq", value=0),
-                                            Condition(field="feature", op="in", value="deterministic")),
-                    reason="test", provenance=Provenance(kind="policy", source="this test"))
-    reg.register(_backend("ok", Capability(op="moe_experts", name="experts", impl="x:y", device_types=("cpu",),
-                                           dtypes=("float32",), ranges=(IntRange(field="intermediate", min=1),
-                                                                        IntRange(field="tokens", max=10**6)),
-                                           rules=(moe_rule,)),
-                          _attention(head_dims=(64,), ranges=(IntRange(field="max_seqlen_q", min=1),))), name="ok")
+    moe_rule = Rule(
+        id="few-experts",
+        when=(
+            Condition(field="num_experts", op="lt", value=8),
+            Condition(field="device_index", op="eq", value=0),
+            Condition(field="feature", op="in", value="deterministic"),
+        ),
+        reason="test",
+        provenance=Provenance(kind="policy", source="this test"),
+    )
+    reg.register(
+        _backend(
+            "ok",
+            Capability(
+                op="moe_experts",
+                name="experts",
+                impl="x:y",
+                device_types=("cpu",),
+                dtypes=("float32",),
+                ranges=(IntRange(field="intermediate", min=1), IntRange(field="tokens", max=10**6)),
+                rules=(moe_rule,),
+            ),
+            _attention(head_dims=(64,), ranges=(IntRange(field="max_seqlen_q", min=1),)),
+        ),
+        name="ok",
+    )
     assert reg.quarantined() == ()
     assert [p.name for p in reg.providers("moe_experts")] == ["experts"]
 
@@ -67,9 +103,10 @@ def test_fields_every_op_has_and_its_own_fields_are_accepted() -> None:
 @pytest.fixture
 def wrong_backend() -> Iterator[None]:
     reg = m2.get_registry()
-    reg.register(_backend("magi2-wrong-fields", _attention("attn_experts", ranges=(IntRange(field="num_experts",
-                                                                                            min=1),))),
-                 name="wrong_fields")
+    reg.register(
+        _backend("magi2-wrong-fields", _attention("attn_experts", ranges=(IntRange(field="num_experts", min=1),))),
+        name="wrong_fields",
+    )
     yield
     reg.unregister("wrong_fields")
 

@@ -198,15 +198,20 @@ threshold was dropped because the fused path won at every token count measured o
     [
         (TODAYS_3_6, "restrictive claim"),
         ("The `triton` provider declares `softcap`.\n", "'triton' declares"),
-        ("| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
-         "| `moe_experts` | `triton` | BF16 | deterministic, compiling |\n"
-         "| `moe_experts` | `reference` | FP32, BF16, FP16 | deterministic, compiling |\n", "dtypes ['bfloat16']"),
+        (
+            "| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
+            "| `moe_experts` | `triton` | BF16 | deterministic, compiling |\n"
+            "| `moe_experts` | `reference` | FP32, BF16, FP16 | deterministic, compiling |\n",
+            "dtypes ['bfloat16']",
+        ),
         ("| op | provider | features |\n| --- | --- | --- |\n| `moe_experts` | `triton` | — |\n", "features []"),
-        ("| op | provider | dtypes |\n| --- | --- | --- |\n| `moe_experts` | `triton` | BF16, FP16, FP32 |\n",
-         "leaves out the shipped provider 'reference'"),
+        (
+            "| op | provider | dtypes |\n| --- | --- | --- |\n| `moe_experts` | `triton` | BF16, FP16, FP32 |\n",
+            "leaves out the shipped provider 'reference'",
+        ),
     ],
     ids=["prose-3.6-before-the-fix", "prose-false", "table-dtypes", "table-features", "table-incomplete"],
-)  # fmt: skip
+)
 def test_a_doc_that_disagrees_with_the_descriptors_is_caught(
     text: str, complaint: str, caps: list[tuple[str, Capability]]
 ) -> None:
@@ -215,9 +220,13 @@ def test_a_doc_that_disagrees_with_the_descriptors_is_caught(
 
 
 def test_a_true_table_and_true_prose_pass(caps: list[tuple[str, Capability]]) -> None:
-    text = ("The Triton descriptor declares `compiling`.\n\n"
-            "| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
-            + "".join(f"| `{c.op}` | `{c.name}` | {', '.join(c.dtypes)} "
-                      f"| {', '.join(sorted(f.value for f in c.features))} |\n"
-                      for _, c in caps if c.op == "moe_experts"))  # fmt: skip
+    text = (
+        "The Triton descriptor declares `compiling`.\n\n"
+        "| op | provider | dtypes | features |\n| --- | --- | --- | --- |\n"
+        + "".join(
+            f"| `{c.op}` | `{c.name}` | {', '.join(c.dtypes)} | {', '.join(sorted(f.value for f in c.features))} |\n"
+            for _, c in caps
+            if c.op == "moe_experts"
+        )
+    )
     assert doc_problems(text, "doc.md", caps) == []

@@ -28,7 +28,6 @@ def _rel(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-
 def _broken_links(text: str, where: Path, root: Path = ROOT) -> list[str]:
     broken = []
     for target in _LINK.findall(text):
@@ -47,8 +46,10 @@ def test_every_relative_link_resolves_to_a_file_of_the_repository(page: Path) ->
 
 
 def test_the_link_check_catches_a_missing_file_and_a_file_outside_the_repository() -> None:
-    text = ("[ok](api.md) [anchor](operators.md#32-routing) [gone](no-such.md) [up](../../README.md) "
-            "[web](https://example.org/x.md) ![plot](img/nope.svg)")
+    text = (
+        "[ok](api.md) [anchor](operators.md#32-routing) [gone](no-such.md) [up](../../README.md) "
+        "[web](https://example.org/x.md) ![plot](img/nope.svg)"
+    )
     assert _broken_links(text, ROOT / "docs") == ["no-such.md", "../../README.md", "img/nope.svg"]
 
 
@@ -115,8 +116,10 @@ def test_the_changelog_is_split_into_versions_under_a_short_unreleased() -> None
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.*)$", text, flags=re.M)
     assert headings[0] == "Unreleased", headings
-    versions = [re.fullmatch(r"(\d+\.\d+\.\d+) \(core contract (\d+)\): (not published|\d{4}-\d\d-\d\d)", h)
-                for h in headings[1:]]
+    versions = [
+        re.fullmatch(r"(\d+\.\d+\.\d+) \(core contract (\d+)\): (not published|\d{4}-\d\d-\d\d)", h)
+        for h in headings[1:]
+    ]
     assert versions and all(versions), headings
     numbers = [Version(m.group(1)) for m in versions if m]
     assert numbers == sorted(numbers, reverse=True) and Version(magi2_core.__version__) in numbers
@@ -150,8 +153,11 @@ def test_the_readme_examples_run_as_written(capsys: pytest.CaptureFixture[str]) 
         ("the lent H200", ["lent"]),
         ("(carry `.whl`)", ["carry `"]),
         ("its payload travels in two device calls", ["payload", "device calls"]),
-        ("k/v, 1/L, https://docs.python.org/3/, backends/reference/src, eager / graph, $TMPDIR/$USER, "
-         "a plain single-device call", []),
+        (
+            "k/v, 1/L, https://docs.python.org/3/, backends/reference/src, eager / graph, $TMPDIR/$USER, "
+            "a plain single-device call",
+            [],
+        ),
     ],
 )
 def test_the_path_checks_catch_what_they_are_for(text: str, bad: list[str]) -> None:

@@ -164,11 +164,18 @@ def test_a_blackwell_device_gets_fa4_for_attention_and_the_portable_moe_rows() -
 # --profile
 # ---------------------------------------------------------------------------------------------
 def _profile_file(path: Path, device: dict[str, str], prefer: str) -> Path:
-    path.write_text(json.dumps({
-        "format": "magi2-profile", "version": 1, "name": "mine", "device": device,
-        "provenance": {"kind": "tune", "source": "test"},
-        "preferences": [{"op": "attention", "id": "mine-1", "prefer": [prefer], "why": "measured here"}],
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "format": "magi2-profile",
+                "version": 1,
+                "name": "mine",
+                "device": device,
+                "provenance": {"kind": "tune", "source": "test"},
+                "preferences": [{"op": "attention", "id": "mine-1", "prefer": [prefer], "why": "measured here"}],
+            }
+        )
+    )
     return path
 
 
@@ -187,12 +194,15 @@ def test_a_given_profile_file_decides_in_place_of_magi2_profile(tmp_path: Path) 
     assert data["described"]["name"] == device_identity("cuda")[0] and data["profile"]["name"] == "mine"
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--profile", "nvidia-h999"], "no shipped profile has that name; shipped for cuda: generic, "),
-    (["--profile", "MUSA"], "is for musa devices, not cuda"),
-    (["--profile", "NOFILE"], "NOFILE"),
-    (["--device-name", "NVIDIA H200", "--capability", "nine"], "give it as MAJOR.MINOR"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--profile", "nvidia-h999"], "no shipped profile has that name; shipped for cuda: generic, "),
+        (["--profile", "MUSA"], "is for musa devices, not cuda"),
+        (["--profile", "NOFILE"], "NOFILE"),
+        (["--device-name", "NVIDIA H200", "--capability", "nine"], "give it as MAJOR.MINOR"),
+    ],
+)
 def test_a_described_device_that_cannot_be_explained_is_a_usage_error(
     tmp_path: Path, args: list[str], words: str
 ) -> None:
@@ -224,9 +234,26 @@ def test_a_provider_without_check_on_is_judged_by_its_check_without_the_absent_d
     module.kernel = HostChecked()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     reg = Registry(discover=False)
-    reg.register(InProcessBackend(BackendSpec(name="acme", version="0", core_api=">=2.0,<3", providers=(Capability(
-        op="rmsnorm", name="acme", impl="magi2_host_checked:kernel", device_types=("cuda",),
-        dtypes=("bfloat16", "float32"), priority=50),))), name="acme")  # fmt: skip
+    reg.register(
+        InProcessBackend(
+            BackendSpec(
+                name="acme",
+                version="0",
+                core_api=">=2.0,<3",
+                providers=(
+                    Capability(
+                        op="rmsnorm",
+                        name="acme",
+                        impl="magi2_host_checked:kernel",
+                        device_types=("cuda",),
+                        dtypes=("bfloat16", "float32"),
+                        priority=50,
+                    ),
+                ),
+            )
+        ),
+        name="acme",
+    )
     device = VirtualDevice(type="cuda", name="NVIDIA H200", capability="9.0")
     norm = dict(op="rmsnorm", device_type="cuda", tokens=16, width=64, num_modalities=1, num_patterns=1)
     res = resolve_problem(Problem(dtype="bfloat16", **norm), registry=reg, device=device)

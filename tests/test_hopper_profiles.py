@@ -56,14 +56,30 @@ def test_the_h100_profile_is_its_tune_split_as_shipped_profiles_are() -> None:
 
 # ---- the rule, on made-up timings -----------------------------------------------------------------
 def _row(variant: str, tile: dict[str, int], align: str = "device", **when: int) -> dict[str, Any]:
-    return {"op": "moe_experts", "provider": "triton", "plan": {"variant": variant, "tile": tile, "align": align},
-            "when": [{"field": f, "op": "le", "value": v} for f, v in when.items()], "why": "w"}  # fmt: skip
+    return {
+        "op": "moe_experts",
+        "provider": "triton",
+        "plan": {"variant": variant, "tile": tile, "align": align},
+        "when": [{"field": f, "op": "le", "value": v} for f, v in when.items()],
+        "why": "w",
+    }
 
 
 G = {"BLOCK_M": 64, "BLOCK_I": 32, "num_warps": 4, "num_stages": 3}
 P = {"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 4}
-T = {"BLOCK_M": 16, "BLOCK_N1": 32, "BLOCK_K1": 64, "GROUP_M1": 8, "num_warps1": 4, "num_stages1": 4,
-     "BLOCK_N2": 64, "BLOCK_K2": 64, "GROUP_M2": 8, "num_warps2": 4, "num_stages2": 4}  # fmt: skip
+T = {
+    "BLOCK_M": 16,
+    "BLOCK_N1": 32,
+    "BLOCK_K1": 64,
+    "GROUP_M1": 8,
+    "num_warps1": 4,
+    "num_stages1": 4,
+    "BLOCK_N2": 64,
+    "BLOCK_K2": 64,
+    "GROUP_M2": 8,
+    "num_warps2": 4,
+    "num_stages2": 4,
+}
 
 
 def _point(rows: ModuleType, tokens: int, ms: dict[str, float]) -> Any:
@@ -84,14 +100,23 @@ def _point(rows: ModuleType, tokens: int, ms: dict[str, float]) -> Any:
 
 
 def test_a_row_is_judged_against_what_can_run_where_it_is_reached(rows: ModuleType) -> None:
-    candidates = {"plans": [_row("gluon", G, routes_per_expert=16), _row("pointer", P, routes_per_expert=16),
-                            _row("two_kernel", T, routes_per_expert=16), _row("gluon", G, routes_per_expert=64),
-                            _row("two_kernel", T)]}  # fmt: skip
+    candidates = {
+        "plans": [
+            _row("gluon", G, routes_per_expert=16),
+            _row("pointer", P, routes_per_expert=16),
+            _row("two_kernel", T, routes_per_expert=16),
+            _row("gluon", G, routes_per_expert=64),
+            _row("two_kernel", T),
+        ]
+    }
     fast = {"gluon": 1.0, "pointer": 1.2, "two_kernel": 1.5}  # two_kernel: 1.5x of all, 1x of its own
     slow = {"gluon": 1.3, "pointer": 1.0, "two_kernel": 1.1}  # gluon 1.3x the pointer kernel
     verdicts = [v for _, v in rows.judged(candidates, {"a": [_point(rows, 512, fast)], "b": [_point(rows, 512, fast)]})]
-    assert verdicts[:3] == ["kept: worst a 1.000x / b 1.000x", "kept: worst a 1.000x / b 1.000x",
-                            "kept: worst a 1.000x / b 1.000x"]  # fmt: skip
+    assert verdicts[:3] == [
+        "kept: worst a 1.000x / b 1.000x",
+        "kept: worst a 1.000x / b 1.000x",
+        "kept: worst a 1.000x / b 1.000x",
+    ]
     assert verdicts[3:] == ["unmeasured", "unmeasured"]  # 12 routes per expert: the first region takes the point
     verdicts = [v for _, v in rows.judged(candidates, {"a": [_point(rows, 512, fast)], "b": [_point(rows, 512, slow)]})]
     assert verdicts[0] == "dropped: slower than 1.25x the fastest on b 1.300x"

@@ -89,8 +89,9 @@ def test_one_prefix_sum_tensor_for_both_sides_is_still_checked_by_value() -> Non
     with pytest.raises(InvalidInputError, match="cu_seqlens_q"):
         m2.attention(q, k, v, bad, bad, provider=P)
     other = torch.tensor([0, 2, 9], dtype=torch.int32)
-    assert torch.equal(m2.attention(q, k, v, other, other, provider=P),
-                       m2.attention(q, k, v, other, other.clone(), provider=P))
+    assert torch.equal(
+        m2.attention(q, k, v, other, other, provider=P), m2.attention(q, k, v, other, other.clone(), provider=P)
+    )
     with pytest.raises(InvalidInputError, match="cu_seqlens_k"):  # after (cu, cu): a separate k is keyed apart
         m2.attention(q, k, v, cu, bad, provider=P)
 

@@ -23,30 +23,70 @@ CORE = "magi2_core"
 # The layers of the core, lowest first. A module's layer is that of the longest entry naming it or a
 # package above it ("pkg.*": the package and everything in it). A new module must be placed here.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("errors and configuration", (
-        "magi2_core._version", "magi2_core.errors", "magi2_core.config", "magi2_core.problem",
-        "magi2_core.capability", "magi2_core.virtual_device", "magi2_core.reasons", "magi2_core.resolution",
-        "magi2_core.plan", "magi2_core.kernel",
-        "magi2_core.hookspecs", "magi2_core.devices", "magi2_core.overrides", "magi2_core.strict",
-        "magi2_core.profiles.*", "magi2_core.timing",
-    )),
-    ("contracts: math and checks", (
-        "magi2_core.contracts.*", "magi2_core.moe_weights", "magi2_core.sink_correction",
-        "magi2_core.sink_correction.reference",
-    )),
+    (
+        "errors and configuration",
+        (
+            "magi2_core._version",
+            "magi2_core.errors",
+            "magi2_core.config",
+            "magi2_core.problem",
+            "magi2_core.capability",
+            "magi2_core.virtual_device",
+            "magi2_core.reasons",
+            "magi2_core.resolution",
+            "magi2_core.plan",
+            "magi2_core.kernel",
+            "magi2_core.hookspecs",
+            "magi2_core.devices",
+            "magi2_core.overrides",
+            "magi2_core.strict",
+            "magi2_core.profiles.*",
+            "magi2_core.timing",
+        ),
+    ),
+    (
+        "contracts: math and checks",
+        (
+            "magi2_core.contracts.*",
+            "magi2_core.moe_weights",
+            "magi2_core.sink_correction",
+            "magi2_core.sink_correction.reference",
+        ),
+    ),
     ("op specs", ("magi2_core.ops._spec", "magi2_core.ops._args")),
-    ("registry and resolver", (
-        "magi2_core.registry", "magi2_core.resolver", "magi2_core.sink_correction.choice", "magi2_core.shadow",
-        "magi2_core.dispatch",
-    )),
-    ("operators and the public API", (
-        "magi2_core", "magi2_core._api", "magi2_core.backend", "magi2_core.ops", "magi2_core.ops._compiled",
-        "magi2_core.ops._lookup", "magi2_core.ops.attention",
-        "magi2_core.ops.moe_route", "magi2_core.ops.moe_experts", "magi2_core.ops.rmsnorm", "magi2_core.ops.mhc_pre",
-        "magi2_core.ops.mhc_mix", "magi2_core.nn",
-        "magi2_core.distributed.*", "magi2_core.integrations.*", "magi2_core.demo", "magi2_core.overhead",
-        "magi2_core.report",
-    )),
+    (
+        "registry and resolver",
+        (
+            "magi2_core.registry",
+            "magi2_core.resolver",
+            "magi2_core.sink_correction.choice",
+            "magi2_core.shadow",
+            "magi2_core.dispatch",
+        ),
+    ),
+    (
+        "operators and the public API",
+        (
+            "magi2_core",
+            "magi2_core._api",
+            "magi2_core.backend",
+            "magi2_core.ops",
+            "magi2_core.ops._compiled",
+            "magi2_core.ops._lookup",
+            "magi2_core.ops.attention",
+            "magi2_core.ops.moe_route",
+            "magi2_core.ops.moe_experts",
+            "magi2_core.ops.rmsnorm",
+            "magi2_core.ops.mhc_pre",
+            "magi2_core.ops.mhc_mix",
+            "magi2_core.nn",
+            "magi2_core.distributed.*",
+            "magi2_core.integrations.*",
+            "magi2_core.demo",
+            "magi2_core.overhead",
+            "magi2_core.report",
+        ),
+    ),
     ("the conformance kit", ("magi2_core.testing.*",)),
     ("magi2 tune: measuring a device, writing its profile", ("magi2_core.tuning.*",)),
     ("the command line", ("magi2_core.cli.*",)),
@@ -56,14 +96,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # optional dependencies only: an import that would close a cycle is a layering error, not an entry here.
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("magi2_core", "magi2_core._api"): "PEP 562: `import magi2_core` stays free of torch and pydantic until a "
-                                       "public name is used (`magi2 --help`, the auto-loaded pytest plugin)",
+    "public name is used (`magi2 --help`, the auto-loaded pytest plugin)",
     ("magi2_core.config", "magi2_core.profiles.model"): "pydantic's profile models load only when MAGI2_PROFILE "
-                                                         "names a file",
+    "names a file",
     ("magi2_core.profiles.active", "magi2_core.devices"): "torch loads only when a device's profile is selected",
     ("magi2_core.testing.plugin", "magi2_core.testing.op_cases"): "the pytest plugin is loaded by every pytest "
-                                                                   "run; the kit only by runs that use it",
+    "run; the kit only by runs that use it",
     ("magi2_core.testing.plugin", "magi2_core.testing.runner"): "the pytest plugin is loaded by every pytest run; "
-                                                                 "the kit only by runs that use it",
+    "the kit only by runs that use it",
     ("magi2_core.cli.*", "*"): "a command's modules load when it runs, so that `magi2 --help` stays fast",
 }
 
@@ -112,8 +152,10 @@ def imports(src: Path, package: str) -> tuple[dict[str, Path], list[Import]]:
                 if node.level:
                     anchor = here[: len(here) - node.level + 1]
                     base = ".".join([*anchor, *([node.module] if node.module else [])])
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules or _is_core_module(f"{base}.{a.name}")
-                           else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules or _is_core_module(f"{base}.{a.name}") else base
+                    for a in node.names
+                ]
             for target in targets:
                 if target.split(".")[0] in (package, CORE) and target != name:
                     out.append(Import(name, target, node.lineno, id(node) not in top))
@@ -194,7 +236,8 @@ def test_the_walk_sees_every_kind_of_import() -> None:
     assert ("magi2_core.dispatch", "magi2_core.ops._spec", False) in seen  # under TYPE_CHECKING
     assert ("magi2_core.config", "magi2_core.profiles.model", True) in seen  # inside a function
     assert cycles([Import("a", "b", 1, False), Import("b", "c", 2, True), Import("c", "a", 3, False)]) == [
-        ["a", "b", "c"]]
+        ["a", "b", "c"]
+    ]
 
 
 def test_the_core_has_no_import_cycle() -> None:
@@ -208,8 +251,11 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_layers_import_only_downwards() -> None:
-    wrong = [f"{e.source}:{e.line} ({LAYERS[layer_of(e.source)][0]}) imports {e.target} "
-             f"({LAYERS[layer_of(e.target)][0]})" for e in EDGES if layer_of(e.target) > layer_of(e.source)]
+    wrong = [
+        f"{e.source}:{e.line} ({LAYERS[layer_of(e.source)][0]}) imports {e.target} ({LAYERS[layer_of(e.target)][0]})"
+        for e in EDGES
+        if layer_of(e.target) > layer_of(e.source)
+    ]
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
 
 
@@ -217,7 +263,9 @@ def _lazy_reason(e: Import) -> tuple[str, str] | None:
     for (source, target), _ in LAZY_ALLOWED.items():
         pkg = source.removesuffix(".*")
         if (e.source == source or (source.endswith(".*") and e.source.startswith(pkg + "."))) and target in (
-                e.target, "*"):
+            e.target,
+            "*",
+        ):
             return source, target
     return None
 
@@ -225,16 +273,21 @@ def _lazy_reason(e: Import) -> tuple[str, str] | None:
 def test_lazy_imports_have_a_listed_reason() -> None:
     lazy = [e for e in EDGES if e.lazy]
     unlisted = [f"{e.source}:{e.line} -> {e.target}" for e in lazy if _lazy_reason(e) is None]
-    assert not unlisted, ("imports inside functions without a reason in LAZY_ALLOWED (move them to module level; "
-                          "if that makes a cycle, the layering is wrong):\n" + "\n".join(unlisted))
+    assert not unlisted, (
+        "imports inside functions without a reason in LAZY_ALLOWED (move them to module level; "
+        "if that makes a cycle, the layering is wrong):\n" + "\n".join(unlisted)
+    )
     used = {_lazy_reason(e) for e in lazy}
     assert not set(LAZY_ALLOWED) - used, f"LAZY_ALLOWED entries nothing uses: {sorted(set(LAZY_ALLOWED) - used)}"
 
 
 def test_production_modules_never_import_the_test_kit() -> None:
     kit = layer_of("magi2_core.testing")
-    wrong = [f"{e.source}:{e.line} -> {e.target}" for e in EDGES
-             if e.target.startswith("magi2_core.testing") and layer_of(e.source) < kit]
+    wrong = [
+        f"{e.source}:{e.line} -> {e.target}"
+        for e in EDGES
+        if e.target.startswith("magi2_core.testing") and layer_of(e.source) < kit
+    ]
     assert not wrong
 
 
@@ -250,10 +303,17 @@ def _backend_package(src: Path) -> str:
 @pytest.mark.parametrize("src", BACKEND_SRC, ids=lambda s: s.parent.name)
 def test_a_backend_imports_only_magi2_core_backend(src: Path) -> None:
     _, edges = imports(src, _backend_package(src))
-    wrong = sorted({f"{e.source}:{e.line} imports {e.target}" for e in edges
-                    if e.target.split(".")[0] == CORE and e.target != "magi2_core.backend"})
-    assert not wrong, ("a backend may import only magi2_core.backend from the core (docs/api.md, "
-                       "'For backend authors'):\n" + "\n".join(wrong))
+    wrong = sorted(
+        {
+            f"{e.source}:{e.line} imports {e.target}"
+            for e in edges
+            if e.target.split(".")[0] == CORE and e.target != "magi2_core.backend"
+        }
+    )
+    assert not wrong, (
+        "a backend may import only magi2_core.backend from the core (docs/api.md, "
+        "'For backend authors'):\n" + "\n".join(wrong)
+    )
 
 
 @pytest.mark.parametrize("src", BACKEND_SRC, ids=lambda s: s.parent.name)

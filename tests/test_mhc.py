@@ -144,14 +144,17 @@ def test_nonfinite_streams_give_nan_tokens() -> None:
     assert res2.isnan().all() and torch.equal(post2[others], post[others])
 
 
-@pytest.mark.parametrize(("args", "error", "arg"), [
-    ("sizes-tensor", InvalidShapeError, "modality_sizes"),
-    ("phi-bf16", InvalidDTypeError, "phi"),
-    ("bias-res-shape", InvalidShapeError, "bias_res"),
-    ("alpha-two", InvalidShapeError, "alpha_post"),
-    ("iterations-negative", InvalidValueError, "sinkhorn_iterations"),
-    ("weight-modalities", InvalidShapeError, "norm_weight"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "error", "arg"),
+    [
+        ("sizes-tensor", InvalidShapeError, "modality_sizes"),
+        ("phi-bf16", InvalidDTypeError, "phi"),
+        ("bias-res-shape", InvalidShapeError, "bias_res"),
+        ("alpha-two", InvalidShapeError, "alpha_post"),
+        ("iterations-negative", InvalidValueError, "sinkhorn_iterations"),
+        ("weight-modalities", InvalidShapeError, "norm_weight"),
+    ],
+)
 def test_mhc_pre_rejects_invalid_inputs(args: str, error: type[Exception], arg: str) -> None:
     x, params = _pre_inputs(0, 8, 4, 16, torch.bfloat16, [3, 5])
     p = list(params)

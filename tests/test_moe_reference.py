@@ -49,8 +49,9 @@ def test_route_matches_oracle(
     assert probs.dtype == torch.float32 and probs.shape == (hl, t, k) and idx.shape == (hl, t, k)
     assert torch.equal(idx.long(), ref_i)
     assert torch.allclose(probs.double(), ref_p, rtol=0, atol=1e-6)
-    verdict = accept_moe_route(probs, idx, route_truth(x, w, b, top_k=k, route_scale=4.9, route_norm=True,
-                                                       score_func="sigmoid"))
+    verdict = accept_moe_route(
+        probs, idx, route_truth(x, w, b, top_k=k, route_scale=4.9, route_norm=True, score_func="sigmoid")
+    )
     assert verdict, str(verdict)
     if t:  # weights sum to route_scale (all sigmoid scores are positive)
         assert torch.allclose(probs.double().sum(-1), torch.full((hl, t), 4.9, dtype=torch.float64), atol=1e-5)

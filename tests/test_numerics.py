@@ -56,8 +56,10 @@ def test_non_numeric_scalars_raise_typed_errors(call: object, arg: str) -> None:
 
 
 def test_use_with_a_non_string_name_is_a_typed_error() -> None:
-    with pytest.raises(m2.InvalidValueError, match="'attention' must be a provider name"), \
-            m2.use(attention=["reference"]):  # type: ignore[arg-type]
+    with (
+        pytest.raises(m2.InvalidValueError, match="'attention' must be a provider name"),
+        m2.use(attention=["reference"]),
+    ):  # type: ignore[arg-type]
         pass
 
 
@@ -140,8 +142,9 @@ def test_non_finite_routes_follow_upstream(score_func: str, kind: RouteSpecial) 
     probs, idx = m2.moe_route(x, w, bias, top_k=k, score_func=score_func, provider="reference")
     ref_p, ref_i = oracles.moe_route(x, w, bias, top_k=k, route_scale=4.9, score_func=score_func)
     assert torch.equal(idx, ref_i) and torch.equal(probs.isnan(), ref_p.isnan())
-    verdict = accept_moe_route(probs, idx, route_truth(x, w, bias, top_k=k, route_scale=4.9, route_norm=True,
-                                                       score_func=score_func))  # type: ignore[arg-type]
+    verdict = accept_moe_route(
+        probs, idx, route_truth(x, w, bias, top_k=k, route_scale=4.9, route_norm=True, score_func=score_func)
+    )  # type: ignore[arg-type]
     assert verdict, str(verdict)
     assert bool(((idx >= 0) & (idx < e)).all())
     assert all(len(set(row)) == k for row in idx.reshape(-1, k).tolist())  # distinct experts per route
@@ -151,11 +154,16 @@ def test_non_finite_routes_follow_upstream(score_func: str, kind: RouteSpecial) 
     select = scores + bias.view(hl, 1, e)
     upstream = torch.topk(select, k, dim=-1).indices
     picked = select.gather(-1, idx).sort(dim=-1).values
-    torch.testing.assert_close(picked, select.gather(-1, upstream).sort(dim=-1).values, rtol=0, atol=0,
-                               equal_nan=True)  # the same selected values: ties are the only freedom
+    torch.testing.assert_close(
+        picked, select.gather(-1, upstream).sort(dim=-1).values, rtol=0, atol=0, equal_nan=True
+    )  # the same selected values: ties are the only freedom
     chosen = select.gather(-1, idx)
-    special = {"neg_inf_bias": not bool((chosen == -INF).any()), "exhausted": bool((chosen[0, :, -1] == -INF).all()),
-               "pos_inf_bias": idx[-1, :, :2].tolist() == [[1, e - 1]] * t, "nan_logits": bool(chosen.isnan().any())}
+    special = {
+        "neg_inf_bias": not bool((chosen == -INF).any()),
+        "exhausted": bool((chosen[0, :, -1] == -INF).all()),
+        "pos_inf_bias": idx[-1, :, :2].tolist() == [[1, e - 1]] * t,
+        "nan_logits": bool(chosen.isnan().any()),
+    }
     assert special[kind], (kind, idx)
     for row, ids in zip(select.reshape(-1, e), idx.reshape(-1, k), strict=True):
         chose_neg_inf = bool((row[ids] == -INF).any())
@@ -176,8 +184,14 @@ def test_eps_zero_makes_an_all_zero_row_nan_and_nothing_else() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "weight_shape", "sizes"),
-    [((3, 0), (1, 1, 0), None), ((0, 0), (1, 1, 0), None), ((0, 4), (2, 1, 4), [0, 0]),
-     ((4, 3, 0), (2, 3, 0), [1, 3]), ((5, 2, 0), (0,), [2, 3]), ((0, 2, 3, 0), (1, 3, 0), None)],
+    [
+        ((3, 0), (1, 1, 0), None),
+        ((0, 0), (1, 1, 0), None),
+        ((0, 4), (2, 1, 4), [0, 0]),
+        ((4, 3, 0), (2, 3, 0), [1, 3]),
+        ((5, 2, 0), (0,), [2, 3]),
+        ((0, 2, 3, 0), (1, 3, 0), None),
+    ],
     ids=["width0", "t0-width0", "t0-modalities", "patterns-width0", "flat-weight-width0", "4d-t0-width0"],
 )
 @pytest.mark.parametrize("provider", [None, "reference"])
@@ -237,9 +251,17 @@ def test_inputs_that_require_grad_raise() -> None:
 
 
 # -- defect 7: compiled fakes describe what the kernels return, for non-contiguous inputs ---------------------
-def _noncontiguous_block(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         router: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor,
-                         wd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _noncontiguous_block(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    router: torch.Tensor,
+    wg: torch.Tensor,
+    wu: torch.Tensor,
+    wd: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     h = m2.rmsnorm(x, w)
     o = m2.attention(q, k, v, cu, cu, max_seqlen_q=5, max_seqlen_k=5)
@@ -255,8 +277,7 @@ def test_compile_with_non_contiguous_inputs(backend: str) -> None:
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     x = r(2, 9, 16).transpose(0, 1)  # [9, 2, 16], non-contiguous
     q, k, v = (r(4, 9, 16).transpose(0, 1) for _ in range(3))
-    args = (x, r(1, 1, 16) * 0.1, q, k[:, :2], v[:, :2], r(8, 16), r(8, 16, 32) / 4, r(8, 16, 32) / 4,
-            r(8, 32, 16) / 4)
+    args = (x, r(1, 1, 16) * 0.1, q, k[:, :2], v[:, :2], r(8, 16), r(8, 16, 32) / 4, r(8, 16, 32) / 4, r(8, 32, 16) / 4)
     assert not x.is_contiguous() and not q.is_contiguous()
     eager = _noncontiguous_block(*args)
     compiled = torch.compile(_noncontiguous_block, fullgraph=True, backend=backend)(*args)
@@ -277,10 +298,22 @@ def test_rule_sees_the_true_longest_segment(monkeypatch: pytest.MonkeyPatch) -> 
     mod = types.ModuleType("magi2_short_rule_kernels")
     mod.tag = _Tag(5.0)  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, mod.__name__, mod)
-    rule = Rule(id="short", when=(Condition(field="max_seqlen_q", op="lt", value=32),), reason="too short",
-                provenance=Provenance(kind="policy", source="test"))
-    cap = Capability(op="attention", name="long_only", impl="magi2_short_rule_kernels:tag", device_types=("cpu",),
-                     dtypes=("float32",), features=frozenset({m2.Feature.GQA}), priority=10_000, rules=(rule,))
+    rule = Rule(
+        id="short",
+        when=(Condition(field="max_seqlen_q", op="lt", value=32),),
+        reason="too short",
+        provenance=Provenance(kind="policy", source="test"),
+    )
+    cap = Capability(
+        op="attention",
+        name="long_only",
+        impl="magi2_short_rule_kernels:tag",
+        device_types=("cpu",),
+        dtypes=("float32",),
+        features=frozenset({m2.Feature.GQA}),
+        priority=10_000,
+        rules=(rule,),
+    )
     from magi2_core.testing import registered_backend
 
     q = torch.randn(32, 2, 8)
@@ -297,9 +330,18 @@ def test_rule_sees_the_true_longest_segment(monkeypatch: pytest.MonkeyPatch) -> 
 
 # -- defect 13: the device index is part of the problem and of the cache key ----------------------------------
 def test_device_index_is_in_the_problem_and_the_key() -> None:
-    key = validate_attention(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
-                             softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
-                             compiling=False).key
+    key = validate_attention(
+        *_attn_inputs(),
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        softmax_scale=None,
+        softcap=0.0,
+        sinks=None,
+        sink_rescale="fp32",
+        deterministic=False,
+        return_lse=False,
+        compiling=False,
+    ).key
     problem = ATTENTION.problem(key)
     assert (problem.device_type, problem.device_index) == ("cpu", None)
     on = [key._replace(device=torch.device("cuda", i)) for i in (0, 1)]
@@ -308,12 +350,20 @@ def test_device_index_is_in_the_problem_and_the_key() -> None:
     assert on[0][:4] != on[1][:4]  # the dispatcher keys on the head (device, dtypes, features): another entry
 
 
-
 def test_dispatcher_caches_per_device() -> None:
     disp = Dispatcher(Registry())
-    base = validate_attention(*_attn_inputs(), max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
-                              softcap=0.0, sinks=None, sink_rescale="fp32", deterministic=False, return_lse=False,
-                              compiling=False).key
+    base = validate_attention(
+        *_attn_inputs(),
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        softmax_scale=None,
+        softcap=0.0,
+        sinks=None,
+        sink_rescale="fp32",
+        deterministic=False,
+        return_lse=False,
+        compiling=False,
+    ).key
     built: list[Problem] = []
 
     class Recording(AttentionSpec):

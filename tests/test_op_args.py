@@ -106,8 +106,21 @@ def test_the_cache_lookup_is_generated_from_the_declaration() -> None:
     dispatcher().clear()
     m2.rmsnorm(x, w, eps=1e-5)
     (key,) = dispatcher().bound_calls()
-    assert key == ("rmsnorm", None, context_token(), x.shape, x.dtype, x.device, w.shape, w.dtype, w.device, 1e-5,
-                   float, None, None)
+    assert key == (
+        "rmsnorm",
+        None,
+        context_token(),
+        x.shape,
+        x.dtype,
+        x.device,
+        w.shape,
+        w.dtype,
+        w.device,
+        1e-5,
+        float,
+        None,
+        None,
+    )
     m2.rmsnorm(x, w, eps=torch.tensor(1e-5))  # a number given as a tensor: validated, never kept
     assert list(dispatcher().bound_calls()) == [key]
     args = Args("rmsnorm", (Arg("x", "torch.Tensor", "x.", layout=TENSOR), Arg("eps", "float", "eps.", 1e-6)))

@@ -52,8 +52,11 @@ def test_every_package_has_py_typed_and_declares_it_as_package_data(package: str
     declared = package_data[package.rsplit("/", 1)[-1]]
     assert "py.typed" in declared
     # every data file of the package (a backend's profile fragments) is declared, or a wheel would lack it
-    data = [p.relative_to(ROOT / package) for p in (ROOT / package).rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    data = [
+        p.relative_to(ROOT / package)
+        for p in (ROOT / package).rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
     missing = [str(p) for p in data if not any(p.match(glob) for glob in declared)]
     assert not missing, f"{package}: data files not in package-data: {missing}"
     if package == "magi2_core":

@@ -60,19 +60,26 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
 
 
 def _device(monkeypatch: pytest.MonkeyPatch, name: str | None, capability: str | None, kind: str = "cuda") -> None:
-    monkeypatch.setattr(devices, "device_identity",
-                        lambda t, index=None: (name, capability) if t == kind else (None, None))
+    monkeypatch.setattr(
+        devices, "device_identity", lambda t, index=None: (name, capability) if t == kind else (None, None)
+    )
     reset_profiles()
 
 
 def _doc(name: str = "toy", device: dict[str, Any] | None = None, **rows: Any) -> dict[str, Any]:
-    return {"format": "magi2-profile", "version": 1, "name": name,
-            "device": device or {"type": "cpu"},
-            "provenance": {"kind": "tune", "source": "test", "date": "2026-12-24", "tool": "magi2 tune"}, **rows}
+    return {
+        "format": "magi2-profile",
+        "version": 1,
+        "name": name,
+        "device": device or {"type": "cpu"},
+        "provenance": {"kind": "tune", "source": "test", "date": "2026-12-24", "tool": "magi2 tune"},
+        **rows,
+    }
 
 
-def _pref(prefer: list[str], op: str = "rmsnorm", when: list[dict[str, Any]] | None = None,
-          **extra: Any) -> dict[str, Any]:
+def _pref(
+    prefer: list[str], op: str = "rmsnorm", when: list[dict[str, Any]] | None = None, **extra: Any
+) -> dict[str, Any]:
     return {"op": op, "when": when or [], "prefer": prefer, "why": f"{(prefer or ['?'])[0]} measured faster", **extra}
 
 
@@ -83,13 +90,22 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
 
 
 def _norm(name: str, attr: str, priority: int) -> Capability:
-    return Capability(op="rmsnorm", name=name, impl=f"{TOY}:{attr}", device_types=("cpu",),
-                      dtypes=("float32",), priority=priority)
+    return Capability(
+        op="rmsnorm", name=name, impl=f"{TOY}:{attr}", device_types=("cpu",), dtypes=("float32",), priority=priority
+    )
 
 
 def _attention_problem(**extra: Any) -> Problem:
-    fields: dict[str, Any] = dict(tokens=512, tokens_k=512, max_seqlen_q=256, max_seqlen_k=256, num_segments=2,
-                                  head_dim=128, num_heads_q=24, num_heads_kv=24)
+    fields: dict[str, Any] = dict(
+        tokens=512,
+        tokens_k=512,
+        max_seqlen_q=256,
+        max_seqlen_k=256,
+        num_segments=2,
+        head_dim=128,
+        num_heads_q=24,
+        num_heads_kv=24,
+    )
     fields.update(extra)
     return Problem(op="attention", device_type="cuda", dtype="bfloat16", **fields)
 
@@ -117,10 +133,19 @@ def test_every_shipped_profile_is_valid_and_names_files_that_exist() -> None:
 
 
 def test_profile_methods(tmp_path: Path) -> None:
-    doc = _doc(preferences=[_pref(["a"], when=[{"field": "tokens", "op": "le", "value": 64}]), _pref(["b"])],
-               plans=[{"op": "moe_experts", "provider": "triton", "when": [{"field": "tokens", "op": "gt", "value": 8}],
-                       "plan": {"variant": "gluon", "tile": {"BLOCK_M": 64}}, "why": "measured"},
-                      {"op": "moe_experts", "provider": "triton", "plan": {"variant": "one"}, "why": "the rest"}])
+    doc = _doc(
+        preferences=[_pref(["a"], when=[{"field": "tokens", "op": "le", "value": 64}]), _pref(["b"])],
+        plans=[
+            {
+                "op": "moe_experts",
+                "provider": "triton",
+                "when": [{"field": "tokens", "op": "gt", "value": 8}],
+                "plan": {"variant": "gluon", "tile": {"BLOCK_M": 64}},
+                "why": "measured",
+            },
+            {"op": "moe_experts", "provider": "triton", "plan": {"variant": "one"}, "why": "the rest"},
+        ],
+    )
     profile = load_profile(_write(tmp_path / "p.json", doc))
     small = Problem(op="rmsnorm", device_type="cpu", dtype="float32", tokens=64)
     large = small.model_copy(update={"tokens": 65})
@@ -139,16 +164,22 @@ def test_profile_methods(tmp_path: Path) -> None:
         profile.name = "other"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"version": 2}, "version"),
-    ({"format": "other"}, "format"),
-    ({"preferences": [{"op": "rmsnorm", "prefer": ["a"]}]}, "preferences.0.why"),
-    ({"preferences": [_pref([])]}, "preferences.0.prefer"),
-    ({"preferences": [_pref(["a"], when=[{"field": "tokens", "op": "le", "value": "2048"}])]}, "preferences.0.when.0"),
-    ({"preferences": [_pref(["a"], when=[{"field": "head_dim", "op": "le", "value": 64}])]}, "preferences[0].when"),
-    ({"device": {"type": "cuda", "capability": "nine"}}, "device.capability"),
-    ({"surprise": 1}, "surprise"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"version": 2}, "version"),
+        ({"format": "other"}, "format"),
+        ({"preferences": [{"op": "rmsnorm", "prefer": ["a"]}]}, "preferences.0.why"),
+        ({"preferences": [_pref([])]}, "preferences.0.prefer"),
+        (
+            {"preferences": [_pref(["a"], when=[{"field": "tokens", "op": "le", "value": "2048"}])]},
+            "preferences.0.when.0",
+        ),
+        ({"preferences": [_pref(["a"], when=[{"field": "head_dim", "op": "le", "value": 64}])]}, "preferences[0].when"),
+        ({"device": {"type": "cuda", "capability": "nine"}}, "device.capability"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
 def test_a_bad_file_names_the_file_and_the_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
     path = _write(tmp_path / "bad.json", {**_doc(), **change})
     with pytest.raises(ProfileError) as info:
@@ -170,8 +201,11 @@ def test_not_json_or_missing(tmp_path: Path) -> None:
 def test_the_h200_gets_the_shipped_profile_and_an_unknown_device_the_generic_one(monkeypatch) -> None:
     _device(monkeypatch, *H200)
     loaded = active_profile("cuda:0", backends=())
-    assert (loaded.name, loaded.source, loaded.origins) == ("nvidia-h200", "shipped",
-                                                            ("magi2_core/profiles/nvidia-h200.json",))
+    assert (loaded.name, loaded.source, loaded.origins) == (
+        "nvidia-h200",
+        "shipped",
+        ("magi2_core/profiles/nvidia-h200.json",),
+    )
     assert any("measured with torch 2.11" in note for note in loaded.note.libraries)  # CI runs another torch
     _device(monkeypatch, "NVIDIA H20", "9.0")  # same capability, another device: not the H200's table
     loaded = active_profile("cuda", backends=())
@@ -269,8 +303,12 @@ def _tag(**kw: Any) -> float:
 
 
 def test_precedence_call_use_env_profile_priority(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
-                       providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
+    spec = BackendSpec(
+        name="toys",
+        version="0",
+        core_api=">=2.0,<3",
+        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)),
+    )
     reg = m2.get_registry()
     reg.register(InProcessBackend(spec), name="toys")
     try:
@@ -294,8 +332,12 @@ def test_precedence_call_use_env_profile_priority(tmp_path: Path, monkeypatch) -
 
 
 def test_a_preferred_provider_that_cannot_serve_gives_way_to_the_next_eligible(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
-                       providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
+    spec = BackendSpec(
+        name="toys",
+        version="0",
+        core_api=">=2.0,<3",
+        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)),
+    )
     reg = _with_reference(Registry(discover=False))
     reg.register(InProcessBackend(spec), name="toys")
     path = _write(tmp_path / "cpu.json", _doc(preferences=[_pref(["toy_low", "toy_high"])]))
@@ -320,8 +362,12 @@ def _with_reference(reg: Registry) -> Registry:
 
 
 def test_dispatcher_buckets_on_profile_boundaries(tmp_path: Path, monkeypatch) -> None:
-    spec = BackendSpec(name="toys", version="0", core_api=">=2.0,<3",
-                       providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)))
+    spec = BackendSpec(
+        name="toys",
+        version="0",
+        core_api=">=2.0,<3",
+        providers=(_norm("toy_high", "high", 50), _norm("toy_low", "low", -50)),
+    )
     reg = Registry(discover=False)
     reg.register(InProcessBackend(spec), name="toys")
     when = [{"field": "tokens", "op": "le", "value": 2048}]
@@ -359,11 +405,19 @@ def fragments_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (pkg / "__init__.py").write_text("")
     h200 = {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"}
     own = {"kind": "benchmark", "source": "their-lab/h200.json"}
-    _write(pkg / "alpha.json", _doc("alpha-h200", h200, preferences=[_pref(["alpha_attn"], "attention", id="alpha-1")],
-                                    plans=[{"op": "moe_experts", "provider": "alpha", "plan": {"v": 1}, "why": "w"}]))
+    _write(
+        pkg / "alpha.json",
+        _doc(
+            "alpha-h200",
+            h200,
+            preferences=[_pref(["alpha_attn"], "attention", id="alpha-1")],
+            plans=[{"op": "moe_experts", "provider": "alpha", "plan": {"v": 1}, "why": "w"}],
+        ),
+    )
     _write(pkg / "zeta.json", _doc("zeta-h200", h200, preferences=[_pref(["zeta_attn"], "attention", provenance=own)]))
-    _write(pkg / "generic.json",
-           _doc("zeta-generic", {"type": "cuda"}, preferences=[_pref(["zeta_attn"], "attention")]))
+    _write(
+        pkg / "generic.json", _doc("zeta-generic", {"type": "cuda"}, preferences=[_pref(["zeta_attn"], "attention")])
+    )
     _write(pkg / "broken.json", {**_doc(), "version": 7})
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     return "magi2_test_fragments"
@@ -376,8 +430,9 @@ def _fragment_backend(name: str, *resources: str) -> InProcessBackend:
 def test_fragments_merge_core_first_then_backends_by_name(fragments_pkg: str, monkeypatch) -> None:
     _device(monkeypatch, *H200)
     reg = Registry(discover=False)
-    reg.register(_fragment_backend("zeta-backend", f"{fragments_pkg}:zeta.json", f"{fragments_pkg}:generic.json"),
-                 name="zeta")
+    reg.register(
+        _fragment_backend("zeta-backend", f"{fragments_pkg}:zeta.json", f"{fragments_pkg}:generic.json"), name="zeta"
+    )
     reg.register(_fragment_backend("alpha-backend", f"{fragments_pkg}:alpha.json"), name="alpha")
     assert reg.quarantined() == ()
     loaded: LoadedProfile = profile_for("cuda", None, reg.state().profiles)
@@ -395,11 +450,13 @@ def test_fragments_merge_core_first_then_backends_by_name(fragments_pkg: str, mo
     assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == ["zeta_attn"]
 
 
-def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_generic_fragment_may_name_the_major_capability_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pkg = tmp_path / "pkgs" / "magi2_test_sm9_fragments"
-    _write(pkg / "sm9.json",
-           _doc("sm9", {"type": "cuda", "capability": "9"}, preferences=[_pref(["nine"], "attention")]))
+    _write(
+        pkg / "sm9.json", _doc("sm9", {"type": "cuda", "capability": "9"}, preferences=[_pref(["nine"], "attention")])
+    )
     (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     reg = Registry(discover=False)
@@ -411,14 +468,26 @@ def test_a_generic_fragment_may_name_the_major_capability_alone(tmp_path: Path,
         loaded = profile_for("cuda", None, reg.state().profiles)
         assert loaded.source == "generic" and [r.prefer[0] for r in loaded.profile.preferences] == rows, capability
     with pytest.raises(ProfileError, match=r"major\.minor"):  # a named device's profile gives the whole capability
-        load_profile(_write(tmp_path / "named.json",
-                            _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"})))
+        load_profile(
+            _write(tmp_path / "named.json", _doc("x", {"type": "cuda", "name": "NVIDIA H20", "capability": "9"}))
+        )
 
 
 def _plan_doc(name: str, device: dict[str, Any], *tags: str, provider: str = "toy") -> dict[str, Any]:
-    return _doc(name, device, plans=[{"op": "moe_experts", "provider": provider, "plan": {"tag": t}, "why": t,
-                                      "when": [{"field": "tokens", "op": "le", "value": 100}] if t.endswith("<=100")
-                                      else []} for t in tags])  # fmt: skip
+    return _doc(
+        name,
+        device,
+        plans=[
+            {
+                "op": "moe_experts",
+                "provider": provider,
+                "plan": {"tag": t},
+                "why": t,
+                "when": [{"field": "tokens", "op": "le", "value": 100}] if t.endswith("<=100") else [],
+            }
+            for t in tags
+        ],
+    )
 
 
 @pytest.fixture
@@ -427,16 +496,22 @@ def plan_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any
     from magi2_core.profiles import fragment_from_resource
 
     pkg = tmp_path / "pkgs" / "magi2_test_plans"
-    _write(pkg / "h200.json", _plan_doc("toy-h200", {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
-                                        "h200"))
+    _write(
+        pkg / "h200.json", _plan_doc("toy-h200", {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"}, "h200")
+    )
     _write(pkg / "sm9.json", _plan_doc("toy-sm9", {"type": "cuda", "capability": "9"}, "sm9"))
     _write(pkg / "cuda.json", _plan_doc("toy-cuda", {"type": "cuda"}, "cuda"))
-    _write(pkg / "other.json", _plan_doc("other-h100", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3",
-                                                        "capability": "9.0"}, "x", provider="other"))
+    _write(
+        pkg / "other.json",
+        _plan_doc(
+            "other-h100", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}, "x", provider="other"
+        ),
+    )
     (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
-    return tuple(fragment_from_resource("toy-backend", f"magi2_test_plans:{f}.json")
-                 for f in ("h200", "sm9", "cuda", "other"))  # fmt: skip
+    return tuple(
+        fragment_from_resource("toy-backend", f"magi2_test_plans:{f}.json") for f in ("h200", "sm9", "cuda", "other")
+    )
 
 
 def test_a_providers_plan_rows_are_its_tuned_ones_then_the_packaged_ones_for_the_device(
@@ -445,36 +520,54 @@ def test_a_providers_plan_rows_are_its_tuned_ones_then_the_packaged_ones_for_the
     from magi2_core.profiles import DeviceKey, plan_rows
 
     def rows(name: str | None, capability: str | None, profile: str | None = None) -> tuple[list[str], str]:
-        found = plan_rows("moe_experts", "toy", DeviceKey("cuda", name, capability), profile=profile,
-                          backends=plan_fragments)
+        found = plan_rows(
+            "moe_experts", "toy", DeviceKey("cuda", name, capability), profile=profile, backends=plan_fragments
+        )
         return [str(r.plan["tag"]) for r in found.rows], found.source
 
     got, source = rows("NVIDIA H200", "9.0")
-    assert got == ["h200"] and source == ("profile toy-h200 (magi2_test_plans/h200.json, measured on this device "
-                                          "model)")  # fmt: skip
+    assert got == ["h200"] and source == (
+        "profile toy-h200 (magi2_test_plans/h200.json, measured on this device model)"
+    )
     got, source = rows("NVIDIA H20", "9.0")  # the capability class's fragment refines the type-wide one
-    assert got == ["sm9"] and source.startswith("generic rows toy-sm9 (magi2_test_plans/sm9.json): no rows "
-                                                "measured for cuda 'NVIDIA H20' 9.0; `magi2 tune`")  # fmt: skip
+    assert got == ["sm9"] and source.startswith(
+        "generic rows toy-sm9 (magi2_test_plans/sm9.json): no rows measured for cuda 'NVIDIA H20' 9.0; `magi2 tune`"
+    )
     assert rows("NVIDIA B200", "10.0")[0] == ["cuda"] and rows(None, None)[0] == ["cuda"]
     assert rows("NVIDIA H100 80GB HBM3", "9.0")[0] == ["sm9"]  # a named fragment without toy rows: the generic ones
     assert rows("NVIDIA H200", "9.0", "generic")[0] == ["sm9"]  # the generic profile: the generic rows
-    tuned = _write(tmp_path / "tuned.json", _plan_doc("tuned-h200", {"type": "cuda", "name": "NVIDIA H200",
-                                                                     "capability": "9.0"}, "tuned<=100", "bad"))
+    tuned = _write(
+        tmp_path / "tuned.json",
+        _plan_doc("tuned-h200", {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"}, "tuned<=100", "bad"),
+    )
     refused: list[str] = []
 
     def check(row: Any) -> str | None:
         refused.append(str(row.plan["tag"]))
         return "a plan this provider cannot read" if row.plan["tag"] == "bad" else None
 
-    found = plan_rows("moe_experts", "toy", DeviceKey("cuda", "NVIDIA H200", "9.0"), profile=str(tuned),
-                      check=check, backends=plan_fragments)
+    found = plan_rows(
+        "moe_experts",
+        "toy",
+        DeviceKey("cuda", "NVIDIA H200", "9.0"),
+        profile=str(tuned),
+        check=check,
+        backends=plan_fragments,
+    )
     assert [r.plan["tag"] for r in found.rows] == ["tuned<=100", "h200"] and refused == ["tuned<=100", "bad", "h200"]
-    assert found.source == (f"profile tuned-h200 (given: {tuned}) rows 1-1, then profile toy-h200 "
-                            "(magi2_test_plans/h200.json, measured on this device model)")  # fmt: skip
+    assert found.source == (
+        f"profile tuned-h200 (given: {tuned}) rows 1-1, then profile toy-h200 "
+        "(magi2_test_plans/h200.json, measured on this device model)"
+    )
     assert found.rows[0].provenance is not None and found.rows[0].provenance.kind == "tune"  # its file's
     with pytest.raises(ProfileError, match=r"toy-backend .*plans row 1 of toy for moe_experts: no"):
-        plan_rows("moe_experts", "toy", DeviceKey("cuda", "NVIDIA H200", "9.0"), check=lambda row: "no",
-                  backends=plan_fragments)
+        plan_rows(
+            "moe_experts",
+            "toy",
+            DeviceKey("cuda", "NVIDIA H200", "9.0"),
+            check=lambda row: "no",
+            backends=plan_fragments,
+        )
 
 
 def test_the_generic_profile_takes_a_backends_capability_class_fragment_in_place_of_its_type_wide_one(
@@ -509,8 +602,19 @@ def test_the_example_plugin_ships_a_fragment_through_its_entry_point() -> None:
         pytest.skip("the example plugin (tests/plugins/example) is not installed")
     frag = next(f for f in reg.state().profiles if f.backend == "magi2-backend-example")
     assert frag.profile.name == "example-fpga" and frag.profile.device.name is None
-    p = Problem(op="attention", device_type="fpga", dtype="bfloat16", tokens=128, tokens_k=128, max_seqlen_q=128,
-                max_seqlen_k=128, num_segments=1, head_dim=128, num_heads_q=2, num_heads_kv=2)
+    p = Problem(
+        op="attention",
+        device_type="fpga",
+        dtype="bfloat16",
+        tokens=128,
+        tokens_k=128,
+        max_seqlen_q=128,
+        max_seqlen_k=128,
+        num_segments=1,
+        head_dim=128,
+        num_heads_q=2,
+        num_heads_kv=2,
+    )
     res = resolve_problem(p)
     assert (res.chosen, res.decided_by) == ("example_fpga", "profile"), res.explain()
     assert res.preference is not None and res.preference.id == "example-fpga-tiles"

@@ -29,8 +29,14 @@ def _plugin(name: str, *caps: Capability, core_api: str = ">=2.0,<3") -> types.M
 
 
 def _cap(name: str = "toy", op: str = "rmsnorm", priority: int = 5) -> Capability:
-    return Capability(op=op, name=name, impl="magi2_backend_reference.rmsnorm:reference_rmsnorm",  # type: ignore[arg-type]
-                      device_types=("cpu",), dtypes=("float32",), priority=priority)
+    return Capability(
+        op=op,
+        name=name,
+        impl="magi2_backend_reference.rmsnorm:reference_rmsnorm",  # type: ignore[arg-type]
+        device_types=("cpu",),
+        dtypes=("float32",),
+        priority=priority,
+    )
 
 
 def test_reference_backend_is_discovered_through_its_entry_point() -> None:
@@ -78,8 +84,9 @@ def test_allow_list_and_deny_list(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_register_unregister_and_ordering() -> None:
     reg = Registry(discover=False)
-    reg.register(_plugin("b-dist", _cap("zeta", priority=5), _cap("alpha", priority=5), _cap("top", priority=9)),
-                 name="b")
+    reg.register(
+        _plugin("b-dist", _cap("zeta", priority=5), _cap("alpha", priority=5), _cap("top", priority=9)), name="b"
+    )
     assert [p.name for p in reg.providers("rmsnorm")] == ["top", "alpha", "zeta"]  # priority, then name
     gen = reg.generation
     reg.unregister("b")
@@ -97,8 +104,9 @@ def test_core_api_mismatch_quarantines() -> None:
 _API1 = "magi2_test_core_api_1_kernels"
 
 
-def _api1_rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: object,
-                  out_dtype: torch.dtype) -> torch.Tensor:  # the core API 1 provider signature
+def _api1_rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, *, eps: float, modality_sizes: object, out_dtype: torch.dtype
+) -> torch.Tensor:  # the core API 1 provider signature
     raise AssertionError("a kernel of a quarantined core API 1 backend was called")
 
 
@@ -106,14 +114,22 @@ def test_a_backend_built_for_core_api_1_is_quarantined_with_what_changed(monkeyp
     kernels = types.ModuleType(_API1)
     kernels.rmsnorm = _api1_rmsnorm  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, _API1, kernels)
-    cap = Capability(op="rmsnorm", name="api1_rmsnorm", impl=f"{_API1}:rmsnorm", device_types=("cpu",),
-                     dtypes=("float32",), priority=1000)
+    cap = Capability(
+        op="rmsnorm",
+        name="api1_rmsnorm",
+        impl=f"{_API1}:rmsnorm",
+        device_types=("cpu",),
+        dtypes=("float32",),
+        priority=1000,
+    )
     reg = m2.get_registry()
     reg.register(_plugin("magi2-backend-api1", cap, core_api=">=1.0,<2"), name="api1")
     try:
         (item,) = [q for q in reg.quarantined() if q.entry_point == "api1"]
-        assert item.reason == ("ValueError: built for core API 1, this is 2; providers now receive one call record "
-                               "(see docs/writing-a-backend.md); upgrade the backend")
+        assert item.reason == (
+            "ValueError: built for core API 1, this is 2; providers now receive one call record "
+            "(see docs/writing-a-backend.md); upgrade the backend"
+        )
         assert "\n" not in item.reason
         x, w = torch.randn(3, 8), torch.zeros(1, 1, 8)
         assert m2.resolve("rmsnorm", x, w).chosen == "reference"  # the old provider is not considered
@@ -143,8 +159,9 @@ def test_duplicate_provider_names_quarantine_the_later_backend() -> None:
 def test_an_unhashable_object_registers_like_a_module() -> None:
     """Pluggy kept plugins in sets (an unhashable one was refused); the registry only calls them."""
     reg = Registry(discover=False)
-    unhashable = types.SimpleNamespace(magi2_backend=lambda: BackendSpec(
-        name="ns", version="0", core_api=">=2.0,<3", providers=(_cap("from_ns"),)))  # fmt: skip
+    unhashable = types.SimpleNamespace(
+        magi2_backend=lambda: BackendSpec(name="ns", version="0", core_api=">=2.0,<3", providers=(_cap("from_ns"),))
+    )
     reg.register(unhashable, name="ns")
     reg.register(_plugin("after", _cap("after")), name="after")
     assert reg.quarantined() == ()
@@ -159,8 +176,9 @@ def test_plugin_without_the_hook_is_quarantined() -> None:
 
 def test_provider_import_failure_is_a_reason_not_an_exception() -> None:
     reg = Registry(discover=False)
-    cap = Capability(op="rmsnorm", name="ghost", impl="no_such_module_xyz:kernel", device_types=("cpu",),
-                     dtypes=("float32",))
+    cap = Capability(
+        op="rmsnorm", name="ghost", impl="no_such_module_xyz:kernel", device_types=("cpu",), dtypes=("float32",)
+    )
     reg.register(_plugin("ghost", cap), name="ghost")
     impl, error = reg.providers("rmsnorm")[0].load()
     assert impl is None and error is not None and "no_such_module_xyz" in error
@@ -218,8 +236,9 @@ def test_a_plugin_that_asks_for_the_registry_while_it_is_imported_sees_it_so_far
     assert failure is None and seen == [0] and isinstance(plugin, types.ModuleType)
 
 
-def test_slow_backend_warning_says_how_to_drop_it(monkeypatch: pytest.MonkeyPatch,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_slow_backend_warning_says_how_to_drop_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from magi2_core import registry
 
     monkeypatch.setattr(registry, "SLOW_LOAD_S", -1.0)  # every load counts as slow
@@ -230,8 +249,9 @@ def test_slow_backend_warning_says_how_to_drop_it(monkeypatch: pytest.MonkeyPatc
     assert record.levelname == "WARNING" and "MAGI2_DISABLE_PLUGINS=sloth" in record.getMessage()
 
 
-@pytest.mark.parametrize(("var", "raw"), [("MAGI2_STRICT", "banana"), ("MAGI2_SHADOW", "abc"),
-                                          ("MAGI2_CHECK_DEVICE_VALUES", "maybe")])
+@pytest.mark.parametrize(
+    ("var", "raw"), [("MAGI2_STRICT", "banana"), ("MAGI2_SHADOW", "abc"), ("MAGI2_CHECK_DEVICE_VALUES", "maybe")]
+)
 def test_every_variable_is_validated_before_the_first_backend_loads(
     monkeypatch: pytest.MonkeyPatch, var: str, raw: str
 ) -> None:

@@ -63,8 +63,15 @@ def _backend(name: str, caps: tuple[Capability, ...]) -> types.ModuleType:
 
 
 def _norm(name: str, attr: str, priority: int, **extra: object) -> Capability:
-    return Capability(op="rmsnorm", name=name, impl=f"{TOY}:{attr}", device_types=("cpu",),  # type: ignore[arg-type]
-                      dtypes=("float32", "float16"), priority=priority, **extra)
+    return Capability(
+        op="rmsnorm",
+        name=name,
+        impl=f"{TOY}:{attr}",
+        device_types=("cpu",),  # type: ignore[arg-type]
+        dtypes=("float32", "float16"),
+        priority=priority,
+        **extra,
+    )
 
 
 @pytest.fixture
@@ -143,19 +150,37 @@ def test_forced_provider_that_cannot_serve_raises_with_reasons() -> None:
 
 
 def _problem(**kw: object) -> Problem:
-    base: dict[str, object] = dict(op="rmsnorm", device_type="cpu", dtype="float32", tokens=64, width=128,
-                                   num_modalities=1, num_patterns=1, out_dtype="float32")
+    base: dict[str, object] = dict(
+        op="rmsnorm",
+        device_type="cpu",
+        dtype="float32",
+        tokens=64,
+        width=128,
+        num_modalities=1,
+        num_patterns=1,
+        out_dtype="float32",
+    )
     base.update(kw)
     return Problem(**base)  # type: ignore[arg-type]
 
 
 def test_every_static_reason_code(toy_module: types.ModuleType) -> None:
-    rule = Rule(id="toy-rule", when=(Condition(field="tokens", op="lt", value=32),), reason="too short",
-                provenance=Provenance(kind="policy", source="test"))
-    cap = _norm("strict", "high", 9, out_dtypes=("float32",), ranges=(IntRange(field="width", max=256),),
-                rules=(rule,))
-    attn = Capability(op="attention", name="attn", impl=f"{TOY}:high", device_types=("cpu",), dtypes=("float16",),
-                      head_dims=(64,), features=frozenset())
+    rule = Rule(
+        id="toy-rule",
+        when=(Condition(field="tokens", op="lt", value=32),),
+        reason="too short",
+        provenance=Provenance(kind="policy", source="test"),
+    )
+    cap = _norm("strict", "high", 9, out_dtypes=("float32",), ranges=(IntRange(field="width", max=256),), rules=(rule,))
+    attn = Capability(
+        op="attention",
+        name="attn",
+        impl=f"{TOY}:high",
+        device_types=("cpu",),
+        dtypes=("float16",),
+        head_dims=(64,),
+        features=frozenset(),
+    )
     reg = Registry(discover=False)
     reg.register(_backend("strict-dist", (cap, attn)), name="strict")
     bad = _problem(device_type="musa", dtype="bfloat16", out_dtype="bfloat16", width=512, tokens=8)
@@ -164,12 +189,12 @@ def test_every_static_reason_code(toy_module: types.ModuleType) -> None:
     res = err.value.resolution
     assert res is not None
     codes = {r.code for r in res.candidates[0].reasons}
-    assert codes == {ReasonCode.DEVICE_TYPE, ReasonCode.DTYPE, ReasonCode.OUT_DTYPE, ReasonCode.RANGE,
-                     ReasonCode.RULE}
+    assert codes == {ReasonCode.DEVICE_TYPE, ReasonCode.DTYPE, ReasonCode.OUT_DTYPE, ReasonCode.RANGE, ReasonCode.RULE}
     rule_reason = next(r for r in res.candidates[0].reasons if r.code == ReasonCode.RULE)
     assert rule_reason.field == "toy-rule" and "policy: test" in rule_reason.detail
-    aprob = Problem(op="attention", device_type="cpu", dtype="float16", head_dim=128,
-                    features=frozenset({Feature.SINKS}))
+    aprob = Problem(
+        op="attention", device_type="cpu", dtype="float16", head_dim=128, features=frozenset({Feature.SINKS})
+    )
     with pytest.raises(NoEligibleProviderError) as err:
         resolve_problem(aprob, registry=reg)
     res = err.value.resolution
@@ -179,8 +204,9 @@ def test_every_static_reason_code(toy_module: types.ModuleType) -> None:
 
 
 def test_runtime_reason_codes_and_not_reached(toy_module: types.ModuleType) -> None:
-    ghost = Capability(op="rmsnorm", name="ghost", impl="no_such_module_q:k", device_types=("cpu",),
-                       dtypes=("float16",), priority=30)
+    ghost = Capability(
+        op="rmsnorm", name="ghost", impl="no_such_module_q:k", device_types=("cpu",), dtypes=("float16",), priority=30
+    )
     reg = Registry(discover=False)
     reg.register(_backend("rt", (ghost, _norm("picky", "picky", 20), _norm("low", "low", 10))), name="rt")
     res = resolve_problem(_problem(dtype="float16"), registry=reg)
@@ -200,8 +226,12 @@ def test_cache_buckets_by_rule_boundaries_and_invalidates(
 ) -> None:
     # use() checks names against the process registry; this test's providers live in a private one
     monkeypatch.setattr(overrides, "_name_check", None)
-    rule = Rule(id="short", when=(Condition(field="tokens", op="lt", value=32),), reason="r",
-                provenance=Provenance(kind="policy", source="test"))
+    rule = Rule(
+        id="short",
+        when=(Condition(field="tokens", op="lt", value=32),),
+        reason="r",
+        provenance=Provenance(kind="policy", source="test"),
+    )
     reg = Registry(discover=False)
     reg.register(_backend("c", (_norm("fast", "high", 9, rules=(rule,)), _norm("slow", "low", 1))), name="c")
     disp = Dispatcher(reg)
@@ -258,8 +288,9 @@ def test_thread_and_task_isolation_of_overrides(toy_global: None) -> None:
             return ok and _tag() == tag
 
     async def main() -> list[bool]:
-        return list(await asyncio.gather(*(task("toy_low", 1.0) if i % 2 else task("toy_high", 2.0)
-                                           for i in range(10))))
+        return list(
+            await asyncio.gather(*(task("toy_low", 1.0) if i % 2 else task("toy_high", 2.0) for i in range(10)))
+        )
 
     assert all(asyncio.run(main()))
 
@@ -273,8 +304,9 @@ def test_resolve_never_runs_a_kernel(toy_global: None, toy_module: types.ModuleT
 
 def test_an_unknown_use_name_raises_on_entry_listing_the_valid_ones() -> None:
     entered = False
-    with pytest.raises(m2.UnknownProviderError,
-                       match=r"attention: no provider named 'refrence' \(use\(attention=") as exc:
+    with pytest.raises(
+        m2.UnknownProviderError, match=r"attention: no provider named 'refrence' \(use\(attention="
+    ) as exc:
         with m2.use(attention="refrence"):
             entered = True
     assert not entered and "'reference'" in str(exc.value)
@@ -290,8 +322,9 @@ def test_an_unknown_env_provider_is_reported_by_any_op_not_only_its_own(monkeypa
     monkeypatch.setenv("MAGI2_ATTENTION_PROVIDER", "flash")
     m2.reload_config()
     try:
-        with pytest.raises(m2.UnknownProviderError,
-                           match=r"'flash' \(env override MAGI2_ATTENTION_PROVIDER\); installed"):
+        with pytest.raises(
+            m2.UnknownProviderError, match=r"'flash' \(env override MAGI2_ATTENTION_PROVIDER\); installed"
+        ):
             m2.rmsnorm(torch.randn(3, 20), torch.zeros(20))
     finally:
         monkeypatch.delenv("MAGI2_ATTENTION_PROVIDER")

@@ -166,8 +166,15 @@ def _fake(fix: Fix) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     def kernel(call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
         probs, idx = reference_moe_route(call)
         probs, idx = probs.clone(), idx.clone()
-        truth = route_truth(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                            route_norm=call.route_norm, score_func=call.score_func)
+        truth = route_truth(
+            call.x,
+            call.router_weight,
+            call.bias,
+            top_k=call.top_k,
+            route_scale=call.route_scale,
+            route_norm=call.route_norm,
+            score_func=call.score_func,
+        )
         fix(probs, idx, truth.selection)
         return probs, idx
 
@@ -201,9 +208,17 @@ REORDERED = _fake(_reorder_near_ties)
 
 
 def _cap(name: str, impl: str) -> Capability:
-    return Capability(op="moe_route", name=name, impl=f"{__name__}:{impl}", version="0", device_types=("cpu",),
-                      dtypes=("bfloat16",), features=frozenset({Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}),
-                      priority=-10, description="a deliberately edited reference route")
+    return Capability(
+        op="moe_route",
+        name=name,
+        impl=f"{__name__}:{impl}",
+        version="0",
+        device_types=("cpu",),
+        dtypes=("bfloat16",),
+        features=frozenset({Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}),
+        priority=-10,
+        description="a deliberately edited reference route",
+    )
 
 
 def test_kit_fails_a_provider_with_a_wrong_expert_on_a_clear_row() -> None:

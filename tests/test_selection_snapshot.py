@@ -44,29 +44,66 @@ DEVICES: dict[str, dict[str, Any]] = {
 }
 # A tuned profile of the H200 with preference rows and plan rows (one malformed, one of another provider).
 TUNED: dict[str, Any] = {
-    "format": "magi2-profile", "version": 1, "name": "tuned-nvidia-h200",
+    "format": "magi2-profile",
+    "version": 1,
+    "name": "tuned-nvidia-h200",
     "device": {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
     "provenance": {"kind": "tune", "source": "magi2 tune on cuda NVIDIA H200", "date": "2026-12-06"},
     "preferences": [
-        {"op": "rmsnorm", "id": "tune-norm", "prefer": ["reference"], "why": "measured fastest here",
-         "when": [{"field": "tokens", "op": "le", "value": 20000}]},
-        {"op": "attention", "id": "tune-attention", "prefer": ["torch_varlen"], "why": "measured fastest here",
-         "when": [{"field": "max_seqlen_q", "op": "le", "value": 1024}]},
+        {
+            "op": "rmsnorm",
+            "id": "tune-norm",
+            "prefer": ["reference"],
+            "why": "measured fastest here",
+            "when": [{"field": "tokens", "op": "le", "value": 20000}],
+        },
+        {
+            "op": "attention",
+            "id": "tune-attention",
+            "prefer": ["torch_varlen"],
+            "why": "measured fastest here",
+            "when": [{"field": "max_seqlen_q", "op": "le", "value": 1024}],
+        },
     ],
     "plans": [
-        {"op": "moe_experts", "provider": "triton", "id": "tune-1",
-         "when": [{"field": "dtype", "op": "eq", "value": "bfloat16"},
-                  {"field": "routes_per_expert", "op": "le", "value": 100}],
-         "plan": {"variant": "two_kernel", "align": "atomic",
-                  "tile": {"BLOCK_M": 32, "BLOCK_N1": 64, "BLOCK_K1": 32, "num_warps1": 4, "num_stages1": 2,
-                           "GROUP_M1": 8, "BLOCK_N2": 64, "BLOCK_K2": 32, "num_warps2": 4, "num_stages2": 2,
-                           "GROUP_M2": 8, "PACKED_W13": 1}},
-         "why": "measured fastest here"},
-        {"op": "moe_experts", "provider": "triton", "id": "broken",
-         "plan": {"variant": "two_kernel", "tile": {"BLOCK_M": 32}, "align": "atomic"}, "why": "hand-edited"},
+        {
+            "op": "moe_experts",
+            "provider": "triton",
+            "id": "tune-1",
+            "when": [
+                {"field": "dtype", "op": "eq", "value": "bfloat16"},
+                {"field": "routes_per_expert", "op": "le", "value": 100},
+            ],
+            "plan": {
+                "variant": "two_kernel",
+                "align": "atomic",
+                "tile": {
+                    "BLOCK_M": 32,
+                    "BLOCK_N1": 64,
+                    "BLOCK_K1": 32,
+                    "num_warps1": 4,
+                    "num_stages1": 2,
+                    "GROUP_M1": 8,
+                    "BLOCK_N2": 64,
+                    "BLOCK_K2": 32,
+                    "num_warps2": 4,
+                    "num_stages2": 2,
+                    "GROUP_M2": 8,
+                    "PACKED_W13": 1,
+                },
+            },
+            "why": "measured fastest here",
+        },
+        {
+            "op": "moe_experts",
+            "provider": "triton",
+            "id": "broken",
+            "plan": {"variant": "two_kernel", "tile": {"BLOCK_M": 32}, "align": "atomic"},
+            "why": "hand-edited",
+        },
         {"op": "moe_experts", "provider": "other", "plan": {"x": 1}, "why": "another provider's row"},
     ],
-}  # fmt: skip
+}
 TUNED_PATH = "<tuned file>"  # the temporary file's path, as the record writes it
 # Token counts that cross every boundary of the shipped rows (routes per expert 16, 64, 128, 256 at 256
 # experts and top-6), and the ends of the range.

@@ -30,16 +30,22 @@ OWNER = "magi2-backend-toy"
 
 
 def _setting(name: str = "MAGI2_TOY_MODE", **kw: Any) -> Setting:
-    fields: dict[str, Any] = {"kind": "choice", "choices": ("fast", "exact"), "default": "exact",
-                              "help": "the toy's mode"}
+    fields: dict[str, Any] = {
+        "kind": "choice",
+        "choices": ("fast", "exact"),
+        "default": "exact",
+        "help": "the toy's mode",
+    }
     return Setting(name=name, **(fields | kw))
 
 
-def _backend(name: str, *settings: Setting,
-             corrections: tuple[SinkCorrectionSpec, ...] = ()) -> Callable[[], BackendSpec]:
+def _backend(
+    name: str, *settings: Setting, corrections: tuple[SinkCorrectionSpec, ...] = ()
+) -> Callable[[], BackendSpec]:
     """What an entry point names: a function returning the whole spec."""
-    return lambda: BackendSpec(name=name, version="0", core_api=">=2.0,<3", providers=(), settings=settings,
-                               sink_corrections=corrections)
+    return lambda: BackendSpec(
+        name=name, version="0", core_api=">=2.0,<3", providers=(), settings=settings, sink_corrections=corrections
+    )
 
 
 @pytest.fixture
@@ -86,8 +92,11 @@ def test_the_same_declaration_twice_is_counted_and_needs_two_withdrawals(declare
 
 
 def test_a_name_the_core_declares_is_a_conflict_naming_both_owners() -> None:
-    with pytest.raises(config.SettingConflict, match=r"MAGI2_SHADOW is already declared by magi2-core; "
-                                                     r"magi2-backend-toy declares it too"):
+    with pytest.raises(
+        config.SettingConflict,
+        match=r"MAGI2_SHADOW is already declared by magi2-core; "
+        r"magi2-backend-toy declares it too",
+    ):
         config.declare(_setting("MAGI2_SHADOW"), OWNER)
     assert config.get("MAGI2_SHADOW") == 0.0  # the core's variable keeps its meaning
 
@@ -213,9 +222,7 @@ def test_a_pluggy_style_entry_point_is_quarantined_with_what_to_change() -> None
 
 
 def test_an_in_process_object_with_the_old_sink_hook_is_refused() -> None:
-    legacy = types.SimpleNamespace(
-        magi2_backend=_backend("magi2-backend-old"), magi2_sink_corrections=lambda: ()
-    )
+    legacy = types.SimpleNamespace(magi2_backend=_backend("magi2-backend-old"), magi2_sink_corrections=lambda: ())
     reg = Registry(discover=False)
     reg.register(legacy, "old")
     assert "register its magi2_backend function" in reg.quarantined()[0].reason and reg.backends() == []
@@ -253,8 +260,9 @@ def test_a_backend_function_that_raises_is_quarantined_alone() -> None:
 
 
 def test_sink_corrections_come_in_the_spec() -> None:
-    spec = SinkCorrectionSpec(name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction",
-                              device_types=("cpu",))
+    spec = SinkCorrectionSpec(
+        name="toy_sinks", impl="magi2_core.sink_correction.reference:apply_sink_correction", device_types=("cpu",)
+    )
     reg = Registry(discover=False)
     reg.register(_backend("magi2-backend-sinks", corrections=(spec,)), "sinks")
     (got,) = reg.state().sink_corrections
@@ -287,8 +295,11 @@ def _gen_config_doc() -> Any:
 def test_the_configuration_page_names_each_variables_owner() -> None:
     page = _gen_config_doc().render()
     assert page == (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1] for line in page.splitlines()
-            if line.startswith("| `MAGI2_")}
+    rows = {
+        line.split(" | ")[0].strip("| `"): line.split(" | ")[1]
+        for line in page.splitlines()
+        if line.startswith("| `MAGI2_")
+    }
     assert rows["MAGI2_SHADOW"] == "magi2-core"
     assert rows["MAGI2_MATE_BACKEND"] == rows["MAGI2_MATE_SINK_CORRECTION"] == "magi2-backend-musa-mate"
     assert rows["MAGI2_VLLM_OMNI"] == rows["MAGI2_ROUTER_BIAS_SOURCE"] == "magi2-core (vllm-omni integration)"

@@ -24,13 +24,20 @@ CORE_IMPL = "magi2_core.sink_correction.reference:apply_sink_correction"
 
 def _contributor(dist: str, *corrections: Any, settings: tuple[Setting, ...] = ()) -> Callable[[], BackendSpec]:
     """What an entry point names: the spec is built when the registry calls it (a bad one is quarantined)."""
-    return lambda: BackendSpec(name=dist, version="0", core_api=">=2.0,<3", providers=(),
-                               sink_corrections=corrections, settings=settings)
+    return lambda: BackendSpec(
+        name=dist, version="0", core_api=">=2.0,<3", providers=(), sink_corrections=corrections, settings=settings
+    )
 
 
 # A backend's setting that forces the correction on MUSA, as magi2-backend-musa-mate's does.
-TOY_FORCE = Setting(name="MAGI2_TOY_SINK_CORRECTION", kind="choice", choices=("torch", "triton"), default="torch",
-                    help="the toy MUSA backend's sink correction", forces_sink_correction_on="musa")
+TOY_FORCE = Setting(
+    name="MAGI2_TOY_SINK_CORRECTION",
+    kind="choice",
+    choices=("torch", "triton"),
+    default="torch",
+    help="the toy MUSA backend's sink correction",
+    forces_sink_correction_on="musa",
+)
 
 
 def _spec(name: str, impl: str = CORE_IMPL, device_types: tuple[str, ...] = ("cuda",), priority: int = 10) -> Any:

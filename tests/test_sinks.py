@@ -223,8 +223,9 @@ def _fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux, scale, e
     from magi2_backend_reference.attention import exact_attention
 
     assert return_aux.lse and enable_gqa == (q.shape[1] != k.shape[1])
-    o, lse = exact_attention(q, k, v, cu_q, cu_k, softmax_scale=scale, softcap=0.0, sinks=None, sink_rescale="fp32",
-                             return_lse=True)
+    o, lse = exact_attention(
+        q, k, v, cu_q, cu_k, softmax_scale=scale, softcap=0.0, sinks=None, sink_rescale="fp32", return_lse=True
+    )
     assert lse is not None
     return o, lse.masked_fill(lse == -INF, INF)
 
@@ -244,11 +245,19 @@ def test_torch_varlen_follows_the_upstream_sink_kinds(
     cu_q = torch.tensor([0, 11, 18, 30], dtype=torch.int32)
     cu_k = torch.tensor([0, 14, 14, 33], dtype=torch.int32)  # the second segment has no keys
     sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(7 + n_sinks))
-    kw = {"max_seqlen_q": 12, "max_seqlen_k": 19, "softmax_scale": 32**-0.5, "softcap": 0.0,
-          "sink_rescale": rescale, "deterministic": False, "return_lse": True}
+    kw = {
+        "max_seqlen_q": 12,
+        "max_seqlen_k": 19,
+        "softmax_scale": 32**-0.5,
+        "softcap": 0.0,
+        "sink_rescale": rescale,
+        "deterministic": False,
+        "return_lse": True,
+    }
     o, lse = provider(call_record("attention", q, k, v, cu_q, cu_k, sinks=sinks, **kw))
-    ref_o, ref_lse = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True,
-                                  provider="reference")
+    ref_o, ref_lse = m2.attention(
+        q, k, v, cu_q, cu_k, sinks=sinks, sink_rescale=rescale, return_lse=True, provider="reference"
+    )
     assert lse is not None and accept_attention(o, ref_o) and accept_lse(lse, ref_lse, q.dtype)
     plain_o, plain_lse = provider(call_record("attention", q, k, v, cu_q, cu_k, sinks=None, **kw))
     assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse) == []

@@ -49,8 +49,9 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
     mod.fast = Kernel(unavailable=True)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, MOD, mod)
     caps = (
-        Capability(op="moe_route", name="fast_npu", impl=f"{MOD}:fast", device_types=("npu",),
-                   dtypes=("float32",), priority=20),
+        Capability(
+            op="moe_route", name="fast_npu", impl=f"{MOD}:fast", device_types=("npu",), dtypes=("float32",), priority=20
+        ),
     )
     plugin = types.ModuleType("strict_toy_plugin")
 

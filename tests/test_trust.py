@@ -67,8 +67,14 @@ def test_provider_reference_shadow_and_kit_run_the_genuine_reference() -> None:
 
 
 def test_in_process_backend_cannot_declare_a_reference_provider() -> None:
-    cap = Capability(op="rmsnorm", name="reference", impl="magi2_backend_reference.rmsnorm:reference_rmsnorm",
-                     device_types=("*",), dtypes=("float32",), priority=1000)
+    cap = Capability(
+        op="rmsnorm",
+        name="reference",
+        impl="magi2_backend_reference.rmsnorm:reference_rmsnorm",
+        device_types=("*",),
+        dtypes=("float32",),
+        priority=1000,
+    )
     with pytest.raises(ValueError, match="reserved"), registered_backend(cap, name="sneaky"):
         pass
     assert m2.get_registry().provider("rmsnorm", "reference").capability.backend == REFERENCE_DIST  # type: ignore[union-attr]
@@ -86,8 +92,14 @@ def test_registry_changes_while_other_threads_call_ops(monkeypatch: pytest.Monke
     mod = types.ModuleType("magi2_race_kernels")
     mod.tag = _Tag(-7.0)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    cap = Capability(op="rmsnorm", name="racer", impl="magi2_race_kernels:tag", device_types=("cpu",),
-                     dtypes=("float32",), priority=10_000)
+    cap = Capability(
+        op="rmsnorm",
+        name="racer",
+        impl="magi2_race_kernels:tag",
+        device_types=("cpu",),
+        dtypes=("float32",),
+        priority=10_000,
+    )
     x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -133,8 +145,14 @@ def test_unregister_during_resolution_neither_crashes_nor_leaves_a_stale_kernel(
     mod = types.ModuleType("magi2_vanishing_kernels")
     mod.kernel = _Vanishing()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    cap = Capability(op="rmsnorm", name="vanishing", impl="magi2_vanishing_kernels:kernel", device_types=("cpu",),
-                     dtypes=("float32",), priority=10_000)
+    cap = Capability(
+        op="rmsnorm",
+        name="vanishing",
+        impl="magi2_vanishing_kernels:kernel",
+        device_types=("cpu",),
+        dtypes=("float32",),
+        priority=10_000,
+    )
     spec = BackendSpec(name="vanishing", version="0", core_api=">=2.0,<3", providers=(cap,))
     m2.get_registry().register(InProcessBackend(spec), name="vanishing")
     x, w = torch.randn(4, 8), torch.randn(1, 1, 8)
@@ -150,8 +168,12 @@ def test_float_threshold_on_an_integer_field_is_rejected() -> None:
     with pytest.raises(pydantic.ValidationError, match="integer problem field"):
         Condition(field="tokens", op="in", value=(1, "2"))
     assert Condition(field="max_seqlen_q", op="lt", value=20).boundaries() == (20, 21)
-    Rule(id="ok", when=(Condition(field="dtype", op="eq", value="float16"),), reason="r",
-         provenance=Provenance(kind="policy", source="test"))
+    Rule(
+        id="ok",
+        when=(Condition(field="dtype", op="eq", value="float16"),),
+        reason="r",
+        provenance=Provenance(kind="policy", source="test"),
+    )
 
 
 def _plugin(name: str, core_api: str = ">=2.0,<3") -> types.ModuleType:

@@ -66,8 +66,10 @@ def _norm(call: RMSNormCall) -> torch.Tensor:
 class Planned:
     """A moe_experts kernel object with two plans, timed through ``run_plan``."""
 
-    PLANS = (Plan(variant="narrow", tile={"BLOCK": 16}, align="sorted", why="row 1"),
-             Plan(variant="wide", tile={"BLOCK": 64}, align="sorted", why="candidate"))
+    PLANS = (
+        Plan(variant="narrow", tile={"BLOCK": 16}, align="sorted", why="row 1"),
+        Plan(variant="wide", tile={"BLOCK": 64}, align="sorted", why="candidate"),
+    )
 
     def __init__(self) -> None:
         self.ran: list[str] = []
@@ -98,16 +100,39 @@ def toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.Modu
     mod.planned = Planned()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, MOD, mod)
     caps = (
-        Capability(op="rmsnorm", name="toy_a", impl=f"{MOD}:norm", device_types=("cpu",), dtypes=("float32",),
-                   out_dtypes=("float32",), priority=5),
-        Capability(op="rmsnorm", name="toy_b", impl=f"{MOD}:norm", device_types=("cpu",), dtypes=("float32",),
-                   out_dtypes=("float32",), priority=4),
-        Capability(op="moe_experts", name="toy_planned", impl=f"{MOD}:planned", device_types=("cpu",),
-                   dtypes=("float32",), features=frozenset({Feature.DETERMINISTIC}), priority=5),
-    )  # fmt: skip
+        Capability(
+            op="rmsnorm",
+            name="toy_a",
+            impl=f"{MOD}:norm",
+            device_types=("cpu",),
+            dtypes=("float32",),
+            out_dtypes=("float32",),
+            priority=5,
+        ),
+        Capability(
+            op="rmsnorm",
+            name="toy_b",
+            impl=f"{MOD}:norm",
+            device_types=("cpu",),
+            dtypes=("float32",),
+            out_dtypes=("float32",),
+            priority=4,
+        ),
+        Capability(
+            op="moe_experts",
+            name="toy_planned",
+            impl=f"{MOD}:planned",
+            device_types=("cpu",),
+            dtypes=("float32",),
+            features=frozenset({Feature.DETERMINISTIC}),
+            priority=5,
+        ),
+    )
     reg = get_registry()
-    reg.register(InProcessBackend(BackendSpec(name="tuning-toys", version="0", core_api=">=2.0,<3", providers=caps)),
-                 name="tuning_toys")
+    reg.register(
+        InProcessBackend(BackendSpec(name="tuning-toys", version="0", core_api=">=2.0,<3", providers=caps)),
+        name="tuning_toys",
+    )
     m2.reload_config()
     yield mod
     monkeypatch.undo()  # the environment as it was (TRITON_INTERPRET included) before the registry reloads
@@ -146,15 +171,22 @@ def test_the_default_grid_covers_the_production_shapes() -> None:
     assert any(isinstance(p, RouteShape) for p in grid) and sum(isinstance(p, NormShape) for p in grid) == 4
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"points": [{"op": "convolution", "tokens": 4}]}, r"points\[0\]: .*convolution"),
-    ({"points": [{"op": "moe_experts", "tokens": 4, "heads": 3, "colour": 1}]}, r"points\[0\]\.moe_experts\.colour"),
-    ({"points": [{"op": "moe_route", "tokens": 0}]}, r"points\[0\]\.moe_route\.tokens"),
-    ({"points": [{"op": "rmsnorm", "shape": [8, 4]}, {"op": "rmsnorm", "shape": [8, 4]}]}, "repeated"),
-    ({"points": []}, "non-empty list"),
-    ({"points": [], "extra": 1}, "no other keys"),
-    ({"points": [{"op": "attention", "lengths": [8], "heads_q": 6, "heads_kv": 4}]}, "multiple of heads_kv"),
-], ids=["unknown-op", "unknown-key", "bad-value", "duplicate", "empty", "extra-key", "gqa"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"points": [{"op": "convolution", "tokens": 4}]}, r"points\[0\]: .*convolution"),
+        (
+            {"points": [{"op": "moe_experts", "tokens": 4, "heads": 3, "colour": 1}]},
+            r"points\[0\]\.moe_experts\.colour",
+        ),
+        ({"points": [{"op": "moe_route", "tokens": 0}]}, r"points\[0\]\.moe_route\.tokens"),
+        ({"points": [{"op": "rmsnorm", "shape": [8, 4]}, {"op": "rmsnorm", "shape": [8, 4]}]}, "repeated"),
+        ({"points": []}, "non-empty list"),
+        ({"points": [], "extra": 1}, "no other keys"),
+        ({"points": [{"op": "attention", "lengths": [8], "heads_q": 6, "heads_kv": 4}]}, "multiple of heads_kv"),
+    ],
+    ids=["unknown-op", "unknown-key", "bad-value", "duplicate", "empty", "extra-key", "gqa"],
+)
 def test_a_bad_shapes_file_names_the_point_and_the_field(data: Any, message: str) -> None:
     with pytest.raises(InvalidValueError, match=message) as err:
         parse_shapes(data, "mine.json")
@@ -178,22 +210,47 @@ def test_cuts_are_geometric_means_between_neighbours() -> None:
         cut(4, 4)
 
 
-def _result(tokens: int, times: dict[str, float], *, sinks: bool = False, kseg: int | None = None,
-            plans: dict[str, float] | None = None) -> PointResult:
-    problem = Problem(op="attention", device_type="cuda", dtype="bfloat16", tokens=tokens, max_seqlen_q=kseg or tokens,
-                      max_seqlen_k=kseg or tokens, num_heads_q=24, num_heads_kv=24, head_dim=128,
-                      features=frozenset({Feature.SINKS} if sinks else ()))
+def _result(
+    tokens: int,
+    times: dict[str, float],
+    *,
+    sinks: bool = False,
+    kseg: int | None = None,
+    plans: dict[str, float] | None = None,
+) -> PointResult:
+    problem = Problem(
+        op="attention",
+        device_type="cuda",
+        dtype="bfloat16",
+        tokens=tokens,
+        max_seqlen_q=kseg or tokens,
+        max_seqlen_k=kseg or tokens,
+        num_heads_q=24,
+        num_heads_kv=24,
+        head_dim=128,
+        features=frozenset({Feature.SINKS} if sinks else ()),
+    )
     return PointResult(
-        id=f"p{tokens}{'s' if sinks else ''}", op="attention", problem=problem, resolved=None, eligible=tuple(times),
+        id=f"p{tokens}{'s' if sinks else ''}",
+        op="attention",
+        problem=problem,
+        resolved=None,
+        eligible=tuple(times),
         providers={k: {"p50": v, "p10": v, "p90": v} for k, v in times.items()},
-        plans=tuple(PlanResult(provider="x", plan=Plan(variant=k, tile={}, align="a", why=""), ms={"p50": v})
-                    for k, v in (plans or {}).items()),
-    )  # fmt: skip
+        plans=tuple(
+            PlanResult(provider="x", plan=Plan(variant=k, tile={}, align="a", why=""), ms={"p50": v})
+            for k, v in (plans or {}).items()
+        ),
+    )
 
 
 def test_regions_cut_between_winners_with_open_ends_and_pin_the_class() -> None:
-    pts = [_result(512, {"a": 1.0, "b": 2.0}), _result(2048, {"a": 1.0, "b": 1.5}),
-           _result(8192, {"a": 3.0, "b": 2.0}), _result(512, {"a": 5.0, "b": 1.0}, sinks=True)]
+    pts = [
+        _result(512, {"a": 1.0, "b": 2.0}),
+        _result(2048, {"a": 1.0, "b": 1.5}),
+        _result(8192, {"a": 3.0, "b": 2.0}),
+        _result(512, {"a": 5.0, "b": 1.0}, sinks=True),
+    ]
     rows = preference_rows(pts, ["attention"])
     assert [r.prefer for r in rows] == [("a", "b"), ("b", "a"), ("b", "a")]
     short, long, sink = rows
@@ -206,12 +263,34 @@ def test_regions_cut_between_winners_with_open_ends_and_pin_the_class() -> None:
 
 def test_plan_regions_follow_routes_per_expert() -> None:
     def experts(tokens: int, best: str) -> PointResult:
-        problem = Problem(op="moe_experts", device_type="cuda", dtype="bfloat16", tokens=tokens, num_heads=3,
-                          num_experts=256, top_k=6, hidden=256, intermediate=1280)
-        plans = tuple(PlanResult(provider="triton", plan=Plan(variant=v, tile={"BLOCK_M": 64}, align="atomic", why=""),
-                                 ms={"p50": 1.0 if v == best else 2.0}) for v in ("gluon", "two_kernel"))
-        return PointResult(id=f"e{tokens}", op="moe_experts", problem=problem, resolved="triton", eligible=("triton",),
-                           providers={"triton": {"p50": 1.0}}, plans=plans)
+        problem = Problem(
+            op="moe_experts",
+            device_type="cuda",
+            dtype="bfloat16",
+            tokens=tokens,
+            num_heads=3,
+            num_experts=256,
+            top_k=6,
+            hidden=256,
+            intermediate=1280,
+        )
+        plans = tuple(
+            PlanResult(
+                provider="triton",
+                plan=Plan(variant=v, tile={"BLOCK_M": 64}, align="atomic", why=""),
+                ms={"p50": 1.0 if v == best else 2.0},
+            )
+            for v in ("gluon", "two_kernel")
+        )
+        return PointResult(
+            id=f"e{tokens}",
+            op="moe_experts",
+            problem=problem,
+            resolved="triton",
+            eligible=("triton",),
+            providers={"triton": {"p50": 1.0}},
+            plans=plans,
+        )
 
     rows = plan_rows([experts(512, "gluon"), experts(4096, "gluon"), experts(14601, "two_kernel")], "triton")
     assert [r.plan["variant"] for r in rows] == ["gluon", "two_kernel"]
@@ -220,12 +299,18 @@ def test_plan_regions_follow_routes_per_expert() -> None:
     assert preference_rows([experts(512, "gluon")], ["moe_experts"]) == []  # one provider: priority decides
 
 
-def test_tune_with_a_fake_timer_is_deterministic_and_the_profile_serves(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    points = [*norm_points(8, 64, 512), ExpertsShape(op="moe_experts", tokens=16, heads=1, experts=4, top_k=2,
-                                                     hidden=8, intermediate=16, dtype="float32"),
-              ExpertsShape(op="moe_experts", tokens=64, heads=1, experts=4, top_k=2, hidden=8, intermediate=16,
-                           dtype="float32")]  # fmt: skip
+def test_tune_with_a_fake_timer_is_deterministic_and_the_profile_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    points = [
+        *norm_points(8, 64, 512),
+        ExpertsShape(
+            op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16, dtype="float32"
+        ),
+        ExpertsShape(
+            op="moe_experts", tokens=64, heads=1, experts=4, top_k=2, hidden=8, intermediate=16, dtype="float32"
+        ),
+    ]
     runs = []
     for name in ("one.json", "two.json"):
         timer = FakeTimer(toy_cost)
@@ -268,26 +353,58 @@ def test_a_stopped_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     timer = FakeTimer(toy_cost)
     tune(points, device="cpu", reps=2, warmup=0, out=out, fresh=True, timer=timer, key=CPU)
     assert {label.split("/")[0] for label in timer.labels} == {p.id for p in points}
-    partial_path(out).write_text(json.dumps({"format": "magi2-tune-partial", "device": {"type": "cpu", "name": "other",
-                                                                                       "capability": None},
-                                             "points": []}))
-    assert "not on this" in tune(points[:1], device="cpu", reps=1, warmup=0, out=out, timer=FakeTimer(toy_cost),
-                                 key=CPU).note
+    partial_path(out).write_text(
+        json.dumps(
+            {
+                "format": "magi2-tune-partial",
+                "device": {"type": "cpu", "name": "other", "capability": None},
+                "points": [],
+            }
+        )
+    )
+    assert (
+        "not on this"
+        in tune(points[:1], device="cpu", reps=1, warmup=0, out=out, timer=FakeTimer(toy_cost), key=CPU).note
+    )
 
 
 def test_the_previous_profiles_rows_follow_the_measured_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = tune(norm_points(8), device="cpu", reps=1, warmup=0, out=tmp_path / "old.json",
-               timer=FakeTimer(lambda label: 1.0 if "toy_b" in label else 2.0), key=CPU)
+    old = tune(
+        norm_points(8),
+        device="cpu",
+        reps=1,
+        warmup=0,
+        out=tmp_path / "old.json",
+        timer=FakeTimer(lambda label: 1.0 if "toy_b" in label else 2.0),
+        key=CPU,
+    )
     assert old.profile.preferences[0].prefer[0] == "toy_b"
     monkeypatch.setenv("MAGI2_PROFILE", str(old.path))
     m2.reload_config()
-    new = tune(norm_points(8, 512), device="cpu", reps=1, warmup=0, out=tmp_path / "new.json",
-               timer=FakeTimer(toy_cost), key=CPU)
+    new = tune(
+        norm_points(8, 512),
+        device="cpu",
+        reps=1,
+        warmup=0,
+        out=tmp_path / "new.json",
+        timer=FakeTimer(toy_cost),
+        key=CPU,
+    )
     # the old tune's rows for rmsnorm are replaced, not kept behind the new ones
     assert [r.id for r in new.profile.preferences] == ["tune-rmsnorm-1", "tune-rmsnorm-2"]
-    moe = tune([ExpertsShape(op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16,
-                             dtype="float32")], device="cpu", reps=1, warmup=0, out=tmp_path / "moe.json",
-               timer=FakeTimer(toy_cost), key=CPU)  # fmt: skip
+    moe = tune(
+        [
+            ExpertsShape(
+                op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16, dtype="float32"
+            )
+        ],
+        device="cpu",
+        reps=1,
+        warmup=0,
+        out=tmp_path / "moe.json",
+        timer=FakeTimer(toy_cost),
+        key=CPU,
+    )
     assert [r.op for r in moe.profile.preferences] == ["rmsnorm"]  # another op's tuned rows stay
     assert "old" not in moe.profile.provenance.note and "rows after the measured ones" in moe.profile.provenance.note
 
@@ -330,13 +447,17 @@ def test_cli_show_on_a_device_without_measurements_names_tune() -> None:
     assert [(p["op"], p["provider"], len(p["rows"])) for p in plans] == [("moe_experts", "triton", 2)]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--ops", "convolution"], "--ops 'convolution'"),
-    (["--reps", "0"], "--reps must be at least 1"),
-    (["--device", "tpu"], "expected cuda, cuda:N, musa or cpu"),
-    (["--device", "cpu", "--shapes", "/nonexistent/shapes.json"], "readable JSON file"),
-    (["--device", "cpu", "--ops", "attention", "--shapes", "SHAPES"], "no point of --shapes"),
-], ids=["ops", "reps", "device", "shapes", "no-points"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ops", "convolution"], "--ops 'convolution'"),
+        (["--reps", "0"], "--reps must be at least 1"),
+        (["--device", "tpu"], "expected cuda, cuda:N, musa or cpu"),
+        (["--device", "cpu", "--shapes", "/nonexistent/shapes.json"], "readable JSON file"),
+        (["--device", "cpu", "--ops", "attention", "--shapes", "SHAPES"], "no point of --shapes"),
+    ],
+    ids=["ops", "reps", "device", "shapes", "no-points"],
+)
 def test_cli_tune_refuses_what_it_cannot_do(args: list[str], message: str, tmp_path: Path) -> None:
     shapes = tmp_path / "s.json"
     shapes.write_text(json.dumps([p.model_dump() for p in norm_points(8)]))
@@ -364,7 +485,8 @@ def test_profile_check_times_the_resolved_call_and_never_the_reference(monkeypat
     def cost(label: str) -> float:
         name = label.partition("/")[2]
         return {"resolved": 1.02, "provider toy_a": 1.0, "plan toy_planned#0": 1.5, "plan toy_planned#1": 1.0}.get(
-            name, 5.0)
+            name, 5.0
+        )
 
     timer = FakeTimer(cost)
     (norm,) = norm_points(8)
@@ -373,8 +495,9 @@ def test_profile_check_times_the_resolved_call_and_never_the_reference(monkeypat
     assert row["ok"] and row["resolved"] == "toy_a" and row["choice_ratio"] == pytest.approx(1.0)
     assert row["call_ratio"] == pytest.approx(1.02) and row["call_overhead_ms"] == pytest.approx(0.02)
     assert row["fastest_provider"] == "toy_a" and "reference" in row["eligible"]
-    moe = ExpertsShape(op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16,
-                       dtype="float32")
+    moe = ExpertsShape(
+        op="moe_experts", tokens=16, heads=1, experts=4, top_k=2, hidden=8, intermediate=16, dtype="float32"
+    )
     row = check_point(moe, device="cpu", reps=2, warmup=0, bar=1.03, timer=timer)
     assert not row["ok"] and row["plan_ratio"] == pytest.approx(1.5) and row["fastest_plan"].startswith("wide")
     assert not any("reference" in label for label in timer.labels)

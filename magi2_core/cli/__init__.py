@@ -50,9 +50,15 @@ def _root(
     """MAGI-2 kernel-backend registry."""
 
 
-for _name, _command in (("backends", backends.backends), ("env", env.env), ("explain", explain.explain),
-                         ("demo", demo.demo), ("check", check.check), ("overhead", overhead.overhead),
-                         ("tune", tune.tune)):
+for _name, _command in (
+    ("backends", backends.backends),
+    ("env", env.env),
+    ("explain", explain.explain),
+    ("demo", demo.demo),
+    ("check", check.check),
+    ("overhead", overhead.overhead),
+    ("tune", tune.tune),
+):
     app.command(_name)(typed_errors(_name)(_command))
 # The earlier name of `magi2 overhead`, kept for scripts that call it (hidden from the help).
 app.command("bench", hidden=True)(typed_errors("bench")(overhead.overhead))

@@ -39,24 +39,47 @@ def _attention(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any
     tk = tq if opts["max_seqlen_k"] is None else mk * segments
     hkv = opts["heads_kv"] or heads_q
     if heads_q % hkv:
-        raise ExplainError(f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} "
-                           "(grouped-query attention needs it)")
-    features |= {f for f, on in ((Feature.SOFTCAP, opts["softcap"]), (Feature.SINKS, opts["sinks"]),
-                                 (Feature.LSE, opts["lse"]), (Feature.DETERMINISTIC, opts["deterministic"]),
-                                 (Feature.GQA, hkv != heads_q)) if on}
-    return dict(tokens=tq, tokens_k=tk, max_seqlen_q=mq, max_seqlen_k=mk,
-                num_segments=segments, head_dim=opts["head_dim"], num_heads_q=heads_q, num_heads_kv=hkv)
+        raise ExplainError(
+            f"--heads-q {heads_q} is not a multiple of --heads-kv {hkv} (grouped-query attention needs it)"
+        )
+    features |= {
+        f
+        for f, on in (
+            (Feature.SOFTCAP, opts["softcap"]),
+            (Feature.SINKS, opts["sinks"]),
+            (Feature.LSE, opts["lse"]),
+            (Feature.DETERMINISTIC, opts["deterministic"]),
+            (Feature.GQA, hkv != heads_q),
+        )
+        if on
+    }
+    return dict(
+        tokens=tq,
+        tokens_k=tk,
+        max_seqlen_q=mq,
+        max_seqlen_k=mk,
+        num_segments=segments,
+        head_dim=opts["head_dim"],
+        num_heads_q=heads_q,
+        num_heads_kv=hkv,
+    )
 
 
 def _moe_route(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
     if opts["deterministic"]:
         features.add(Feature.DETERMINISTIC)
     if opts["top_k"] > opts["experts"]:
-        raise ExplainError(f"--top-k {opts['top_k']} exceeds --experts {opts['experts']} "
-                           "(routes pick distinct experts)")
+        raise ExplainError(
+            f"--top-k {opts['top_k']} exceeds --experts {opts['experts']} (routes pick distinct experts)"
+        )
     tokens = opts["tokens"]
-    return dict(tokens=tokens if tokens is not None else 4096, num_heads=opts["moe_heads"],
-                num_experts=opts["experts"], top_k=opts["top_k"], hidden=opts["hidden"])
+    return dict(
+        tokens=tokens if tokens is not None else 4096,
+        num_heads=opts["moe_heads"],
+        num_experts=opts["experts"],
+        top_k=opts["top_k"],
+        hidden=opts["hidden"],
+    )
 
 
 def _moe_experts(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
@@ -66,15 +89,16 @@ def _moe_experts(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, A
 def _out_dtype(op: str, opts: Mapping[str, Any]) -> str:
     out: str = opts["dtype_names"].get(opts["out_dtype"], opts["out_dtype"]) or opts["dtype"]
     if out not in {ck.dtype_name(d) for d in ck.FLOATS}:
-        raise ExplainError(f"--out-dtype {opts['out_dtype']}: {op} writes bfloat16, float16 or float32 "
-                           "(the call raises for any other out_dtype)")
+        raise ExplainError(
+            f"--out-dtype {opts['out_dtype']}: {op} writes bfloat16, float16 or float32 "
+            "(the call raises for any other out_dtype)"
+        )
     return out
 
 
 def _mhc_mix(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
     tokens = opts["tokens"]
-    return dict(tokens=tokens if tokens is not None else 4096, num_streams=opts["streams"],
-                hidden=opts["stream_width"])
+    return dict(tokens=tokens if tokens is not None else 4096, num_streams=opts["streams"], hidden=opts["stream_width"])
 
 
 def _mhc_pre(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
@@ -83,12 +107,20 @@ def _mhc_pre(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
 
 def _rmsnorm(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
     tokens, out = opts["tokens"], _out_dtype("rmsnorm", opts)
-    return dict(tokens=tokens if tokens is not None else 4096, width=opts["width"],
-                num_modalities=opts["modalities"], num_patterns=opts["patterns"],
-                out_dtype=out)
+    return dict(
+        tokens=tokens if tokens is not None else 4096,
+        width=opts["width"],
+        num_modalities=opts["modalities"],
+        num_patterns=opts["patterns"],
+        out_dtype=out,
+    )
 
 
 EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
-    "attention": _attention, "moe_route": _moe_route, "moe_experts": _moe_experts, "rmsnorm": _rmsnorm,
-    "mhc_pre": _mhc_pre, "mhc_mix": _mhc_mix,
+    "attention": _attention,
+    "moe_route": _moe_route,
+    "moe_experts": _moe_experts,
+    "rmsnorm": _rmsnorm,
+    "mhc_pre": _mhc_pre,
+    "mhc_mix": _mhc_mix,
 }

@@ -60,8 +60,9 @@ def wrap(text: str, width: int | None) -> str:
         assert m is not None  # every group is optional
         hang = len(m.group(0)) if (m.group("item") or m.group("key")) else len(m.group("indent")) + 2
         hang = min(hang, width // 2)
-        out += textwrap.wrap(line, width, subsequent_indent=" " * hang, break_long_words=False,
-                             break_on_hyphens=False) or [""]
+        out += textwrap.wrap(
+            line, width, subsequent_indent=" " * hang, break_long_words=False, break_on_hyphens=False
+        ) or [""]
     return "\n".join(out)
 
 
@@ -143,13 +144,26 @@ class OneLineErrors(TyperGroup):
     on stderr, as :func:`usage_error`'s are, instead of click's usage block; raised while the arguments
     are parsed, so before any command imports torch."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         try:
             try:
-                code = super().main(argv, prog_name, complete_var, standalone_mode=False,
-                                    windows_expand_args=windows_expand_args, **extra)
+                code = super().main(
+                    argv,
+                    prog_name,
+                    complete_var,
+                    standalone_mode=False,
+                    windows_expand_args=windows_expand_args,
+                    **extra,
+                )
             except ClickException as exc:
                 if type(exc).__name__ == "NoArgsIsHelpError":  # bare `magi2`: click's help is the answer
                     exc.show()
@@ -158,8 +172,7 @@ class OneLineErrors(TyperGroup):
                 command = ctx.info_name if ctx is not None and ctx.parent is not None else None
                 where = f"magi2 {command}" if command else "magi2"
                 hint = "" if isinstance(exc, typer.BadParameter) else f" (`{where} -h` lists what it takes)"
-                usage_error(command or "", exc.format_message() + hint,
-                            json_out="--json" in argv, prefix=where)
+                usage_error(command or "", exc.format_message() + hint, json_out="--json" in argv, prefix=where)
             except typer.Abort:
                 code = 1
         except typer.Exit as exc:

@@ -104,8 +104,14 @@ def _records(title: str | None, columns: Sequence[Column], rows: Sequence[Sequen
     return "\n\n".join(blocks)
 
 
-def render(title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[str]], *, width: int | None,
-           wide: bool = False) -> str:
+def render(
+    title: str | None,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    width: int | None,
+    wide: bool = False,
+) -> str:
     """The table as text: fitted to ``width`` columns on a terminal, or plain aligned records when
     ``width`` is None (piped). ``wide`` keeps every column, however wide the result."""
     if width is None:
@@ -140,6 +146,5 @@ def render(title: str | None, columns: Sequence[Column], rows: Sequence[Sequence
             parts = [(cell[k] if k < len(cell) else "").ljust(w) for cell, w in zip(row, fitted, strict=True)]
             out.append(_GAP.join(parts).rstrip())
     if dropped:
-        out.append(wrap(f"(not shown to fit {width} columns: {', '.join(dropped)}; --wide shows every column)",
-                        width))
+        out.append(wrap(f"(not shown to fit {width} columns: {', '.join(dropped)}; --wide shows every column)", width))
     return "\n".join(out)

@@ -16,8 +16,16 @@ if TYPE_CHECKING:
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # Narrowest last: on a narrow terminal the rules go first, then the features (--wide keeps them).
-_COLUMNS = (Column("op"), Column("provider"), Column("prio"), Column("devices"), Column("dtypes"),
-            Column("features", droppable=True), Column("rules", droppable=True), Column("usable here"))
+_COLUMNS = (
+    Column("op"),
+    Column("provider"),
+    Column("prio"),
+    Column("devices"),
+    Column("dtypes"),
+    Column("features", droppable=True),
+    Column("rules", droppable=True),
+    Column("usable here"),
+)
 
 
 def _backend_json(b: LoadedBackend, status: dict[tuple[str, str], ProviderStatus]) -> dict[str, Any]:
@@ -77,7 +85,9 @@ def backends(
     present = present_device_types()
     status: dict[tuple[str, str], ProviderStatus] = {
         (c.op, c.name): provider_status(c.model_copy(update={"backend": b.spec.name}), present, reg)
-        for b in loaded for c in b.spec.providers}
+        for b in loaded
+        for c in b.spec.providers
+    }
     if json_out:
         print_json(
             {
@@ -91,8 +101,10 @@ def backends(
         return
     width = terminal_width()
     for b in loaded:
-        title = (f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api}, "
-                 f"loaded in {b.load_seconds:.2f} s)")
+        title = (
+            f"{b.spec.name} {b.spec.version} (entry point {b.entry_point!r}, core {b.spec.core_api}, "
+            f"loaded in {b.load_seconds:.2f} s)"
+        )
         rows = [
             [
                 c.op,
@@ -112,6 +124,13 @@ def backends(
         say(f"sink correction on {device_type}: {chosen['name']}: {chosen['detail']}")
     if quarantined:
         rows = [[q.entry_point, q.distribution, q.reason] for q in quarantined]
-        say("\n" + render("quarantined plugins (not loaded; everything else works)",
-                          (Column("entry point"), Column("distribution"), Column("reason")), rows, width=width,
-                          wide=wide))
+        say(
+            "\n"
+            + render(
+                "quarantined plugins (not loaded; everything else works)",
+                (Column("entry point"), Column("distribution"), Column("reason")),
+                rows,
+                width=width,
+                wide=wide,
+            )
+        )

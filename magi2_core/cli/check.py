@@ -21,31 +21,58 @@ if TYPE_CHECKING:
 
     from magi2_core.testing.runner import AnyCase, CaseResult, KitReport
 
-_COLUMNS = (Column("op"), Column("provider"), Column("device"), Column("passed"), Column("failed"),
-            Column("ineligible", droppable=True), Column("time", droppable=True), Column("note", floor=30))
+_COLUMNS = (
+    Column("op"),
+    Column("provider"),
+    Column("device"),
+    Column("passed"),
+    Column("failed"),
+    Column("ineligible", droppable=True),
+    Column("time", droppable=True),
+    Column("note", floor=30),
+)
 
 
 def _table(report: KitReport, *, wide: bool) -> str:
-    rows = [[row["op"], row["provider"], row["device"], str(row["passed"]), str(row["failed"]),
-             str(row["ineligible"]), f"{row['seconds']:.2f}s",
-             f"skipped: {row['skipped']}" if "skipped" in row else ("FAIL" if row["failed"] else "ok")]
-            for row in report.summary()]
+    rows = [
+        [
+            row["op"],
+            row["provider"],
+            row["device"],
+            str(row["passed"]),
+            str(row["failed"]),
+            str(row["ineligible"]),
+            f"{row['seconds']:.2f}s",
+            f"skipped: {row['skipped']}" if "skipped" in row else ("FAIL" if row["failed"] else "ok"),
+        ]
+        for row in report.summary()
+    ]
     return render(f"magi2 conformance (seed {report.seed})", _COLUMNS, rows, width=terminal_width(), wide=wide)
 
 
 def check(
-    provider: Annotated[list[str] | None, typer.Option(
-        "--provider", "-p", help="provider to check (repeatable; default: all installed)")] = None,
+    provider: Annotated[
+        list[str] | None,
+        typer.Option("--provider", "-p", help="provider to check (repeatable; default: all installed)"),
+    ] = None,
     op: Annotated[list[str] | None, typer.Option("--op", help="only these operators (repeatable)")] = None,
     device: Annotated[list[str] | None, typer.Option("--device", help="only these device types (repeatable)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated inputs")] = 0,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens",
-                                                   help="longest boundary layout generated [default: 256]")] = None,
-    keyword: Annotated[list[str] | None, typer.Option(
-        "-k", help="only cases whose id contains this text, ignoring case (repeatable); a failure prints the "
-        "command that reruns it alone")] = None,
-    list_cases: Annotated[bool, typer.Option("--list", help="print the ids of the cases that would run (after -k), "
-                                                            "one a line, and run none")] = False,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="longest boundary layout generated [default: 256]")
+    ] = None,
+    keyword: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-k",
+            help="only cases whose id contains this text, ignoring case (repeatable); a failure prints the "
+            "command that reruns it alone",
+        ),
+    ] = None,
+    list_cases: Annotated[
+        bool,
+        typer.Option("--list", help="print the ids of the cases that would run (after -k), one a line, and run none"),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
@@ -63,13 +90,22 @@ def check(
     present = present_device_types()
     absent = [d for d in device or () if d not in present]
     if absent:
-        usage_error("check", f"--device {', '.join(absent)}: no usable device of that type here (present: "
-                    f"{', '.join(present)}); see 'magi2 env'", json_out=json_out)
+        usage_error(
+            "check",
+            f"--device {', '.join(absent)}: no usable device of that type here (present: "
+            f"{', '.join(present)}); see 'magi2 env'",
+            json_out=json_out,
+        )
     if max_tokens is not None and max_tokens < 1:
         usage_error("check", f"--max-tokens must be at least 1; got {max_tokens}", json_out=json_out)
     try:
-        kit = plan(provider, ops=op, devices=device, seed=seed,  # type: ignore[arg-type]
-                   max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+        kit = plan(
+            provider,
+            ops=op,  # type: ignore[arg-type]
+            devices=device,
+            seed=seed,
+            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        )
     except ValueError as exc:
         usage_error("check", str(exc), json_out=json_out)
     if not kit.cases:
@@ -79,8 +115,11 @@ def check(
         wanted = [k.lower() for k in keyword]
         kit = dataclasses.replace(kit, cases=[c for c in kit.cases if any(k in c.id.lower() for k in wanted)])
         if not kit.cases:
-            usage_error("check", f"no case id contains {' or '.join(map(repr, keyword))} (a failing case "
-                        "prints its id)", json_out=json_out)
+            usage_error(
+                "check",
+                f"no case id contains {' or '.join(map(repr, keyword))} (a failing case prints its id)",
+                json_out=json_out,
+            )
     if list_cases:
         if json_out:
             print_json([c.id for c in kit.cases])
@@ -93,8 +132,14 @@ def check(
     elif not console.is_terminal:  # piped: a live progress bar would print nothing until the end
         report = run_kit(kit_plan=kit, on_result=_line_per_provider(kit.cases))
     else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             task = progress.add_task("checking", total=len(kit.cases))
 
             def advance(result: CaseResult, done: int, total: int) -> None:
@@ -130,7 +175,9 @@ def _line_per_provider(cases: list[AnyCase]) -> Callable[[CaseResult, int, int],
         if result.status == "failed":
             say(f"FAILED {c.id}")
         if counts.total() == planned[group]:
-            say(f"{c.op}[{c.provider}] on {c.device}: {counts['passed']} passed, {counts['failed']} failed, "
-                f"{counts['ineligible']} ineligible ({done}/{total} cases, {time.monotonic() - start:.0f} s)")
+            say(
+                f"{c.op}[{c.provider}] on {c.device}: {counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['ineligible']} ineligible ({done}/{total} cases, {time.monotonic() - start:.0f} s)"
+            )
 
     return advance

@@ -42,14 +42,24 @@ def demo(
     # On a terminal the progress prints above the spinner (through its console); piped, on stderr.
     progress = console if console.is_terminal else err_console
     with status:
-        reports = run_demo(dev, seed=seed, progress=None if json_out else
-                           lambda s: progress.print(f"  done {s}", markup=False, highlight=False))
+        reports = run_demo(
+            dev,
+            seed=seed,
+            progress=None if json_out else lambda s: progress.print(f"  done {s}", markup=False, highlight=False),
+        )
     if json_out:
         print_json([r.as_dict() for r in reports])
         return
-    columns = (Column("op"), Column("provider"), Column("dtype"), Column("max |err|"), Column("rel-L2 err"),
-               Column("median ms"))
-    rows = [[r.op, r.provider, r.dtype, f"{r.max_abs_err:.3g}", f"{r.rel_l2_err:.3g}", f"{r.median_ms:.2f}"]
-            for r in reports]
-    say(render(f"magi2 demo on {dev} (errors vs a float64 oracle)", columns, rows, width=terminal_width(),
-               wide=wide))
+    columns = (
+        Column("op"),
+        Column("provider"),
+        Column("dtype"),
+        Column("max |err|"),
+        Column("rel-L2 err"),
+        Column("median ms"),
+    )
+    rows = [
+        [r.op, r.provider, r.dtype, f"{r.max_abs_err:.3g}", f"{r.rel_l2_err:.3g}", f"{r.median_ms:.2f}"]
+        for r in reports
+    ]
+    say(render(f"magi2 demo on {dev} (errors vs a float64 oracle)", columns, rows, width=terminal_width(), wide=wide))

@@ -45,15 +45,24 @@ def env(
     say("\n".join(lines) + "\n")
     rows = [[b["entry_point"], b["distribution"], b["version"], b["core_api"]] for b in report["backends"]]
     rows += [[q["entry_point"], q["distribution"], "-", f"quarantined: {q['reason']}"] for q in report["quarantined"]]
-    columns = (Column("entry point"), Column("distribution"), Column("version", droppable=True),
-               Column("core contract"))
+    columns = (
+        Column("entry point"),
+        Column("distribution"),
+        Column("version", droppable=True),
+        Column("core contract"),
+    )
     say(render("backends", columns, rows, width=width, wide=wide) + "\n")
-    rows = [[p["op"], p["provider"], p["backend"],
-             f"yes ({', '.join(p['usable_on'])})" if p["usable"] else f"no: {p['why_not']}"]
-            for p in report["providers"]]
+    rows = [
+        [
+            p["op"],
+            p["provider"],
+            p["backend"],
+            f"yes ({', '.join(p['usable_on'])})" if p["usable"] else f"no: {p['why_not']}",
+        ]
+        for p in report["providers"]
+    ]
     columns = (Column("op"), Column("provider"), Column("backend", droppable=True), Column("usable here", floor=20))
-    say(render("providers (usable here = can run on a device of this machine)", columns, rows, width=width,
-               wide=wide))
+    say(render("providers (usable here = can run on a device of this machine)", columns, rows, width=width, wide=wide))
     if report["overrides"]:
         say("\nMAGI2_* variables set here:")
         for o in report["overrides"]:

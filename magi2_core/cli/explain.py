@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from magi2_core.problem import Problem
     from magi2_core.virtual_device import VirtualDevice
 
+
 def _known_op(op: str) -> str:
     """Refuse an unknown op while the arguments are parsed, before torch is imported."""
     from magi2_core.problem import OPS  # pydantic only
@@ -26,15 +27,18 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "fl
 
 
 def explain(
-    op: Annotated[str, typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix",
-                                      callback=_known_op)],
+    op: Annotated[
+        str,
+        typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix", callback=_known_op),
+    ],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
     tokens: Annotated[int | None, typer.Option(help="query tokens (attention) or T")] = None,
     max_seqlen_q: Annotated[int | None, typer.Option(help="longest query segment")] = None,
     max_seqlen_k: Annotated[int | None, typer.Option(help="longest key segment (default: = q)")] = None,
-    segments: Annotated[int, typer.Option(help="number of segments (of equal length unless --max-seqlen-q/k "
-                                                "say otherwise)")] = 1,
+    segments: Annotated[
+        int, typer.Option(help="number of segments (of equal length unless --max-seqlen-q/k say otherwise)")
+    ] = 1,
     head_dim: Annotated[int, typer.Option(help="attention head dim")] = 128,
     heads_q: Annotated[int, typer.Option(help="query heads")] = 24,
     heads_kv: Annotated[int | None, typer.Option(help="kv heads (default: = q heads)")] = None,
@@ -51,21 +55,35 @@ def explain(
     width: Annotated[int, typer.Option(help="RMSNorm width D")] = 3072,
     modalities: Annotated[int, typer.Option(help="RMSNorm (and mHC norm) modality groups")] = 1,
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
-    out_dtype: Annotated[str | None, typer.Option(help="RMSNorm output dtype, mhc_pre coefficient dtype "
-                                                       "(default: = dtype)")] = None,
+    out_dtype: Annotated[
+        str | None, typer.Option(help="RMSNorm output dtype, mhc_pre coefficient dtype (default: = dtype)")
+    ] = None,
     streams: Annotated[int, typer.Option(help="mHC streams n")] = 4,
     stream_width: Annotated[int, typer.Option(help="mHC stream width D")] = 3072,
     feature: Annotated[list[str] | None, typer.Option(help="ask for any feature by name (repeatable)")] = None,
-    field: Annotated[list[str] | None, typer.Option(help="set any integer field of the op's problem, "
-                                                        "as NAME=VALUE (repeatable; wins over the options above)")
-                     ] = None,
+    field: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="set any integer field of the op's problem, as NAME=VALUE (repeatable; wins over the options above)"
+        ),
+    ] = None,
     provider: Annotated[str | None, typer.Option(help="force a provider, as provider= would")] = None,
-    device_name: Annotated[str | None, typer.Option(help="explain for this device (as torch names it, e.g. "
-                                                         "'NVIDIA H200'), whether or not this host has it")] = None,
-    capability: Annotated[str | None, typer.Option(help="its compute capability, MAJOR.MINOR (default: from a "
-                                                        "profile naming the device, or a known name)")] = None,
-    profile: Annotated[str | None, typer.Option(help="resolve under this profile: a file, 'generic' or a shipped "
-                                                     "name, in place of MAGI2_PROFILE")] = None,
+    device_name: Annotated[
+        str | None,
+        typer.Option(
+            help="explain for this device (as torch names it, e.g. 'NVIDIA H200'), whether or not this host has it"
+        ),
+    ] = None,
+    capability: Annotated[
+        str | None,
+        typer.Option(
+            help="its compute capability, MAJOR.MINOR (default: from a profile naming the device, or a known name)"
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="resolve under this profile: a file, 'generic' or a shipped name, in place of MAGI2_PROFILE"),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show which provider a call would get and why every other candidate was or was not chosen."""
@@ -89,16 +107,39 @@ def explain(
     floats = ("bfloat16", "float16", "float32")  # the activation dtypes every op's contract takes
     if dt not in floats:
         reject(f"--dtype {dtype}: the ops take {', '.join(floats)} activations (or bf16, fp16, fp32)")
-    sizes = dict(tokens=tokens, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, segments=segments,
-                 head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv, moe_heads=moe_heads, experts=experts,
-                 top_k=top_k, hidden=hidden, intermediate=intermediate, width=width, modalities=modalities,
-                 patterns=patterns, streams=streams, stream_width=stream_width)
+    sizes = dict(
+        tokens=tokens,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        segments=segments,
+        head_dim=head_dim,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        moe_heads=moe_heads,
+        experts=experts,
+        top_k=top_k,
+        hidden=hidden,
+        intermediate=intermediate,
+        width=width,
+        modalities=modalities,
+        patterns=patterns,
+        streams=streams,
+        stream_width=stream_width,
+    )
     for name, value in sizes.items():
         least = 0 if name == "tokens" else 1  # zero tokens is a legal (empty) call
         if value is not None and value < least:
             reject(f"--{name.replace('_', '-')} must be at least {least}; got {value}")
-    opts = dict(sizes, dtype=dt, dtype_names=_DTYPES, softcap=softcap, sinks=sinks, lse=lse,
-                deterministic=deterministic, out_dtype=out_dtype)
+    opts = dict(
+        sizes,
+        dtype=dt,
+        dtype_names=_DTYPES,
+        softcap=softcap,
+        sinks=sinks,
+        lse=lse,
+        deterministic=deterministic,
+        out_dtype=out_dtype,
+    )
     feats = {Feature.COMPILING} if compiling else set()
     spec = SPECS[op]
     try:
@@ -139,8 +180,10 @@ def explain(
         if plan is not None:
             say(f"plan ({res.chosen}): {plan.describe()}\n  why: {plan.why}")
         if described is None and device not in present_device_types():
-            say(f"note: there is no {device} device on this host, so every provider that needs one at "
-                f"run time is rejected as unavailable; on a machine with one the choice may differ")
+            say(
+                f"note: there is no {device} device on this host, so every provider that needs one at "
+                f"run time is rejected as unavailable; on a machine with one the choice may differ"
+            )
     if not res.ok:
         raise typer.Exit(1)
 
@@ -173,4 +216,3 @@ def _known_device_types() -> set[str]:
         except RuntimeError:  # not a device type of this torch build
             continue
     return declared | torch_types
-

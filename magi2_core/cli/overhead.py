@@ -33,9 +33,23 @@ def overhead(
     if json_out:
         print_json(rows)
         return
-    columns = (Column("op"), Column("resolve (cached) us"), Column("public call us"), Column("direct provider us"),
-               Column("added us"))
-    cells = [[r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}",
-             f"{r['added_us']:.2f}"] for r in rows]
-    say(render(f"dispatch overhead per call against a no-op provider (inputs on {device}, best of 5 repeats)",
-               columns, cells, width=terminal_width(), wide=wide))
+    columns = (
+        Column("op"),
+        Column("resolve (cached) us"),
+        Column("public call us"),
+        Column("direct provider us"),
+        Column("added us"),
+    )
+    cells = [
+        [r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}", f"{r['added_us']:.2f}"]
+        for r in rows
+    ]
+    say(
+        render(
+            f"dispatch overhead per call against a no-op provider (inputs on {device}, best of 5 repeats)",
+            columns,
+            cells,
+            width=terminal_width(),
+            wide=wide,
+        )
+    )

@@ -11,9 +11,22 @@ from magi2_core import config
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = [
-    "describe", "device_fields", "device_value_checks", "nan_free_parameter", "any_tensor", "real", "with_data",
-    "dtype_in", "dtype_name", "rank", "replace_device_value_checks", "same_device",
-    "tensor", "FLOATS", "head_activations", "modality_sizes",
+    "describe",
+    "device_fields",
+    "device_value_checks",
+    "nan_free_parameter",
+    "any_tensor",
+    "real",
+    "with_data",
+    "dtype_in",
+    "dtype_name",
+    "rank",
+    "replace_device_value_checks",
+    "same_device",
+    "tensor",
+    "FLOATS",
+    "head_activations",
+    "modality_sizes",
 ]
 
 # The activation dtypes every op takes.
@@ -72,8 +85,9 @@ def tensor(op: str, arg: str, value: object) -> torch.Tensor:
 def with_data(op: str, arg: str, t: torch.Tensor) -> None:
     """The op's leading tensor must hold data (the others must share its device)."""
     if t.is_meta:
-        raise InvalidDeviceError(op, arg, "a tensor with data (a meta tensor has none; no kernel can run on it)",
-                                 describe(t))
+        raise InvalidDeviceError(
+            op, arg, "a tensor with data (a meta tensor has none; no kernel can run on it)", describe(t)
+        )
 
 
 def nan_free_parameter(op: str, arg: str, t: torch.Tensor) -> None:
@@ -90,8 +104,9 @@ def nan_free_parameter(op: str, arg: str, t: torch.Tensor) -> None:
     come only with host inputs (they must share the inputs' device), so GPU calls never pay it."""
     if t.numel() and (t.is_cpu or device_value_checks()) and math.isnan(t.max().item()):
         bad = int(torch.isnan(t).sum())
-        raise InvalidValueError(op, arg, "values without NaN (±inf are allowed; it is a learned parameter)",
-                                f"{bad} NaN of {t.numel()}")
+        raise InvalidValueError(
+            op, arg, "values without NaN (±inf are allowed; it is a learned parameter)", f"{bad} NaN of {t.numel()}"
+        )
 
 
 def any_tensor(*values: object) -> bool:
@@ -145,14 +160,19 @@ def modality_sizes(op: str, value: object, tokens: int, tokens_of: str) -> tuple
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
-        raise InvalidShapeError(op, "modality_sizes", "a host-side list of ints (not a tensor: no device sync)",
-                                describe(value))
+        raise InvalidShapeError(
+            op, "modality_sizes", "a host-side list of ints (not a tensor: no device sync)", describe(value)
+        )
     if not isinstance(value, Sequence):
         raise InvalidShapeError(op, "modality_sizes", "a list of ints or None", type(value).__name__)
     sizes = tuple(value)
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
         raise InvalidShapeError(op, "modality_sizes", "a non-empty list of non-negative ints", repr(value))
     if sum(sizes) != tokens:
-        raise InvalidShapeError(op, "modality_sizes", f"sizes summing to the token count {tokens_of} = {tokens}",
-                                f"{list(sizes)} (sum {sum(sizes)})")
+        raise InvalidShapeError(
+            op,
+            "modality_sizes",
+            f"sizes summing to the token count {tokens_of} = {tokens}",
+            f"{list(sizes)} (sum {sum(sizes)})",
+        )
     return sizes

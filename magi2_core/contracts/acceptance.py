@@ -269,11 +269,15 @@ def tally_route_ids(idx: torch.Tensor, truth: RouteTruth) -> RouteIdTally:
     clear_wrong = clear & (got != order[:, :k]).any(dim=-1)
     # exact ties: for a chosen b, every a < b with sel[a] == sel[b] is chosen at an earlier position
     sb = sel.gather(1, safe)  # [R, K]
-    lower_equal = (_ties(sel[:, None, :], sb[:, :, None])
-                   & (torch.arange(e, device=sel.device)[None, None, :] < safe[:, :, None])).sum(-1)
+    lower_equal = (
+        _ties(sel[:, None, :], sb[:, :, None]) & (torch.arange(e, device=sel.device)[None, None, :] < safe[:, :, None])
+    ).sum(-1)
     pos = torch.arange(k, device=sel.device)
-    earlier = (_ties(sb[:, :, None], sb[:, None, :]) & (safe[:, None, :] < safe[:, :, None])
-               & (pos[None, :] < pos[:, None])[None]).sum(-1)  # fmt: skip
+    earlier = (
+        _ties(sb[:, :, None], sb[:, None, :])
+        & (safe[:, None, :] < safe[:, :, None])
+        & (pos[None, :] < pos[:, None])[None]
+    ).sum(-1)
     tie_bad = (lower_equal != earlier).any(dim=-1)
     valid = ~out & ~repeated
 
@@ -309,16 +313,22 @@ def accept_moe_route(probs: torch.Tensor, idx: torch.Tensor, truth: RouteTruth) 
     hl, t, _ = truth.selection.shape
     shape = [hl, t, truth.top_k]
     if list(idx.shape) != shape or list(probs.shape) != shape:
-        return Acceptance(False, "moe_route shape", f"got probs {list(probs.shape)}, idx {list(idx.shape)}; "
-                                                    f"expected {shape}")
+        return Acceptance(
+            False, "moe_route shape", f"got probs {list(probs.shape)}, idx {list(idx.shape)}; expected {shape}"
+        )
     if probs.dtype != torch.float32:
         return Acceptance(False, "moe_route dtype", f"probs are {probs.dtype}, expected torch.float32")
     tally = tally_route_ids(idx, truth)
-    counts = (f"{tally.rows} rows: {tally.clear_rows} clear, {tally.near_tie_rows} near-tie, "
-              f"{tally.nonfinite_rows} non-finite")
+    counts = (
+        f"{tally.rows} rows: {tally.clear_rows} clear, {tally.near_tie_rows} near-tie, "
+        f"{tally.nonfinite_rows} non-finite"
+    )
     if not tally.ok:
-        bad = {k: v for k, v in tally.as_dict().items() if k in (
-            "clear_rows_wrong", "group_violations", "tie_order_violations", "out_of_range", "repeated") and v}
+        bad = {
+            k: v
+            for k, v in tally.as_dict().items()
+            if k in ("clear_rows_wrong", "group_violations", "tie_order_violations", "out_of_range", "repeated") and v
+        }
         return Acceptance(False, "moe_route ids", f"{counts}; violations {bad}")
     rows = (truth.finite | truth.all_nan).cpu()
     got = probs.cpu()[rows]
@@ -372,9 +382,13 @@ def _within(actual: torch.Tensor, expected: torch.Tensor, tol: torch.Tensor, wha
     if n_bad == 0:
         return Acceptance(True, what, f"{a.numel()} values within the bound")
     where = torch.nonzero(~close)[0].tolist()
-    return Acceptance(False, what, f"{n_bad}/{a.numel()} values off; first at {where}: got "
-                      f"{a[tuple(where)].item():.8g}, expected {e[tuple(where)].item():.8g}, "
-                      f"bound {tol.expand_as(a)[tuple(where)].item():.3g}")
+    return Acceptance(
+        False,
+        what,
+        f"{n_bad}/{a.numel()} values off; first at {where}: got "
+        f"{a[tuple(where)].item():.8g}, expected {e[tuple(where)].item():.8g}, "
+        f"bound {tol.expand_as(a)[tuple(where)].item():.3g}",
+    )
 
 
 def accept_mhc_branch_input(actual: torch.Tensor, expected: torch.Tensor, streams: torch.Tensor) -> Acceptance:

@@ -57,8 +57,7 @@ def ulysses_plans(
     rank, world = group_rank_world(group)
     for arg, h in (("q", num_q_heads), ("k", num_kv_heads)):
         if h < 1 or h % world != 0:
-            raise InvalidShapeError(OP, arg, f"a head count divisible by the Ulysses world size {world}",
-                                    f"{h} heads")
+            raise InvalidShapeError(OP, arg, f"a head count divisible by the Ulysses world size {world}", f"{h} heads")
     if tokens_q is None or tokens_k is None:
         counts = exchange_token_counts((tokens_q_local, tokens_k_local), group, device or torch.device("cpu"))
         tokens_q = tokens_q if tokens_q is not None else tuple(c[0] for c in counts)
@@ -106,20 +105,41 @@ def ulysses_attention(
             raise InvalidShapeError(OP, arg, "[T_local, heads, head_dim]", f"shape {list(t.shape)}")
     if v.shape[:2] != k.shape[:2]:
         raise InvalidShapeError(OP, "v", f"[{k.shape[0]}, {k.shape[1]}, ...] like k", f"shape {list(v.shape)}")
-    plans = ulysses_plans(q.shape[1], k.shape[1], q.shape[0], k.shape[0], group=group, tokens_q=tokens_q,
-                          tokens_k=tokens_k, device=q.device)
+    plans = ulysses_plans(
+        q.shape[1],
+        k.shape[1],
+        q.shape[0],
+        k.shape[0],
+        group=group,
+        tokens_q=tokens_q,
+        tokens_k=tokens_k,
+        device=q.device,
+    )
     if sinks is not None:
         if sinks.dim() != 2 or sinks.shape[1] != q.shape[1]:
-            raise InvalidShapeError(OP, "sinks", f"FP32 [S, {q.shape[1]}] (all query heads)",
-                                    f"shape {list(sinks.shape)}")
+            raise InvalidShapeError(
+                OP, "sinks", f"FP32 [S, {q.shape[1]}] (all query heads)", f"shape {list(sinks.shape)}"
+            )
         sinks = sinks[:, plans.head_slice()].contiguous()
     q_l = plans.q.scatter_heads(q)
     k_l = plans.kv.scatter_heads(k)
     v_l = plans.kv.scatter_heads(v)
-    o_l, lse_l = attention(q_l, k_l, v_l, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, softcap=softcap, sinks=sinks,
-                           deterministic=deterministic, return_lse=True, sink_rescale=sink_rescale,
-                           provider=provider)
+    o_l, lse_l = attention(
+        q_l,
+        k_l,
+        v_l,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        sinks=sinks,
+        deterministic=deterministic,
+        return_lse=True,
+        sink_rescale=sink_rescale,
+        provider=provider,
+    )
     o = plans.q.gather_heads(o_l)
     if not return_lse:
         return o

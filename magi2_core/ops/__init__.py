@@ -39,11 +39,22 @@ from magi2_core.problem import OPS, OpName
 from magi2_core.reasons import Resolution
 from magi2_core.resolver import resolve_problem
 
-__all__ = ["SPECS", "attention", "dispatcher", "mhc_mix", "mhc_pre", "moe_experts", "moe_route", "prepare_moe_weights",
-           "resolve", "rmsnorm"]
+__all__ = [
+    "SPECS",
+    "attention",
+    "dispatcher",
+    "mhc_mix",
+    "mhc_pre",
+    "moe_experts",
+    "moe_route",
+    "prepare_moe_weights",
+    "resolve",
+    "rmsnorm",
+]
 
 SPECS: dict[OpName, OpSpec[Any, Any]] = {
-    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX)}
+    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX)
+}
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
 
 

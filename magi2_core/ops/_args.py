@@ -88,8 +88,9 @@ class Args:
         positional = tuple(a.name for a in self.rows if a.default is REQUIRED or a.positional)
         if names[: len(positional)] != positional:
             raise TypeError(f"{self.op}: the positional arguments must come first, got {names}")
-        if self.pack is not None and self.pack.names not in {names[i : i + len(self.pack.names)] for i in
-                                                             range(len(names))}:  # fmt: skip
+        if self.pack is not None and self.pack.names not in {
+            names[i : i + len(self.pack.names)] for i in range(len(names))
+        }:
             raise TypeError(f"{self.op}: packed arguments {self.pack.names} are not consecutive in {names}")
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "positional", positional)

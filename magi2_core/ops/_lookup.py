@@ -57,7 +57,10 @@ def cache_lookup(
     lines.append("    return hit")
 
     def miss(
-        d: Any, cache: dict[tuple[Any, ...], Any], layout: tuple[Any, ...] | None, args: tuple[Any, ...],
+        d: Any,
+        cache: dict[tuple[Any, ...], Any],
+        layout: tuple[Any, ...] | None,
+        args: tuple[Any, ...],
         provider: str | None,
     ) -> Any:
         call = declared.call(validate, args, compiling=False)

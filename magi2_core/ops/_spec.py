@@ -40,8 +40,12 @@ def forward_only(op: str, **tensors: torch.Tensor | None) -> None:
     for arg, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise InvalidValueError(
-                op, arg, "a tensor that does not require grad (magi2 ops are forward-only: call them under "
-                "torch.no_grad() or torch.inference_mode(), or pass .detach())", "requires_grad=True")
+                op,
+                arg,
+                "a tensor that does not require grad (magi2 ops are forward-only: call them under "
+                "torch.no_grad() or torch.inference_mode(), or pass .detach())",
+                "requires_grad=True",
+            )
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:
@@ -72,9 +76,11 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
         if getattr(cls, "args", None) is not None:
             cls.arg_names = cls.args.positional
         fields = getattr(cls, "key_type", None) and cls.key_type._fields  # type: ignore[attr-defined]
-        if fields and (fields[:len(HEAD)] != HEAD or fields[len(HEAD):] != OP_INT_FIELDS[cls.name]):
-            raise TypeError(f"{cls.__name__}.key_type fields {fields} are not HEAD + "
-                            f"magi2_core.problem.OP_INT_FIELDS[{cls.name!r}] {HEAD + OP_INT_FIELDS[cls.name]}")
+        if fields and (fields[: len(HEAD)] != HEAD or fields[len(HEAD) :] != OP_INT_FIELDS[cls.name]):
+            raise TypeError(
+                f"{cls.__name__}.key_type fields {fields} are not HEAD + "
+                f"magi2_core.problem.OP_INT_FIELDS[{cls.name!r}] {HEAD + OP_INT_FIELDS[cls.name]}"
+            )
 
     # -- the problem ---------------------------------------------------------------------------
     @property
@@ -125,7 +131,8 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
         """A public or provider result as named tensors (an output not asked for is left out)."""
 
     @abstractmethod
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
-               call: CallT) -> list[Acceptance]:
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: CallT
+    ) -> list[Acceptance]:
         """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)
         for the validated ``call`` that produced both (a rule may judge against a truth of the inputs)."""

@@ -29,8 +29,16 @@ from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, dense, forward_only
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["ACTIVATION_DTYPES", "ARGS", "SPEC", "AttentionCall", "AttentionKernel", "AttentionKey", "attention",
-           "validate"]
+__all__ = [
+    "ACTIVATION_DTYPES",
+    "ARGS",
+    "SPEC",
+    "AttentionCall",
+    "AttentionKernel",
+    "AttentionKey",
+    "attention",
+    "validate",
+]
 
 OP: Literal["attention"] = "attention"
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -97,33 +105,90 @@ _CU_K = (
 )
 
 # The arguments of :func:`attention` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
-ARGS = Args(OP, (
-    Arg("q", "torch.Tensor", "``[Tq, Hq, D]``, BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
-    Arg("k", "torch.Tensor", "``[Tk, Hkv, D]``, q's dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA: query "
-        "head h reads kv head ``h // (Hq / Hkv)``).", schema=torch.Tensor, layout=TENSOR),
-    Arg("v", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
-    Arg("cu_seqlens_q", "torch.Tensor", "``[B+1]`` prefix sums of the segment lengths, from 0 to ``Tq`` "
-        "(``Tk``), non-decreasing; any int dtype (int32 is what the kernels take), on the host or q's device.",
-        schema=torch.Tensor, layout=_CU_Q),
-    Arg("cu_seqlens_k", "torch.Tensor", "", schema=torch.Tensor, layout=_CU_K),
-    Arg("max_seqlen_q", "int | None", "the longest query (key) segment. Pass them when the prefix sums live on an "
-        "accelerator: otherwise they are read back (one host sync) to derive them.", None, schema=int | None),
-    Arg("max_seqlen_k", "int | None", "", None, schema=int | None),
-    Arg("softmax_scale", "float | None", "a finite positive float (None: ``1/sqrt(D)``).", None,
-        schema=float | None),
-    Arg("softcap", "float", "``cap·tanh(s/cap)`` on the scaled scores when positive; ``<= 0`` disables it.", 0.0,
-        schema=float, to_schema=float, feature=Feature.SOFTCAP),
-    Arg("sinks", "torch.Tensor | None", "``[S, Hq]`` FP32 (sink-major), on q's device: S extra softmax logits per "
-        "query head that take probability mass without adding a value; never rounded to the activation dtype. "
-        "MAGI-2 uses S = 1; None (or S = 0): no sink.", None, schema=torch.Tensor | None, layout=OPTIONAL_TENSOR,
-        feature=Feature.SINKS),
-    Arg("deterministic", "bool | None", "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
-        None, schema=bool, layout=VALUE, feature=Feature.DETERMINISTIC, resolve=_deterministic),
-    Arg("return_lse", "bool", "also return the log-sum-exp of each query row, sinks included.", False,
-        compiled=True, layout=VALUE, feature=Feature.LSE),  # the custom op always returns it
-    Arg("sink_rescale", "SinkRescale", "``\"fp32\"`` (promote, rescale, cast once) or ``\"activation\"`` (the sink "
-        "scale cast to q's dtype first, as upstream CUDA MAGI-2).", "fp32", schema=str, layout=VALUE),
-))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg("q", "torch.Tensor", "``[Tq, Hq, D]``, BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
+        Arg(
+            "k",
+            "torch.Tensor",
+            "``[Tk, Hkv, D]``, q's dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA: query "
+            "head h reads kv head ``h // (Hq / Hkv)``).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg("v", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+        Arg(
+            "cu_seqlens_q",
+            "torch.Tensor",
+            "``[B+1]`` prefix sums of the segment lengths, from 0 to ``Tq`` "
+            "(``Tk``), non-decreasing; any int dtype (int32 is what the kernels take), on the host or q's device.",
+            schema=torch.Tensor,
+            layout=_CU_Q,
+        ),
+        Arg("cu_seqlens_k", "torch.Tensor", "", schema=torch.Tensor, layout=_CU_K),
+        Arg(
+            "max_seqlen_q",
+            "int | None",
+            "the longest query (key) segment. Pass them when the prefix sums live on an "
+            "accelerator: otherwise they are read back (one host sync) to derive them.",
+            None,
+            schema=int | None,
+        ),
+        Arg("max_seqlen_k", "int | None", "", None, schema=int | None),
+        Arg(
+            "softmax_scale", "float | None", "a finite positive float (None: ``1/sqrt(D)``).", None, schema=float | None
+        ),
+        Arg(
+            "softcap",
+            "float",
+            "``cap·tanh(s/cap)`` on the scaled scores when positive; ``<= 0`` disables it.",
+            0.0,
+            schema=float,
+            to_schema=float,
+            feature=Feature.SOFTCAP,
+        ),
+        Arg(
+            "sinks",
+            "torch.Tensor | None",
+            "``[S, Hq]`` FP32 (sink-major), on q's device: S extra softmax logits per "
+            "query head that take probability mass without adding a value; never rounded to the activation dtype. "
+            "MAGI-2 uses S = 1; None (or S = 0): no sink.",
+            None,
+            schema=torch.Tensor | None,
+            layout=OPTIONAL_TENSOR,
+            feature=Feature.SINKS,
+        ),
+        Arg(
+            "deterministic",
+            "bool | None",
+            "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
+            None,
+            schema=bool,
+            layout=VALUE,
+            feature=Feature.DETERMINISTIC,
+            resolve=_deterministic,
+        ),
+        Arg(
+            "return_lse",
+            "bool",
+            "also return the log-sum-exp of each query row, sinks included.",
+            False,
+            compiled=True,
+            layout=VALUE,
+            feature=Feature.LSE,
+        ),  # the custom op always returns it
+        Arg(
+            "sink_rescale",
+            "SinkRescale",
+            '``"fp32"`` (promote, rescale, cast once) or ``"activation"`` (the sink '
+            "scale cast to q's dtype first, as upstream CUDA MAGI-2).",
+            "fp32",
+            schema=str,
+            layout=VALUE,
+        ),
+    ),
+)
 _SINKS_AT = ARGS.names.index("sinks")
 _TENSORS = 6  # the leading tensor fields of AttentionCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
@@ -213,8 +278,14 @@ def validate(
     v = ck.tensor(OP, "v", v)
     dtype, device = q.dtype, q.device
     # One combined test for the common case; the detailed checks below name what is wrong.
-    if not (q.dim() == k.dim() == v.dim() == 3 and dtype in ACTIVATION_DTYPES and k.dtype is dtype
-            and v.dtype is dtype and k.device == device and v.device == device):  # fmt: skip
+    if not (
+        q.dim() == k.dim() == v.dim() == 3
+        and dtype in ACTIVATION_DTYPES
+        and k.dtype is dtype
+        and v.dtype is dtype
+        and k.device == device
+        and v.device == device
+    ):
         for arg, t in (("q", q), ("k", k), ("v", v)):
             ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
         ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
@@ -259,8 +330,9 @@ def validate(
     if sinks is not None:
         sink_t = ck.tensor(OP, "sinks", sinks)
         if sink_t.dtype != torch.float32:
-            raise InvalidDTypeError(OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)",
-                                    ck.describe(sink_t))
+            raise InvalidDTypeError(
+                OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)", ck.describe(sink_t)
+            )
         if sink_t.dim() != 2 or sink_t.shape[1] != hq:
             raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
         ck.same_device(OP, "q", q, sinks=sink_t)
@@ -269,8 +341,22 @@ def validate(
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
         raise InvalidValueError(OP, "sink_rescale", "'fp32' or 'activation'", repr(sink_rescale))
-    call = AttentionCall(q, k, v, cu_q, cu_k, sink_t, mq, mk, scale, cap, sink_rescale,  # type: ignore[arg-type]
-                         bool(deterministic), bool(return_lse), None)  # type: ignore[arg-type]
+    call = AttentionCall(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        sink_t,
+        mq,
+        mk,
+        scale,
+        cap,
+        sink_rescale,  # type: ignore[arg-type]
+        bool(deterministic),
+        bool(return_lse),
+        None,  # type: ignore[arg-type]
+    )
     mask = ARGS.features(call, compiling) | (_GQA if hq != hkv else 0)
     # Rules judge the true longest segments where the prefix sums are on the host; with device prefix
     # sums and max_seqlen_* given, they judge the declared bound (Resolution.explain says so).
@@ -298,8 +384,14 @@ class _Bound(NamedTuple):
 def _make(kernel: Any, name: str, call: AttentionCall, args: tuple[Any, ...]) -> _Bound:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
-    return _Bound(kernel, name, call[_TENSORS:], args[_SINKS_AT] is not None and call.sinks is None,
-                  call.cu_seqlens_q is not args[3] or call.cu_seqlens_k is not args[4], host_sinks)
+    return _Bound(
+        kernel,
+        name,
+        call[_TENSORS:],
+        args[_SINKS_AT] is not None and call.sinks is None,
+        call.cu_seqlens_q is not args[3] or call.cu_seqlens_k is not args[4],
+        host_sinks,
+    )
 
 
 def _recheck(hit: _Bound, sinks: torch.Tensor) -> None:
@@ -377,8 +469,21 @@ def attention(
         asks_grad = False
     if asks_grad and torch.is_grad_enabled():
         forward_only(OP, q=q, k=k, v=v, sinks=sinks)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap, sinks,
-            deterministic, return_lse, sink_rescale)
+    args = (
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        softcap,
+        sinks,
+        deterministic,
+        return_lse,
+        sink_rescale,
+    )
     if torch.compiler.is_compiling():
         o, lse = ARGS.compiled(args, provider)
         return (o, lse) if return_lse else o
@@ -412,8 +517,9 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
             return {"o": out}
         return {"o": out[0]} if out[1] is None else {"o": out[0], "lse": out[1]}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
-               call: Any) -> list[acc.Acceptance]:
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
+    ) -> list[acc.Acceptance]:
         results = [acc.accept_attention(got["o"], ref["o"])]
         if "lse" in ref and "lse" in got:
             results.append(acc.accept_lse(got["lse"], ref["lse"], ref["o"].dtype))
@@ -425,7 +531,13 @@ _bind: Callable[..., _Bound] = cache_lookup(
     ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
 )
 _attention_op = custom_op(
-    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
-    lambda a: (a["q"].new_empty(a["q"].shape), a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]),
-                                                                 dtype=torch.float32)),
+    ARGS,
+    SPEC,
+    validate,
+    tuple[torch.Tensor, torch.Tensor],
+    lambda out: (dense(out[0]), dense(out[1])),
+    lambda a: (
+        a["q"].new_empty(a["q"].shape),
+        a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]), dtype=torch.float32),
+    ),
 )

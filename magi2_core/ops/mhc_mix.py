@@ -50,15 +50,33 @@ class MHCMixCall(NamedTuple):
 
 
 # The arguments of :func:`mhc_mix` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
-ARGS = Args(OP, (
-    Arg("streams", "torch.Tensor", "``[T, n, D]`` BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
-    Arg("branch_output", "torch.Tensor", "``[T, D]`` in the streams' dtype (the branch's output).",
-        schema=torch.Tensor, layout=TENSOR),
-    Arg("post", "torch.Tensor", "``[T, n]`` (as :func:`mhc_pre` returns it; any float dtype).", schema=torch.Tensor,
-        layout=TENSOR),
-    Arg("residual", "torch.Tensor", "``[T, n, n]`` (as :func:`mhc_pre` returns it; any float dtype).",
-        schema=torch.Tensor, layout=TENSOR),
-))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg("streams", "torch.Tensor", "``[T, n, D]`` BF16, FP16 or FP32.", schema=torch.Tensor, layout=TENSOR),
+        Arg(
+            "branch_output",
+            "torch.Tensor",
+            "``[T, D]`` in the streams' dtype (the branch's output).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "post",
+            "torch.Tensor",
+            "``[T, n]`` (as :func:`mhc_pre` returns it; any float dtype).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "residual",
+            "torch.Tensor",
+            "``[T, n, n]`` (as :func:`mhc_pre` returns it; any float dtype).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+    ),
+)
 _TENSORS = 4  # the leading tensor fields of MHCMixCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -122,10 +140,12 @@ def mhc_mix(
     Returns:
         The new ``[T, n, D]`` streams in the streams' dtype (products and sums in FP32).
     """
-    if torch.is_grad_enabled() and (getattr(streams, "requires_grad", False)
-                                    or getattr(branch_output, "requires_grad", False)
-                                    or getattr(post, "requires_grad", False)
-                                    or getattr(residual, "requires_grad", False)):  # fmt: skip
+    if torch.is_grad_enabled() and (
+        getattr(streams, "requires_grad", False)
+        or getattr(branch_output, "requires_grad", False)
+        or getattr(post, "requires_grad", False)
+        or getattr(residual, "requires_grad", False)
+    ):
         forward_only(OP, streams=streams, branch_output=branch_output, post=post, residual=residual)
     args = (streams, branch_output, post, residual)
     if torch.compiler.is_compiling():

@@ -87,28 +87,66 @@ def _list(sizes: Sequence[int] | None) -> list[int] | None:
 
 
 # The arguments of :func:`mhc_pre` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
-ARGS = Args(OP, (
-    Arg("streams", "torch.Tensor", "``[T, n, D]`` hyper-connection streams, BF16, FP16 or FP32, tokens sorted by "
-        "modality.", schema=torch.Tensor, layout=TENSOR),
-    Arg("norm_weight", "torch.Tensor", "the mHC norm's delta-scale (the scale is ``w + 1``), FP32, flat ``[M·n·D]`` "
-        "or ``[M, n·D]``, modality-major.", schema=torch.Tensor, layout=TENSOR),
-    Arg("phi", "torch.Tensor", "``[n·D, 2n + n²]`` FP32 projection (pre, post, residual columns).",
-        schema=torch.Tensor, layout=TENSOR),
-    Arg("alpha_pre", "torch.Tensor", "one-element FP32 tensors.", schema=torch.Tensor, layout=TENSOR),
-    Arg("alpha_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
-    Arg("alpha_res", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
-    Arg("bias_pre", "torch.Tensor", "``[n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
-    Arg("bias_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
-    Arg("bias_res", "torch.Tensor", "``[n, n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
-    Arg("eps", "float", "the norm's eps, a finite float >= 0.", DEFAULT_EPS, schema=float, to_schema=float),
-    Arg("modality_sizes", "Sequence[int] | None", "host-side ints, the M contiguous token groups' sizes (None: "
-        "M = 1).", None, schema=list[int] | None, to_schema=_list, layout=INTS),
-    Arg("sinkhorn_iterations", "int", "Sinkhorn-Knopp iterations (>= 0).", DEFAULT_SINKHORN_ITERATIONS, schema=int,
-        to_schema=int),
-    Arg("sinkhorn_eps", "float", "the eps of its divisions.", DEFAULT_SINKHORN_EPS, schema=float, to_schema=float),
-    Arg("out_dtype", "torch.dtype | None", "the post and residual coefficients' dtype (None: the streams' dtype, "
-        "as upstream).", None, schema=torch.dtype | None, layout=VALUE),
-))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "streams",
+            "torch.Tensor",
+            "``[T, n, D]`` hyper-connection streams, BF16, FP16 or FP32, tokens sorted by modality.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "norm_weight",
+            "torch.Tensor",
+            "the mHC norm's delta-scale (the scale is ``w + 1``), FP32, flat ``[M·n·D]`` "
+            "or ``[M, n·D]``, modality-major.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "phi",
+            "torch.Tensor",
+            "``[n·D, 2n + n²]`` FP32 projection (pre, post, residual columns).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg("alpha_pre", "torch.Tensor", "one-element FP32 tensors.", schema=torch.Tensor, layout=TENSOR),
+        Arg("alpha_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+        Arg("alpha_res", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+        Arg("bias_pre", "torch.Tensor", "``[n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
+        Arg("bias_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
+        Arg("bias_res", "torch.Tensor", "``[n, n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
+        Arg("eps", "float", "the norm's eps, a finite float >= 0.", DEFAULT_EPS, schema=float, to_schema=float),
+        Arg(
+            "modality_sizes",
+            "Sequence[int] | None",
+            "host-side ints, the M contiguous token groups' sizes (None: M = 1).",
+            None,
+            schema=list[int] | None,
+            to_schema=_list,
+            layout=INTS,
+        ),
+        Arg(
+            "sinkhorn_iterations",
+            "int",
+            "Sinkhorn-Knopp iterations (>= 0).",
+            DEFAULT_SINKHORN_ITERATIONS,
+            schema=int,
+            to_schema=int,
+        ),
+        Arg("sinkhorn_eps", "float", "the eps of its divisions.", DEFAULT_SINKHORN_EPS, schema=float, to_schema=float),
+        Arg(
+            "out_dtype",
+            "torch.dtype | None",
+            "the post and residual coefficients' dtype (None: the streams' dtype, as upstream).",
+            None,
+            schema=torch.dtype | None,
+            layout=VALUE,
+        ),
+    ),
+)
 _TENSORS = 9  # the leading tensor fields of MHCPreCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -199,8 +237,7 @@ def validate(
         raise InvalidDTypeError(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
-    call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od,
-                      None)  # type: ignore[arg-type]
+    call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=MHCPreKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, n, d, m))
 
@@ -292,11 +329,18 @@ _bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t, n, d = a["streams"].shape
     od = a["out_dtype"] or a["streams"].dtype
-    return (a["streams"].new_empty((t, d)), a["streams"].new_empty((t, n), dtype=od),
-            a["streams"].new_empty((t, n, n), dtype=od))
+    return (
+        a["streams"].new_empty((t, d)),
+        a["streams"].new_empty((t, n), dtype=od),
+        a["streams"].new_empty((t, n, n), dtype=od),
+    )
 
 
 _mhc_pre_op = custom_op(
-    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    lambda out: (dense(out[0]), dense(out[1]), dense(out[2])), _fake,
+    ARGS,
+    SPEC,
+    validate,
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lambda out: (dense(out[0]), dense(out[1]), dense(out[2])),
+    _fake,
 )

@@ -26,8 +26,17 @@ from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolver import resolve_problem
 
-__all__ = ["ARGS", "SPEC", "ExpertsCall", "ExpertsKey", "MoEExpertsKernel", "MoEWeightPreparer", "moe_experts",
-           "prepare_moe_weights", "validate"]
+__all__ = [
+    "ARGS",
+    "SPEC",
+    "ExpertsCall",
+    "ExpertsKey",
+    "MoEExpertsKernel",
+    "MoEWeightPreparer",
+    "moe_experts",
+    "prepare_moe_weights",
+    "validate",
+]
 
 OP: Literal["moe_experts"] = "moe_experts"
 
@@ -91,24 +100,63 @@ def _deterministic(value: bool | None) -> bool:
 # The arguments of :func:`moe_experts` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
 # The three weights (or one PreparedMoEWeights in w_gate's place) reach the custom op as a tensor list and
 # its layout name; validation receives their checkpoint-layout views.
-ARGS = Args(OP, (
-    Arg("x", "torch.Tensor", "``[T, Hl, d]``, BF16, FP16 or FP32 (BF16 in MAGI-2), as routed.",
-        schema=torch.Tensor, layout=TENSOR),
-    Arg("probs", "torch.Tensor", "``[Hl, T, K]`` FP32, head-major, as :func:`moe_route` returns it.",
-        schema=torch.Tensor, layout=TENSOR),
-    Arg("idx", "torch.Tensor", "``[Hl, T, K]`` int64 or int32, expert ids within each head in ``[0, E)``, as "
-        ":func:`moe_route` returns it; on an accelerator, range-checked only with ``MAGI2_CHECK_DEVICE_VALUES=1`` "
-        "(an id out of range is undefined behaviour otherwise).", schema=torch.Tensor, layout=TENSOR),
-    Arg("w_gate", "torch.Tensor | PreparedMoEWeights", "``[Hl·E, d, I]``, x's dtype and device, head-major (rows "
-        "``h·E .. h·E+E-1`` are head h's experts). Or, in ``w_gate``'s place, one "
-        ":class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`, with ``w_up`` and "
-        "``w_down`` left out.", layout=TENSOR),
-    Arg("w_up", "torch.Tensor | None", "", None, layout=TENSOR, positional=True),
-    Arg("w_down", "torch.Tensor | None", "``[Hl·E, I, d]``, x's dtype and device, head-major.", None,
-        layout=TENSOR, positional=True),
-    Arg("deterministic", "bool | None", "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
-        None, schema=bool, layout=VALUE, feature=Feature.DETERMINISTIC, resolve=_deterministic),
-), Pack(("w_gate", "w_up", "w_down"), (("weights", list[torch.Tensor]), ("layout", str)), _pack, _unpack))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "x",
+            "torch.Tensor",
+            "``[T, Hl, d]``, BF16, FP16 or FP32 (BF16 in MAGI-2), as routed.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "probs",
+            "torch.Tensor",
+            "``[Hl, T, K]`` FP32, head-major, as :func:`moe_route` returns it.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "idx",
+            "torch.Tensor",
+            "``[Hl, T, K]`` int64 or int32, expert ids within each head in ``[0, E)``, as "
+            ":func:`moe_route` returns it; on an accelerator, range-checked only with ``MAGI2_CHECK_DEVICE_VALUES=1`` "
+            "(an id out of range is undefined behaviour otherwise).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "w_gate",
+            "torch.Tensor | PreparedMoEWeights",
+            "``[Hl·E, d, I]``, x's dtype and device, head-major (rows "
+            "``h·E .. h·E+E-1`` are head h's experts). Or, in ``w_gate``'s place, one "
+            ":class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`, with ``w_up`` and "
+            "``w_down`` left out.",
+            layout=TENSOR,
+        ),
+        Arg("w_up", "torch.Tensor | None", "", None, layout=TENSOR, positional=True),
+        Arg(
+            "w_down",
+            "torch.Tensor | None",
+            "``[Hl·E, I, d]``, x's dtype and device, head-major.",
+            None,
+            layout=TENSOR,
+            positional=True,
+        ),
+        Arg(
+            "deterministic",
+            "bool | None",
+            "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
+            None,
+            schema=bool,
+            layout=VALUE,
+            feature=Feature.DETERMINISTIC,
+            resolve=_deterministic,
+        ),
+    ),
+    Pack(("w_gate", "w_up", "w_down"), (("weights", list[torch.Tensor]), ("layout", str)), _pack, _unpack),
+)
 _TENSORS = 6  # the leading tensor fields of ExpertsCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -245,8 +293,14 @@ def moe_experts(
         asks_grad = False  # the weights themselves are read next
     # An `or` chain of attribute reads: a third of the cost of getattr over the weights on this hot path.
     try:
-        asks_grad = (asks_grad or x.requires_grad or probs.requires_grad or wg.requires_grad or wu.requires_grad
-                     or wd.requires_grad)  # fmt: skip
+        asks_grad = (
+            asks_grad
+            or x.requires_grad
+            or probs.requires_grad
+            or wg.requires_grad
+            or wu.requires_grad
+            or wd.requires_grad
+        )
     except AttributeError:  # not tensors: validation says which
         pass
     if asks_grad and torch.is_grad_enabled():
@@ -285,8 +339,9 @@ def prepare_moe_weights(
         the weights' device): pass it as ``moe_experts(x, probs, idx, prepared)``.
     """
     wg, wu, wd = check_weights(w_gate, w_up, w_down)
-    problem = Problem(op=OP, device_type=wg.device.type, dtype=ck.dtype_name(wg.dtype), hidden=wg.shape[1],
-                      intermediate=wg.shape[2])
+    problem = Problem(
+        op=OP, device_type=wg.device.type, dtype=ck.dtype_name(wg.dtype), hidden=wg.shape[1], intermediate=wg.shape[2]
+    )
     name = resolve_problem(problem, provider).chosen
     loaded = get_registry().provider(OP, name or "")
     assert loaded is not None and name is not None  # resolve_problem raises when nothing is chosen
@@ -311,13 +366,12 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
-               call: Any) -> list[acc.Acceptance]:
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
+    ) -> list[acc.Acceptance]:
         return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
 
 
 SPEC = MoEExpertsSpec()
-_bind: Callable[..., _Bound] = cache_lookup(
-    ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck)
-)
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
 _moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))

@@ -69,22 +69,58 @@ class RouteCall(NamedTuple):
 
 
 # The arguments of :func:`moe_route` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
-ARGS = Args(OP, (
-    Arg("x", "torch.Tensor", "``[T, Hl, d]``, BF16, FP16 or FP32 (the activations; scores are computed in FP32).",
-        schema=torch.Tensor, layout=TENSOR),
-    Arg("router_weight", "torch.Tensor", "``[Hl·E, d]`` FP32, head-major (rows ``h·E .. h·E+E-1`` are head h's "
-        "experts), on x's device; its row count must be a multiple of Hl.", schema=torch.Tensor, layout=TENSOR),
-    Arg("bias", "torch.Tensor | None", "``[Hl·E]`` FP32, head-major, on x's device, or None. It shifts the "
-        "selection only: the weights are computed from the unbiased scores.", schema=torch.Tensor | None,
-        layout=OPTIONAL_TENSOR),
-    Arg("top_k", "int", "K, an int in ``[1, E]``.", 6, schema=int),
-    Arg("route_scale", "float", "a finite float multiplying the weights (MAGI-2: 4.9).", 4.9, schema=float,
-        to_schema=float),
-    Arg("route_norm", "bool", "L1-normalise each token's K weights (eps 1e-12) before scaling (MAGI-2: True).",
-        True, schema=bool),
-    Arg("score_func", "ScoreFunc", "``\"sigmoid\"`` (MAGI-2's release) or ``\"softmax\"`` over each head's "
-        "experts.", "sigmoid", schema=str, layout=VALUE),
-))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "x",
+            "torch.Tensor",
+            "``[T, Hl, d]``, BF16, FP16 or FP32 (the activations; scores are computed in FP32).",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "router_weight",
+            "torch.Tensor",
+            "``[Hl·E, d]`` FP32, head-major (rows ``h·E .. h·E+E-1`` are head h's "
+            "experts), on x's device; its row count must be a multiple of Hl.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "bias",
+            "torch.Tensor | None",
+            "``[Hl·E]`` FP32, head-major, on x's device, or None. It shifts the "
+            "selection only: the weights are computed from the unbiased scores.",
+            schema=torch.Tensor | None,
+            layout=OPTIONAL_TENSOR,
+        ),
+        Arg("top_k", "int", "K, an int in ``[1, E]``.", 6, schema=int),
+        Arg(
+            "route_scale",
+            "float",
+            "a finite float multiplying the weights (MAGI-2: 4.9).",
+            4.9,
+            schema=float,
+            to_schema=float,
+        ),
+        Arg(
+            "route_norm",
+            "bool",
+            "L1-normalise each token's K weights (eps 1e-12) before scaling (MAGI-2: True).",
+            True,
+            schema=bool,
+        ),
+        Arg(
+            "score_func",
+            "ScoreFunc",
+            '``"sigmoid"`` (MAGI-2\'s release) or ``"softmax"`` over each head\'s experts.',
+            "sigmoid",
+            schema=str,
+            layout=VALUE,
+        ),
+    ),
+)
 _TENSORS = 3  # the leading tensor fields of RouteCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -187,9 +223,11 @@ def moe_route(
         descending order, equal scores in ascending expert id. Both head-major, as
         :func:`moe_experts` takes them.
     """
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
-                                    or getattr(router_weight, "requires_grad", False)
-                                    or getattr(bias, "requires_grad", False)):  # fmt: skip
+    if torch.is_grad_enabled() and (
+        getattr(x, "requires_grad", False)
+        or getattr(router_weight, "requires_grad", False)
+        or getattr(bias, "requires_grad", False)
+    ):
         forward_only(OP, x=x, router_weight=router_weight, bias=bias)
     args = (x, router_weight, bias, top_k, route_scale, route_norm, score_func)
     if torch.compiler.is_compiling():
@@ -216,22 +254,33 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"probs": out[0], "idx": out[1]}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
-               call: RouteCall) -> list[acc.Acceptance]:
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: RouteCall
+    ) -> list[acc.Acceptance]:
         # The ids are judged against the float64 truth of the inputs, not the reference's FP32 ids (a
         # near-tie may fall either way); the weights against the reference's FP32 weights of the same ids.
-        truth = acc.route_truth(call.x, call.router_weight, call.bias, top_k=call.top_k,
-                                route_scale=call.route_scale, route_norm=call.route_norm, score_func=call.score_func)
+        truth = acc.route_truth(
+            call.x,
+            call.router_weight,
+            call.bias,
+            top_k=call.top_k,
+            route_scale=call.route_scale,
+            route_norm=call.route_norm,
+            score_func=call.score_func,
+        )
         return [acc.accept_moe_route(got["probs"], got["idx"], truth)]
 
 
 SPEC = MoERouteSpec()
-_bind: Callable[..., _Bound] = cache_lookup(
-    ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
-)
+_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck))
 _moe_route_op = custom_op(
-    ARGS, SPEC, validate, tuple[torch.Tensor, torch.Tensor], lambda out: (dense(out[0]), dense(out[1])),
-    lambda a: (a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.float32),
-               a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.int64)),
+    ARGS,
+    SPEC,
+    validate,
+    tuple[torch.Tensor, torch.Tensor],
+    lambda out: (dense(out[0]), dense(out[1])),
+    lambda a: (
+        a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.float32),
+        a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.int64),
+    ),
 )
-

@@ -63,18 +63,48 @@ def _list(sizes: Sequence[int] | None) -> list[int] | None:
 
 
 # The arguments of :func:`rmsnorm` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
-ARGS = Args(OP, (
-    Arg("x", "torch.Tensor", "``[T, D]`` or ``[T, ..., P, D]`` (e.g. ``[T, H, D]`` for a q/k norm), BF16, FP16 or "
-        "FP32; tokens sorted by modality. Normalised over the last axis.", schema=torch.Tensor, layout=TENSOR),
-    Arg("weight", "torch.Tensor", "the delta-scale (the scale is ``w + 1``), any float dtype, on x's device: "
-        "``[M, D]`` (one row per modality), ``[M, P, D]`` (P rows per modality, matched to x's second-to-last "
-        "axis; P = 1 broadcasts over it) or flat ``[M·P·D]``, M-major.", schema=torch.Tensor, layout=TENSOR),
-    Arg("eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float),
-    Arg("modality_sizes", "Sequence[int] | None", "host-side ints, the sizes of the M contiguous token groups, "
-        "summing to T (None: one modality, M = 1).", None, schema=list[int] | None, to_schema=_list, layout=INTS),
-    Arg("out_dtype", "torch.dtype | None", "the output dtype (None: x's dtype).", None,
-        schema=torch.dtype | None, layout=VALUE),
-))  # fmt: skip
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "x",
+            "torch.Tensor",
+            "``[T, D]`` or ``[T, ..., P, D]`` (e.g. ``[T, H, D]`` for a q/k norm), BF16, FP16 or "
+            "FP32; tokens sorted by modality. Normalised over the last axis.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "weight",
+            "torch.Tensor",
+            "the delta-scale (the scale is ``w + 1``), any float dtype, on x's device: "
+            "``[M, D]`` (one row per modality), ``[M, P, D]`` (P rows per modality, matched to x's second-to-last "
+            "axis; P = 1 broadcasts over it) or flat ``[M·P·D]``, M-major.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float
+        ),
+        Arg(
+            "modality_sizes",
+            "Sequence[int] | None",
+            "host-side ints, the sizes of the M contiguous token groups, summing to T (None: one modality, M = 1).",
+            None,
+            schema=list[int] | None,
+            to_schema=_list,
+            layout=INTS,
+        ),
+        Arg(
+            "out_dtype",
+            "torch.dtype | None",
+            "the output dtype (None: x's dtype).",
+            None,
+            schema=torch.dtype | None,
+            layout=VALUE,
+        ),
+    ),
+)
 _TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
 _record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
@@ -89,8 +119,10 @@ class RMSNormKernel(Protocol):
 
 def _weight_layouts(m: int, d: int) -> str:
     """The weight layouts a call with ``m`` modalities of width ``d`` accepts, for an error message."""
-    return (f"[{m}, P, {d}] (modalities, patterns P, width), [{m}, {d}] (P = 1), or flat [{m}·P·{d}]; "
-            f"P is the number of scale rows per modality: x's second-to-last axis, or 1 to broadcast")
+    return (
+        f"[{m}, P, {d}] (modalities, patterns P, width), [{m}, {d}] (P = 1), or flat [{m}·P·{d}]; "
+        f"P is the number of scale rows per modality: x's second-to-last axis, or 1 to broadcast"
+    )
 
 
 def validate(
@@ -132,8 +164,9 @@ def validate(
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
     if od not in ck.FLOATS:
-        raise InvalidDTypeError(OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16",
-                                repr(out_dtype))
+        raise InvalidDTypeError(
+            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
+        )
     call = RMSNormCall(x, w, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p))
@@ -195,14 +228,19 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
         return {"y": out}
 
-    def accept(self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
-               call: Any) -> list[acc.Acceptance]:
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
+    ) -> list[acc.Acceptance]:
         return [acc.accept_rmsnorm(got["y"], ref["y"])]
 
 
 SPEC = RMSNormSpec()
 _bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
 _rmsnorm_op = custom_op(
-    ARGS, SPEC, validate, torch.Tensor, dense,
+    ARGS,
+    SPEC,
+    validate,
+    torch.Tensor,
+    dense,
     lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
 )

@@ -42,9 +42,25 @@ from magi2_core.profiles.model import (
 from magi2_core.reasons import PreferenceNote, ProfileNote
 
 __all__ = [
-    "GENERIC", "DeviceKey", "Fragment", "LoadedProfile", "Source", "active_profile", "backend_fragments", "boundaries",
-    "fragment_from_resource", "generic_fragments", "installed_version", "names_device", "profile_for", "profile_of",
-    "reset_profiles", "shipped_profiles", "use_backend_fragments", "user_profile_dir", "user_profiles",
+    "GENERIC",
+    "DeviceKey",
+    "Fragment",
+    "LoadedProfile",
+    "Source",
+    "active_profile",
+    "backend_fragments",
+    "boundaries",
+    "fragment_from_resource",
+    "generic_fragments",
+    "installed_version",
+    "names_device",
+    "profile_for",
+    "profile_of",
+    "reset_profiles",
+    "shipped_profiles",
+    "use_backend_fragments",
+    "user_profile_dir",
+    "user_profiles",
 ]
 
 GENERIC = "generic"
@@ -114,13 +130,22 @@ class LoadedProfile:
     def own_plans(self) -> tuple[PlanRow, ...]:
         """The plan rows of its fragments that no package ships (a tuned or given file's), in order, each
         with its provenance (or its fragment's): what comes before the packaged rows (:func:`plan_rows`)."""
-        return tuple(r if r.provenance else r.model_copy(update={"provenance": f.profile.provenance})
-                     for f in self.fragments if not f.packaged for r in f.profile.plans)  # fmt: skip
+        return tuple(
+            r if r.provenance else r.model_copy(update={"provenance": f.profile.provenance})
+            for f in self.fragments
+            if not f.packaged
+            for r in f.profile.plans
+        )
 
     def preference_note(self, row: Preference) -> PreferenceNote:
         index = self.profile.preferences.index(row)
-        return PreferenceNote(id=row.id or f"preferences[{index}]", when=row.describe(), prefer=row.prefer,
-                              why=row.why, provenance=str(row.provenance or self.profile.provenance))
+        return PreferenceNote(
+            id=row.id or f"preferences[{index}]",
+            when=row.describe(),
+            prefer=row.prefer,
+            why=row.why,
+            provenance=str(row.provenance or self.profile.provenance),
+        )
 
 
 def user_profile_dir() -> Path:
@@ -172,9 +197,14 @@ def shipped_profiles() -> tuple[Fragment, ...]:
     if _shipped is None:
         root = resources.files("magi2_core.profiles")
         found = sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
-        _shipped = tuple(Fragment(loads_profile(p.read_text(encoding="utf-8"), f"magi2_core/profiles/{p.name}"),
-                                  f"magi2_core/profiles/{p.name}", file=f"magi2_core/profiles/{p.name}")
-                         for p in found)  # fmt: skip
+        _shipped = tuple(
+            Fragment(
+                loads_profile(p.read_text(encoding="utf-8"), f"magi2_core/profiles/{p.name}"),
+                f"magi2_core/profiles/{p.name}",
+                file=f"magi2_core/profiles/{p.name}",
+            )
+            for p in found
+        )
     return _shipped
 
 
@@ -188,8 +218,9 @@ def user_profiles() -> tuple[Fragment, ...]:
             try:
                 out.append(Fragment(load_profile(path), str(path)))
             except ProfileError as exc:
-                log.warning("magi2_core: ignoring the user profile: %s (run `magi2 tune` again, or delete the file)",
-                            exc)
+                log.warning(
+                    "magi2_core: ignoring the user profile: %s (run `magi2 tune` again, or delete the file)", exc
+                )
         _user = tuple(out)
     return _user
 
@@ -215,8 +246,12 @@ def _file(path: str) -> Profile:
 def names_device(frag: Fragment, device: ProfileDevice | DeviceKey) -> bool:
     """``frag`` is measured on ``device``: same type and name, and same capability where it names one."""
     d = frag.profile.device
-    return (d.name is not None and d.type == device.type and d.name == device.name
-            and (d.capability is None or d.capability == device.capability))  # fmt: skip
+    return (
+        d.name is not None
+        and d.type == device.type
+        and d.name == device.name
+        and (d.capability is None or d.capability == device.capability)
+    )
 
 
 def _generic_for(frag: Fragment, device: DeviceKey) -> bool:
@@ -248,8 +283,9 @@ def _library_notes(profile: Profile) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, why: str,
-           base: Profile | None = None) -> LoadedProfile:
+def _merge(
+    frags: Sequence[Fragment], source: Source, device: DeviceKey, why: str, base: Profile | None = None
+) -> LoadedProfile:
     """One profile from ``frags`` in order (``base``: its name, device and provenance), each row keeping
     its own provenance (or its fragment's); ``why``: why the device gets it."""
     head = base or frags[0].profile
@@ -264,9 +300,16 @@ def _merge(frags: Sequence[Fragment], source: Source, device: DeviceKey, why: st
             libraries.setdefault(lib, version)
     merged = head.model_copy(update={"preferences": tuple(prefs), "plans": tuple(plans), "libraries": libraries})
     origins = tuple(f.origin for f in frags) or ("derived from the device type and capability",)
-    note = ProfileNote(name=merged.name, source=source, origin=" + ".join(origins), device=str(device),
-                       device_type=device.type,
-                       provenance=str(merged.provenance), libraries=_library_notes(merged), why=why)
+    note = ProfileNote(
+        name=merged.name,
+        source=source,
+        origin=" + ".join(origins),
+        device=str(device),
+        device_type=device.type,
+        provenance=str(merged.provenance),
+        libraries=_library_notes(merged),
+        why=why,
+    )
     return LoadedProfile(merged, source, origins, device, note, tuple(frags))
 
 
@@ -277,11 +320,16 @@ def _generic(device: DeviceKey, backends: Sequence[Fragment], why: str) -> Loade
     covers = f"{device.type} capability {device.capability}" if device.capability else f"any {device.type} device"
     why = f"{why} -> {name} (the generic profile of {covers})"
     base = Profile(
-        format=FORMAT, version=VERSION, name=name,
+        format=FORMAT,
+        version=VERSION,
+        name=name,
         device=ProfileDevice(type=device.type, capability=device.capability),
-        provenance=Provenance(kind="policy", source="magi2_core.profiles",
-                              note="derived from the device type and capability; no measurements of this device"),
-    )  # fmt: skip
+        provenance=Provenance(
+            kind="policy",
+            source="magi2_core.profiles",
+            note="derived from the device type and capability; no measurements of this device",
+        ),
+    )
     return _merge(generic_fragments(device, backends), "generic", device, why, base)
 
 
@@ -299,8 +347,12 @@ def _shipped_named(name: str, backends: Sequence[Fragment]) -> list[Fragment]:
     named = next((f for f in every if f.profile.name == name), None)
     if named is None:
         known = sorted({f.profile.name for f in every} | {GENERIC})
-        raise ConfigError("MAGI2_PROFILE", name, config.VARIABLES["MAGI2_PROFILE"].accepted,
-                          f"no shipped profile has that name; shipped: {', '.join(known)}")
+        raise ConfigError(
+            "MAGI2_PROFILE",
+            name,
+            config.VARIABLES["MAGI2_PROFILE"].accepted,
+            f"no shipped profile has that name; shipped: {', '.join(known)}",
+        )
     if named.profile.device.name is None:  # a generic fragment: itself alone
         return [named]
     return [f for f in every if names_device(f, named.profile.device)]
@@ -329,14 +381,20 @@ def _select(device: DeviceKey, backends: Sequence[Fragment], given: str | None =
         if mine:
             current = [f for f in mine if not _library_notes(f.profile)]
             why = "measured with the installed libraries" if current else "none measured with the installed libraries"
-            return _merge([(current or mine)[0]], "user", device,
-                          f"{passed}{who}: a user profile (magi2 tune) names this device and capability ({why})")
+            return _merge(
+                [(current or mine)[0]],
+                "user",
+                device,
+                f"{passed}{who}: a user profile (magi2 tune) names this device and capability ({why})",
+            )
         shipped = [f for f in (*shipped_profiles(), *backends) if names_device(f, device)]
         if shipped:
-            return _merge(shipped, "shipped", device,
-                          f"{passed}{who}: a shipped profile names this device and capability")
-        return _generic(device, backends, f"{passed}{who}: no user or shipped profile for this device name "
-                                          "and capability")
+            return _merge(
+                shipped, "shipped", device, f"{passed}{who}: a shipped profile names this device and capability"
+            )
+        return _generic(
+            device, backends, f"{passed}{who}: no user or shipped profile for this device name and capability"
+        )
     return _generic(device, backends, f"{passed}{who}")
 
 
@@ -380,8 +438,9 @@ def profile_for(device_type: str, device_index: int | None, backends: Sequence[F
     return found
 
 
-def profile_of(device: DeviceKey, backends: Sequence[Fragment] | None = None, *,
-               profile: str | None = None) -> LoadedProfile:
+def profile_of(
+    device: DeviceKey, backends: Sequence[Fragment] | None = None, *, profile: str | None = None
+) -> LoadedProfile:
     """The profile active for a device given by its key (type, name, capability), without asking torch:
     what a provider that keys its own data by device (the Triton MoE plan) reads, and what explain reads
     for a described device. ``backends``: as in :func:`active_profile`; ``profile``: a profile named as

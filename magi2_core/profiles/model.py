@@ -39,14 +39,20 @@ class ProfileDevice(BaseModel):
 
     type: str = Field(min_length=1, description="torch device type: cuda, musa, cpu, ...")
     name: str | None = Field(None, min_length=1, description="the device's name as torch reports it")
-    capability: str | None = Field(None, pattern=r"^\d+(\.\d+)?$", description="compute capability: 'major.minor', "
-                                   "or 'major' alone in a generic fragment (every minor of that major)")
+    capability: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)?$",
+        description="compute capability: 'major.minor', "
+        "or 'major' alone in a generic fragment (every minor of that major)",
+    )
 
     @model_validator(mode="after")
     def _major_only_is_generic(self) -> ProfileDevice:
         if self.name is not None and self.capability is not None and "." not in self.capability:
-            raise ValueError(f"capability {self.capability!r}: a profile measured on a named device gives "
-                             f"'major.minor' (a major alone is for a generic fragment)")
+            raise ValueError(
+                f"capability {self.capability!r}: a profile measured on a named device gives "
+                f"'major.minor' (a major alone is for a generic fragment)"
+            )
         return self
 
     def covers(self, capability: str | None) -> bool:
@@ -55,8 +61,9 @@ class ProfileDevice(BaseModel):
             return True
         if capability is None:
             return False
-        return capability == self.capability or ("." not in self.capability
-                                                  and capability.split(".")[0] == self.capability)
+        return capability == self.capability or (
+            "." not in self.capability and capability.split(".")[0] == self.capability
+        )
 
 
 def _matches(when: tuple[Condition, ...], problem: Problem) -> bool:
@@ -133,8 +140,9 @@ class Profile(BaseModel):
     def plans_for(self, op: OpName, provider: str, problem: Problem | None = None) -> tuple[PlanRow, ...]:
         """The plan rows of ``provider`` for ``op``, in file order; with ``problem``, only those that match
         it (the first of them is the one that applies)."""
-        return tuple(r for r in self.plans if r.op == op and r.provider == provider
-                     and (problem is None or r.matches(problem)))  # fmt: skip
+        return tuple(
+            r for r in self.plans if r.op == op and r.provider == provider and (problem is None or r.matches(problem))
+        )
 
     def plan_for(self, op: OpName, provider: str, problem: Problem) -> PlanRow | None:
         """The plan row that applies to ``problem`` on ``provider`` (``None``: no row matches)."""
@@ -160,8 +168,11 @@ def _field_errors(profile: Profile) -> list[str]:
     out = []
     for i, row in enumerate(profile.preferences):
         known = op_fields(row.op) - {"op"}
-        out += [f"preferences[{i}].when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
-                for c in row.when if c.field not in known]  # fmt: skip
+        out += [
+            f"preferences[{i}].when: {c.field!r} is not a field of {row.op} problems (known: {sorted(known)})"
+            for c in row.when
+            if c.field not in known
+        ]
     return out
 
 

@@ -83,17 +83,20 @@ def plan_rows(
     return found
 
 
-def every_plan_rows(device: DeviceKey, *, profile: str | None = None,
-                    backends: Sequence[Fragment] | None = None) -> list[tuple[OpName, str, PlanRows]]:  # fmt: skip
+def every_plan_rows(
+    device: DeviceKey, *, profile: str | None = None, backends: Sequence[Fragment] | None = None
+) -> list[tuple[OpName, str, PlanRows]]:
     """Per op and provider with rows for ``device`` (in any profile it may read), the rows it reads there:
     what ``magi2 tune --show`` lists (unchecked: a provider skips a row of its own it cannot read)."""
     if backends is None:
         backends = backend_fragments()
     loaded = profile_of(device, backends, profile=profile)
-    pairs = sorted({(r.op, r.provider) for f in (*loaded.fragments, *shipped_profiles(), *backends)
-                    for r in f.profile.plans})  # fmt: skip
-    out = [(op, provider, plan_rows(op, provider, device, profile=profile, backends=backends))
-           for op, provider in pairs]  # fmt: skip
+    pairs = sorted(
+        {(r.op, r.provider) for f in (*loaded.fragments, *shipped_profiles(), *backends) for r in f.profile.plans}
+    )
+    out = [
+        (op, provider, plan_rows(op, provider, device, profile=profile, backends=backends)) for op, provider in pairs
+    ]
     return [(op, provider, found) for op, provider, found in out if found.rows]
 
 
@@ -106,8 +109,14 @@ def reset_plan_rows() -> None:
 config.on_reload(reset_plan_rows)
 
 
-def _plan_rows(op: OpName, provider: str, device: DeviceKey, profile: str | None, check: PlanCheck | None,
-               backends: Sequence[Fragment]) -> PlanRows:  # fmt: skip
+def _plan_rows(
+    op: OpName,
+    provider: str,
+    device: DeviceKey,
+    profile: str | None,
+    check: PlanCheck | None,
+    backends: Sequence[Fragment],
+) -> PlanRows:
     loaded = profile_of(device, backends, profile=profile)
     own = []
     for i, row in enumerate(r for r in loaded.own_plans() if r.op == op and r.provider == provider):
@@ -129,8 +138,9 @@ def _plan_rows(op: OpName, provider: str, device: DeviceKey, profile: str | None
     return PlanRows((*own, *rows), f"{own_source} rows 1-{len(own)}, then {source}")
 
 
-def _packaged(op: OpName, provider: str, device: DeviceKey, generic: bool, check: PlanCheck | None,
-              backends: Sequence[Fragment]) -> tuple[tuple[PlanRow, ...], str]:  # fmt: skip
+def _packaged(
+    op: OpName, provider: str, device: DeviceKey, generic: bool, check: PlanCheck | None, backends: Sequence[Fragment]
+) -> tuple[tuple[PlanRow, ...], str]:
     """The packaged rows for the device itself (module docstring, step 2) and where they come from."""
     every = [*shipped_profiles(), *backends]
     named = [] if generic else [f for f in every if names_device(f, device) and f.profile.plans_for(op, provider)]

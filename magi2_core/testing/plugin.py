@@ -31,15 +31,30 @@ _SEED_KEY = pytest.StashKey["int | None"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("magi2", "magi2 conformance kit")
-    group.addoption("--magi2-provider", action="append", default=[], metavar="NAME",
-                    help="check this provider (repeatable; 'all' = every installed provider)")
+    group.addoption(
+        "--magi2-provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check this provider (repeatable; 'all' = every installed provider)",
+    )
     group.addoption("--magi2-conformance", action="store_true", help="check every installed provider")
     group.addoption("--magi2-seed", default="0", metavar="N|random", help="seed of the generated inputs (default 0)")
-    group.addoption("--magi2-device", action="append", default=[], metavar="TYPE",
-                    help="only these device types (default: every device type present)")
+    group.addoption(
+        "--magi2-device",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="only these device types (default: every device type present)",
+    )
     group.addoption("--magi2-op", action="append", default=[], metavar="OP", help="only these operators")
-    group.addoption("--magi2-max-tokens", type=int, default=None, metavar="N",
-                    help="longest generated boundary layout (default 256)")
+    group.addoption(
+        "--magi2-max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest generated boundary layout (default 256)",
+    )
     group.addoption("--magi2-only", action="store_true", help="run only the conformance cases")
 
 
@@ -75,8 +90,10 @@ def _plan(config: pytest.Config, seed: int) -> Plan:
     from magi2_core.testing.runner import plan
 
     return plan(
-        config.getoption("--magi2-provider") or None, ops=config.getoption("--magi2-op") or None,
-        devices=config.getoption("--magi2-device") or None, seed=seed,
+        config.getoption("--magi2-provider") or None,
+        ops=config.getoption("--magi2-op") or None,
+        devices=config.getoption("--magi2-device") or None,
+        seed=seed,
         max_tokens=config.getoption("--magi2-max-tokens") or DEFAULT_MAX_TOKENS,
     )
 
@@ -126,12 +143,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     try:
         kit = _plan(config, seed)
     except ValueError as exc:  # an unknown provider name: one failing item says which names exist
-        generated: list[pytest.Item] = [PlanError.from_parent(session, name="plan", nodeid="magi2-conformance::plan",
-                                                              path=path, message=str(exc))]
+        generated: list[pytest.Item] = [
+            PlanError.from_parent(session, name="plan", nodeid="magi2-conformance::plan", path=path, message=str(exc))
+        ]
     else:
         generated = [
-            ConformanceItem.from_parent(session, name=c.id, nodeid=f"magi2-conformance::{c.id}", path=path,
-                                        case=c, seed=kit.seed)
+            ConformanceItem.from_parent(
+                session, name=c.id, nodeid=f"magi2-conformance::{c.id}", path=path, case=c, seed=kit.seed
+            )
             for c in [*kit.skipped, *kit.cases]
         ]
         _announce(config, kit)
@@ -148,8 +167,10 @@ def _announce(config: pytest.Config, kit: Plan) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
-    reporter.write_line(f"magi2 conformance: {len(kit.cases)} cases for {', '.join(names) or 'no runnable provider'}"
-                        f"; {len(kit.skipped)} provider(s) skipped")
+    reporter.write_line(
+        f"magi2 conformance: {len(kit.cases)} cases for {', '.join(names) or 'no runnable provider'}"
+        f"; {len(kit.skipped)} provider(s) skipped"
+    )
 
 
 class PlanError(pytest.Item):

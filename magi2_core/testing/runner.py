@@ -116,9 +116,18 @@ class CaseResult:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.case.id, "op": self.case.op, "provider": self.case.provider, "device": self.case.device,
-                "dtype": self.case.dtype, "status": self.status, "seed": self.seed, "checks": self.checks,
-                "report": self.report, "seconds": round(self.seconds, 4)}
+        return {
+            "id": self.case.id,
+            "op": self.case.op,
+            "provider": self.case.provider,
+            "device": self.case.device,
+            "dtype": self.case.dtype,
+            "status": self.status,
+            "seed": self.seed,
+            "checks": self.checks,
+            "report": self.report,
+            "seconds": round(self.seconds, 4),
+        }
 
 
 @dataclass
@@ -196,8 +205,13 @@ def plan(
             caps[(op, cap.name)] = cap
             devs = _devices_for(cap, present)
             if not devs:
-                skipped.append(ProviderSkip(op, cap.name, f"device types {list(cap.device_types)} not present here "
-                                                          f"(available: {list(present)})"))
+                skipped.append(
+                    ProviderSkip(
+                        op,
+                        cap.name,
+                        f"device types {list(cap.device_types)} not present here (available: {list(present)})",
+                    )
+                )
                 continue
             for device in devs:
                 why = _availability(cap, device, reg)
@@ -233,14 +247,17 @@ def _check_layout(case: Case, call: Call, got: dict[str, torch.Tensor]) -> None:
             raise _Failure(f"output '{name}' missing: got {type(t).__name__}")
         if list(t.shape) != shape or t.dtype not in dtypes:
             want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-            raise _Failure(f"output '{name}' is {str(t.dtype).removeprefix('torch.')}{list(t.shape)}; "
-                           f"the contract says {want}{shape}")
+            raise _Failure(
+                f"output '{name}' is {str(t.dtype).removeprefix('torch.')}{list(t.shape)}; "
+                f"the contract says {want}{shape}"
+            )
         if t.device.type != case.device:
             raise _Failure(f"output '{name}' is on {t.device}, inputs on {case.device}")
 
 
-def _accept(case: Case, problem: Problem, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-            call: Call) -> list[str]:
+def _accept(
+    case: Case, problem: Problem, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], call: Call
+) -> list[str]:
     spec = SPECS[case.op]
     results = spec.accept(problem, got, ref, spec.validate_arguments(call.args, call.kwargs))
     for r in results:
@@ -256,10 +273,12 @@ def _run_provider(case: Case, call: Call, provider: str) -> dict[str, torch.Tens
 
 def _header(case: AnyCase, seed: int, kit_seed: int, cap: Capability | None) -> str:
     backend = f" (backend {cap.backend} {cap.version})" if cap is not None and cap.backend else ""
-    return (f"magi2 conformance: {case.op} provider '{case.provider}'{backend} on {case.device}, {case.dtype}\n"
-            f"case: {case.id}\n"
-            f"seed: case {seed} (reproduce: magi2 check --seed {kit_seed} -k \"{case.id}\", "
-            f"or pytest --magi2-seed {kit_seed} -k \"{case.id}\")")
+    return (
+        f"magi2 conformance: {case.op} provider '{case.provider}'{backend} on {case.device}, {case.dtype}\n"
+        f"case: {case.id}\n"
+        f'seed: case {seed} (reproduce: magi2 check --seed {kit_seed} -k "{case.id}", '
+        f'or pytest --magi2-seed {kit_seed} -k "{case.id}")'
+    )
 
 
 def _run_validation(case: ValidationCase, seed: int) -> list[str]:
@@ -281,8 +300,10 @@ def _invalid_calls_rejected(case: ValidationCase, seed: int) -> list[str]:
             checks.append(f"rejected: {what} ({type(exc).__name__})")
             continue
         except Exception as exc:
-            raise _Failure(f"invalid call ({what}) raised {type(exc).__name__}: {exc} "
-                           f"instead of an InvalidInputError from the op contract") from exc
+            raise _Failure(
+                f"invalid call ({what}) raised {type(exc).__name__}: {exc} "
+                f"instead of an InvalidInputError from the op contract"
+            ) from exc
         raise _Failure(f"invalid call ({what}) was accepted; it must raise an InvalidInputError")
     return checks
 
@@ -300,10 +321,12 @@ def _run_case(case: Case, cap: Capability, seed: int) -> tuple[Status, list[str]
     except ProviderNotEligibleError as exc:
         res = exc.resolution
         why = [] if res is None else [str(r) for c in res.candidates if c.provider == case.provider for r in c.reasons]
-        raise _Failure("OVER-CLAIM: the descriptor claims this case but the provider refused it at run time:\n  "
-                       + "\n  ".join(why or [str(exc)])
-                       + "\n  (fix: declare the limit in the descriptor (dtypes, head_dims, ranges, features, rules)"
-                         " or make the kernel serve it)") from exc
+        raise _Failure(
+            "OVER-CLAIM: the descriptor claims this case but the provider refused it at run time:\n  "
+            + "\n  ".join(why or [str(exc)])
+            + "\n  (fix: declare the limit in the descriptor (dtypes, head_dims, ranges, features, rules)"
+            " or make the kernel serve it)"
+        ) from exc
     except Exception as exc:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
         raise _Failure(f"CRASH inside the claimed capability: {type(exc).__name__}: {exc}\n{tb}") from exc
@@ -322,8 +345,10 @@ def _run_case(case: Case, cap: Capability, seed: int) -> tuple[Status, list[str]
         again = _run_provider(case, call, case.provider)
         for name, t in got.items():
             if not torch.equal(t, again[name]):
-                raise _Failure(f"deterministic=True was asked but a second run changed '{name}' "
-                               f"({int((t != again[name]).sum())} elements differ)")
+                raise _Failure(
+                    f"deterministic=True was asked but a second run changed '{name}' "
+                    f"({int((t != again[name]).sum())} elements differ)"
+                )
         checks.append("deterministic: a second run is bitwise identical")
     if case.op == "moe_experts" and case.label == "base":  # once per dtype: each is a full extra run
         checks += _moe_weight_paths(case, cap, call, got["y"])
@@ -339,8 +364,10 @@ def _moe_weight_paths(case: Case, cap: Capability, call: Call, y: torch.Tensor) 
         raise _Failure(f"prepare_moe_weights(provider={case.provider!r}) raised {type(exc).__name__}: {exc}") from exc
     again = m2.moe_experts(x, probs, idx, prepared, **call.kwargs, provider=case.provider)
     if not torch.equal(again, y):
-        raise _Failure(f"weights prepared as {prepared.layout!r} changed the output "
-                       f"({int((again != y).sum())} elements differ from the raw-weight call)")
+        raise _Failure(
+            f"weights prepared as {prepared.layout!r} changed the output "
+            f"({int((again != y).sum())} elements differ from the raw-weight call)"
+        )
     checks = [f"prepared weights ({prepared.layout}) give the raw-weight bits"]
     if Feature.COMPILING in cap.features and case.dtype == cap.dtypes[0]:
         # The dynamo frontend is what the `compiling` feature is about (the op stays opaque to any
@@ -351,8 +378,10 @@ def _moe_weight_paths(case: Case, cap: Capability, call: Call, y: torch.Tensor) 
 
         compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)(x, probs, idx)
         if not torch.equal(compiled, y):
-            raise _Failure(f"inside torch.compile(fullgraph=True) the output changed "
-                           f"({int((compiled != y).sum())} elements differ from the eager call)")
+            raise _Failure(
+                f"inside torch.compile(fullgraph=True) the output changed "
+                f"({int((compiled != y).sum())} elements differ from the eager call)"
+            )
         checks.append("torch.compile(fullgraph=True) with prepared weights gives the eager bits")
     return checks
 
@@ -403,13 +432,31 @@ class KitReport:
         rows: dict[tuple[str, str, str], dict[str, Any]] = {}
         for r in self.results:
             key = (r.case.op, r.case.provider, r.case.device)
-            row = rows.setdefault(key, {"op": key[0], "provider": key[1], "device": key[2], "passed": 0,
-                                        "failed": 0, "ineligible": 0, "seconds": 0.0})
+            row = rows.setdefault(
+                key,
+                {
+                    "op": key[0],
+                    "provider": key[1],
+                    "device": key[2],
+                    "passed": 0,
+                    "failed": 0,
+                    "ineligible": 0,
+                    "seconds": 0.0,
+                },
+            )
             row[r.status] += 1
             row["seconds"] += r.seconds
         for s in self.skipped:
-            rows[(s.op, s.provider, "-")] = {"op": s.op, "provider": s.provider, "device": "-", "passed": 0,
-                                             "failed": 0, "ineligible": 0, "seconds": 0.0, "skipped": s.reason}
+            rows[(s.op, s.provider, "-")] = {
+                "op": s.op,
+                "provider": s.provider,
+                "device": "-",
+                "passed": 0,
+                "failed": 0,
+                "ineligible": 0,
+                "seconds": 0.0,
+                "skipped": s.reason,
+            }
         return list(rows.values())
 
     def format(self) -> str:
@@ -417,14 +464,20 @@ class KitReport:
         parts = [r.report for r in self.failed]
         parts += [f"SKIPPED {s.op}[{s.provider}]: {s.reason}" for s in self.skipped]
         n = {s: sum(r.status == s for r in self.results) for s in ("passed", "failed", "ineligible")}
-        parts.append(f"magi2 conformance (seed {self.seed}): {n['passed']} passed, {n['failed']} failed, "
-                     f"{n['ineligible']} ineligible by rule, {len(self.skipped)} provider(s) skipped")
+        parts.append(
+            f"magi2 conformance (seed {self.seed}): {n['passed']} passed, {n['failed']} failed, "
+            f"{n['ineligible']} ineligible by rule, {len(self.skipped)} provider(s) skipped"
+        )
         return "\n\n".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "ok": self.ok, "summary": self.summary(),
-                "skipped": [{"op": s.op, "provider": s.provider, "reason": s.reason} for s in self.skipped],
-                "results": [r.as_dict() for r in self.results]}
+        return {
+            "seed": self.seed,
+            "ok": self.ok,
+            "summary": self.summary(),
+            "skipped": [{"op": s.op, "provider": s.provider, "reason": s.reason} for s in self.skipped],
+            "results": [r.as_dict() for r in self.results],
+        }
 
 
 def run_kit(

@@ -30,8 +30,18 @@ import magi2_core as m2
 from magi2_core.errors import InvalidValueError
 from magi2_core.problem import OpName
 
-__all__ = ["DEFAULT_GRID", "AttentionShape", "Built", "ExpertsShape", "NormShape", "RouteShape", "Shape",
-           "default_grid", "load_shapes", "parse_shapes"]
+__all__ = [
+    "DEFAULT_GRID",
+    "AttentionShape",
+    "Built",
+    "ExpertsShape",
+    "NormShape",
+    "RouteShape",
+    "Shape",
+    "default_grid",
+    "load_shapes",
+    "parse_shapes",
+]
 
 DType = Literal["bfloat16", "float16", "float32"]
 _Strict = ConfigDict(frozen=True, extra="forbid")
@@ -128,8 +138,10 @@ class ExpertsShape(BaseModel):
     @property
     def id(self) -> str:
         det = " deterministic" if self.deterministic else ""
-        return (f"moe_experts T{self.tokens} H{self.heads} E{self.experts} k{self.top_k} d{self.hidden} "
-                f"I{self.intermediate} {self.dtype}{det}")
+        return (
+            f"moe_experts T{self.tokens} H{self.heads} E{self.experts} k{self.top_k} d{self.hidden} "
+            f"I{self.intermediate} {self.dtype}{det}"
+        )
 
     def build(self, device: str, seed: int = 0) -> Built:
         g, dt = _generator(device, seed), _dtype(self.dtype)
@@ -223,9 +235,11 @@ def default_grid() -> list[Shape]:
     d 256, I 1280), the experts deterministic too at 4096 tokens; the four RMSNorm shapes of the model."""
     out: list[Shape] = []
     for lengths in (*_LONG, *_SHORT):
-        out += [AttentionShape(op="attention", lengths=lengths),
-                AttentionShape(op="attention", lengths=lengths, sinks=True),
-                AttentionShape(op="attention", lengths=lengths, deterministic=True)]
+        out += [
+            AttentionShape(op="attention", lengths=lengths),
+            AttentionShape(op="attention", lengths=lengths, sinks=True),
+            AttentionShape(op="attention", lengths=lengths, deterministic=True),
+        ]
     out += [AttentionShape(op="attention", lengths=lengths, heads_kv=8) for lengths in ((512,), (256,) * 16)]
     for tokens in _MOE_TOKENS:
         for heads in (3, 12):
@@ -248,11 +262,13 @@ def parse_shapes(data: Any, origin: str) -> list[Shape]:
     """Points from decoded JSON (``{"points": [...]}`` or a list); errors name ``origin``, the point and the field."""
     items = data.get("points") if isinstance(data, dict) else data
     if isinstance(data, dict) and set(data) - {"points"}:
-        raise InvalidValueError("tune", "--shapes", '{"points": [...]} (no other keys)',
-                                f"{origin}: keys {sorted(data)}")
+        raise InvalidValueError(
+            "tune", "--shapes", '{"points": [...]} (no other keys)', f"{origin}: keys {sorted(data)}"
+        )
     if not isinstance(items, list) or not items:
-        raise InvalidValueError("tune", "--shapes", 'a non-empty list of points, or {"points": [...]}',
-                                f"{origin}: {type(items).__name__}")
+        raise InvalidValueError(
+            "tune", "--shapes", 'a non-empty list of points, or {"points": [...]}', f"{origin}: {type(items).__name__}"
+        )
     try:
         points = _SHAPES.validate_python(items)
     except ValidationError as exc:
@@ -261,9 +277,12 @@ def parse_shapes(data: Any, origin: str) -> list[Shape]:
             for err in exc.errors()
         )
         known = "attention, moe_experts, moe_route, rmsnorm"
-        raise InvalidValueError("tune", "--shapes",
-                                f"points with op one of {known} and that op's fields (docs/tuning.md)",
-                                f"{origin}: {problems}") from None
+        raise InvalidValueError(
+            "tune",
+            "--shapes",
+            f"points with op one of {known} and that op's fields (docs/tuning.md)",
+            f"{origin}: {problems}",
+        ) from None
     ids = [p.id for p in points]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

@@ -25,8 +25,19 @@ from magi2_core.registry import get_registry
 from magi2_core.timing import Timer, measure
 from magi2_core.tuning.grid import Built, Shape
 
-__all__ = ["REFERENCE", "PlanResult", "PlanRunner", "PointResult", "Prepared", "eligible_providers", "measure_point",
-           "plan_fns", "plan_key", "prepare", "working"]
+__all__ = [
+    "REFERENCE",
+    "PlanResult",
+    "PlanRunner",
+    "PointResult",
+    "Prepared",
+    "eligible_providers",
+    "measure_point",
+    "plan_fns",
+    "plan_key",
+    "prepare",
+    "working",
+]
 
 REFERENCE = "reference"  # never timed (module docstring)
 
@@ -158,7 +169,13 @@ def working(fns: Mapping[str, Callable[[], object]]) -> tuple[dict[str, Callable
 
 
 def measure_point(
-    shape: Shape, *, device: str, reps: int, warmup: int = 2, timer: Timer | None = None, plans: bool = True,
+    shape: Shape,
+    *,
+    device: str,
+    reps: int,
+    warmup: int = 2,
+    timer: Timer | None = None,
+    plans: bool = True,
     seed: int = 0,
 ) -> PointResult:
     """Time every eligible provider of ``shape`` (and, with ``plans``, every plan candidate) in one run.
@@ -166,15 +183,23 @@ def measure_point(
     Each is called once first; one that raises there is left out and its error kept in ``errors``."""
     prep = prepare(shape, device, seed)
     fns: dict[str, Callable[[], object]] = {
-        f"provider {p}": prep.built.call(p) for p in prep.eligible if p != REFERENCE}
+        f"provider {p}": prep.built.call(p) for p in prep.eligible if p != REFERENCE
+    }
     planned = plan_fns(prep) if plans else {}
     fns.update({f"plan {key}": fn for key, (_, _, fn) in planned.items()})
     fns, errors = working(fns)
     times = measure(fns, reps, warmup=warmup, device=device, timer=timer, label=shape.id) if fns else {}
     return PointResult(
-        id=shape.id, op=shape.op, problem=prep.problem, resolved=prep.resolved, eligible=prep.eligible,
+        id=shape.id,
+        op=shape.op,
+        problem=prep.problem,
+        resolved=prep.resolved,
+        eligible=prep.eligible,
         providers={p: times[f"provider {p}"] for p in prep.eligible if f"provider {p}" in times},
-        plans=tuple(PlanResult(provider=prov, plan=plan, ms=times[f"plan {key}"])
-                    for key, (prov, plan, _) in planned.items() if f"plan {key}" in times),
+        plans=tuple(
+            PlanResult(provider=prov, plan=plan, ms=times[f"plan {key}"])
+            for key, (prov, plan, _) in planned.items()
+            if f"plan {key}" in times
+        ),
         errors=errors,
-    )  # fmt: skip
+    )

@@ -66,8 +66,9 @@ def cut(low: int, high: int) -> int:
     return max(low, math.isqrt(low * high))
 
 
-def _split(points: Sequence[PointResult], fields: Sequence[str],
-           winner: Callable[[Sequence[PointResult]], Hashable]) -> list[Cell]:
+def _split(
+    points: Sequence[PointResult], fields: Sequence[str], winner: Callable[[Sequence[PointResult]], Hashable]
+) -> list[Cell]:
     """Nested cuts of ``points`` by ``fields`` (outer first), merging neighbours with the same winner."""
     if not fields:
         return [Cell((), tuple(points))]
@@ -76,8 +77,12 @@ def _split(points: Sequence[PointResult], fields: Sequence[str],
     groups: list[tuple[list[int], list[Cell]]] = []  # (values, cells of the inner fields)
     for v in values:
         inner = _split([p for p in points if _value(p, field) == v], rest, winner)
-        if groups and len(inner) == 1 and len(groups[-1][1]) == 1 \
-                and winner(groups[-1][1][0].points) == winner(inner[0].points):
+        if (
+            groups
+            and len(inner) == 1
+            and len(groups[-1][1]) == 1
+            and winner(groups[-1][1][0].points) == winner(inner[0].points)
+        ):
             vals, cells = groups[-1]
             groups[-1] = ([*vals, v], [Cell(cells[0].when, cells[0].points + inner[0].points)])
         else:
@@ -118,8 +123,9 @@ def _ranking(points: Sequence[PointResult]) -> list[str]:
     everywhere = set.intersection(*(set(p.providers) for p in points))
 
     def score(name: str) -> float:
-        return math.fsum(math.log(p.providers[name]["p50"] / min(v["p50"] for v in p.providers.values()))
-                         for p in points) / len(points)
+        return math.fsum(
+            math.log(p.providers[name]["p50"] / min(v["p50"] for v in p.providers.values())) for p in points
+        ) / len(points)
 
     ranked = sorted(everywhere, key=lambda n: (score(n), n))
     rest = sorted({n for p in points for n in p.providers} - everywhere)
@@ -127,8 +133,10 @@ def _ranking(points: Sequence[PointResult]) -> list[str]:
 
 
 def _times(points: Sequence[PointResult], names: Sequence[str]) -> str:
-    shown = [f"{p.id}: " + ", ".join(f"{n} {p.providers[n]['p50']:.4g} ms" for n in names if n in p.providers)
-             for p in points[:3]]
+    shown = [
+        f"{p.id}: " + ", ".join(f"{n} {p.providers[n]['p50']:.4g} ms" for n in names if n in p.providers)
+        for p in points[:3]
+    ]
     more = f"; and {len(points) - 3} more points" if len(points) > 3 else ""
     return "; ".join(shown) + more
 
@@ -146,10 +154,15 @@ def preference_rows(points: Sequence[PointResult], ops: Sequence[OpName]) -> lis
             for cell in _split(members, ORDERED[op], lambda ps: _ranking(ps)[0]):
                 n += 1
                 prefer = _ranking(cell.points)
-                out.append(Preference(
-                    op=op, id=f"tune-{op}-{n}", when=when + cell.when, prefer=tuple(prefer),
-                    why=f"fastest measured here by `magi2 tune`: {prefer[0]} ({_times(cell.points, prefer)})",
-                ))  # fmt: skip
+                out.append(
+                    Preference(
+                        op=op,
+                        id=f"tune-{op}-{n}",
+                        when=when + cell.when,
+                        prefer=tuple(prefer),
+                        why=f"fastest measured here by `magi2 tune`: {prefer[0]} ({_times(cell.points, prefer)})",
+                    )
+                )
     return out
 
 
@@ -178,15 +191,26 @@ def plan_rows(points: Sequence[PointResult], provider: str, op: OpName = "moe_ex
             variant, tile, align = _best_plan(cell.points, provider)
             n += 1
             shown = cell.points[:3]
-            best = [min(r.ms["p50"] for r in p.plans if r.provider == provider
-                        and plan_key(r.plan) == (variant, tile, align)) for p in shown]
+            best = [
+                min(
+                    r.ms["p50"]
+                    for r in p.plans
+                    if r.provider == provider and plan_key(r.plan) == (variant, tile, align)
+                )
+                for p in shown
+            ]
             times = "; ".join(
                 f"{p.id}: {ms:.4g} ms of {sum(r.provider == provider for r in p.plans)} plans timed"
                 for p, ms in zip(shown, best, strict=True)
             )
-            out.append(PlanRow(
-                op=op, provider=provider, id=f"tune-{op}-{provider}-{n}", when=when + cell.when,
-                plan={"variant": variant, "tile": dict(tile), "align": align},
-                why=f"the fastest plan measured here by `magi2 tune` ({times})",
-            ))  # fmt: skip
+            out.append(
+                PlanRow(
+                    op=op,
+                    provider=provider,
+                    id=f"tune-{op}-{provider}-{n}",
+                    when=when + cell.when,
+                    plan={"variant": variant, "tile": dict(tile), "align": align},
+                    why=f"the fastest plan measured here by `magi2 tune` ({times})",
+                )
+            )
     return out

@@ -43,9 +43,18 @@ def device_key(device: str) -> DeviceKey:
 
 
 def tune(
-    points: Sequence[Shape], *, device: str = "cuda", reps: int = 10, warmup: int = 2, out: Path | None = None,
-    fresh: bool = False, timer: Timer | None = None, command: str = "magi2 tune", progress: Progress | None = None,
-    key: DeviceKey | None = None, note: str = "",
+    points: Sequence[Shape],
+    *,
+    device: str = "cuda",
+    reps: int = 10,
+    warmup: int = 2,
+    out: Path | None = None,
+    fresh: bool = False,
+    timer: Timer | None = None,
+    command: str = "magi2 tune",
+    progress: Progress | None = None,
+    key: DeviceKey | None = None,
+    note: str = "",
 ) -> TuneRun:
     """Measure ``points`` on ``device`` and write a profile for it (``out``: default :func:`default_path`).
 

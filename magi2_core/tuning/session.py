@@ -49,8 +49,9 @@ class Session:
             if data.get("format") != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
             if data.get("device") != _device(self.device):
-                self.note = (f"{self.path} was measured on {data.get('device')}, not on this {self.device}: "
-                             "starting afresh")
+                self.note = (
+                    f"{self.path} was measured on {data.get('device')}, not on this {self.device}: starting afresh"
+                )
                 return
             results = [PointResult.model_validate(p) for p in data["points"]]
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
@@ -66,8 +67,11 @@ class Session:
     def record(self, result: PointResult) -> None:
         """Keep ``result`` and write every finished point so far."""
         self.done[result.id] = result
-        data = {"format": FORMAT, "device": _device(self.device),
-                "points": [r.model_dump(mode="json") for r in self.done.values()]}
+        data = {
+            "format": FORMAT,
+            "device": _device(self.device),
+            "points": [r.model_dump(mode="json") for r in self.done.values()],
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")

@@ -57,8 +57,9 @@ def checkout_commit() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", here, *args], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
 
     try:
         if git("status", "--porcelain", "--untracked-files=no"):
@@ -69,33 +70,56 @@ def checkout_commit() -> str | None:
 
 
 def build_profile(
-    results: Sequence[PointResult], ops: Sequence[OpName], device: DeviceKey, base: LoadedProfile | None, *,
-    command: str, reps: int, warmup: int, note: str = "",
+    results: Sequence[PointResult],
+    ops: Sequence[OpName],
+    device: DeviceKey,
+    base: LoadedProfile | None,
+    *,
+    command: str,
+    reps: int,
+    warmup: int,
+    note: str = "",
 ) -> Profile:
     """The profile of this run: rows from ``results`` for ``ops``, then ``base``'s rows (module docstring)."""
     prefs: list[Preference] = preference_rows(results, ops)
     plans: list[PlanRow] = []
     for provider in sorted({r.provider for p in results for r in p.plans}):
         plans += plan_rows(results, provider)
-    libraries = {lib: v for lib in dict.fromkeys([*LIBRARIES, *(base.profile.libraries if base else ())])
-                 if (v := installed_version(lib)) is not None}  # fmt: skip
+    libraries = {
+        lib: v
+        for lib in dict.fromkeys([*LIBRARIES, *(base.profile.libraries if base else ())])
+        if (v := installed_version(lib)) is not None
+    }
     commit = checkout_commit()
-    before = f"; the rows after the measured ones are {base.name}'s ({base.source}), for calls outside the measured " \
-             f"classes" if base is not None and (base.profile.preferences or base.own_plans()) else ""
+    before = (
+        f"; the rows after the measured ones are {base.name}'s ({base.source}), for calls outside the measured classes"
+        if base is not None and (base.profile.preferences or base.own_plans())
+        else ""
+    )
     provenance = Provenance(
-        kind="tune", source=f"magi2 tune on {device}", date=datetime.date.today().isoformat(), tool=command,
+        kind="tune",
+        source=f"magi2 tune on {device}",
+        date=datetime.date.today().isoformat(),
+        tool=command,
         note=f"{len(results)} points, {reps} timed calls each after {warmup} warm-up calls, alternating, the L2 "
-             f"flushed before each, the median per call (device events on a GPU); magi2-core {__version__}"
-             + (f" at {commit}" if commit else "") + before + (f"; {note}" if note else ""),
-    )  # fmt: skip
+        f"flushed before each, the median per call (device events on a GPU); magi2-core {__version__}"
+        + (f" at {commit}" if commit else "")
+        + before
+        + (f"; {note}" if note else ""),
+    )
     if base is not None:
         prefs += [r for r in _kept(base.profile.preferences, ops) if r not in prefs]
         plans += [r for r in _kept(base.own_plans(), ops) if r not in plans]
     return Profile(
-        format=FORMAT, version=VERSION, name=profile_name(device),
+        format=FORMAT,
+        version=VERSION,
+        name=profile_name(device),
         device=ProfileDevice(type=device.type, name=device.name, capability=device.capability),
-        libraries=libraries, provenance=provenance, preferences=tuple(prefs), plans=tuple(plans),
-    )  # fmt: skip
+        libraries=libraries,
+        provenance=provenance,
+        preferences=tuple(prefs),
+        plans=tuple(plans),
+    )
 
 
 def write_profile(profile: Profile, path: str | Path) -> Path:

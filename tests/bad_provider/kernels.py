@@ -16,9 +16,16 @@ from magi2_core.reasons import Reason, ReasonCode
 
 def bad_attention(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     o, lse = exact_attention(
-        call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, softmax_scale=call.softmax_scale,
-        softcap=call.softcap, sinks=None,  # bug 1: sinks dropped
-        sink_rescale=call.sink_rescale, return_lse=call.return_lse,
+        call.q,
+        call.k,
+        call.v,
+        call.cu_seqlens_q,
+        call.cu_seqlens_k,
+        softmax_scale=call.softmax_scale,
+        softcap=call.softcap,
+        sinks=None,  # bug 1: sinks dropped
+        sink_rescale=call.sink_rescale,
+        return_lse=call.return_lse,
     )
     return o, None if lse is None else lse.t().contiguous()  # bug 2: [Tq, Hq]
 
@@ -33,8 +40,15 @@ class OverclaimAttention:
 
     def check(self, problem: Problem) -> Sequence[Reason]:
         if problem.dtype == "float16":
-            return [Reason(code=ReasonCode.CHECK, field="dtype", expected="bfloat16 | float32", actual="float16",
-                           detail="this build has no fp16 kernels")]
+            return [
+                Reason(
+                    code=ReasonCode.CHECK,
+                    field="dtype",
+                    expected="bfloat16 | float32",
+                    actual="float16",
+                    detail="this build has no fp16 kernels",
+                )
+            ]
         return []
 
     def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:

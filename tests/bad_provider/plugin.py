@@ -9,15 +9,39 @@ from magi2_core.problem import Feature
 _ATTN_FEATURES = frozenset({Feature.SINKS, Feature.GQA, Feature.LSE, Feature.SOFTCAP})
 
 PROVIDERS = (
-    Capability(op="attention", name="bad_attention", impl="bad_provider.kernels:bad_attention", version="0.0.1",
-               device_types=("cpu",), dtypes=("float32", "bfloat16"), head_dims=(32, 64), features=_ATTN_FEATURES,
-               priority=-10, description="forgets the sinks; LSE in the wrong layout"),
-    Capability(op="rmsnorm", name="bad_rmsnorm", impl="bad_provider.kernels:bad_rmsnorm", version="0.0.1",
-               device_types=("cpu",), dtypes=("float32", "bfloat16"), priority=-10,
-               description="ignores modality_sizes"),
-    Capability(op="attention", name="overclaim_attention", impl="bad_provider.kernels:overclaim_attention",
-               version="0.0.1", device_types=("cpu",), dtypes=("bfloat16", "float16"), head_dims=(64,),
-               priority=-10, description="claims float16, refuses it in check()"),
+    Capability(
+        op="attention",
+        name="bad_attention",
+        impl="bad_provider.kernels:bad_attention",
+        version="0.0.1",
+        device_types=("cpu",),
+        dtypes=("float32", "bfloat16"),
+        head_dims=(32, 64),
+        features=_ATTN_FEATURES,
+        priority=-10,
+        description="forgets the sinks; LSE in the wrong layout",
+    ),
+    Capability(
+        op="rmsnorm",
+        name="bad_rmsnorm",
+        impl="bad_provider.kernels:bad_rmsnorm",
+        version="0.0.1",
+        device_types=("cpu",),
+        dtypes=("float32", "bfloat16"),
+        priority=-10,
+        description="ignores modality_sizes",
+    ),
+    Capability(
+        op="attention",
+        name="overclaim_attention",
+        impl="bad_provider.kernels:overclaim_attention",
+        version="0.0.1",
+        device_types=("cpu",),
+        dtypes=("bfloat16", "float16"),
+        head_dims=(64,),
+        priority=-10,
+        description="claims float16, refuses it in check()",
+    ),
 )
 
 

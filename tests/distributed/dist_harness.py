@@ -28,8 +28,13 @@ START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 
 def _entry(rank: int, world: int, tmp: str, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{os.path.join(tmp, 'store')}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         fn(rank, world, *args)
         dist.barrier()
@@ -55,8 +60,9 @@ def _rank_errors(tmp: str, world: int) -> str:
 def run_world(world: int, fn: Callable[..., None], *args: Any, timeout_s: float = 120.0) -> None:
     """Call ``fn(rank, world, *args)`` on ``world`` gloo ranks; raise if any rank fails or hangs."""
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry, args=(world, tmp, fn, args), nprocs=world, join=False,
-                                 start_method=START_METHOD)
+        ctx = mp.start_processes(
+            _entry, args=(world, tmp, fn, args), nprocs=world, join=False, start_method=START_METHOD
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -16,9 +16,9 @@ def _worker(rank: int, world: int, heads: tuple[int, ...], tokens: tuple[int, ..
     for dtype, rest in ((torch.float32, (5,)), (torch.bfloat16, (3, 2)), (torch.int64, ())):
         full = torch.randint(-1000, 1000, (sum(tokens), sum(heads), *rest), generator=torch.Generator().manual_seed(7))
         full = full.to(dtype)
-        mine = full[t0:t0 + tokens[rank]].contiguous()
+        mine = full[t0 : t0 + tokens[rank]].contiguous()
         scattered = plan.scatter_heads(mine)
-        assert torch.equal(scattered, full[:, h0:h0 + heads[rank]])
+        assert torch.equal(scattered, full[:, h0 : h0 + heads[rank]])
         back = plan.gather_heads(scattered + 1)  # a changed payload must come back to the right rows
         assert torch.equal(back, mine + 1)
         assert back.is_contiguous() and back.dtype == dtype

@@ -31,9 +31,9 @@ def _weights(heads: int, dtype: torch.dtype, g: torch.Generator) -> dict[str, to
     return {
         "router_weight": rnd(heads * E, D, scale=0.5).float(),
         "bias": rnd(heads * E, scale=0.1).float(),
-        "w_gate": rnd(heads * E, D, INTER, scale=D ** -0.5).to(dtype),
-        "w_up": rnd(heads * E, D, INTER, scale=D ** -0.5).to(dtype),
-        "w_down": rnd(heads * E, INTER, D, scale=INTER ** -0.5).to(dtype),
+        "w_gate": rnd(heads * E, D, INTER, scale=D**-0.5).to(dtype),
+        "w_up": rnd(heads * E, D, INTER, scale=D**-0.5).to(dtype),
+        "w_down": rnd(heads * E, INTER, D, scale=INTER**-0.5).to(dtype),
     }
 
 
@@ -49,11 +49,20 @@ def _ep_worker(rank: int, world: int, heads: int, tokens: tuple[int, ...], pass_
             g = torch.Generator().manual_seed(seed)
             x = torch.randn(sum(tokens), heads, D, generator=g, dtype=torch.float64).to(dtype)
             w = _weights(heads, dtype, g)
-            expected = _single(x, w)[start:start + tokens[rank]]
+            expected = _single(x, w)[start : start + tokens[rank]]
             local = {k: ep_slice(v, rank, world, heads, E) for k, v in w.items()}
-            y = ep_moe(x[start:start + tokens[rank]], local["router_weight"], local["bias"], local["w_gate"],
-                       local["w_up"], local["w_down"], top_k=K, tokens=tokens if pass_tokens else None,
-                       route_provider=REF, experts_provider=REF)
+            y = ep_moe(
+                x[start : start + tokens[rank]],
+                local["router_weight"],
+                local["bias"],
+                local["w_gate"],
+                local["w_up"],
+                local["w_down"],
+                top_k=K,
+                tokens=tokens if pass_tokens else None,
+                route_provider=REF,
+                experts_provider=REF,
+            )
             assert y.dtype == dtype and y.shape == (tokens[rank], heads, D)
             assert torch.equal(y, expected), f"rank {rank} {dtype} seed {seed}: max |diff| {(y - expected).abs().max()}"
 
@@ -101,8 +110,17 @@ def test_ep_moe_without_process_group_is_the_single_device_call() -> None:
     g = torch.Generator().manual_seed(5)
     x = torch.randn(19, 4, D, generator=g).bfloat16()
     w = _weights(4, torch.bfloat16, g)
-    y = ep_moe(x, w["router_weight"], w["bias"], w["w_gate"], w["w_up"], w["w_down"], top_k=K,
-               route_provider=REF, experts_provider=REF)
+    y = ep_moe(
+        x,
+        w["router_weight"],
+        w["bias"],
+        w["w_gate"],
+        w["w_up"],
+        w["w_down"],
+        top_k=K,
+        route_provider=REF,
+        experts_provider=REF,
+    )
     assert torch.equal(y, _single(x, w))
     with pytest.raises(InvalidShapeError, match="tokens"):
         ep_plan(4, 19, tokens=(18,))

@@ -26,19 +26,30 @@ REF = "reference"
 def _worker(rank: int, world: int, hq: int, hkv: int, tokens: tuple[int, ...], pass_tokens: bool) -> None:
     assert sum(tokens) == sum(SEGMENTS)
     cu = torch.tensor([0, *torch.tensor(SEGMENTS).cumsum(0).tolist()], dtype=torch.int32)
-    t0, t1 = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    t0, t1 = sum(tokens[:rank]), sum(tokens[: rank + 1])
     counts = tokens if pass_tokens else None
     for dtype in (torch.float32, torch.bfloat16):
         for seed in SEEDS:
             g = torch.Generator().manual_seed(seed)
-            q, k, v = (torch.randn(sum(tokens), h, D, generator=g, dtype=torch.float64).to(dtype)
-                       for h in (hq, hkv, hkv))
+            q, k, v = (
+                torch.randn(sum(tokens), h, D, generator=g, dtype=torch.float64).to(dtype) for h in (hq, hkv, hkv)
+            )
             sinks = torch.randn(2, hq, generator=g)
             softcap = 0.0 if seed == 3 else 20.0
-            o_ref, lse_ref = m2.attention(q, k, v, cu, cu, sinks=sinks, softcap=softcap, return_lse=True,
-                                          provider=REF)
-            o, lse = ulysses_attention(q[t0:t1], k[t0:t1], v[t0:t1], cu, cu, sinks=sinks, softcap=softcap,
-                                       tokens_q=counts, tokens_k=counts, return_lse=True, provider=REF)
+            o_ref, lse_ref = m2.attention(q, k, v, cu, cu, sinks=sinks, softcap=softcap, return_lse=True, provider=REF)
+            o, lse = ulysses_attention(
+                q[t0:t1],
+                k[t0:t1],
+                v[t0:t1],
+                cu,
+                cu,
+                sinks=sinks,
+                softcap=softcap,
+                tokens_q=counts,
+                tokens_k=counts,
+                return_lse=True,
+                provider=REF,
+            )
             assert o.shape == (t1 - t0, hq, D) and o.dtype == dtype and lse.shape == (hq, t1 - t0)
             assert torch.equal(o, o_ref[t0:t1]), f"rank {rank} {dtype} seed {seed}: {(o - o_ref[t0:t1]).abs().max()}"
             assert torch.equal(lse, lse_ref[:, t0:t1])
@@ -61,8 +72,9 @@ def _worker(rank: int, world: int, hq: int, hkv: int, tokens: tuple[int, ...], p
     ],
     ids=["w2", "w3-empty-rank", "w2-gqa", "w3-gqa"],
 )
-def test_ulysses_equals_single_process(world: int, hq: int, hkv: int, tokens: tuple[int, ...],
-                                       pass_tokens: bool) -> None:
+def test_ulysses_equals_single_process(
+    world: int, hq: int, hkv: int, tokens: tuple[int, ...], pass_tokens: bool
+) -> None:
     run_world(world, _worker, hq, hkv, tokens, pass_tokens)
 
 
@@ -70,7 +82,9 @@ def test_ulysses_without_process_group_is_the_single_device_call() -> None:
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     q, k, v = (torch.randn(12, 4, D) for _ in range(3))
     sinks = torch.randn(1, 4)
-    assert torch.equal(ulysses_attention(q, k, v, cu, cu, sinks=sinks, provider=REF),
-                       m2.attention(q, k, v, cu, cu, sinks=sinks, provider=REF))
+    assert torch.equal(
+        ulysses_attention(q, k, v, cu, cu, sinks=sinks, provider=REF),
+        m2.attention(q, k, v, cu, cu, sinks=sinks, provider=REF),
+    )
     with pytest.raises(InvalidShapeError, match="sinks"):
         ulysses_attention(q, k, v, cu, cu, sinks=torch.randn(1, 3), provider=REF)

@@ -52,8 +52,10 @@ def unavailable(exc: Exception, given: str | None) -> str:
     fetch = f"pip download --no-deps vllm-omni=={stubs.VERSION}"
     if given:
         return f"{reason}; {WHEEL_ENV}={given} must name {stubs.WHEEL} or its unpacked directory"
-    return (f"{reason}; they download it with `{fetch}` (about 8 MB), which needs the network: offline, fetch "
-            f"it elsewhere and set {WHEEL_ENV}=/path/to/{stubs.WHEEL}")
+    return (
+        f"{reason}; they download it with `{fetch}` (about 8 MB), which needs the network: offline, fetch "
+        f"it elsewhere and set {WHEEL_ENV}=/path/to/{stubs.WHEEL}"
+    )
 
 
 @pytest.fixture(scope="session")

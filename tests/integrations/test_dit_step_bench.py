@@ -82,24 +82,55 @@ def test_breakdown_sorts_kernels_into_the_layers_operators(kernel: KernelTime, w
 
 
 def test_breakdown_sums_and_shares() -> None:
-    rows = breakdown([KernelTime("_rmsnorm_kernel", 300.0), KernelTime("_rmsnorm_kernel", 100.0),
-                      KernelTime("fused_expert_kernel", 600.0)], WIDTHS)  # fmt: skip
+    rows = breakdown(
+        [
+            KernelTime("_rmsnorm_kernel", 300.0),
+            KernelTime("_rmsnorm_kernel", 100.0),
+            KernelTime("fused_expert_kernel", 600.0),
+        ],
+        WIDTHS,
+    )
     assert rows["kernel_ms"] == 1.0 and rows["launches"] == 3
     assert list(rows["categories"]) == ["routed experts", "rmsnorm"]
-    assert rows["categories"]["rmsnorm"] == {"ms": 0.4, "share": 0.4, "launches": 2,
-                                             "top_kernels": {"_rmsnorm_kernel": 0.4}}  # fmt: skip
+    assert rows["categories"]["rmsnorm"] == {
+        "ms": 0.4,
+        "share": 0.4,
+        "launches": 2,
+        "top_kernels": {"_rmsnorm_kernel": 0.4},
+    }
 
 
 def test_kernels_from_trace_links_each_kernel_to_its_launching_op_once() -> None:
     from benchmarks._breakdown import kernels_from_trace
 
-    op = {"cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10.0, "dur": 5.0,
-          "args": {"Input Dims": [[8, 12288], [12288, 24]]}}  # fmt: skip
+    op = {
+        "cat": "cpu_op",
+        "name": "aten::mm",
+        "pid": 1,
+        "tid": 2,
+        "ts": 10.0,
+        "dur": 5.0,
+        "args": {"Input Dims": [[8, 12288], [12288, 24]]},
+    }
     outer = {"cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 2, "ts": 9.0, "dur": 8.0, "args": {}}
-    launch = {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0,
-              "args": {"correlation": 7}}  # fmt: skip
-    triton = {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "pid": 1, "tid": 2, "ts": 30.0, "dur": 1.0,
-              "args": {"correlation": 8}}  # fmt: skip
+    launch = {
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": 2,
+        "ts": 12.0,
+        "dur": 1.0,
+        "args": {"correlation": 7},
+    }
+    triton = {
+        "cat": "cuda_driver",
+        "name": "cuLaunchKernelEx",
+        "pid": 1,
+        "tid": 2,
+        "ts": 30.0,
+        "dur": 1.0,
+        "args": {"correlation": 8},
+    }
     gemm = {"cat": "kernel", "name": "sm80_xmma_gemm_f32f32", "ts": 13.0, "dur": 40.0, "args": {"correlation": 7}}
     norm = {"cat": "kernel", "name": "_rmsnorm_kernel", "ts": 60.0, "dur": 20.0, "args": {"correlation": 8}}
     kernels = kernels_from_trace({"traceEvents": [outer, op, launch, triton, gemm, norm]})

@@ -77,6 +77,7 @@ def test_the_mhc_swap_is_automatic_where_the_fused_provider_serves(
     from magi2_core.integrations.vllm_omni import plugin
 
     real = plugin._describe_provider
+
     def served(op: str, mod: ModuleType) -> tuple[str, tuple[str | None, ...]]:
         return ("triton here", ("triton", "triton")) if op == "mhc" else real(op, mod)
 
@@ -205,8 +206,9 @@ def test_plugin_swaps_the_four_operators(
     # attention: vllm-omni's Ulysses wrapper looks the function up on every call, in every layer
     calls: list[int] = []
     original = integ.attention.varlen_attention_with_sink
-    monkeypatch.setattr(integ.attention, "varlen_attention_with_sink",
-                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        integ.attention, "varlen_attention_with_sink", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     model.load_state_dict(_random_checkpoint(model))
     assert torch.isfinite(_run_model(model, model.config)).all()
     assert len(calls) == model.config.num_layers
@@ -292,9 +294,7 @@ def test_no_distribution_metadata_logs_and_does_nothing(
     assert record.levelno == logging.WARNING and "cannot be checked" in record.getMessage()
 
 
-def test_an_attribute_replaced_by_someone_else_is_left_alone(
-    vllm_omni: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_attribute_replaced_by_someone_else_is_left_alone(vllm_omni: Path, caplog: pytest.LogCaptureFixture) -> None:
     modeling = _mod("modeling_magi2")
 
     class TheirNorm(torch.nn.Module):
@@ -377,7 +377,8 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
         post, res = layer.mhc_handler.compute_post_residual(
             (getattr(layer, f"mhc_alpha_post_{branch}"), getattr(layer, f"mhc_bias_post_{branch}"), logits[1]),
             (getattr(layer, f"mhc_alpha_res_{branch}"), getattr(layer, f"mhc_bias_res_{branch}"), logits[2]),
-            out_dtype=dtype)  # fmt: skip
+            out_dtype=dtype,
+        )
         for name, a, b in (("post", ours[1], post), ("residual", ours[2], res)):
             verdict = acc.accept_mhc_coefficients(a, b, name)
             assert verdict, f"{branch}: {verdict}"
@@ -590,8 +591,10 @@ def _moe_pair(dtype: torch.dtype, **options: Any) -> tuple[torch.nn.Module, torc
 
 def _moe_state(layer: torch.nn.Module, g: torch.Generator | None = None) -> dict[str, torch.Tensor]:
     fan_in = {"W_gate": layer.d_head, "W_up": layer.d_head, "W_down": layer.d_expert}
-    return {n: (torch.randn(t.shape, generator=g, dtype=torch.float64) * fan_in.get(n, 11) ** -0.5).to(t.dtype)
-            for n, t in layer.state_dict().items()}  # fmt: skip
+    return {
+        n: (torch.randn(t.shape, generator=g, dtype=torch.float64) * fan_in.get(n, 11) ** -0.5).to(t.dtype)
+        for n, t in layer.state_dict().items()
+    }
 
 
 def _exactly(upstream: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -605,11 +608,13 @@ def _assert_bf16_moe(got: torch.Tensor, theirs: torch.Tensor, exact: torch.Tenso
     the two are compared through the exact result: ours no less exact than vllm-omni's (relative L2)
     and, for one unit-scale route (the setting of vllm-omni's BF16 expert-kernel test), within that
     test's tolerance ``rtol = atol = 2e-2`` everywhere."""
+
     def err(y: torch.Tensor) -> float:
         return float((y.double() - exact).norm() / exact.norm())
 
     assert err(got) <= err(theirs) and err(got) < 1e-2, (
-        f"relative L2 error {err(got):.2e}, vllm-omni's {err(theirs):.2e}")
+        f"relative L2 error {err(got):.2e}, vllm-omni's {err(theirs):.2e}"
+    )
     if unit_scale:
         torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=2e-2)
 
@@ -783,6 +788,7 @@ def test_layers_cast_to_bf16_run_as_upstream(vllm_omni: Path) -> None:
     """Every layer's attention and MLP cast to BF16 (the swapped norms, sinks, router and biases
     among them) run as vllm-omni's do. A cast of the whole model or layer is not tested: vllm-omni's
     own FP32 embedders and mHC matmuls refuse BF16 weights."""
+
     def cast(model: torch.nn.Module) -> torch.nn.Module:
         for layer in model.block.layers:
             layer.attention.to(torch.bfloat16)

@@ -17,8 +17,14 @@ def _offline(**env: str) -> subprocess.CompletedProcess[str]:
     """That one test in a fresh pytest with no package index (as offline) and no wheel given."""
     base = {k: v for k, v in os.environ.items() if k not in ("MAGI2_VLLM_OMNI_WHEEL", "MAGI2_REQUIRE_VLLM_OMNI")}
     base |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", **env}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", ONE_TEST],
-                          capture_output=True, text=True, timeout=600, env=base, cwd=HERE.parent.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", ONE_TEST],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=base,
+        cwd=HERE.parent.parent,
+    )
 
 
 @pytest.mark.parametrize("required", [False, True], ids=["skips", "fails-when-required"])

@@ -254,8 +254,9 @@ def _offload(model: nn.Module) -> Any:
     strategy = _mod("vllm_omni.diffusion.offloader.config").OffloadStrategy.LAYER_WISE
     discovery = _mod("vllm_omni.diffusion.models.interface").SupportsComponentDiscovery
     pipeline = type("Pipeline", (_Pipeline, discovery), {})
-    backend = backend_mod.LayerWiseOffloadBackend(base.OffloadConfig(strategy, pin_cpu_memory=False),
-                                                  torch.device("cpu"))
+    backend = backend_mod.LayerWiseOffloadBackend(
+        base.OffloadConfig(strategy, pin_cpu_memory=False), torch.device("cpu")
+    )
     backend.enable(pipeline(model))
     assert backend.enabled and len(backend._dit_hooks) == len(model.block.layers)
     return backend
@@ -344,13 +345,27 @@ def test_gpu_layerwise_offload_device_memory_is_upstreams(vllm_omni: Path) -> No
     (``2 x 768 x 1280 x 256 x 2 B = 1,006,632,960 B``)."""
     cfg_mod = _mod("configuration_magi2")
     cfg = cfg_mod.Magi2PreviewConfig(
-        num_layers=3, hidden_size=768, head_dim=128, num_query_groups=6, video_in_channels=4, audio_in_channels=4,
-        text_in_channels=4, intermediate_factor=1.0, multimodal_layers=(), params_dtype=torch.bfloat16,
+        num_layers=3,
+        hidden_size=768,
+        head_dim=128,
+        num_query_groups=6,
+        video_in_channels=4,
+        audio_in_channels=4,
+        text_in_channels=4,
+        intermediate_factor=1.0,
+        multimodal_layers=(),
+        params_dtype=torch.bfloat16,
         mhc=cfg_mod.Magi2MHCConfig(num_streams=2),
-        moe=cfg_mod.Magi2MoEConfig(num_heads=3, num_experts=256, top_k=6, expert_intermediate_size=1280,
-                                   shared_expert_intermediate_size=256, modality_shared_expert_intermediate_size=256,
-                                   layers=(0, 1, 2)),
-    )  # fmt: skip
+        moe=cfg_mod.Magi2MoEConfig(
+            num_heads=3,
+            num_experts=256,
+            top_k=6,
+            expert_intermediate_size=1280,
+            shared_expert_intermediate_size=256,
+            modality_shared_expert_intermediate_size=256,
+            layers=(0, 1, 2),
+        ),
+    )
     bank = 2 * 3 * 256 * 1280 * 256 * 2
     ckpt = _checkpoint(_mod("modeling_magi2").Magi2PreviewTransformer(cfg))
     after: dict[str, list[int]] = {}

@@ -19,15 +19,35 @@ from magi2_backend_reference.attention import exact_attention
 class FakeVarlen:
     """Records each call's keyword arguments; positional arguments are refused (keywords only)."""
 
-    def __init__(self, *, lse_flag: str = "return_attn_probs", softcap: bool = True, sinks: bool = False,
-                 num_splits: bool = True, lse_layout: str = "ht", extra_outputs: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        lse_flag: str = "return_attn_probs",
+        softcap: bool = True,
+        sinks: bool = False,
+        num_splits: bool = True,
+        lse_layout: str = "ht",
+        extra_outputs: int = 0,
+    ) -> None:
         self.calls: list[dict[str, Any]] = []
         self.lse_layout = lse_layout
         self.extra_outputs = extra_outputs
         self.lse_flag = lse_flag
         self.error: Exception | None = None  # raised by the next call (a kernel failure)
-        names = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
-                 "seqused_k", "softmax_scale", "causal", "window_size"]
+        names = [
+            "q",
+            "k",
+            "v",
+            "cu_seqlens_q",
+            "cu_seqlens_k",
+            "max_seqlen_q",
+            "max_seqlen_k",
+            "seqused_q",
+            "seqused_k",
+            "softmax_scale",
+            "causal",
+            "window_size",
+        ]
         names += ["softcap"] * softcap + ["num_splits"] * num_splits + ["sinks"] * sinks + [lse_flag]
         self.param_names = names
         # A real function with exactly these keywords, so inspect.signature reads them.
@@ -43,10 +63,17 @@ class FakeVarlen:
             raise self.error
         sinks = passed.get("sinks")
         o, lse = exact_attention(
-            passed["q"], passed["k"], passed["v"], passed["cu_seqlens_q"], passed["cu_seqlens_k"],
-            softmax_scale=passed["softmax_scale"], softcap=passed.get("softcap", 0.0),
-            sinks=None if sinks is None else sinks[None, :], sink_rescale="fp32", return_lse=True,
-        )  # fmt: skip
+            passed["q"],
+            passed["k"],
+            passed["v"],
+            passed["cu_seqlens_q"],
+            passed["cu_seqlens_k"],
+            softmax_scale=passed["softmax_scale"],
+            softcap=passed.get("softcap", 0.0),
+            sinks=None if sinks is None else sinks[None, :],
+            sink_rescale="fp32",
+            return_lse=True,
+        )
         if not passed.get(self.lse_flag):
             return o
         if self.lse_layout == "th":

@@ -37,11 +37,15 @@ def fake_fa3(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVarlen]:
     install(monkeypatch, build.modules[0], fake)
     monkeypatch.setattr(abi_mod, "torch_op_exists", lambda ns, name: ns == "fa3_fwd" and name == "fwd")
     module = types.ModuleType(_MODULE)
-    module.kernel = FA3Attention(loader=lambda: load_fa3((build,)),  # type: ignore[attr-defined]
-                                 correction=lambda: torch_correction("test"), capability=lambda index: (9, 0))
+    module.kernel = FA3Attention(
+        loader=lambda: load_fa3((build,)),  # type: ignore[attr-defined]
+        correction=lambda: torch_correction("test"),
+        capability=lambda index: (9, 0),
+    )
     monkeypatch.setitem(sys.modules, _MODULE, module)
-    cap = descriptor(build).model_copy(update={"name": "fa3_depth", "impl": f"{_MODULE}:kernel",
-                                               "device_types": ("cpu",), "rules": ()})
+    cap = descriptor(build).model_copy(
+        update={"name": "fa3_depth", "impl": f"{_MODULE}:kernel", "device_types": ("cpu",), "rules": ()}
+    )
     with registered_backend(cap, name="fa3-depth"):
         yield fake
 

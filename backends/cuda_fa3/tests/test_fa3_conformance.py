@@ -28,17 +28,25 @@ HOST = "fake_fa3_conformance_host"
 
 @pytest.mark.parametrize("fp16", [True, False], ids=["fp16-build", "no-fp16-build"])
 def test_kit_passes_with_a_fake_fa3_fwd(monkeypatch: pytest.MonkeyPatch, fp16: bool) -> None:
-    build = FoundBuild("fa3-fwd", ("fake_fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "9.9.9",  # type: ignore[arg-type]
-                       {"FLASHATTENTION_DISABLE_FP16": not fp16})
+    build = FoundBuild(
+        "fa3-fwd",
+        ("fake_fa3_fwd_interface",),
+        "fa3_fwd",
+        "fa3-fwd",
+        "9.9.9",  # type: ignore[arg-type]
+        {"FLASHATTENTION_DISABLE_FP16": not fp16},
+    )
     install(monkeypatch, build.modules[0], FakeVarlen())
     monkeypatch.setattr(abi_mod, "torch_op_exists", lambda ns, name: ns == "fa3_fwd" and name == "fwd")
-    provider = FA3Attention(loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"),
-                            capability=lambda index: (9, 0))
+    provider = FA3Attention(
+        loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"), capability=lambda index: (9, 0)
+    )
     host = types.ModuleType(HOST)
     host.fa3 = provider  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)
-    cap = descriptor(build).model_copy(update={"device_types": ("cpu",), "name": "fa3_fake", "backend": "",
-                                               "impl": f"{HOST}:fa3", "rules": ()})
+    cap = descriptor(build).model_copy(
+        update={"device_types": ("cpu",), "name": "fa3_fake", "backend": "", "impl": f"{HOST}:fa3", "rules": ()}
+    )
     assert ("float16" in cap.dtypes) is fp16  # the descriptor follows the build
     with registered_backend(cap, name="fa3-fake"):
         report = run_kit(["fa3_fake"], devices=["cpu"], max_tokens=64)

@@ -37,11 +37,18 @@ D = 64
 SCALE = D**-0.5
 
 
-def _build(kind: str = "fa3-fwd", module: str = "fake_fa3_fwd_interface", ns: str = "fa3_fwd",
-           **flags: bool) -> FoundBuild:
+def _build(
+    kind: str = "fa3-fwd", module: str = "fake_fa3_fwd_interface", ns: str = "fa3_fwd", **flags: bool
+) -> FoundBuild:
     dist = {"fa3-fwd": "fa3-fwd", "flash_attn_3": "flash_attn_3", "tokenspeed-fa3": "tokenspeed-fa3"}.get(kind)
-    return FoundBuild(kind, (module,), ns, dist, "9.9.9",  # type: ignore[arg-type]
-                      {f"FLASHATTENTION_DISABLE_{k}": v for k, v in flags.items()})
+    return FoundBuild(
+        kind,
+        (module,),
+        ns,
+        dist,
+        "9.9.9",  # type: ignore[arg-type]
+        {f"FLASHATTENTION_DISABLE_{k}": v for k, v in flags.items()},
+    )
 
 
 @pytest.fixture
@@ -52,12 +59,18 @@ def ops_registered(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return present
 
 
-def _provider(monkeypatch: pytest.MonkeyPatch, ops: set[str], fake: FakeVarlen, build: FoundBuild,
-              cc: tuple[int, int] | None = (9, 0)) -> FA3Attention:
+def _provider(
+    monkeypatch: pytest.MonkeyPatch,
+    ops: set[str],
+    fake: FakeVarlen,
+    build: FoundBuild,
+    cc: tuple[int, int] | None = (9, 0),
+) -> FA3Attention:
     install(monkeypatch, build.modules[0], fake)
     ops.add(build.op_namespace)
-    return FA3Attention(loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"),
-                        capability=lambda index: cc)
+    return FA3Attention(
+        loader=lambda: load_fa3((build,)), correction=lambda: torch_correction("test"), capability=lambda index: cc
+    )
 
 
 def _inputs(seed: int, cu: list[int], hq: int = 4, hkv: int = 2, n_sinks: int = 1, dtype: torch.dtype = torch.bfloat16):
@@ -71,15 +84,45 @@ def _inputs(seed: int, cu: list[int], hq: int = 4, hkv: int = 2, n_sinks: int = 
 
 
 def _call(p: FA3Attention, q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
-    return p(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx, softmax_scale=SCALE,
-                         softcap=softcap, sinks=sinks, sink_rescale=rescale, deterministic=False,
-                         return_lse=return_lse))
+    return p(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cu,
+            cu,
+            max_seqlen_q=mx,
+            max_seqlen_k=mx,
+            softmax_scale=SCALE,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=return_lse,
+        )
+    )
 
 
 def _ref(q, k, v, cu, mx, sinks, *, softcap=0.0, rescale="fp32"):
-    return reference_attention(call_record("attention", q, k, v, cu, cu, max_seqlen_q=mx, max_seqlen_k=mx,
-                                           softmax_scale=SCALE, softcap=softcap, sinks=sinks, sink_rescale=rescale,
-                                           deterministic=False, return_lse=True))
+    return reference_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cu,
+            cu,
+            max_seqlen_q=mx,
+            max_seqlen_k=mx,
+            softmax_scale=SCALE,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=True,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +135,9 @@ def test_build_flags_are_read_without_executing_the_file(tmp_path: Path, monkeyp
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert discovery.read_build_flags("fake_fa3_cfg") == {
-        "FLASHATTENTION_DISABLE_FP16": True, "FLASHATTENTION_DISABLE_SOFTCAP": False}
+        "FLASHATTENTION_DISABLE_FP16": True,
+        "FLASHATTENTION_DISABLE_SOFTCAP": False,
+    }
     assert discovery.read_build_flags("no_such_fa3_config_module") == {}
 
 
@@ -102,13 +147,19 @@ def test_build_flags_are_read_without_executing_the_file(tmp_path: Path, monkeyp
         (set(), {}, []),
         ({"fa3_fwd_interface"}, {"fa3-fwd": "0.0.3"}, [("fa3-fwd", "fa3-fwd 0.0.3", None)]),
         ({"flash_attn_interface"}, {"flash_attn_3": "3.0.0"}, [("flash_attn_3", "flash_attn_3 3.0.0", None)]),
-        ({"flash_attn_interface"}, {"tokenspeed-fa3": "3.0.0.post1"},
-         [("tokenspeed-fa3", "tokenspeed-fa3 3.0.0.post1", None)]),
+        (
+            {"flash_attn_interface"},
+            {"tokenspeed-fa3": "3.0.0.post1"},
+            [("tokenspeed-fa3", "tokenspeed-fa3 3.0.0.post1", None)],
+        ),
         ({"flash_attn_interface"}, {"flash_attn_3": "0.2.2"}, [("mate", "flash_attn_3 0.2.2", "MATE")]),
-        ({"fa3_fwd_interface", "flash_attn_interface"}, {"fa3-fwd": "0.0.3", "flash_attn_3": "3.0.0"},
-         [("fa3-fwd", "fa3-fwd 0.0.3", None), ("flash_attn_3", "flash_attn_3 3.0.0", None)]),
+        (
+            {"fa3_fwd_interface", "flash_attn_interface"},
+            {"fa3-fwd": "0.0.3", "flash_attn_3": "3.0.0"},
+            [("fa3-fwd", "fa3-fwd 0.0.3", None), ("flash_attn_3", "flash_attn_3 3.0.0", None)],
+        ),
     ],
-)  # fmt: skip
+)
 def test_find_builds_classifies_and_orders(monkeypatch, modules, dists, expected) -> None:
     monkeypatch.setattr(discovery, "_module_exists", lambda name: name in modules)
     monkeypatch.setattr(discovery, "dist_version", lambda name: dists.get(name))
@@ -154,8 +205,14 @@ def test_fa3_fwd_abi(monkeypatch, ops_registered) -> None:
     got = load_fa3((_build(FP16=True),))
     assert got.abi is not None and got.attempts == ()
     a = got.abi
-    assert (a.lse_flag, a.softcap, a.sinks, a.fp16, a.sm8x, a.cc_majors) == ("return_attn_probs", True, False, False,
-                                                                             True, (8, 9))
+    assert (a.lse_flag, a.softcap, a.sinks, a.fp16, a.sm8x, a.cc_majors) == (
+        "return_attn_probs",
+        True,
+        False,
+        False,
+        True,
+        (8, 9),
+    )
     assert "fa3-fwd 9.9.9" in a.label
 
 
@@ -210,8 +267,20 @@ def test_fa3_fwd_call_passes_keywords_and_corrects_sinks(monkeypatch, ops_regist
         sinks_before = None if sinks is None else sinks.clone()
         o, lse = _call(p, q, k, v, cu, mx, sinks, softcap=-1.0, rescale=rescale)
         call = fake.calls[-1]
-        assert set(call) == {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-                             "softmax_scale", "causal", "softcap", "num_splits", "return_attn_probs"}
+        assert set(call) == {
+            "q",
+            "k",
+            "v",
+            "cu_seqlens_q",
+            "cu_seqlens_k",
+            "max_seqlen_q",
+            "max_seqlen_k",
+            "softmax_scale",
+            "causal",
+            "softcap",
+            "num_splits",
+            "return_attn_probs",
+        }
         assert call["q"] is q and call["cu_seqlens_q"] is cu and call["max_seqlen_k"] == mx
         assert (call["softcap"], call["causal"], call["num_splits"], call["softmax_scale"]) == (0.0, False, 1, SCALE)
         # returned: FA3's out/LSE corrected exactly as the reference correction does it
@@ -319,8 +388,9 @@ def test_check_reasons(monkeypatch, ops_registered) -> None:
     assert _provider(monkeypatch, ops_registered, fake, _build()).check(_problem("float16", Feature.SOFTCAP)) == []
 
 
-def test_check_on_a_described_device_judges_its_capability_and_says_what_it_assumed(monkeypatch,
-                                                                                    ops_registered) -> None:
+def test_check_on_a_described_device_judges_its_capability_and_says_what_it_assumed(
+    monkeypatch, ops_registered
+) -> None:
     """``magi2 explain --device-name``: no device and no FA3 build here, yet FA3 is judged on that device."""
     hopper, blackwell = VirtualDevice(type="cuda", capability="9.0"), VirtualDevice(type="cuda", capability="10.0")
     none = FA3Attention(loader=lambda: load_fa3(()), capability=lambda index: None)
@@ -403,8 +473,17 @@ def test_h200_profile_prefers_torch_varlen_only_on_short_work_without_sinks() ->
     (h200,) = [f.profile for f in shipped_profiles() if f.profile.name == "nvidia-h200"]
 
     def prefers_varlen(tokens: int, max_k: int, heads: int = 24, *features: Feature) -> bool:
-        p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features),
-                    tokens=tokens, tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads)
+        p = Problem(
+            op="attention",
+            device_type="cuda",
+            dtype="bfloat16",
+            features=frozenset(features),
+            tokens=tokens,
+            tokens_k=tokens,
+            max_seqlen_q=max_k,
+            max_seqlen_k=max_k,
+            num_heads_q=heads,
+        )
         row = h200.preference_for(p)
         return row is not None and row.prefer[0] == "torch_varlen"
 
@@ -431,16 +510,23 @@ def test_public_resolution_on_cpu_rejects_fa3_by_device(registered) -> None:
 # upstream's sink kinds (normal, large, -inf, +inf, all -inf), both rescale modes, with the LSE
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n_sinks", [1, 2])
-@pytest.mark.parametrize(("build", "rescale", "return_lse"),
-                         [("fa3-fwd", "fp32", True), ("fa3-fwd", "activation", True),
-                          ("tokenspeed-fa3", "fp32", False), ("tokenspeed-fa3", "activation", True)],
-                         ids=["fwd-fp32", "fwd-activation", "tokenspeed-native", "tokenspeed-activation"])
+@pytest.mark.parametrize(
+    ("build", "rescale", "return_lse"),
+    [
+        ("fa3-fwd", "fp32", True),
+        ("fa3-fwd", "activation", True),
+        ("tokenspeed-fa3", "fp32", False),
+        ("tokenspeed-fa3", "activation", True),
+    ],
+    ids=["fwd-fp32", "fwd-activation", "tokenspeed-native", "tokenspeed-activation"],
+)
 @pytest.mark.parametrize("kind", SINK_KINDS)
 def test_upstream_sink_kinds(monkeypatch, ops_registered, kind, build, rescale, return_lse, n_sinks) -> None:
     native = build == "tokenspeed-fa3"
     fake = FakeVarlen(sinks=native)
-    found = _build(build, f"fake_kinds_{build.replace('-', '_')}", "flash_attn_3" if native else "fa3_fwd",
-                   SOFTCAP=native)
+    found = _build(
+        build, f"fake_kinds_{build.replace('-', '_')}", "flash_attn_3" if native else "fa3_fwd", SOFTCAP=native
+    )
     p = _provider(monkeypatch, ops_registered, fake, found)
     q, k, v, cu, mx, _ = _inputs(8, [0, 9, 9, 31], n_sinks=0)
     sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))

@@ -42,8 +42,17 @@ D = 128
 RAGGED = [0, 37, 37, 300]  # an empty segment between a short and a longer one
 # appended so that packs clear every attention preference of the shipped profiles (the short-work rows
 # that prefer torch varlen, the rows that prefer FA4's native sink on short packs): a longer key segment
-LONG_TAIL = max(c.value for f in shipped_profiles() for row in f.profile.preferences if row.op == "attention"
-                for c in row.when if c.field == "max_seqlen_k" and isinstance(c.value, int)) + 64
+LONG_TAIL = (
+    max(
+        c.value
+        for f in shipped_profiles()
+        for row in f.profile.preferences
+        if row.op == "attention"
+        for c in row.when
+        if c.field == "max_seqlen_k" and isinstance(c.value, int)
+    )
+    + 64
+)
 
 
 def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, dtype: torch.dtype, seed: int):
@@ -61,9 +70,24 @@ def _inputs(cu_q: list[int], cu_k: list[int], hq: int, hkv: int, n_sinks: int, d
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
     lens_q = (cq[1:] - cq[:-1]).tolist()
     lens_k = (ck[1:] - ck[:-1]).tolist()
-    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(lens_q),
-                                           max_seqlen_k=max(lens_k), softmax_scale=D**-0.5, softcap=softcap,
-                                           sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
+    return reference_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cq,
+            ck,
+            max_seqlen_q=max(lens_q),
+            max_seqlen_k=max(lens_k),
+            softmax_scale=D**-0.5,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=True,
+        )
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -103,9 +127,24 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
     dtype = torch.bfloat16
     for seed in (3, 4):
         q, k, v, cq, ck, sinks = _inputs(RAGGED, [0, 41, 41, 330], 6, 2, n_sinks, dtype, seed)
-        o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=263, max_seqlen_k=289,
-                                           softmax_scale=D**-0.5, softcap=0.0, sinks=sinks, sink_rescale=rescale,
-                                           deterministic=False, return_lse=True))
+        o, lse = fa3_attention(
+            call_record(
+                "attention",
+                q,
+                k,
+                v,
+                cq,
+                ck,
+                max_seqlen_q=263,
+                max_seqlen_k=289,
+                softmax_scale=D**-0.5,
+                softcap=0.0,
+                sinks=sinks,
+                sink_rescale=rescale,
+                deterministic=False,
+                return_lse=True,
+            )
+        )
         ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale=rescale)
         assert accept_attention(o, ro), accept_attention(o, ro)
         assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)
@@ -115,9 +154,24 @@ def test_short_ragged_pack_on_the_kernel(n_sinks, rescale):
 def test_empty_key_segment_gives_zero_output_and_sink_lse():
     dtype = torch.bfloat16
     q, k, v, cq, ck, sinks = _inputs([0, 5, 40], [0, 0, 50], 4, 4, 1, dtype, 5)
-    o, lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=35, max_seqlen_k=50,
-                                       softmax_scale=D**-0.5, softcap=0.0, sinks=sinks, sink_rescale="fp32",
-                                       deterministic=False, return_lse=True))
+    o, lse = fa3_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cq,
+            ck,
+            max_seqlen_q=35,
+            max_seqlen_k=50,
+            softmax_scale=D**-0.5,
+            softcap=0.0,
+            sinks=sinks,
+            sink_rescale="fp32",
+            deterministic=False,
+            return_lse=True,
+        )
+    )
     ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
     assert torch.equal(o[:5], torch.zeros_like(o[:5]))
     assert accept_attention(o, ro) and accept_lse(lse, rlse, dtype)
@@ -176,8 +230,11 @@ def test_torch_compile_matches_eager(registered):
 
 
 @pytest.mark.parametrize("n_sinks", [1, 2])
-@pytest.mark.parametrize(("rescale", "return_lse"), [("fp32", True), ("fp32", False), ("activation", True)],
-                         ids=["fp32-lse", "fp32", "activation-lse"])
+@pytest.mark.parametrize(
+    ("rescale", "return_lse"),
+    [("fp32", True), ("fp32", False), ("activation", True)],
+    ids=["fp32-lse", "fp32", "activation-lse"],
+)
 @pytest.mark.parametrize("kind", SINK_KINDS)
 def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
     """Upstream's sink kinds through the public op: FA3 + the CUDA sink correction (the fused Triton one
@@ -193,10 +250,26 @@ def test_upstream_sink_kinds(registered, kind, rescale, return_lse, n_sinks):
     assert accept_attention(o, ro), accept_attention(o, ro)
     if return_lse:
         assert accept_lse(lse, rlse, torch.bfloat16), accept_lse(lse, rlse, torch.bfloat16)
-    plain_o, plain_lse = fa3_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=max(240, LONG_TAIL),
-                                       max_seqlen_k=max(289, LONG_TAIL), softmax_scale=D**-0.5, softcap=0.0,
-                                       sinks=None, sink_rescale=rescale, deterministic=False, return_lse=True))
+    plain_o, plain_lse = fa3_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cq,
+            ck,
+            max_seqlen_q=max(240, LONG_TAIL),
+            max_seqlen_k=max(289, LONG_TAIL),
+            softmax_scale=D**-0.5,
+            softcap=0.0,
+            sinks=None,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=True,
+        )
+    )
     # a native sink (tokenspeed-fa3: one row, FP32, no LSE) is another kernel: equal within the contract
     native = ABI.sinks and n_sinks == 1 and rescale == "fp32" and not return_lse
-    assert oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse if return_lse else None,
-                                        exact=not native) == []
+    assert (
+        oracles.sink_kind_violations(o, lse, sinks, plain_o, plain_lse if return_lse else None, exact=not native) == []
+    )

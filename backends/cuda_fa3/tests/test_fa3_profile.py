@@ -37,8 +37,9 @@ class _Runs:
 @pytest.fixture(autouse=True)
 def _h200(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user profile of this machine
-    monkeypatch.setattr(devices, "device_identity",
-                        lambda kind, index=None: ("NVIDIA H200", "9.0") if kind == "cuda" else (None, None))
+    monkeypatch.setattr(
+        devices, "device_identity", lambda kind, index=None: ("NVIDIA H200", "9.0") if kind == "cuda" else (None, None)
+    )
     host = types.ModuleType(HOST)
     host.runs = _Runs()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)
@@ -54,20 +55,34 @@ def _world(*, varlen_gqa: bool) -> Registry:
     feats = varlen.features | {Feature.GQA} if varlen_gqa else varlen.features - {Feature.GQA}
     build = FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "0.0.3")
     reference = next(c for c in REFERENCE_PROVIDERS if c.op == "attention" and c.name == "reference")
-    caps = (varlen.model_copy(update={"impl": f"{HOST}:runs", "features": feats}),
-            fa3_plugin.descriptor(build).model_copy(update={"impl": f"{HOST}:runs"}),
-            reference.model_copy(update={"name": "eager"}))
+    caps = (
+        varlen.model_copy(update={"impl": f"{HOST}:runs", "features": feats}),
+        fa3_plugin.descriptor(build).model_copy(update={"impl": f"{HOST}:runs"}),
+        reference.model_copy(update={"name": "eager"}),
+    )
     reg = Registry(discover=False)
-    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3", providers=caps)),
-                 name="world")
+    reg.register(
+        InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3", providers=caps)), name="world"
+    )
     return reg
 
 
 def _short(*features: Feature, heads_kv: int = 24) -> Problem:
     # 512 tokens in 256-token segments, 24 heads, bf16: the measured call
-    return Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features), tokens=512,
-                   tokens_k=512, max_seqlen_q=256, max_seqlen_k=256, num_segments=2, head_dim=128, num_heads_q=24,
-                   num_heads_kv=heads_kv)
+    return Problem(
+        op="attention",
+        device_type="cuda",
+        dtype="bfloat16",
+        features=frozenset(features),
+        tokens=512,
+        tokens_k=512,
+        max_seqlen_q=256,
+        max_seqlen_k=256,
+        num_segments=2,
+        head_dim=128,
+        num_heads_q=24,
+        num_heads_kv=heads_kv,
+    )
 
 
 def _resolve(reg: Registry, problem: Problem) -> Resolution:
@@ -95,8 +110,9 @@ def test_plain_short_work_still_prefers_torch_varlen_and_long_work_fa3() -> None
     res = _resolve(reg, _short())
     assert (res.chosen, res.decided_by) == ("torch_varlen", "profile"), res.explain()
     assert "torch varlen_attn beats FA3" in res.explain()
-    long = _short().model_copy(update={"tokens": 32768, "tokens_k": 32768, "max_seqlen_q": 32768,
-                                       "max_seqlen_k": 32768, "num_segments": 1})
+    long = _short().model_copy(
+        update={"tokens": 32768, "tokens_k": 32768, "max_seqlen_q": 32768, "max_seqlen_k": 32768, "num_segments": 1}
+    )
     res = _resolve(reg, long)
     assert (res.chosen, res.decided_by, res.preference) == ("fa3", "priority", None)
     assert _resolve(reg, _short(Feature.SINKS)).chosen == "fa3"  # no fa4 here: FA3 + the correction

@@ -88,20 +88,33 @@ class FakeFA4:
         assert cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
         hq = q.shape[1]
         if learnable_sink is not None:  # the real asserts
-            assert learnable_sink.shape == (hq,) and learnable_sink.dtype in (torch.float32, torch.bfloat16,
-                                                                               torch.float16)
+            assert learnable_sink.shape == (hq,) and learnable_sink.dtype in (
+                torch.float32,
+                torch.bfloat16,
+                torch.float16,
+            )
         lse: torch.Tensor | None = None
         if k.shape[0] == 0 or q.shape[0] == 0:  # the real early return
             out = torch.zeros_like(q)
             if return_lse:
-                lse = (torch.full((hq, q.shape[0]), -INF) if learnable_sink is None
-                       else learnable_sink.float()[:, None].expand(hq, q.shape[0]).clone())
+                lse = (
+                    torch.full((hq, q.shape[0]), -INF)
+                    if learnable_sink is None
+                    else learnable_sink.float()[:, None].expand(hq, q.shape[0]).clone()
+                )
         else:
             o32, lse32 = exact_attention(
-                q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k,
-                softmax_scale=float(softmax_scale or q.shape[-1] ** -0.5), softcap=softcap, sinks=None,
-                sink_rescale="fp32", return_lse=True,
-            )  # fmt: skip
+                q.float(),
+                k.float(),
+                v.float(),
+                cu_seqlens_q,
+                cu_seqlens_k,
+                softmax_scale=float(softmax_scale or q.shape[-1] ** -0.5),
+                softcap=softcap,
+                sinks=None,
+                sink_rescale="fp32",
+                return_lse=True,
+            )
             assert lse32 is not None
             if learnable_sink is not None:
                 o32, lse32 = fa4_sink_fold(o32, lse32, learnable_sink)

@@ -29,13 +29,24 @@ HOST = "fake_fa4_conformance_host"
 def test_kit_passes_with_a_fake_fa4(monkeypatch: pytest.MonkeyPatch) -> None:
     install_ = FA4Install("4.0.0b36", "4.8.1")
     module = install(monkeypatch, FakeFA4())
-    provider = FA4Attention(loader=lambda: load_fa4(module, install_), correction=lambda: torch_correction("test"),
-                            capability=lambda *_: (9, 0))
+    provider = FA4Attention(
+        loader=lambda: load_fa4(module, install_),
+        correction=lambda: torch_correction("test"),
+        capability=lambda *_: (9, 0),
+    )
     host = types.ModuleType(HOST)
     host.fa4 = provider  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)
-    cap = descriptor(install_).model_copy(update={"device_types": ("cpu",), "name": "fa4_fake", "backend": "",
-                                                  "impl": f"{HOST}:fa4", "rules": (), "head_dims": (16, 128)})
+    cap = descriptor(install_).model_copy(
+        update={
+            "device_types": ("cpu",),
+            "name": "fa4_fake",
+            "backend": "",
+            "impl": f"{HOST}:fa4",
+            "rules": (),
+            "head_dims": (16, 128),
+        }
+    )
     with registered_backend(cap, name="fa4-fake"):
         report = run_kit(["fa4_fake"], devices=["cpu"], max_tokens=64)
     assert report.results, report.summary()

@@ -52,15 +52,24 @@ SCALE = D**-0.5
 INF = math.inf
 
 
-def _provider(monkeypatch: pytest.MonkeyPatch, fake: FakeFA4 | None,
-              cc: tuple[int, int] | None = (9, 0)) -> FA4Attention:
+def _provider(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeFA4 | None, cc: tuple[int, int] | None = (9, 0)
+) -> FA4Attention:
     module = install(monkeypatch, fake)
-    return FA4Attention(loader=lambda: load_fa4(module, INSTALL), correction=lambda: torch_correction("test"),
-                        capability=lambda *_: cc)
+    return FA4Attention(
+        loader=lambda: load_fa4(module, INSTALL), correction=lambda: torch_correction("test"), capability=lambda *_: cc
+    )
 
 
-def _inputs(seed: int, cu_q: list[int], cu_k: list[int] | None = None, hq: int = 4, hkv: int = 2, n_sinks: int = 1,
-            dtype: torch.dtype = torch.bfloat16):
+def _inputs(
+    seed: int,
+    cu_q: list[int],
+    cu_k: list[int] | None = None,
+    hq: int = 4,
+    hkv: int = 2,
+    n_sinks: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+):
     cu_k = cu_q if cu_k is None else cu_k
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(cu_q[-1], hq, D, generator=g).to(dtype)
@@ -78,9 +87,22 @@ def _max(cu: torch.Tensor) -> int:
 def _record(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32", return_lse=True):
     """The call record, with ``sinks`` as given: a device sinks tensor reaches a provider unchecked, NaN
     included (host sinks with NaN are refused by validation, so they are put in after it)."""
-    call = call_record("attention", q, k, v, cq, ck, max_seqlen_q=_max(cq), max_seqlen_k=_max(ck),
-                       softmax_scale=SCALE, softcap=softcap, sinks=None if sinks is None else torch.zeros_like(sinks),
-                       sink_rescale=rescale, deterministic=False, return_lse=return_lse)
+    call = call_record(
+        "attention",
+        q,
+        k,
+        v,
+        cq,
+        ck,
+        max_seqlen_q=_max(cq),
+        max_seqlen_k=_max(ck),
+        softmax_scale=SCALE,
+        softcap=softcap,
+        sinks=None if sinks is None else torch.zeros_like(sinks),
+        sink_rescale=rescale,
+        deterministic=False,
+        return_lse=return_lse,
+    )
     return call._replace(sinks=call.sinks if sinks is None or call.sinks is None else sinks)
 
 
@@ -278,8 +300,12 @@ def test_check_reasons(monkeypatch) -> None:
     assert (r.code, r.field) == (ReasonCode.UNAVAILABLE, "cuda") and "flash-attn-4 4.0.0b36" in r.detail
     for cc in ((8, 0), (11, 0), (12, 0), (7, 5)):
         (r,) = _provider(monkeypatch, FakeFA4(), cc=cc).check(_problem())
-        assert (r.code, r.field, r.expected, r.actual) == (ReasonCode.CHECK, "compute_capability", "9.x | 10.x",
-                                                           f"{cc[0]}.{cc[1]}")
+        assert (r.code, r.field, r.expected, r.actual) == (
+            ReasonCode.CHECK,
+            "compute_capability",
+            "9.x | 10.x",
+            f"{cc[0]}.{cc[1]}",
+        )
     for cc in ((9, 0), (10, 0), (10, 3)):
         assert _provider(monkeypatch, FakeFA4(), cc=cc).check(_problem("float16", *Feature)) == []
 
@@ -294,8 +320,9 @@ def test_check_on_a_described_device_judges_its_capability_and_says_what_it_assu
     assert (r.code, r.field, r.expected, r.actual) == (ReasonCode.CHECK, "compute_capability", "9.x | 10.x", "12.0")
     (r,), _ = none.check_on(_problem(), VirtualDevice(type="cuda"))
     assert (r.field, r.actual) == ("compute_capability", "unknown")
-    reasons, (note,) = _provider(monkeypatch, FakeFA4(), cc=None).check_on(_problem(), VirtualDevice(type="cuda",
-                                                                                                     capability="10.0"))
+    reasons, (note,) = _provider(monkeypatch, FakeFA4(), cc=None).check_on(
+        _problem(), VirtualDevice(type="cuda", capability="10.0")
+    )
     assert reasons == () and "this host's build, flash-attn-4 4.0.0b36" in note
 
 
@@ -330,8 +357,18 @@ def _h200() -> Profile:
 
 def _preferred(tokens: int, max_k: int, heads: int = 24, *features: Feature, head_dim: int = 128) -> str | None:
     """The first provider the H200 profile prefers for this attention call (None: no row matches)."""
-    p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features), tokens=tokens,
-                tokens_k=tokens, max_seqlen_q=max_k, max_seqlen_k=max_k, num_heads_q=heads, head_dim=head_dim)
+    p = Problem(
+        op="attention",
+        device_type="cuda",
+        dtype="bfloat16",
+        features=frozenset(features),
+        tokens=tokens,
+        tokens_k=tokens,
+        max_seqlen_q=max_k,
+        max_seqlen_k=max_k,
+        num_heads_q=heads,
+        head_dim=head_dim,
+    )
     row = _h200().preference_for(p)
     return None if row is None else row.prefer[0]
 
@@ -350,8 +387,14 @@ def test_h200_profile_short_work_without_sinks_or_softcap_prefers_torch_varlen()
 
 
 def test_h200_profile_prefers_fa4_sinks_on_short_packs_only() -> None:
-    shorts = {"16x256": (4096, 256), "8x1024": (8192, 1024), "[342]": (342, 342), "[1024]": (1024, 1024),
-              "[4096]": (4096, 4096), "2x2048": (4096, 2048)}
+    shorts = {
+        "16x256": (4096, 256),
+        "8x1024": (8192, 1024),
+        "[342]": (342, 342),
+        "[1024]": (1024, 1024),
+        "[4096]": (4096, 4096),
+        "2x2048": (4096, 2048),
+    }
     longs = {"[32768]": (32768, 32768), "[8192]x4": (32768, 8192), "[14601]x2": (29202, 14601), "[8192]": (8192, 8192)}
     for t, mk in shorts.values():
         assert _preferred(t, mk, 24, Feature.SINKS) == "fa4" == _preferred(t, mk, 24, Feature.SINKS, Feature.SOFTCAP)
@@ -365,11 +408,14 @@ def test_h200_profile_prefers_fa4_sinks_on_short_packs_only() -> None:
             assert row.provenance.source in (REPO / "benchmarks/attention_fa4.py").read_text()
 
 
-@pytest.mark.parametrize(("modules", "dists", "expected"), [
-    ({"magi2_backend_cuda_fa4"}, {"flash-attn-4": "4.0.0b36"}, True),
-    ({"magi2_backend_cuda_fa4"}, {}, False),
-    (set(), {"flash-attn-4": "4.0.0b36"}, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("modules", "dists", "expected"),
+    [
+        ({"magi2_backend_cuda_fa4"}, {"flash-attn-4": "4.0.0b36"}, True),
+        ({"magi2_backend_cuda_fa4"}, {}, False),
+        (set(), {"flash-attn-4": "4.0.0b36"}, False),
+    ],
+)
 def test_fa3_sees_fa4_from_packaging(monkeypatch, modules, dists, expected) -> None:
     from magi2_backend_cuda_fa3 import discovery as fa3_discovery
 
@@ -402,39 +448,78 @@ def _fresh_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _world(monkeypatch, cc: tuple[int, int], *, fa4_usable: bool = True, fa4_installed: bool = True) -> Registry:
     name = DEVICES[cc]
-    monkeypatch.setattr(devices, "device_identity",
-                        lambda kind, index=None: (name, f"{cc[0]}.{cc[1]}") if kind == "cuda" else (None, None))
+    monkeypatch.setattr(
+        devices,
+        "device_identity",
+        lambda kind, index=None: (name, f"{cc[0]}.{cc[1]}") if kind == "cuda" else (None, None),
+    )
     fa3_build = FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", "0.0.3")
-    fa3_abi = FA3Abi(build=fa3_build, module="fa3_fwd_interface", varlen=lambda **kw: None, params=frozenset(),
-                     lse_flag="return_attn_probs", softcap=True, sinks=False, fp16=True, sm8x=False)
-    fa4 = FA4Attention(loader=lambda: load_fa4(install(monkeypatch, FakeFA4()), INSTALL) if fa4_usable
-                       else LoadResult(None, "import flash_attn.cute: ImportError: libcuda.so.1"),
-                       capability=lambda *_: cc)  # fmt: skip
+    fa3_abi = FA3Abi(
+        build=fa3_build,
+        module="fa3_fwd_interface",
+        varlen=lambda **kw: None,
+        params=frozenset(),
+        lse_flag="return_attn_probs",
+        softcap=True,
+        sinks=False,
+        fp16=True,
+        sm8x=False,
+    )
+    fa4 = FA4Attention(
+        loader=lambda: (
+            load_fa4(install(monkeypatch, FakeFA4()), INSTALL)
+            if fa4_usable
+            else LoadResult(None, "import flash_attn.cute: ImportError: libcuda.so.1")
+        ),
+        capability=lambda *_: cc,
+    )
     host = types.ModuleType(HOST)
     host.fa3 = FA3Attention(loader=lambda: FA3LoadResult(fa3_abi, ()), capability=lambda *_: cc)  # type: ignore[attr-defined]
     host.fa4 = fa4  # type: ignore[attr-defined]
     host.runs = _Runs()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, HOST, host)
-    caps = [c.model_copy(update={"impl": f"{HOST}:runs"}) if c.name == "torch_varlen" else c
-            for c in REFERENCE_PROVIDERS if c.op == "attention" and c.name != "reference"]  # the name is reserved
+    caps = [
+        c.model_copy(update={"impl": f"{HOST}:runs"}) if c.name == "torch_varlen" else c
+        for c in REFERENCE_PROVIDERS
+        if c.op == "attention" and c.name != "reference"
+    ]  # the name is reserved
     caps.append(fa3_plugin.descriptor(fa3_build).model_copy(update={"impl": f"{HOST}:fa3"}))
     if fa4_installed:
         caps.append(descriptor(INSTALL).model_copy(update={"impl": f"{HOST}:fa4"}))
     reg = Registry(discover=False)
-    reg.register(InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3",
-                                                 providers=tuple(caps))), name="world")
+    reg.register(
+        InProcessBackend(m2.BackendSpec(name="world", version="0", core_api=">=2.0,<3", providers=tuple(caps))),
+        name="world",
+    )
     return reg
 
 
 def _resolve(reg: Registry, segments: list[int], *features: Feature, heads: int = 24, head_dim: int = 128) -> Any:
-    p = Problem(op="attention", device_type="cuda", dtype="bfloat16", features=frozenset(features),
-                tokens=sum(segments), tokens_k=sum(segments), max_seqlen_q=max(segments), max_seqlen_k=max(segments),
-                num_segments=len(segments), head_dim=head_dim, num_heads_q=heads, num_heads_kv=heads)
+    p = Problem(
+        op="attention",
+        device_type="cuda",
+        dtype="bfloat16",
+        features=frozenset(features),
+        tokens=sum(segments),
+        tokens_k=sum(segments),
+        max_seqlen_q=max(segments),
+        max_seqlen_k=max(segments),
+        num_segments=len(segments),
+        head_dim=head_dim,
+        num_heads_q=heads,
+        num_heads_kv=heads,
+    )
     return resolve_problem(p, registry=reg)
 
 
-SHORT_PACKS = {"16x256": [256] * 16, "8x1024": [1024] * 8, "342": [342], "1024": [1024], "4096": [4096],
-               "2x2048": [2048] * 2}
+SHORT_PACKS = {
+    "16x256": [256] * 16,
+    "8x1024": [1024] * 8,
+    "342": [342],
+    "1024": [1024],
+    "4096": [4096],
+    "2x2048": [2048] * 2,
+}
 LONG_PACKS = {"32768": [32768], "8192x4": [8192] * 4, "14601x2": [14601] * 2}
 
 

@@ -61,15 +61,45 @@ def _lens(cu: list[int]) -> int:
 
 
 def _reference(q, k, v, cq, ck, *, softcap, sinks, rescale):
-    return reference_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()),
-                                           max_seqlen_k=_lens(ck.tolist()), softmax_scale=D**-0.5, softcap=softcap,
-                                           sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
+    return reference_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cq,
+            ck,
+            max_seqlen_q=_lens(cq.tolist()),
+            max_seqlen_k=_lens(ck.tolist()),
+            softmax_scale=D**-0.5,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=True,
+        )
+    )
 
 
 def _kernel(q, k, v, cq, ck, sinks, *, softcap=0.0, rescale="fp32"):
-    return fa4_attention(call_record("attention", q, k, v, cq, ck, max_seqlen_q=_lens(cq.tolist()),
-                                     max_seqlen_k=_lens(ck.tolist()), softmax_scale=D**-0.5, softcap=softcap,
-                                     sinks=sinks, sink_rescale=rescale, deterministic=False, return_lse=True))
+    return fa4_attention(
+        call_record(
+            "attention",
+            q,
+            k,
+            v,
+            cq,
+            ck,
+            max_seqlen_q=_lens(cq.tolist()),
+            max_seqlen_k=_lens(ck.tolist()),
+            softmax_scale=D**-0.5,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=True,
+        )
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -83,8 +113,9 @@ def test_public_attention_matches_reference(registered, dtype, hq, hkv, softcap,
     for seed in (1, 2):
         q, k, v, cq, ck, sinks = _inputs(CU_Q, CU_K, hq, hkv, n_sinks, dtype, seed)
         sinks_before = None if sinks is None else sinks.clone()
-        o, lse = m2.attention(q, k, v, cq, ck, softcap=softcap, sinks=sinks, sink_rescale=rescale, return_lse=True,
-                              provider="fa4")
+        o, lse = m2.attention(
+            q, k, v, cq, ck, softcap=softcap, sinks=sinks, sink_rescale=rescale, return_lse=True, provider="fa4"
+        )
         ro, rlse = _reference(q, k, v, cq, ck, softcap=max(softcap, 0.0), sinks=sinks, rescale=rescale)
         assert accept_attention(o, ro), accept_attention(o, ro)
         assert accept_lse(lse, rlse, dtype), accept_lse(lse, rlse, dtype)  # the LSE includes the sinks
@@ -111,8 +142,9 @@ def test_softcap_with_a_large_sink_caps_only_the_scores():
 def test_non_finite_sinks_follow_the_contract(n_sinks):
     q, k, v, cq, ck, _ = _inputs(CU_Q, CU_K, 4, 2, 0, torch.bfloat16, 4)
     # heads: NaN, +inf, no sink mass (-inf), finite; the second row mixes -inf and finite values
-    sinks = torch.tensor([[math.nan, math.inf, -math.inf, 5.0], [4.0, 5.0, -math.inf, -math.inf]],
-                         device="cuda")[:n_sinks].contiguous()
+    sinks = torch.tensor([[math.nan, math.inf, -math.inf, 5.0], [4.0, 5.0, -math.inf, -math.inf]], device="cuda")[
+        :n_sinks
+    ].contiguous()
     o, lse = _kernel(q, k, v, cq, ck, sinks)
     ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")
     assert accept_attention(o, ro), accept_attention(o, ro)
@@ -123,8 +155,9 @@ def test_non_finite_sinks_follow_the_contract(n_sinks):
 @pytest.mark.parametrize("empty", ["no-keys", "no-queries", "no-tokens"])
 @pytest.mark.parametrize("n_sinks", [0, 1])
 def test_a_call_without_keys_or_queries(empty, n_sinks):
-    cu_q, cu_k = {"no-keys": ([0, 3, 70], [0, 0, 0]), "no-queries": ([0, 0, 0], [0, 4, 90]),
-                  "no-tokens": ([0], [0])}[empty]
+    cu_q, cu_k = {"no-keys": ([0, 3, 70], [0, 0, 0]), "no-queries": ([0, 0, 0], [0, 4, 90]), "no-tokens": ([0], [0])}[
+        empty
+    ]
     q, k, v, cq, ck, sinks = _inputs(cu_q, cu_k, 4, 4, n_sinks, torch.bfloat16, 5)
     o, lse = _kernel(q, k, v, cq, ck, sinks)  # the kernel object itself, whatever resolution would pick
     ro, rlse = _reference(q, k, v, cq, ck, softcap=0.0, sinks=sinks, rescale="fp32")

@@ -29,37 +29,114 @@ from magi2_core import config
 from magi2_core.hookspecs import BackendSpec, SinkCorrectionSpec
 from magi2_core.registry import get_registry
 
-_COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
-                "seqused_k")
+_COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q", "seqused_k")
 _FA3_TAIL = ("q_descale", "k_descale", "v_descale", "window_size")
 # Parameter names, in order, of flash_attn_varlen_func per generation (MooreThreads/mate tags).
 SIGNATURES: dict[str, tuple[str, ...]] = {
-    "v0.1.0": (*_COMMON_HEAD, "softmax_scale", "causal", "qv", *_FA3_TAIL, "attention_chunk", "softcap",
-               "num_splits", "pack_gqa", "deterministic", "sm_margin", "return_attn_probs", "backend"),
-    "v0.1.3": (*_COMMON_HEAD, "softmax_scale", "causal", "qv", *_FA3_TAIL, "learnable_sink", "attention_chunk",
-               "softcap", "scheduler_metadata", "num_splits", "pack_gqa", "deterministic", "sm_margin",
-               "return_attn_probs", "return_softmax_lse", "backend", "cp_world_size", "cp_rank",
-               "cp_tot_seqused_k"),
-    "v0.2.2": (*_COMMON_HEAD, "page_table", "softmax_scale", "causal", "qv", *_FA3_TAIL, "learnable_sink",
-               "attention_chunk", "softcap", "scheduler_metadata", "num_splits", "pack_gqa", "deterministic",
-               "sm_margin", "return_softmax_lse", "backend", "cp_world_size", "cp_rank", "cp_tot_seqused_k", "out"),
-    "wrapper-v0.2.2": (*_COMMON_HEAD, "page_table", "block_table", "softmax_scale", "causal", "qv", *_FA3_TAIL,
-                       "attention_chunk", "softcap", "scheduler_metadata", "num_splits", "pack_gqa",
-                       "deterministic", "sm_margin", "return_attn_probs", "return_softmax_lse", "sinks", "s_aux",
-                       "cp_world_size", "cp_rank", "cp_tot_seqused_k", "out"),
+    "v0.1.0": (
+        *_COMMON_HEAD,
+        "softmax_scale",
+        "causal",
+        "qv",
+        *_FA3_TAIL,
+        "attention_chunk",
+        "softcap",
+        "num_splits",
+        "pack_gqa",
+        "deterministic",
+        "sm_margin",
+        "return_attn_probs",
+        "backend",
+    ),
+    "v0.1.3": (
+        *_COMMON_HEAD,
+        "softmax_scale",
+        "causal",
+        "qv",
+        *_FA3_TAIL,
+        "learnable_sink",
+        "attention_chunk",
+        "softcap",
+        "scheduler_metadata",
+        "num_splits",
+        "pack_gqa",
+        "deterministic",
+        "sm_margin",
+        "return_attn_probs",
+        "return_softmax_lse",
+        "backend",
+        "cp_world_size",
+        "cp_rank",
+        "cp_tot_seqused_k",
+    ),
+    "v0.2.2": (
+        *_COMMON_HEAD,
+        "page_table",
+        "softmax_scale",
+        "causal",
+        "qv",
+        *_FA3_TAIL,
+        "learnable_sink",
+        "attention_chunk",
+        "softcap",
+        "scheduler_metadata",
+        "num_splits",
+        "pack_gqa",
+        "deterministic",
+        "sm_margin",
+        "return_softmax_lse",
+        "backend",
+        "cp_world_size",
+        "cp_rank",
+        "cp_tot_seqused_k",
+        "out",
+    ),
+    "wrapper-v0.2.2": (
+        *_COMMON_HEAD,
+        "page_table",
+        "block_table",
+        "softmax_scale",
+        "causal",
+        "qv",
+        *_FA3_TAIL,
+        "attention_chunk",
+        "softcap",
+        "scheduler_metadata",
+        "num_splits",
+        "pack_gqa",
+        "deterministic",
+        "sm_margin",
+        "return_attn_probs",
+        "return_softmax_lse",
+        "sinks",
+        "s_aux",
+        "cp_world_size",
+        "cp_rank",
+        "cp_tot_seqused_k",
+        "out",
+    ),
 }
 CORE_GENERATIONS = ("v0.1.0", "v0.1.3", "v0.2.2")
-LSE_FLAG = {"v0.1.0": "return_attn_probs", "v0.1.3": "return_softmax_lse", "v0.2.2": "return_softmax_lse",
-            "wrapper-v0.2.2": "return_softmax_lse"}
+LSE_FLAG = {
+    "v0.1.0": "return_attn_probs",
+    "v0.1.3": "return_softmax_lse",
+    "v0.2.2": "return_softmax_lse",
+    "wrapper-v0.2.2": "return_softmax_lse",
+}
 _LSE_FLAGS = ("return_attn_probs", "return_softmax_lse")
 # Everything the tests touch; removed from sys.modules around each test that fakes MUSA.
 FAKED = ("torchada", "torch_musa", "mate", "mate.mha_interface", "flash_attn_interface", "flash_attn_3")
 
 
 def _signature(names: Sequence[str]) -> inspect.Signature:
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default=inspect.Parameter.empty if n in ("q", "k", "v") else None)
-              for n in names]
+    params = [
+        inspect.Parameter(
+            n,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=inspect.Parameter.empty if n in ("q", "k", "v") else None,
+        )
+        for n in names
+    ]
     return inspect.Signature(params)
 
 
@@ -92,8 +169,16 @@ class FakeVarlen:
             assert kwargs.get(name) is None, "the adapter must never pass native sinks"
         q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
         o, lse = exact_attention(
-            q, k, v, kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"], softmax_scale=kwargs["softmax_scale"],
-            softcap=kwargs.get("softcap") or 0.0, sinks=None, sink_rescale="fp32", return_lse=True,
+            q,
+            k,
+            v,
+            kwargs["cu_seqlens_q"],
+            kwargs["cu_seqlens_k"],
+            softmax_scale=kwargs["softmax_scale"],
+            softcap=kwargs.get("softcap") or 0.0,
+            sinks=None,
+            sink_rescale="fp32",
+            return_lse=True,
         )
         assert lse is not None
         if self.lse_layout == "th":
@@ -216,8 +301,16 @@ class VarlenCase:
     max_k: int
 
 
-def varlen_case(dtype: torch.dtype, *, seed: int, cu_q: Sequence[int] = (0, 3, 9), cu_k: Sequence[int] = (0, 4, 11),
-                heads: int = 4, kv_heads: int = 2, head_dim: int = 64) -> VarlenCase:
+def varlen_case(
+    dtype: torch.dtype,
+    *,
+    seed: int,
+    cu_q: Sequence[int] = (0, 3, 9),
+    cu_k: Sequence[int] = (0, 4, 11),
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+) -> VarlenCase:
     """Random packed q/k/v (fresh, never zeros) with int32 prefix sums, as the contract hands them over."""
     g = torch.Generator().manual_seed(seed)
     tq, tk = cu_q[-1], cu_k[-1]
@@ -226,8 +319,9 @@ def varlen_case(dtype: torch.dtype, *, seed: int, cu_q: Sequence[int] = (0, 3, 9
     v = torch.randn(tk, kv_heads, head_dim, generator=g).to(dtype)
     lq = [b - a for a, b in itertools.pairwise(cu_q)]
     lk = [b - a for a, b in itertools.pairwise(cu_k)]
-    return VarlenCase(q, k, v, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32),
-                      max(lq), max(lk))
+    return VarlenCase(
+        q, k, v, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32), max(lq), max(lk)
+    )
 
 
 def triton_correction(*args: Any, **kwargs: Any) -> Any:
@@ -239,6 +333,14 @@ class FakeTritonSinks:
     """A backend contributing a sink correction named ``triton`` whose kernel is :func:`triton_correction`."""
 
     def magi2_backend(self) -> BackendSpec:
-        return BackendSpec(name="fake-triton-sinks", version="0", core_api=">=2.0,<3", providers=(),
-                           sink_corrections=(SinkCorrectionSpec(name="triton", impl="musa_fakes:triton_correction",
-                                                                device_types=("cuda",), priority=10),))
+        return BackendSpec(
+            name="fake-triton-sinks",
+            version="0",
+            core_api=">=2.0,<3",
+            providers=(),
+            sink_corrections=(
+                SinkCorrectionSpec(
+                    name="triton", impl="musa_fakes:triton_correction", device_types=("cuda",), priority=10
+                ),
+            ),
+        )

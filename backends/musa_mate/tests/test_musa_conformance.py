@@ -17,8 +17,7 @@ from magi2_core.testing.runner import run_kit
 @pytest.mark.parametrize("generation", CORE_GENERATIONS)
 def test_kit_passes_with_a_fake_mate(world: MusaWorld, generation: str) -> None:
     world.musa_with(generation)
-    with registered_backend(rehost("attention", "mate", device_types=("cpu",), name="mate_fake"),
-                            name="mate-fake"):
+    with registered_backend(rehost("attention", "mate", device_types=("cpu",), name="mate_fake"), name="mate-fake"):
         report = run_kit(["mate_fake"], devices=["cpu"], max_tokens=64)
     assert report.results, report.summary()
     assert report.ok, "\n\n".join(r.report for r in report.failed)

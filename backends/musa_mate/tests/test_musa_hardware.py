@@ -30,8 +30,10 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 def _why_not_musa() -> str | None:
     if not musa_installed():
-        return ("needs a Moore Threads GPU: torch.version.musa is unset and torch_musa is not installed "
-                "(run on an MTT S5000 with torch_musa, torchada and MATE)")
+        return (
+            "needs a Moore Threads GPU: torch.version.musa is unset and torch_musa is not installed "
+            "(run on an MTT S5000 with torch_musa, torchada and MATE)"
+        )
     mate = load_mate_varlen()  # imports torchada first, then torch_musa, then MATE
     if isinstance(mate, str):
         return f"MATE is not usable here: {mate}"
@@ -48,13 +50,27 @@ def musa() -> str:
     return "musa"
 
 
-def _run_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _run_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The contract's normalisation, then the MATE kernel object itself (bypassing resolution, as
     upstream's operator tests do by setting the short-sequence floor to 0)."""
-    call = validate_attention(q, k, v, cu_q, cu_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None,
-                              softcap=kw.get("softcap", 0.0), sinks=kw.get("sinks"), sink_rescale="fp32",
-                              deterministic=False, return_lse=True, compiling=False)
+    call = validate_attention(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        softmax_scale=None,
+        softcap=kw.get("softcap", 0.0),
+        sinks=kw.get("sinks"),
+        sink_rescale="fp32",
+        deterministic=False,
+        return_lse=True,
+        compiling=False,
+    )
     return mate_attention(call)
 
 
@@ -71,17 +87,18 @@ def test_real_musa_mate_follows_the_upstream_sink_kinds(musa: str, kind: SinkKin
     sinks = sink_logits(kind, 2, 4, g)
     kw: dict[str, Any] = {"sink_rescale": rescale, "return_lse": True}
     o_ref, lse_ref = m2.attention(q, k, v, cu_q, cu_k, sinks=sinks, provider="reference", **kw)
-    o, lse = m2.attention(q.to(musa), k.to(musa), v.to(musa), cu_q.to(musa), cu_k.to(musa), sinks=sinks.to(musa),
-                          provider="mate", **kw)
+    o, lse = m2.attention(
+        q.to(musa), k.to(musa), v.to(musa), cu_q.to(musa), cu_k.to(musa), sinks=sinks.to(musa), provider="mate", **kw
+    )
     assert accept_attention(o.cpu(), o_ref), accept_attention(o.cpu(), o_ref)
     assert accept_lse(lse.cpu(), lse_ref, torch.bfloat16), accept_lse(lse.cpu(), lse_ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,kv_heads,sink_count,softcap", [(64, 4, 0, -1.0), (128, 2, 1, -1.0),
-                                                                  (64, 2, 2, 2.0)])
-def test_real_musa_mate_matches_sink_oracle(musa: str, dtype: torch.dtype, head_dim: int, kv_heads: int,
-                                            sink_count: int, softcap: float) -> None:
+@pytest.mark.parametrize("head_dim,kv_heads,sink_count,softcap", [(64, 4, 0, -1.0), (128, 2, 1, -1.0), (64, 2, 2, 2.0)])
+def test_real_musa_mate_matches_sink_oracle(
+    musa: str, dtype: torch.dtype, head_dim: int, kv_heads: int, sink_count: int, softcap: float
+) -> None:
     g = torch.Generator().manual_seed(19)
     q = torch.randn(9, 4, head_dim, generator=g).to(dtype)
     k = torch.randn(11, kv_heads, head_dim, generator=g).to(dtype)
@@ -158,13 +175,17 @@ class _TinyTransformer(torch.nn.Module):
         g = torch.Generator().manual_seed(seed)
         self.heads, self.head_dim = heads, width // heads
         self.norm = torch.nn.ParameterList(
-            [torch.nn.Parameter(0.1 * torch.randn(1, 1, width, generator=g)) for _ in range(layers)])
+            [torch.nn.Parameter(0.1 * torch.randn(1, 1, width, generator=g)) for _ in range(layers)]
+        )
         self.qkv = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.randn(width, 3 * width, generator=g) / width**0.5) for _ in range(layers)])
+            [torch.nn.Parameter(torch.randn(width, 3 * width, generator=g) / width**0.5) for _ in range(layers)]
+        )
         self.proj = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.randn(width, width, generator=g) / width**0.5) for _ in range(layers)])
+            [torch.nn.Parameter(torch.randn(width, width, generator=g) / width**0.5) for _ in range(layers)]
+        )
         self.sinks = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.randn(1, heads, generator=g)) for _ in range(layers)])
+            [torch.nn.Parameter(torch.randn(1, heads, generator=g)) for _ in range(layers)]
+        )
 
     def forward(self, x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
         for norm, qkv, proj, sinks in zip(self.norm, self.qkv, self.proj, self.sinks, strict=True):
@@ -176,8 +197,9 @@ class _TinyTransformer(torch.nn.Module):
         return x
 
 
-def test_real_musa_tiny_transformer_uses_exact_short_sequence_fallback(musa: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_musa_tiny_transformer_uses_exact_short_sequence_fallback(
+    musa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[int] = []
     original = MateAttention.__call__
 

@@ -11,8 +11,19 @@ from musa_fakes import CORE_GENERATIONS, LSE_FLAG, SIGNATURES, FakeVarlen, MusaW
 
 from magi2_core.testing import call_record
 
-_ALWAYS = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
-           "softcap", "deterministic"}
+_ALWAYS = {
+    "q",
+    "k",
+    "v",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "softmax_scale",
+    "causal",
+    "softcap",
+    "deterministic",
+}
 ALL_GENERATIONS = (*CORE_GENERATIONS, "wrapper-v0.2.2")
 
 
@@ -30,21 +41,57 @@ def _bound(world: MusaWorld, generation: str, **fake: Any) -> tuple[MateVarlen, 
     return mate, f
 
 
-def _call(mate: MateVarlen, dtype: torch.dtype = torch.bfloat16, *, seed: int = 5, softcap: float = 0.0,
-          return_lse: bool = True, deterministic: bool = False,
-          backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _call(
+    mate: MateVarlen,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    seed: int = 5,
+    softcap: float = 0.0,
+    return_lse: bool = True,
+    deterministic: bool = False,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                            softmax_scale=64**-0.5, softcap=softcap, deterministic=deterministic),
-                            return_lse=return_lse, backend=backend)
+    return mate(
+        call_record(
+            "attention",
+            c.q,
+            c.k,
+            c.v,
+            c.cu_q,
+            c.cu_k,
+            max_seqlen_q=c.max_q,
+            max_seqlen_k=c.max_k,
+            softmax_scale=64**-0.5,
+            softcap=softcap,
+            deterministic=deterministic,
+        ),
+        return_lse=return_lse,
+        backend=backend,
+    )
 
 
 @pytest.mark.parametrize("generation", ALL_GENERATIONS)
 def test_exact_keywords_with_lse(world: MusaWorld, generation: str) -> None:
     mate, fake = _bound(world, generation)
     c = varlen_case(torch.bfloat16, seed=11)
-    o, lse = mate(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                  softmax_scale=64**-0.5, softcap=0.0, deterministic=True), return_lse=True, backend=None)
+    o, lse = mate(
+        call_record(
+            "attention",
+            c.q,
+            c.k,
+            c.v,
+            c.cu_q,
+            c.cu_k,
+            max_seqlen_q=c.max_q,
+            max_seqlen_k=c.max_k,
+            softmax_scale=64**-0.5,
+            softcap=0.0,
+            deterministic=True,
+        ),
+        return_lse=True,
+        backend=None,
+    )
     args, kw = fake.calls[-1]
     assert args == ()  # keywords only: positions differ between MATE generations
     assert set(kw) == _ALWAYS | {LSE_FLAG[generation]}  # no backend: MATE's default 'auto' stays in charge
@@ -116,15 +163,27 @@ def test_backend_override_errors(world: MusaWorld) -> None:
     with pytest.raises(NotImplementedError, match="mubin kernel has no softcap"):
         _call(mate, softcap=1.0, backend="mubin")
     wrapper = MateVarlen.bind(FakeVarlen("wrapper-v0.2.2"), "flash_attn_interface", "0.2.2")
-    assert any("no 'backend' parameter" in w
-               for w in wrapper.unsupported(softcap=False, lse=True, deterministic=False, override="mutlass"))
+    assert any(
+        "no 'backend' parameter" in w
+        for w in wrapper.unsupported(softcap=False, lse=True, deterministic=False, override="mutlass")
+    )
     assert fake.calls == []  # refused before MATE was called
 
 
 def test_signature_without_lse_flag_cannot_serve_lse() -> None:
-    def old_build(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
-                  max_seqlen_q: Any = None, max_seqlen_k: Any = None, softmax_scale: Any = None,
-                  causal: bool = False, softcap: float = 0.0, deterministic: bool = False) -> Any:
+    def old_build(
+        q: Any,
+        k: Any,
+        v: Any,
+        cu_seqlens_q: Any = None,
+        cu_seqlens_k: Any = None,
+        max_seqlen_q: Any = None,
+        max_seqlen_k: Any = None,
+        softmax_scale: Any = None,
+        causal: bool = False,
+        softcap: float = 0.0,
+        deterministic: bool = False,
+    ) -> Any:
         raise AssertionError("must not be called")
 
     mate = MateVarlen.bind(old_build, "mate.mha_interface", "0.0.9")
@@ -169,14 +228,16 @@ def test_malformed_results_raise(world: MusaWorld) -> None:
     mate, _ = _bound(world, "v0.2.2", result=lambda kw: kw["q"].clone())
     with pytest.raises(RuntimeError, match="not \\(out, lse\\)"):
         _call(mate, return_lse=True)
-    mate = MateVarlen.bind(FakeVarlen("v0.2.2", result=lambda kw: kw["q"][:, :2].clone()), "mate.mha_interface",
-                           "0.2.2")
+    mate = MateVarlen.bind(
+        FakeVarlen("v0.2.2", result=lambda kw: kw["q"][:, :2].clone()), "mate.mha_interface", "0.2.2"
+    )
     with pytest.raises(RuntimeError, match="expected \\[9, 4, 64\\]"):
         _call(mate, return_lse=False)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("MUSA error: invalid device function"), ValueError("bad shape"),
-                                   TypeError("bad ABI")])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("MUSA error: invalid device function"), ValueError("bad shape"), TypeError("bad ABI")]
+)
 def test_mate_errors_propagate_unchanged(world: MusaWorld, error: Exception) -> None:
     mate, _ = _bound(world, "v0.2.2", error=error)
     with pytest.raises(type(error)) as info:

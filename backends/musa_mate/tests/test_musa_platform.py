@@ -23,8 +23,19 @@ _TORCHADA_ENV = ("SGLANG_MOE_CONFIG_DIR", "VLLM_TUNED_CONFIG_FOLDER")
 
 
 def _musa_problem() -> Problem:
-    return Problem(op="attention", device_type="musa", dtype="bfloat16", tokens=64, tokens_k=64, max_seqlen_q=64,
-                   max_seqlen_k=64, num_segments=1, head_dim=128, num_heads_q=4, num_heads_kv=4)
+    return Problem(
+        op="attention",
+        device_type="musa",
+        dtype="bfloat16",
+        tokens=64,
+        tokens_k=64,
+        max_seqlen_q=64,
+        max_seqlen_k=64,
+        num_segments=1,
+        head_dim=128,
+        num_heads_q=4,
+        num_heads_kv=4,
+    )
 
 
 def test_cpu_machine_is_not_musa(world: MusaWorld) -> None:

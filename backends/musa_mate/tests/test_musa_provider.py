@@ -31,21 +31,54 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _problem(*features: Feature) -> Problem:
-    return Problem(op="attention", device_type="musa", dtype="bfloat16", features=frozenset(features), tokens=64,
-                   tokens_k=64, max_seqlen_q=64, max_seqlen_k=64, num_segments=1, head_dim=128, num_heads_q=4,
-                   num_heads_kv=2)
+    return Problem(
+        op="attention",
+        device_type="musa",
+        dtype="bfloat16",
+        features=frozenset(features),
+        tokens=64,
+        tokens_k=64,
+        max_seqlen_q=64,
+        max_seqlen_k=64,
+        num_segments=1,
+        head_dim=128,
+        num_heads_q=4,
+        num_heads_kv=2,
+    )
 
 
 def _preset(o: torch.Tensor, lse: torch.Tensor) -> Any:
     return lambda kw: (o, lse) if any(kw.get(f) for f in ("return_attn_probs", "return_softmax_lse")) else o
 
 
-def _run(dtype: torch.dtype, *, seed: int, sinks: torch.Tensor | None, softcap: float = 0.0,
-         return_lse: bool = False, rescale: str = "fp32") -> tuple[torch.Tensor, torch.Tensor | None]:
+def _run(
+    dtype: torch.dtype,
+    *,
+    seed: int,
+    sinks: torch.Tensor | None,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    rescale: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     c = varlen_case(dtype, seed=seed)
-    return mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, max_seqlen_q=c.max_q,
-                                      max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=softcap, sinks=sinks,
-                                      sink_rescale=rescale, deterministic=False, return_lse=return_lse))
+    return mate_attention(
+        call_record(
+            "attention",
+            c.q,
+            c.k,
+            c.v,
+            c.cu_q,
+            c.cu_k,
+            max_seqlen_q=c.max_q,
+            max_seqlen_k=c.max_k,
+            softmax_scale=64**-0.5,
+            softcap=softcap,
+            sinks=sinks,
+            sink_rescale=rescale,
+            deterministic=False,
+            return_lse=return_lse,
+        )
+    )
 
 
 def _sigmoid_oracle(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -88,8 +121,9 @@ def test_upstream_case_is_bit_exact_to_the_sigmoid_oracle(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("sink_count", [1, 2, 3])
-def test_random_case_is_promote_rescale_cast_once(world: MusaWorld, dtype: torch.dtype, seed: int,
-                                                  sink_count: int) -> None:
+def test_random_case_is_promote_rescale_cast_once(
+    world: MusaWorld, dtype: torch.dtype, seed: int, sink_count: int
+) -> None:
     """Fresh random inputs: bit-exact to the core's FP32 rule, within one output ULP of the sigmoid form.
 
     The core's scale is exp(L - logaddexp(L, Ls)) in FP32 (the upstream formula); it can differ from
@@ -129,15 +163,24 @@ def test_activation_rescale_is_honoured(world: MusaWorld, seed: int) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("lse_layout", ["ht", "th"])
-def test_end_to_end_matches_the_exact_reference(world: MusaWorld, generation: str, dtype: torch.dtype, seed: int,
-                                                lse_layout: str) -> None:
+def test_end_to_end_matches_the_exact_reference(
+    world: MusaWorld, generation: str, dtype: torch.dtype, seed: int, lse_layout: str
+) -> None:
     """A fake MATE that computes sink-free attention exactly: adapter + correction vs the reference."""
     world.musa_with(generation, lse_layout=lse_layout)
     c = varlen_case(dtype, seed=seed, cu_q=(0, 5, 5, 17), cu_k=(0, 6, 9, 20), heads=6, kv_heads=2)
     g = torch.Generator().manual_seed(seed + 1)
     sinks = torch.randn(2, 6, generator=g) * 2
-    kwargs: dict[str, Any] = dict(max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=3.0,
-                                  sinks=sinks, sink_rescale="fp32", deterministic=False, return_lse=True)
+    kwargs: dict[str, Any] = dict(
+        max_seqlen_q=c.max_q,
+        max_seqlen_k=c.max_k,
+        softmax_scale=64**-0.5,
+        softcap=3.0,
+        sinks=sinks,
+        sink_rescale="fp32",
+        deterministic=False,
+        return_lse=True,
+    )
     o, lse = mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs))
     o_ref, lse_ref = reference_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, **kwargs))
     assert lse is not None and lse_ref is not None
@@ -154,8 +197,15 @@ def test_upstream_sink_kinds(world: MusaWorld, kind: SinkKind, n_sinks: int, res
     world.musa_with("v0.2.2")
     c = varlen_case(torch.bfloat16, seed=23, cu_q=(0, 5, 12, 20), cu_k=(0, 6, 6, 19), heads=4, kv_heads=2)
     sinks = sink_logits(kind, n_sinks, 4, torch.Generator().manual_seed(n_sinks))
-    kwargs: dict[str, Any] = dict(max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, softmax_scale=64**-0.5, softcap=0.0,
-                                  sink_rescale=rescale, deterministic=False, return_lse=True)
+    kwargs: dict[str, Any] = dict(
+        max_seqlen_q=c.max_q,
+        max_seqlen_k=c.max_k,
+        softmax_scale=64**-0.5,
+        softcap=0.0,
+        sink_rescale=rescale,
+        deterministic=False,
+        return_lse=True,
+    )
     o, lse = mate_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs))
     o_ref, lse_ref = reference_attention(call_record("attention", c.q, c.k, c.v, c.cu_q, c.cu_k, sinks=sinks, **kwargs))
     assert lse is not None and lse_ref is not None
@@ -201,8 +251,10 @@ def test_import_error_makes_the_provider_ineligible(world: MusaWorld, missing: s
 
 def test_check_accepts_every_declared_feature(world: MusaWorld) -> None:
     world.musa_with("v0.1.0")
-    assert mate_attention.check(_problem(Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE,
-                                         Feature.DETERMINISTIC)) == []
+    assert (
+        mate_attention.check(_problem(Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC))
+        == []
+    )
 
 
 def test_check_reports_unservable_features(world: MusaWorld) -> None:
@@ -224,8 +276,9 @@ def test_sink_correction_switch(world: MusaWorld, monkeypatch: pytest.MonkeyPatc
     world.musa_with("v0.2.2", result=_preset(out, lse))
     seen: list[str] = []
 
-    def fake_triton(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *,
-                    rescale: str, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def fake_triton(
+        o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, *, rescale: str, return_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         seen.append(rescale)
         return sink_correction(o, lse, sinks, rescale=rescale)  # type: ignore[arg-type]
 

@@ -29,9 +29,15 @@ class _CudaOnly:
     """A CUDA-only vendor backend ranked above MATE: it must never serve a MUSA problem."""
 
     def magi2_backend(self) -> BackendSpec:
-        cap = Capability(op="attention", name="cuda_vendor",
-                         impl="magi2_backend_reference.attention:reference_attention", device_types=("cuda",),
-                         dtypes=("bfloat16", "float16"), priority=40, features=frozenset(Feature))
+        cap = Capability(
+            op="attention",
+            name="cuda_vendor",
+            impl="magi2_backend_reference.attention:reference_attention",
+            device_types=("cuda",),
+            dtypes=("bfloat16", "float16"),
+            priority=40,
+            features=frozenset(Feature),
+        )
         return BackendSpec(name="test-cuda-only", version="0", core_api=">=2.0,<3", providers=(cap,))
 
 
@@ -48,12 +54,29 @@ def _lengths(cu: list[int]) -> int:
     return max(b - a for a, b in itertools.pairwise(cu))
 
 
-def musa_problem(cu_q: list[int], *, dtype: str = "bfloat16", head_dim: int = 128, cu_k: list[int] | None = None,
-                 features: frozenset[Feature] = frozenset({Feature.SINKS, Feature.GQA})) -> Problem:
+def musa_problem(
+    cu_q: list[int],
+    *,
+    dtype: str = "bfloat16",
+    head_dim: int = 128,
+    cu_k: list[int] | None = None,
+    features: frozenset[Feature] = frozenset({Feature.SINKS, Feature.GQA}),
+) -> Problem:
     cu_k = cu_q if cu_k is None else cu_k
-    return Problem(op="attention", device_type="musa", dtype=dtype, features=features, tokens=cu_q[-1],
-                   tokens_k=cu_k[-1], max_seqlen_q=_lengths(cu_q), max_seqlen_k=_lengths(cu_k),
-                   num_segments=len(cu_q) - 1, head_dim=head_dim, num_heads_q=4, num_heads_kv=2)
+    return Problem(
+        op="attention",
+        device_type="musa",
+        dtype=dtype,
+        features=features,
+        tokens=cu_q[-1],
+        tokens_k=cu_k[-1],
+        max_seqlen_q=_lengths(cu_q),
+        max_seqlen_k=_lengths(cu_k),
+        num_segments=len(cu_q) - 1,
+        head_dim=head_dim,
+        num_heads_q=4,
+        num_heads_kv=2,
+    )
 
 
 def _candidate(res: Resolution, name: str) -> Candidate:
@@ -61,8 +84,9 @@ def _candidate(res: Resolution, name: str) -> Candidate:
 
 
 @pytest.mark.parametrize("cu,chosen", [([0, 20, 40], "reference"), ([0, 40], "mate"), ([0, 8, 40], "mate")])
-def test_short_sequence_rule_uses_the_longest_segment(world: MusaWorld, registry: Registry, cu: list[int],
-                                                      chosen: str) -> None:
+def test_short_sequence_rule_uses_the_longest_segment(
+    world: MusaWorld, registry: Registry, cu: list[int], chosen: str
+) -> None:
     world.musa_with("v0.2.2")
     res = resolve_problem(musa_problem(cu), registry=registry)
     assert res.chosen == chosen
@@ -74,8 +98,10 @@ def test_short_sequence_rule_uses_the_longest_segment(world: MusaWorld, registry
         assert "mate-short-sequence" in res.explain()
 
 
-@pytest.mark.parametrize("longest,chosen", [(0, "reference"), (1, "reference"), (31, "reference"), (32, "mate"),
-                                            (33, "mate"), (4096, "mate")])
+@pytest.mark.parametrize(
+    "longest,chosen",
+    [(0, "reference"), (1, "reference"), (31, "reference"), (32, "mate"), (33, "mate"), (4096, "mate")],
+)
 def test_floor_boundary(world: MusaWorld, registry: Registry, longest: int, chosen: str) -> None:
     world.musa_with("v0.2.2")
     cu = [0, 5, 5 + longest] if longest > 5 else [0, longest, 2 * longest]
@@ -87,8 +113,9 @@ def test_rule_is_data_with_provenance() -> None:
     assert rule in mate_plugin.MATE_ATTENTION.rules
     assert rule.provenance.kind == "upstream" and rule.provenance.source == "vllm-project/vllm-omni#7307"
     assert [(c.field, c.op, c.value) for c in rule.when] == [("max_seqlen_q", "lt", 32)]
-    assert rule.reason == ("MATE fast-exp2 error accumulates over many tiny layers; "
-                           "the exact reference serves short sequences")
+    assert rule.reason == (
+        "MATE fast-exp2 error accumulates over many tiny layers; the exact reference serves short sequences"
+    )
     cap = mate_plugin.MATE_ATTENTION
     assert (cap.name, cap.priority, cap.device_types) == ("mate", 30, ("musa",))
     assert cap.dtypes == ("bfloat16", "float16")
@@ -118,13 +145,17 @@ def test_installed_backends_resolve_musa_to_mate(world: MusaWorld) -> None:
             assert c.verdict is Verdict.REJECTED and ReasonCode.DEVICE_TYPE in [r.code for r in c.reasons]
 
 
-@pytest.mark.parametrize("dtype,head_dim,cu_k,code", [
-    ("float32", 128, None, ReasonCode.DTYPE),
-    ("bfloat16", 96, None, ReasonCode.HEAD_DIM),
-    ("bfloat16", 128, [0, 0], ReasonCode.RANGE),
-])
-def test_ineligible_inputs_keep_the_reference(world: MusaWorld, registry: Registry, dtype: str, head_dim: int,
-                                             cu_k: list[int] | None, code: ReasonCode) -> None:
+@pytest.mark.parametrize(
+    "dtype,head_dim,cu_k,code",
+    [
+        ("float32", 128, None, ReasonCode.DTYPE),
+        ("bfloat16", 96, None, ReasonCode.HEAD_DIM),
+        ("bfloat16", 128, [0, 0], ReasonCode.RANGE),
+    ],
+)
+def test_ineligible_inputs_keep_the_reference(
+    world: MusaWorld, registry: Registry, dtype: str, head_dim: int, cu_k: list[int] | None, code: ReasonCode
+) -> None:
     world.musa_with("v0.2.2")
     res = resolve_problem(musa_problem([0, 64], dtype=dtype, head_dim=head_dim, cu_k=cu_k), registry=registry)
     assert res.chosen == "reference"

@@ -23,10 +23,25 @@ def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "block.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the reference serves: fast
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.block", "--device", "cpu", "--tiny", "--quick", "--iters", "1",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.block",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--quick",
+            "--iters",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["env"]["device"] == "cpu" and report["env"]["git_commit"]

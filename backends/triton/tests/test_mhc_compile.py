@@ -19,13 +19,40 @@ import pytest
 from magi2_backend_triton import mhc_pre as kernel
 
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
-_SPLIT = {"x_ptr": "*bf16", "p_ptr": "*bf16", "out_ptr": "*fp32", "T": "i32", "NL": "i32", "stride_xt": "i64",
-          "eps": "fp32", "K": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr", "BLOCK_N": "constexpr",
-          "UPCAST": "constexpr"}  # fmt: skip
-_FP32 = {"x_ptr": "*bf16", "w_ptr": "*fp32", "phi_ptr": "*fp32", "out_ptr": "*fp32", "T": "i32", "NL": "i32",
-         "stride_xt": "i64", "stride_wm": "i64", "b1": "i32", "b2": "i32", "b3": "i32", "eps": "fp32",
-         "K": "constexpr", "NUM_MOD": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr",
-         "BLOCK_N": "constexpr", "PRECISION": "constexpr"}  # fmt: skip
+_SPLIT = {
+    "x_ptr": "*bf16",
+    "p_ptr": "*bf16",
+    "out_ptr": "*fp32",
+    "T": "i32",
+    "NL": "i32",
+    "stride_xt": "i64",
+    "eps": "fp32",
+    "K": "constexpr",
+    "BLOCK_T": "constexpr",
+    "BLOCK_K": "constexpr",
+    "BLOCK_N": "constexpr",
+    "UPCAST": "constexpr",
+}
+_FP32 = {
+    "x_ptr": "*bf16",
+    "w_ptr": "*fp32",
+    "phi_ptr": "*fp32",
+    "out_ptr": "*fp32",
+    "T": "i32",
+    "NL": "i32",
+    "stride_xt": "i64",
+    "stride_wm": "i64",
+    "b1": "i32",
+    "b2": "i32",
+    "b3": "i32",
+    "eps": "fp32",
+    "K": "constexpr",
+    "NUM_MOD": "constexpr",
+    "BLOCK_T": "constexpr",
+    "BLOCK_K": "constexpr",
+    "BLOCK_N": "constexpr",
+    "PRECISION": "constexpr",
+}
 
 
 def _compile_here(
@@ -41,8 +68,9 @@ def _compile_here(
         return {"skip": "this Triton has no ahead-of-time ASTSource/GPUTarget API"}
     src = ASTSource(fn=getattr(kernel, name), signature=signature, constexprs=constexprs)
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+        compiled = triton.compile(
+            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+        )
     except (FileNotFoundError, RuntimeError) as exc:
         if "ptxas" in str(exc):
             return {"skip": f"no ptxas with this Triton: {exc}"}
@@ -88,8 +116,14 @@ def test_the_shipped_split_logits_launch_compiles_to_tensor_core_code() -> None:
 
 def test_the_shipped_fp32_logits_launch_compiles() -> None:
     cfg = kernel.LOGITS_FP32
-    constexprs = {"K": 12288, "NUM_MOD": 3, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "BLOCK_N": 32,
-                  "PRECISION": cfg.precision}  # fmt: skip
+    constexprs = {
+        "K": 12288,
+        "NUM_MOD": 3,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_K": cfg.block_k,
+        "BLOCK_N": 32,
+        "PRECISION": cfg.precision,
+    }
     facts = _compile("_mhc_logits_kernel", _FP32, constexprs, cfg)
     assert facts["shared"] <= SMEM_LIMIT
     if cfg.precision == "ieee":

@@ -44,9 +44,11 @@ def test_more_modality_groups_than_one_launch_serves(dtype: torch.dtype) -> None
     got = _pre(args, "triton", modality_sizes=sizes, out_dtype=torch.float32)
     ref = _pre(args, "reference", modality_sizes=sizes, out_dtype=torch.float32)
     x = args[0].cpu()
-    for verdict in (acc.accept_mhc_branch_input(got[0], ref[0], x),
-                    acc.accept_mhc_coefficients(got[1], ref[1], "post"),
-                    acc.accept_mhc_coefficients(got[2], ref[2], "residual")):  # fmt: skip
+    for verdict in (
+        acc.accept_mhc_branch_input(got[0], ref[0], x),
+        acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+        acc.accept_mhc_coefficients(got[2], ref[2], "residual"),
+    ):
         assert verdict, str(verdict)
 
 
@@ -114,9 +116,11 @@ def test_the_split_bf16_logits_meet_the_contract(sizes: list[int] | None, width:
     got = tuple(o.cpu() for o in kernel.launch_mhc_pre(call, cfg))
     ref = _pre(args, "reference", modality_sizes=sizes)
     x = args[0].cpu()
-    for verdict in (acc.accept_mhc_branch_input(got[0], ref[0], x),
-                    acc.accept_mhc_coefficients(got[1], ref[1], "post"),
-                    acc.accept_mhc_coefficients(got[2], ref[2], "residual")):  # fmt: skip
+    for verdict in (
+        acc.accept_mhc_branch_input(got[0], ref[0], x),
+        acc.accept_mhc_coefficients(got[1], ref[1], "post"),
+        acc.accept_mhc_coefficients(got[2], ref[2], "residual"),
+    ):
         assert verdict, str(verdict)
 
 
@@ -169,9 +173,16 @@ def split_pack() -> dict[str, object]:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("block_t", "block_k", "num_warps", "num_stages"),
-    [(64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 4), (128, 128, 4, 3),
-     (kernel_default := (128, 64, 8, 4))],
-)  # fmt: skip
+    [
+        (64, 128, 4, 3),
+        (64, 64, 4, 3),
+        (64, 64, 4, 4),
+        (128, 64, 8, 3),
+        (128, 128, 8, 4),
+        (128, 128, 4, 3),
+        (kernel_default := (128, 64, 8, 4)),
+    ],
+)
 def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
     split_pack: dict[str, object], block_t: int, block_k: int, num_warps: int, num_stages: int
 ) -> None:

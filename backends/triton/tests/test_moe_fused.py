@@ -48,11 +48,14 @@ DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 needs_cuda = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-
 def one_kernel_plan(variant: str, tile: SliceTile, align: str = "atomic", **flags: int) -> Plan:
     """A plan for a one-kernel variant (tiles.py's vocabulary), as a test names it."""
-    sizes = {"BLOCK_M": tile.block_m, "BLOCK_I": tile.block_i, "num_warps": tile.num_warps,
-             "num_stages": tile.num_stages}
+    sizes = {
+        "BLOCK_M": tile.block_m,
+        "BLOCK_I": tile.block_i,
+        "num_warps": tile.num_warps,
+        "num_stages": tile.num_stages,
+    }
     return Plan(variant=variant, tile=sizes | flags, align=align, why="test")
 
 
@@ -138,9 +141,15 @@ def check_alignment(idx: torch.Tensor, experts_per_head: int, bm: int) -> None:
 
 @pytest.mark.parametrize(
     ("heads", "tokens", "experts", "topk", "bm", "chunk"),
-    [(1, 0, 5, 1, 4, 16), (1, 9, 5, 1, 4, 4), (2, 37, 8, 3, 16, 16), (3, 301, 256, 6, 16, 64),
-     (2, 50, 4, 2, 128, 32), (1, 64, 3, 1, 4, 64)],
-)  # fmt: skip
+    [
+        (1, 0, 5, 1, 4, 16),
+        (1, 9, 5, 1, 4, 4),
+        (2, 37, 8, 3, 16, 16),
+        (3, 301, 256, 6, 16, 64),
+        (2, 50, 4, 2, 128, 32),
+        (1, 64, 3, 1, 4, 64),
+    ],
+)
 def test_stable_device_alignment_equals_the_torch_statement(
     heads: int, tokens: int, experts: int, topk: int, bm: int, chunk: int
 ) -> None:
@@ -165,11 +174,16 @@ def test_stable_device_alignment_equals_the_torch_statement(
 
 @pytest.mark.parametrize(
     ("device", "interpreting", "experts", "deterministic", "expected"),
-    [("cuda", False, 768, False, "stable_kernels"), ("cuda", False, 3072, False, "atomic"),
-     ("cuda", False, 3072, True, "stable_kernels"), ("musa", False, 768, False, "atomic"),
-     ("musa", False, 768, True, "stable_torch"), ("cpu", True, 768, False, "atomic"),
-     ("cpu", True, 768, True, "stable_torch")],
-)  # fmt: skip
+    [
+        ("cuda", False, 768, False, "stable_kernels"),
+        ("cuda", False, 3072, False, "atomic"),
+        ("cuda", False, 3072, True, "stable_kernels"),
+        ("musa", False, 768, False, "atomic"),
+        ("musa", False, 768, True, "stable_torch"),
+        ("cpu", True, 768, False, "atomic"),
+        ("cpu", True, 768, True, "stable_torch"),
+    ],
+)
 def test_alignment_choice(
     monkeypatch: pytest.MonkeyPatch, device: str, interpreting: bool, experts: int, deterministic: bool, expected: str
 ) -> None:
@@ -413,10 +427,17 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 @needs_cuda
 @pytest.mark.parametrize(
     "shape",
-    [(1, 1, 64, 80, 2, 4), (17, 3, 64, 80, 2, 4), (137, 2, 64, 80, 2, 4), (2, 3, 256, 1280, 6, 8),
-     (129, 1, 256, 1280, 6, 8), (1, 3, 256, 1280, 6, 256), (513, 3, 256, 1280, 6, 256),
-     (4097, 3, 256, 1280, 6, 256)],
-)  # fmt: skip
+    [
+        (1, 1, 64, 80, 2, 4),
+        (17, 3, 64, 80, 2, 4),
+        (137, 2, 64, 80, 2, 4),
+        (2, 3, 256, 1280, 6, 8),
+        (129, 1, 256, 1280, 6, 8),
+        (1, 3, 256, 1280, 6, 256),
+        (513, 3, 256, 1280, 6, 256),
+        (4097, 3, 256, 1280, 6, 256),
+    ],
+)
 @pytest.mark.parametrize("variant", ["table", "two_kernel", "single"])
 def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
     from magi2_backend_triton.moe.fused import call_problem, run_plan
@@ -434,8 +455,14 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
         first = candidates[0]
         block_i = 32 if inter % 32 == 0 else 16
         tile = {"BLOCK_M": first.tile["BLOCK_M"], "BLOCK_I": block_i, "num_warps": 4, "num_stages": 3}
-        plan = first.model_copy(update={"variant": "pointer", "tile": tile, "align": (
-            first.align if first.align != "lists" else "atomic"), "why": "test: the pointer one-kernel plan"})
+        plan = first.model_copy(
+            update={
+                "variant": "pointer",
+                "tile": tile,
+                "align": (first.align if first.align != "lists" else "atomic"),
+                "why": "test: the pointer one-kernel plan",
+            }
+        )
     assert plan is not None, f"no {variant} plan for {shape}"
     y = run_plan(x, probs, idx, wg, wu, wd, plan, state=MoEState())
     ref = exact_moe_experts(x, probs, idx, wg, wu, wd)

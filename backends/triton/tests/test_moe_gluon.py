@@ -108,8 +108,11 @@ def test_dependent_launch_follows_the_alignment_that_ran(
 
     seen: list[tuple[str, bool]] = []
     monkeypatch.setattr(fused, "_align", lambda *a: seen.append(("align", a[-1] == alignment)))
-    monkeypatch.setattr(fused, "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon",
-                        lambda *a, pdl, **k: seen.append(("pdl", pdl)))
+    monkeypatch.setattr(
+        fused,
+        "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon",
+        lambda *a, pdl, **k: seen.append(("pdl", pdl)),
+    )
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
     run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon_plan(variant, TILE128, alignment))
     assert seen == [("align", True), ("pdl", pdl)]
@@ -141,9 +144,14 @@ def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
 @needs_hopper
 @pytest.mark.parametrize(
     "shape",
-    [(1, 3, 256, 256, 1280, 6), (513, 3, 256, 256, 1280, 6), (4097, 3, 256, 256, 1280, 6),
-     (37, 2, 8, 128, 96, 2), (300, 1, 4, 128, 1280, 3)],
-)  # fmt: skip
+    [
+        (1, 3, 256, 256, 1280, 6),
+        (513, 3, 256, 256, 1280, 6),
+        (4097, 3, 256, 256, 1280, 6),
+        (37, 2, 8, 128, 96, 2),
+        (300, 1, 4, 128, 1280, 3),
+    ],
+)
 @pytest.mark.parametrize("tile", [TILE128, TILE64], ids=["m128", "m64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -166,8 +174,7 @@ def test_gpu_gluon_equals_pointer_kernel(
 def test_gpu_gluon_deterministic_runs_repeat_bitwise(variant: str) -> None:
     x, probs, idx, wg, wu, wd = make_moe(1000, 3, 64, 256, 1280, 6, device="cuda")
     _, gluon = _pair(TILE128, variant)
-    runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon, deterministic=True).y
-            for _ in range(2)]  # fmt: skip
+    runs = [run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon, deterministic=True).y for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
 
 

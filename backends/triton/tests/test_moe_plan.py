@@ -54,12 +54,20 @@ DEVICES = {
 
 # ---- the previous decision, as the launcher wrote it ---------------------------------------------
 
+
 def _gemm(bm: int, bn: int, bk: int, w: int, s: int, g: int = 8) -> tuple[int, ...]:
     return bm, bn, bk, w, s, g
 
 
-def _tiles(g1: tuple[int, ...], g2: tuple[int, ...], *, packed: bool = True, single: tuple[int, ...] | None = None,
-           inter: bool = False, variant: str = "pointer") -> dict[str, Any]:
+def _tiles(
+    g1: tuple[int, ...],
+    g2: tuple[int, ...],
+    *,
+    packed: bool = True,
+    single: tuple[int, ...] | None = None,
+    inter: bool = False,
+    variant: str = "pointer",
+) -> dict[str, Any]:
     return {"g1": g1, "g2": g2, "packed": packed, "single": single, "inter": inter, "variant": variant}
 
 
@@ -68,13 +76,28 @@ _UPSTREAM_MUSA = _tiles(_gemm(128, 128, 64, 16, 1, 16), _gemm(128, 128, 64, 16, 
 _SMALL, _MID = (_gemm(16, 32, 64, 4, 4), _gemm(16, 64, 64, 4, 4)), (_gemm(64, 128, 32, 4, 4), _gemm(64, 128, 64, 4, 3))
 _LARGE = (_gemm(128, 128, 32, 8, 4), _gemm(128, 256, 64, 8, 3))
 _H200 = (
-    (16.0, [_tiles(*_SMALL, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
+    (
+        16.0,
+        [
+            _tiles(*_SMALL, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
             _tiles(*_SMALL, single=(64, 32, 4, 3), inter=True, variant="gluon"),
-            _tiles(*_SMALL, single=(16, 32, 4, 4))]),
-    (64.0, [_tiles(*_MID, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
-            _tiles(*_MID, single=(64, 32, 4, 3), inter=True)]),
-    (math.inf, [_tiles(*_LARGE, single=(128, 32, 8, 3), inter=True, variant=v) for v in ("gluon_ws", "gluon", "tma",
-                                                                                        "pointer")]),
+            _tiles(*_SMALL, single=(16, 32, 4, 4)),
+        ],
+    ),
+    (
+        64.0,
+        [
+            _tiles(*_MID, single=(64, 32, 4, 3), inter=True, variant="gluon_routed"),
+            _tiles(*_MID, single=(64, 32, 4, 3), inter=True),
+        ],
+    ),
+    (
+        math.inf,
+        [
+            _tiles(*_LARGE, single=(128, 32, 8, 3), inter=True, variant=v)
+            for v in ("gluon_ws", "gluon", "tma", "pointer")
+        ],
+    ),
 )
 _FP32 = _tiles(_gemm(32, 64, 32, 4, 2), _gemm(32, 64, 32, 4, 2))
 _INTERPRETER = _tiles(_gemm(16, 16, 16, 4, 1), _gemm(16, 16, 16, 4, 1), single=(16, 32, 4, 1), inter=True)
@@ -82,8 +105,14 @@ _INTERPRETER = _tiles(_gemm(16, 16, 16, 4, 1), _gemm(16, 16, 16, 4, 1), single=(
 
 def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has_desc: bool) -> tuple[Any, ...]:
     """(variant, tile, align) as `tiles.select_tiles` and `fused.run_fused` chose them before plan rows."""
-    t, hl, e, k, d, i = (problem.tokens, problem.num_heads, problem.num_experts, problem.top_k, problem.hidden,
-                         problem.intermediate)
+    t, hl, e, k, d, i = (
+        problem.tokens,
+        problem.num_heads,
+        problem.num_experts,
+        problem.top_k,
+        problem.hidden,
+        problem.intermediate,
+    )
     assert None not in (t, hl, e, k, d, i)
     det = Feature.DETERMINISTIC in problem.features
     interp = device.type == "cpu"
@@ -93,8 +122,10 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
             return True
         if not tiles["variant"].startswith("gluon"):
             return has_desc
-        return has_gluon and gluon.gluon_shape_reason(d, i, torch.bfloat16, SliceTile(*tiles["single"]),
-                                                      tiles["variant"]) is None
+        return (
+            has_gluon
+            and gluon.gluon_shape_reason(d, i, torch.bfloat16, SliceTile(*tiles["single"]), tiles["variant"]) is None
+        )
 
     if device.type == "cpu":
         tiles = _INTERPRETER
@@ -122,13 +153,18 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
         align = "lists"
     if single is None:
         g1, g2 = tiles["g1"], tiles["g2"]
-        tile = {"BLOCK_M": g1[0]} | {f"{key}{n}": v for n, g in ((1, g1), (2, g2))
-                                     for key, v in zip(("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "GROUP_M"),
-                                                       g[1:], strict=True)}
+        tile = {"BLOCK_M": g1[0]} | {
+            f"{key}{n}": v
+            for n, g in ((1, g1), (2, g2))
+            for key, v in zip(("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "GROUP_M"), g[1:], strict=True)
+        }
         return "two_kernel", tile | {"PACKED_W13": int(tiles["packed"])}, align
     tile = dict(zip(("BLOCK_M", "BLOCK_I", "num_warps", "num_stages"), single, strict=True))
-    return (variant if tma_path else "pointer"), tile | {"PACKED_W13": int(tiles["packed"]),
-                                                         "INTERLEAVED": int(tiles["inter"])}, align
+    return (
+        (variant if tma_path else "pointer"),
+        tile | {"PACKED_W13": int(tiles["packed"]), "INTERLEAVED": int(tiles["inter"])},
+        align,
+    )
 
 
 def _shipped() -> dict[str, tuple[mp.PlanRow, ...]]:
@@ -136,8 +172,9 @@ def _shipped() -> dict[str, tuple[mp.PlanRow, ...]]:
     from magi2_core.profiles import backend_fragments
 
     frags = [f for f in backend_fragments() if f.backend == "magi2-backend-triton"]
-    return {f.profile.name: tuple(mp.PlanRow.of(r) for r in f.profile.plans_for("moe_experts", "triton"))
-            for f in frags}  # fmt: skip
+    return {
+        f.profile.name: tuple(mp.PlanRow.of(r) for r in f.profile.plans_for("moe_experts", "triton")) for f in frags
+    }
 
 
 def _fragment(device: mp.DeviceId) -> str:
@@ -153,6 +190,7 @@ def _normal(plan: Plan) -> tuple[Any, ...]:
 @pytest.fixture
 def off_interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Decide as on a real device: no interpreter, and this Triton's Gluon and descriptors as the test says."""
+
     def setup(interpreting: bool, has_gluon: bool, has_desc: bool) -> None:
         for module in (mp, gluon, tma):
             monkeypatch.setattr(module, "interpreting" if module is mp else "_interpreting", lambda: interpreting)
@@ -170,9 +208,18 @@ def _grid(device: mp.DeviceId) -> Iterator[Problem]:
             for d, i in shapes:
                 for hl, e, k in sizes:
                     for t in (1, 29, 512, 682, 683, 2048, 2730, 2731, 4096, 14601):
-                        yield Problem(op="moe_experts", device_type=device.type, dtype=dtype, tokens=t, num_heads=hl,
-                                      num_experts=e, top_k=k, hidden=d, intermediate=i,
-                                      features=frozenset({Feature.DETERMINISTIC} if det else ()))
+                        yield Problem(
+                            op="moe_experts",
+                            device_type=device.type,
+                            dtype=dtype,
+                            tokens=t,
+                            num_heads=hl,
+                            num_experts=e,
+                            top_k=k,
+                            hidden=d,
+                            intermediate=i,
+                            features=frozenset({Feature.DETERMINISTIC} if det else ()),
+                        )
 
 
 def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(off_interpreter: Any) -> None:
@@ -196,9 +243,16 @@ def test_every_shipped_row_is_a_plan_and_the_plans_repeat_the_previous_choices(o
 def test_a_device_matches_its_named_fragment_by_name_and_capability_else_the_generic_rows() -> None:
     devices = {**DEVICES, "h100": H100}
     names = {label: _fragment(dev) for label, dev in devices.items()}
-    assert names == {"h200": "nvidia-h200", "h100": "nvidia-h100", "h20": "generic-cuda-sm90",
-                     "h200-other-capability": "generic-cuda-sm90", "a100": "generic-cuda",
-                     "cuda-unknown": "generic-cuda", "musa": "generic-musa", "cpu": "generic-cpu"}
+    assert names == {
+        "h200": "nvidia-h200",
+        "h100": "nvidia-h100",
+        "h20": "generic-cuda-sm90",
+        "h200-other-capability": "generic-cuda-sm90",
+        "a100": "generic-cuda",
+        "cuda-unknown": "generic-cuda",
+        "musa": "generic-musa",
+        "cpu": "generic-cpu",
+    }
     _, measured = mp.rows_for(H200)
     _, generic = mp.rows_for(H20)
     assert "measured on this device model" in measured and "magi2 tune" not in measured
@@ -230,20 +284,36 @@ def test_a_tuned_profiles_plan_rows_come_before_the_shipped_ones(off_interpreter
     shipped_512 = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))[0]
     shipped_14601 = mp.plan_for(_h200_problem(14601), H200, *mp.rows_for(H200))[0]
     tile = dict(_shipped()["nvidia-h200"][0].plan.tile)  # the FP32 two-kernel tile
-    profile_env({
-        "format": "magi2-profile", "version": 1, "name": "tuned-nvidia-h200",
-        "device": {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
-        "provenance": {"kind": "tune", "source": "magi2 tune on cuda NVIDIA H200"},
-        "plans": [
-            {"op": "moe_experts", "provider": "triton", "id": "tune-1",
-             "when": [{"field": "dtype", "op": "eq", "value": "bfloat16"},
-                      {"field": "routes_per_expert", "op": "le", "value": 100}],
-             "plan": {"variant": "two_kernel", "tile": tile, "align": "atomic"}, "why": "measured fastest here"},
-            {"op": "moe_experts", "provider": "triton", "id": "broken",
-             "plan": {"variant": "two_kernel", "tile": {"BLOCK_M": 32}, "align": "atomic"}, "why": "hand-edited"},
-            {"op": "moe_experts", "provider": "other", "plan": {"x": 1}, "why": "another provider's row"},
-        ],
-    })  # fmt: skip
+    profile_env(
+        {
+            "format": "magi2-profile",
+            "version": 1,
+            "name": "tuned-nvidia-h200",
+            "device": {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0"},
+            "provenance": {"kind": "tune", "source": "magi2 tune on cuda NVIDIA H200"},
+            "plans": [
+                {
+                    "op": "moe_experts",
+                    "provider": "triton",
+                    "id": "tune-1",
+                    "when": [
+                        {"field": "dtype", "op": "eq", "value": "bfloat16"},
+                        {"field": "routes_per_expert", "op": "le", "value": 100},
+                    ],
+                    "plan": {"variant": "two_kernel", "tile": tile, "align": "atomic"},
+                    "why": "measured fastest here",
+                },
+                {
+                    "op": "moe_experts",
+                    "provider": "triton",
+                    "id": "broken",
+                    "plan": {"variant": "two_kernel", "tile": {"BLOCK_M": 32}, "align": "atomic"},
+                    "why": "hand-edited",
+                },
+                {"op": "moe_experts", "provider": "other", "plan": {"x": 1}, "why": "another provider's row"},
+            ],
+        }
+    )
     rows, source = mp.rows_for(H200)
     shipped = _shipped()["nvidia-h200"]
     assert rows[0].plan.variant == "two_kernel" and len(rows) == 1 + len(shipped) and rows[1:] == shipped
@@ -290,9 +360,18 @@ def test_the_generic_sm90_rows_are_the_h200_rows_the_rule_keeps_with_their_own_p
 
 
 def _tune_point(tokens: int, heads: int, deterministic: bool = False) -> Problem:
-    return Problem(op="moe_experts", device_type="cuda", dtype="bfloat16", tokens=tokens, num_heads=heads,
-                   num_experts=256, top_k=6, hidden=256, intermediate=1280,
-                   features=frozenset({Feature.DETERMINISTIC} if deterministic else ()))
+    return Problem(
+        op="moe_experts",
+        device_type="cuda",
+        dtype="bfloat16",
+        tokens=tokens,
+        num_heads=heads,
+        num_experts=256,
+        top_k=6,
+        hidden=256,
+        intermediate=1280,
+        features=frozenset({Feature.DETERMINISTIC} if deterministic else ()),
+    )
 
 
 def test_the_h100_runs_its_tunes_plans_then_the_generic_rows(off_interpreter: Any) -> None:
@@ -304,11 +383,15 @@ def test_the_h100_runs_its_tunes_plans_then_the_generic_rows(off_interpreter: An
     rows, source = mp.rows_for(H100)
     assert rows == h100 and source.startswith("profile nvidia-h100 (magi2_backend_triton/profiles/nvidia-h100.json")
     expected = {  # the tune's fastest plan per point (benchmarks/results/tuning/profile_tuned_h100_e6abbd8.json)
-        (512, 3, False): ("gluon_routed", 64, "lists"), (512, 12, False): ("gluon_routed", 64, "lists"),
-        (4096, 3, False): ("gluon_ws", 128, "atomic"), (4096, 12, False): ("gluon", 128, "atomic"),
-        (14601, 3, False): ("gluon_ws", 128, "stable_kernels"), (14601, 12, False): ("gluon_ws", 128, "atomic"),
-        (4096, 3, True): ("gluon_ws", 128, "stable_kernels"), (4096, 12, True): ("gluon", 128, "stable_kernels"),
-    }  # fmt: skip
+        (512, 3, False): ("gluon_routed", 64, "lists"),
+        (512, 12, False): ("gluon_routed", 64, "lists"),
+        (4096, 3, False): ("gluon_ws", 128, "atomic"),
+        (4096, 12, False): ("gluon", 128, "atomic"),
+        (14601, 3, False): ("gluon_ws", 128, "stable_kernels"),
+        (14601, 12, False): ("gluon_ws", 128, "atomic"),
+        (4096, 3, True): ("gluon_ws", 128, "stable_kernels"),
+        (4096, 12, True): ("gluon", 128, "stable_kernels"),
+    }
     for (t, h, det), (variant, block_m, align) in expected.items():
         plan = mp.plan_for(_tune_point(t, h, det), H100, rows, source)[0]
         assert (plan.variant, plan.tile["BLOCK_M"], plan.align) == (variant, block_m, align), plan.why
@@ -339,17 +422,32 @@ def test_a_shipped_fragment_with_a_malformed_row_is_refused_naming_the_row(monke
 
 
 def _h200_problem(tokens: int, heads: int = 3, deterministic: bool = False) -> Problem:
-    return Problem(op="moe_experts", device_type="cuda", dtype="bfloat16", tokens=tokens, num_heads=heads,
-                   num_experts=256, top_k=6, hidden=256, intermediate=1280,
-                   features=frozenset({Feature.DETERMINISTIC} if deterministic else ()))
+    return Problem(
+        op="moe_experts",
+        device_type="cuda",
+        dtype="bfloat16",
+        tokens=tokens,
+        num_heads=heads,
+        num_experts=256,
+        top_k=6,
+        hidden=256,
+        intermediate=1280,
+        features=frozenset({Feature.DETERMINISTIC} if deterministic else ()),
+    )
 
 
-@pytest.mark.parametrize(("tokens", "heads", "det", "variant", "align"), [
-    (512, 3, False, "gluon_routed", "lists"), (512, 3, True, "gluon", "stable_kernels"),
-    (2048, 3, False, "gluon_routed", "lists"), (2048, 12, False, "gluon", "atomic"),  # 151 MB of lists; 3072 experts
-    (4096, 3, False, "gluon_ws", "stable_kernels"), (14601, 3, True, "gluon_ws", "stable_kernels"),
-    (4096, 12, False, "gluon_ws", "atomic"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tokens", "heads", "det", "variant", "align"),
+    [
+        (512, 3, False, "gluon_routed", "lists"),
+        (512, 3, True, "gluon", "stable_kernels"),
+        (2048, 3, False, "gluon_routed", "lists"),
+        (2048, 12, False, "gluon", "atomic"),  # 151 MB of lists; 3072 experts
+        (4096, 3, False, "gluon_ws", "stable_kernels"),
+        (14601, 3, True, "gluon_ws", "stable_kernels"),
+        (4096, 12, False, "gluon_ws", "atomic"),
+    ],
+)
 def test_the_h200_production_plans(
     off_interpreter: Any, tokens: int, heads: int, det: bool, variant: str, align: str
 ) -> None:
@@ -360,8 +458,9 @@ def test_the_h200_production_plans(
         assert "route lists need" in plan.why and "atomic kernels are faster" in plan.why
 
 
-def test_route_list_budget_passes_the_per_expert_kernel_over(off_interpreter: Any,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_route_list_budget_passes_the_per_expert_kernel_over(
+    off_interpreter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     off_interpreter(False, True, True)
     monkeypatch.setattr(mp, "LIST_BUDGET", 4 * 768 * 512 * 6 - 1)  # one byte short at T = 512, 3 heads
     plan, _ = mp.plan_for(_h200_problem(512), H200, *mp.rows_for(H200))
@@ -438,8 +537,9 @@ def test_run_plan_refuses_a_plan_that_cannot_serve_the_call() -> None:
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 48, 2)
     with pytest.raises(InvalidValueError, match="deterministic mode needs a stable route order"):
         run_plan(x, probs, idx, wg, wu, wd, two_kernel_plan(align="atomic"), deterministic=True)
-    pointer = Plan(variant="pointer", tile={"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 1},
-                   align="atomic", why="t")
+    pointer = Plan(
+        variant="pointer", tile={"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 1}, align="atomic", why="t"
+    )
     with pytest.raises(InvalidValueError, match="intermediate a multiple of BLOCK_I 32"):
         run_plan(x, probs, idx, wg, wu, wd, pointer)
     with pytest.raises(InvalidValueError, match="stable alignment kernels run on CUDA"):
@@ -455,8 +555,26 @@ def test_the_kernel_object_is_planned() -> None:
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
 @pytest.mark.parametrize("json_out", [False, True])
 def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
-    args = ["explain", "moe_experts", "--device", "cpu", "--tokens", "29", "--moe-heads", "2", "--experts", "8",
-            "--top-k", "3", "--hidden", "32", "--intermediate", "48", "--provider", "triton"]
+    args = [
+        "explain",
+        "moe_experts",
+        "--device",
+        "cpu",
+        "--tokens",
+        "29",
+        "--moe-heads",
+        "2",
+        "--experts",
+        "8",
+        "--top-k",
+        "3",
+        "--hidden",
+        "32",
+        "--intermediate",
+        "48",
+        "--provider",
+        "triton",
+    ]
     result = CliRunner().invoke(app, args + (["--json"] if json_out else []))
     assert result.exit_code == 0, result.output
     if json_out:
@@ -467,12 +585,20 @@ def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
         assert "why: generic rows generic-cpu" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize(("name", "capability", "source", "variant"), [
-    ("NVIDIA H200", "9.0", "profile nvidia-h200 (magi2_backend_triton/profiles/nvidia-h200.json", "gluon_ws"),
-    ("NVIDIA H100 80GB HBM3", "9.0", "profile nvidia-h100 (magi2_backend_triton/profiles/nvidia-h100.json", "gluon_ws"),
-    ("NVIDIA H100 PCIe", "9.0", "generic rows generic-cuda-sm90", "gluon_ws"),
-    ("NVIDIA B200", "10.0", "generic rows generic-cuda (", "two_kernel"),  # Gluon is Hopper's wgmma: not here
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "capability", "source", "variant"),
+    [
+        ("NVIDIA H200", "9.0", "profile nvidia-h200 (magi2_backend_triton/profiles/nvidia-h200.json", "gluon_ws"),
+        (
+            "NVIDIA H100 80GB HBM3",
+            "9.0",
+            "profile nvidia-h100 (magi2_backend_triton/profiles/nvidia-h100.json",
+            "gluon_ws",
+        ),
+        ("NVIDIA H100 PCIe", "9.0", "generic rows generic-cuda-sm90", "gluon_ws"),
+        ("NVIDIA B200", "10.0", "generic rows generic-cuda (", "two_kernel"),  # Gluon is Hopper's wgmma: not here
+    ],
+)
 def test_plan_on_a_described_device_is_the_plan_that_device_runs(
     off_interpreter: Any, name: str, capability: str, source: str, variant: str
 ) -> None:

@@ -38,9 +38,17 @@ needs_cuda = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reas
 
 
 def make_moe(
-    tokens: int, heads: int, experts: int, d: int, inter: int, topk: int, *, dtype: torch.dtype = torch.bfloat16,
-    device: str = DEVICE, seed: int = 0,
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    tokens: int,
+    heads: int,
+    experts: int,
+    d: int,
+    inter: int,
+    topk: int,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = DEVICE,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
     """Fresh random inputs; distinct per-head expert ids per token; routing weights ~ route_scale."""
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -164,8 +172,12 @@ def _optimizer_step(w: torch.nn.Parameter, new: torch.Tensor) -> None:
 
 
 WRITES: dict[str, Callable[[torch.nn.Parameter, torch.Tensor], None]] = {
-    "data.copy_": _data_copy, "data =": _data_assign, "numpy": _numpy, "copy_": _copy, "optimizer": _optimizer_step,
-}  # fmt: skip
+    "data.copy_": _data_copy,
+    "data =": _data_assign,
+    "numpy": _numpy,
+    "copy_": _copy,
+    "optimizer": _optimizer_step,
+}
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
@@ -308,8 +320,9 @@ def test_stable_alignment_keeps_route_order_inside_each_expert(ids: list[int]) -
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_fp16_and_fp32_are_served_by_triton_at_the_contract(monkeypatch: pytest.MonkeyPatch,
-                                                            dtype: torch.dtype) -> None:
+def test_fp16_and_fp32_are_served_by_triton_at_the_contract(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 4, 32, 48, 3, dtype=dtype, seed=8)
     calls = _counting(monkeypatch)
     y = m2.moe_experts(x, probs, idx, m2.prepare_moe_weights(wg, wu, wd))

@@ -51,8 +51,9 @@ def _opts(**kw: object) -> dict[str, object]:
     return {"top_k": 6, "route_scale": 4.9, "route_norm": True, "score_func": "sigmoid"} | kw
 
 
-def _both(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-          **kw: object) -> tuple[tuple[torch.Tensor, ...], ...]:
+def _both(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **kw: object
+) -> tuple[tuple[torch.Tensor, ...], ...]:
     opts = _opts(**kw)
     return triton_moe_route(call_record("moe_route", x, w, b, **opts)), exact_moe_route(x, w, b, **opts)  # type: ignore[arg-type]
 
@@ -130,8 +131,9 @@ def test_bias_selects_but_never_weights() -> None:
     x, w, _ = _inputs(9, 2, 8, 16, torch.bfloat16, seed=3)
     bias = torch.zeros(16, device=DEVICE)
     bias[[1, 14]] = 10.0
-    probs, idx = triton_moe_route(call_record("moe_route", x, w, bias, top_k=3, route_scale=1.0, route_norm=True,
-                                              score_func="sigmoid"))
+    probs, idx = triton_moe_route(
+        call_record("moe_route", x, w, bias, top_k=3, route_scale=1.0, route_norm=True, score_func="sigmoid")
+    )
     assert bool((idx[0, :, 0] == 1).all()) and bool((idx[1, :, 0] == 6).all())
     assert float(probs[0, :, 0].max()) < 0.9
 

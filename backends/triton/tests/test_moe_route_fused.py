@@ -39,8 +39,9 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _inputs(t: int, hl: int, e: int, d: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-            bias: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _inputs(
+    t: int, hl: int, e: int, d: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0, bias: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, hl, d, generator=g).to(dtype)
     w = torch.randn(hl * e, d, generator=g) / d**0.5
@@ -54,12 +55,14 @@ def _opts(**kw: object) -> dict[str, object]:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal (NaN included)."""
-    return a.dtype == b.dtype and torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
-                                              b.view(torch.int32) if b.is_floating_point() else b)
+    return a.dtype == b.dtype and torch.equal(
+        a.view(torch.int32) if a.is_floating_point() else a, b.view(torch.int32) if b.is_floating_point() else b
+    )
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, config: RouteConfig | None = None,
-           **kw: object) -> tuple[torch.Tensor, ...]:
+def _check(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, config: RouteConfig | None = None, **kw: object
+) -> tuple[torch.Tensor, ...]:
     """Route with the kernel, hold it to the contract."""
     opts = _opts(**kw)
     probs, idx = fused_route(x, w, b, config=config, **opts)  # type: ignore[arg-type]
@@ -78,8 +81,9 @@ SHAPES = [(37, 2, 8, 32, 3), (9, 3, 12, 24, 5), (1, 1, 64, 16, 6)]
 @pytest.mark.parametrize(("t", "hl", "e", "d", "k"), SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("score_func", ["sigmoid", "softmax"])
-def test_contract_against_the_float64_truth(t: int, hl: int, e: int, d: int, k: int, dtype: torch.dtype,
-                                            score_func: str) -> None:
+def test_contract_against_the_float64_truth(
+    t: int, hl: int, e: int, d: int, k: int, dtype: torch.dtype, score_func: str
+) -> None:
     x, w, b = _inputs(t, hl, e, d, dtype, seed=t + e)
     _check(x, w, b, top_k=k, score_func=score_func)
 
@@ -125,8 +129,9 @@ LAST_TERM = [
 ]
 
 
-@pytest.mark.parametrize(("dtype", "x0", "w_a", "c"), LAST_TERM,
-                         ids=lambda v: str(v) if isinstance(v, torch.dtype) else "")
+@pytest.mark.parametrize(
+    ("dtype", "x0", "w_a", "c"), LAST_TERM, ids=lambda v: str(v) if isinstance(v, torch.dtype) else ""
+)
 def test_every_bit_of_weight_and_activation_counts(dtype: torch.dtype, x0: float, w_a: float, c: float) -> None:
     """FP32-exact products: a near-tie the contract leaves free, that only an exact split decides."""
     e, d = 4, 16
@@ -181,8 +186,11 @@ def test_empty_input() -> None:
     assert probs.shape == idx.shape == (3, 0, 2)
 
 
-@pytest.mark.parametrize("config", [RouteConfig(16, 16, 16, 4, 1), RouteConfig(64, 32, 32, 8, 2, split_acc=False),
-                                    RouteConfig(32, 64, 32, 4, 2)], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "config",
+    [RouteConfig(16, 16, 16, 4, 1), RouteConfig(64, 32, 32, 8, 2, split_acc=False), RouteConfig(32, 64, 32, 4, 2)],
+    ids=lambda c: c.name,
+)
 def test_configs_give_the_contract(config: RouteConfig) -> None:
     x, w, b = _inputs(20, 2, 40, 48, seed=9)  # 40 experts: 3 chunks of 16, 2 of 32, 1 of 64
     probs, idx = fused_route(x, w, b, config=config, **_opts(top_k=3))  # type: ignore[arg-type]
@@ -293,7 +301,7 @@ def test_the_reduction_of_triples_is_the_max_min_id_selection(score_func: str) -
     w[[5, 16, 31]] = w[20].clone()  # exact ties within and across chunks of 16
     bias = torch.zeros(2 * e)
     bias[[5, 16, 20, 31]] = 2.0
-    bias[e:e + 30] = float("-inf")  # head 1: its first 30 experts -inf (they come last, lowest id first)
+    bias[e : e + 30] = float("-inf")  # head 1: its first 30 experts -inf (they come last, lowest id first)
     x = x.clone()
     x[3, 0, 1] = float("nan")
     for config in (None, CHUNKED, RouteConfig(16, 64, 16, 4, 1)):

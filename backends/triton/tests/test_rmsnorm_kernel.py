@@ -201,14 +201,11 @@ def test_low_precision_weight_rounds_offset_first() -> None:
 def test_rejects_bad_arguments_through_the_op_contract() -> None:
     x = torch.randn(4, 3, 128).to(DEVICE)
     with pytest.raises(InvalidShapeError, match="summing to the token count"):
-        triton_rmsnorm(x, torch.zeros(2, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[1, 2],
-                       out_dtype=None)  # fmt: skip
+        triton_rmsnorm(x, torch.zeros(2, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[1, 2], out_dtype=None)
     with pytest.raises(InvalidShapeError, match="to match weight's 4 patterns"):
-        triton_rmsnorm(x, torch.zeros(1, 4, 128, device=DEVICE), eps=EPS, modality_sizes=None,
-                       out_dtype=None)  # fmt: skip
+        triton_rmsnorm(x, torch.zeros(1, 4, 128, device=DEVICE), eps=EPS, modality_sizes=None, out_dtype=None)
     with pytest.raises(InvalidShapeError, match=r"\[1, P, 128\]"):
-        triton_rmsnorm(x, torch.zeros(3, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[4],
-                       out_dtype=None)  # fmt: skip
+        triton_rmsnorm(x, torch.zeros(3, 1, 128, device=DEVICE), eps=EPS, modality_sizes=[4], out_dtype=None)
 
 
 @gpu

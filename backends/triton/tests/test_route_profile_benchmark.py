@@ -22,16 +22,23 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_route_profile_runs_tiny_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "route_fused.json"
     env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.route_profile", "--dry-run", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.route_profile", "--dry-run", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["git_commit"]
     assert [(r["tokens"], r["heads"]) for r in report["rows"]] == [(9, 3), (20, 2)]
     for r in report["rows"]:
         names = set(r["ms"])
-        assert {"fused", "triton", "torch", "vllm_omni_main", "vllm_omni_0.30", "gemm_fp32",
-                "experts"} <= names and r["best_config"] in names
+        assert {"fused", "triton", "torch", "vllm_omni_main", "vllm_omni_0.30", "gemm_fp32", "experts"} <= names and r[
+            "best_config"
+        ] in names
         for inputs in ("random", "planted"):
             fused = r["accuracy"][inputs]["fused"]
             assert fused["contract_ok"] and fused["clear_rows_wrong"] == 0

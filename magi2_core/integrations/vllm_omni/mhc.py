@@ -58,7 +58,7 @@ class MHCLayerMethods:
             modality_sizes=sizes,
             sinkhorn_iterations=handler.sinkhorn_iterations,
             sinkhorn_eps=handler.sinkhorn_epsilon,
-        )  # fmt: skip
+        )
 
     def _branch_input(
         self: Any, streams: torch.Tensor, branch: str, logits: tuple[torch.Tensor, torch.Tensor, torch.Tensor]

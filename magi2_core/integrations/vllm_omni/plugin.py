@@ -84,8 +84,15 @@ _SWAPS: tuple[_Swap, ...] = (
     ),
     _Swap("moe", _MODELING, "Magi2MultiHeadMoE", f"{_PKG}.mh_moe", Magi2MultiHeadMoE, stands_in=True),
     _Swap("rmsnorm", _MODELING, "MultiModalityRMSNorm", f"{_PKG}.layers", MultiModalityRMSNorm),
-    _Swap("mhc", _MODELING, "Magi2TransformerLayer", _MODELING, MHCLayerMethods, methods=METHODS,
-          enabled_by=VLLM_OMNI_MHC.name),
+    _Swap(
+        "mhc",
+        _MODELING,
+        "Magi2TransformerLayer",
+        _MODELING,
+        MHCLayerMethods,
+        methods=METHODS,
+        enabled_by=VLLM_OMNI_MHC.name,
+    ),
 )
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
@@ -244,8 +251,12 @@ def _patch(modeling: ModuleType) -> None:
         if mode == "auto" and set(chosen) <= _GAINS_NOTHING:
             logger.info(
                 "magi2-core: vllm-omni MAGI-2 %s left as it is (%s=auto): %s, which computes vllm-omni's own form "
-                "with no gain; %s=1 swaps it in anyway", swap.op, swap.enabled_by, served_by, swap.enabled_by,
-            )  # fmt: skip
+                "with no gain; %s=1 swaps it in anyway",
+                swap.op,
+                swap.enabled_by,
+                served_by,
+                swap.enabled_by,
+            )
             continue
         if swap.methods:
             for method in swap.methods:
@@ -280,8 +291,10 @@ def _guard(swap: _Swap, current: object) -> str | None:
         for method in swap.methods:
             theirs = getattr(current, method, None)
             if getattr(theirs, "__qualname__", None) != f"{swap.attr}.{method}" or theirs.__module__ != swap.origin:
-                return (f"{swap.attr}.{method} is {theirs!r}, not vllm-omni's own (another plugin replaced it, "
-                        "or vllm-omni changed)")
+                return (
+                    f"{swap.attr}.{method} is {theirs!r}, not vllm-omni's own (another plugin replaced it, "
+                    "or vllm-omni changed)"
+                )
         pairs = [(f"{swap.attr}.{m}", getattr(current, m), getattr(swap.replacement, m)) for m in swap.methods]
     elif inspect.isclass(current):
         pairs = [
@@ -368,8 +381,9 @@ def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | 
     if op == "mhc":
         streams, hidden = cfg.mhc.num_streams, cfg.hidden_size
         sizes = dict(tokens=t, num_streams=streams, hidden=hidden)
-        pre = resolve_problem(Problem(op="mhc_pre", device_type=dev, dtype="bfloat16", out_dtype="bfloat16",
-                                      num_modalities=3, **sizes)).chosen
+        pre = resolve_problem(
+            Problem(op="mhc_pre", device_type=dev, dtype="bfloat16", out_dtype="bfloat16", num_modalities=3, **sizes)
+        ).chosen
         mix = resolve_problem(Problem(op="mhc_mix", device_type=dev, dtype="bfloat16", **sizes)).chosen
         return (
             f"a typical call ({dev}, bfloat16, {t} tokens x {streams} streams x {hidden}, 3 modalities) resolves "

@@ -23,8 +23,8 @@ VLLM_OMNI = Setting(
     kind="boolean",
     default=True,
     help="The vLLM plugin routes vllm-omni's MAGI-2 attention, MoE and RMSNorm to magi2-core when vllm-omni "
-         "0.30.x is installed; 0 leaves vllm-omni's own operators in place. Read once, when vLLM loads the plugin "
-         "(the swap happens then, before any model is built).",
+    "0.30.x is installed; 0 leaves vllm-omni's own operators in place. Read once, when vLLM loads the plugin "
+    "(the swap happens then, before any model is built).",
     read="plugin load",
 )
 VLLM_OMNI_MHC = Setting(
@@ -33,10 +33,10 @@ VLLM_OMNI_MHC = Setting(
     choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
     default="auto",
     help="Whether the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
-         "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. `auto`: where a typical call resolves to a fused "
-         "provider (on CUDA, the Triton mHC), not where it resolves to `reference` or `torch_native`, which run "
-         "vllm-omni's own math with no gain (a CPU; a MUSA GPU today); 1/true/yes/on: always; 0/false/no/off: "
-         "never. Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
+    "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. `auto`: where a typical call resolves to a fused "
+    "provider (on CUDA, the Triton mHC), not where it resolves to `reference` or `torch_native`, which run "
+    "vllm-omni's own math with no gain (a CPU; a MUSA GPU today); 1/true/yes/on: always; 0/false/no/off: "
+    "never. Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
     read="plugin load",
 )
 ROUTER_BIAS_SOURCE = Setting(
@@ -45,9 +45,9 @@ ROUTER_BIAS_SOURCE = Setting(
     choices=("ema", "main"),
     default="ema",
     help="The checkpoint bias vllm-omni's MAGI-2 MoE layers select experts with: `ema` "
-         "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`). Read on every "
-         "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
-         "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
+    "(`router.expert_bias_ema`, vllm-omni's default) or `main` (`router.expert_bias`). Read on every "
+    "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
+    "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
 SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, ROUTER_BIAS_SOURCE)
 

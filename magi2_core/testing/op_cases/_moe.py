@@ -15,8 +15,15 @@ from magi2_core.testing.cases import Case, clamp, make_case, randn
 __all__ = ["moe_case_problem", "moe_cases", "router_inputs"]
 
 
-def moe_cases(op: OpName, cap: Capability, device: str, *, tokens: int, extra: Mapping[str, Any],
-              variants: Mapping[str, Mapping[str, Any]]) -> Iterator[Case]:
+def moe_cases(
+    op: OpName,
+    cap: Capability,
+    device: str,
+    *,
+    tokens: int,
+    extra: Mapping[str, Any],
+    variants: Mapping[str, Mapping[str, Any]],
+) -> Iterator[Case]:
     """The cases both MoE ops share (sizes inside the claimed ranges), then the op's own ``variants``."""
     e = clamp(8, cap, "num_experts")
     base: dict[str, Any] = {

@@ -54,8 +54,19 @@ class AttentionCases(OpCases):
         lq, lk = layouts["ragged"]
 
         def params(layout: tuple[tuple[int, ...], tuple[int, ...]], d: int, **over: Any) -> dict[str, Any]:
-            base = {"seqlens_q": layout[0], "seqlens_k": layout[1], "hq": hq, "hkv": hkv, "d": d, "softcap": -1.0,
-                    "sinks": 0, "sink_rescale": "fp32", "lse": False, "deterministic": False, "scale": 1.0}
+            base = {
+                "seqlens_q": layout[0],
+                "seqlens_k": layout[1],
+                "hq": hq,
+                "hkv": hkv,
+                "d": d,
+                "softcap": -1.0,
+                "sinks": 0,
+                "sink_rescale": "fp32",
+                "lse": False,
+                "deterministic": False,
+                "scale": 1.0,
+            }
             return base | over
 
         variants: dict[str, dict[str, Any]] = {"sinks0": {"sinks_empty": True}}  # [0, Hq] sinks = no sinks
@@ -72,8 +83,12 @@ class AttentionCases(OpCases):
                 label = kind.replace("_", "-")
                 variants[f"sinks1-{label}"] = {"sinks": 1, "sink_kind": kind}
                 variants[f"sinks2-{label}" + "-lse" * lse] = {"sinks": 2, "sink_kind": kind, "lse": lse}
-                variants[f"sinks1-{label}-activation-rescale"] = {"sinks": 1, "sink_kind": kind, "lse": lse,
-                                                                  "sink_rescale": "activation"}
+                variants[f"sinks1-{label}-activation-rescale"] = {
+                    "sinks": 1,
+                    "sink_kind": kind,
+                    "lse": lse,
+                    "sink_rescale": "activation",
+                }
         gqa = {"hq": clamp(4, cap, "num_heads_q"), "hkv": clamp(1, cap, "num_heads_kv")}
         if Feature.GQA in feats and gqa["hq"] != gqa["hkv"] and gqa["hq"] % gqa["hkv"] == 0:
             variants["gqa"] = gqa
@@ -95,12 +110,24 @@ class AttentionCases(OpCases):
                 if name != "ragged":
                     yield make_case(OP, cap, device, dtype, f"d{head_dims[0]}-{name}", params(layout, head_dims[0]))
                 if combined:
-                    yield make_case(OP, cap, device, dtype, f"d{head_dims[0]}-{name}-all-features",
-                                    params(layout, head_dims[0], **combined))
+                    yield make_case(
+                        OP,
+                        cap,
+                        device,
+                        dtype,
+                        f"d{head_dims[0]}-{name}-all-features",
+                        params(layout, head_dims[0], **combined),
+                    )
             for name, over in variants.items():
                 if name != "all-features":
-                    yield make_case(OP, cap, device, dtype, f"d{head_dims[-1]}-ragged-{name}",
-                                    params((lq, lk), head_dims[-1], **over))
+                    yield make_case(
+                        OP,
+                        cap,
+                        device,
+                        dtype,
+                        f"d{head_dims[-1]}-ragged-{name}",
+                        params((lq, lk), head_dims[-1], **over),
+                    )
 
     def case_problem(self, case: Case) -> Problem:
         p = case.p
@@ -110,9 +137,20 @@ class AttentionCases(OpCases):
         feats |= {Feature.GQA} if p["hq"] != p["hkv"] else set()
         feats |= {Feature.LSE} if p["lse"] else set()
         feats |= {Feature.DETERMINISTIC} if p["deterministic"] else set()
-        return Problem(op=OP, device_type=case.device, dtype=case.dtype, features=frozenset(feats), tokens=sum(lq),
-                       tokens_k=sum(lk), max_seqlen_q=max(lq, default=0), max_seqlen_k=max(lk, default=0),
-                       num_segments=len(lq), head_dim=p["d"], num_heads_q=p["hq"], num_heads_kv=p["hkv"])
+        return Problem(
+            op=OP,
+            device_type=case.device,
+            dtype=case.dtype,
+            features=frozenset(feats),
+            tokens=sum(lq),
+            tokens_k=sum(lk),
+            max_seqlen_q=max(lq, default=0),
+            max_seqlen_k=max(lk, default=0),
+            num_segments=len(lq),
+            head_dim=p["d"],
+            num_heads_q=p["hq"],
+            num_heads_kv=p["hkv"],
+        )
 
     def build(self, case: Case, g: torch.Generator) -> Call:
         p = case.p
@@ -126,8 +164,13 @@ class AttentionCases(OpCases):
             sinks = sink_logits(p.get("sink_kind", "normal"), p["sinks"], p["hq"], g)
         elif p.get("sinks_empty"):
             sinks = torch.empty((0, p["hq"]), dtype=torch.float32)
-        kwargs: dict[str, Any] = {"softcap": p["softcap"], "sinks": sinks, "sink_rescale": p["sink_rescale"],
-                                  "deterministic": p["deterministic"], "return_lse": p["lse"]}
+        kwargs: dict[str, Any] = {
+            "softcap": p["softcap"],
+            "sinks": sinks,
+            "sink_rescale": p["sink_rescale"],
+            "deterministic": p["deterministic"],
+            "return_lse": p["lse"],
+        }
         return Call((q, k, v, prefix_sums(p["seqlens_q"]), prefix_sums(p["seqlens_k"])), kwargs)
 
     def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:

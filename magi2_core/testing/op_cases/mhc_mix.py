@@ -40,8 +40,14 @@ class MHCMixCases(OpCases):
 
     def case_problem(self, case: Case) -> Problem:
         p = case.p
-        return Problem(op=OP, device_type=case.device, dtype=case.dtype, tokens=p["tokens"], num_streams=p["streams"],
-                       hidden=p["width"])  # fmt: skip
+        return Problem(
+            op=OP,
+            device_type=case.device,
+            dtype=case.dtype,
+            tokens=p["tokens"],
+            num_streams=p["streams"],
+            hidden=p["width"],
+        )
 
     def build(self, case: Case, g: torch.Generator) -> Call:
         p = case.p

@@ -23,12 +23,18 @@ _LAYOUTS: dict[str, dict[str, Any]] = {
     "n4-weight-2d": {"tokens": 9, "streams": 4, "width": 32, "sizes": (4, 5), "weight_2d": True},
     "n3": {"tokens": 11, "streams": 3, "width": 40, "sizes": None},
     "n1": {"tokens": 5, "streams": 1, "width": 16, "sizes": None},
-    "sinkhorn-3-iterations-eps1e-3": {"tokens": 7, "streams": 4, "width": 16, "sizes": None, "iterations": 3,
-                                      "sinkhorn_eps": 1e-3},
+    "sinkhorn-3-iterations-eps1e-3": {
+        "tokens": 7,
+        "streams": 4,
+        "width": 16,
+        "sizes": None,
+        "iterations": 3,
+        "sinkhorn_eps": 1e-3,
+    },
     "sinkhorn-0-iterations": {"tokens": 7, "streams": 4, "width": 16, "sizes": None, "iterations": 0},
     "nonfinite-streams": {"tokens": 8, "streams": 4, "width": 32, "sizes": (3, 5), "nonfinite": True},
     "t0": {"tokens": 0, "streams": 4, "width": 32, "sizes": (0,)},
-}  # fmt: skip
+}
 
 
 def mhc_streams(g: torch.Generator, t: int, n: int, d: int, dtype: torch.dtype) -> torch.Tensor:
@@ -42,8 +48,14 @@ def mhc_parameters(g: torch.Generator, m: int, n: int, d: int) -> tuple[torch.Te
     scaled so that the logits move the coefficients through the sigmoid's curved part."""
     f32 = torch.float32
     alphas = (torch.rand((3, 1), generator=g, dtype=torch.float64) + 0.5).to(f32)
-    return (randn(g, (m * n * d,), f32, 0.2), randn(g, (n * d, 2 * n + n * n), f32), *alphas,
-            randn(g, (n,), f32), randn(g, (n,), f32), randn(g, (n, n), f32))  # fmt: skip
+    return (
+        randn(g, (m * n * d,), f32, 0.2),
+        randn(g, (n * d, 2 * n + n * n), f32),
+        *alphas,
+        randn(g, (n,), f32),
+        randn(g, (n,), f32),
+        randn(g, (n, n), f32),
+    )
 
 
 class MHCPreCases(OpCases):
@@ -57,15 +69,31 @@ class MHCPreCases(OpCases):
                 n = clamp(layout["streams"], cap, "num_streams")
                 label = name if n == layout["streams"] else f"{name}-as-n{n}"
                 for out in outs if name in ("n4", "n4-modalities-empty-group") else outs[:1]:
-                    params = {"iterations": 20, "sinkhorn_eps": 1e-12, "weight_2d": False, "nonfinite": False,
-                              "out_dtype": out} | layout | {"streams": n}  # fmt: skip
+                    params = (
+                        {
+                            "iterations": 20,
+                            "sinkhorn_eps": 1e-12,
+                            "weight_2d": False,
+                            "nonfinite": False,
+                            "out_dtype": out,
+                        }
+                        | layout
+                        | {"streams": n}
+                    )
                     yield make_case(OP, cap, device, dtype, label + ("" if out is None else f"-out-{out}"), params)
 
     def case_problem(self, case: Case) -> Problem:
         p = case.p
-        return Problem(op=OP, device_type=case.device, dtype=case.dtype, out_dtype=p["out_dtype"] or case.dtype,
-                       tokens=p["tokens"], num_streams=p["streams"], hidden=p["width"],
-                       num_modalities=1 if p["sizes"] is None else len(p["sizes"]))  # fmt: skip
+        return Problem(
+            op=OP,
+            device_type=case.device,
+            dtype=case.dtype,
+            out_dtype=p["out_dtype"] or case.dtype,
+            tokens=p["tokens"],
+            num_streams=p["streams"],
+            hidden=p["width"],
+            num_modalities=1 if p["sizes"] is None else len(p["sizes"]),
+        )
 
     def build(self, case: Case, g: torch.Generator) -> Call:
         p = case.p
@@ -80,8 +108,12 @@ class MHCPreCases(OpCases):
         if p["weight_2d"]:
             params = (params[0].view(m, n * d), *params[1:])
         out = None if p["out_dtype"] is None else dtype_of(p["out_dtype"])
-        kwargs = {"modality_sizes": sizes, "sinkhorn_iterations": p["iterations"], "sinkhorn_eps": p["sinkhorn_eps"],
-                  "out_dtype": out}  # fmt: skip
+        kwargs = {
+            "modality_sizes": sizes,
+            "sinkhorn_iterations": p["iterations"],
+            "sinkhorn_eps": p["sinkhorn_eps"],
+            "out_dtype": out,
+        }
         return Call((x, *params), kwargs)
 
     def layout(self, call: Call) -> dict[str, tuple[list[int], tuple[torch.dtype, ...]]]:
@@ -97,10 +129,12 @@ class MHCPreCases(OpCases):
             "modality sizes not summing to the tokens": Call((x, *params), {"modality_sizes": [3, 4]}),
             "a norm weight for another modality count": Call((x, *params), {"modality_sizes": [8]}),
             "phi of another width": Call((x, params[0], params[1][:, :8], *params[2:]), {"modality_sizes": [3, 5]}),
-            "a low-precision phi": Call((x, params[0], params[1].to(other if other != torch.float32 else dtype),
-                                         *params[2:]), {"modality_sizes": [3, 5]}),
+            "a low-precision phi": Call(
+                (x, params[0], params[1].to(other if other != torch.float32 else dtype), *params[2:]),
+                {"modality_sizes": [3, 5]},
+            ),
             "streams of rank 2": Call((x[:, 0], *params), {"modality_sizes": [3, 5]}),
-        }  # fmt: skip
+        }
 
 
 CASES = MHCPreCases()

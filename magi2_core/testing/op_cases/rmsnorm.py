@@ -50,9 +50,16 @@ class RMSNormCases(OpCases):
     def case_problem(self, case: Case) -> Problem:
         p = case.p
         sizes = p["sizes"]
-        return Problem(op=OP, device_type=case.device, dtype=case.dtype, out_dtype=p["out_dtype"] or case.dtype,
-                       tokens=p["shape"][0], width=p["shape"][-1], num_modalities=1 if sizes is None else len(sizes),
-                       num_patterns=p["patterns"])
+        return Problem(
+            op=OP,
+            device_type=case.device,
+            dtype=case.dtype,
+            out_dtype=p["out_dtype"] or case.dtype,
+            tokens=p["shape"][0],
+            width=p["shape"][-1],
+            num_modalities=1 if sizes is None else len(sizes),
+            num_patterns=p["patterns"],
+        )
 
     def build(self, case: Case, g: torch.Generator) -> Call:
         p = case.p

@@ -79,10 +79,16 @@ def _inspect(build: FoundBuild, module: str, varlen: Callable[..., Any]) -> FA3A
     if lse_flag is None:
         return f"{build.label}: {module}.flash_attn_varlen_func has no LSE flag (one of {', '.join(LSE_FLAGS)})"
     return FA3Abi(
-        build=build, module=module, varlen=varlen, params=params, lse_flag=lse_flag,
+        build=build,
+        module=module,
+        varlen=varlen,
+        params=params,
+        lse_flag=lse_flag,
         softcap="softcap" in params and not build.disabled("SOFTCAP"),
-        sinks="sinks" in params, fp16=not build.disabled("FP16"), sm8x=not build.disabled("SM8x"),
-    )  # fmt: skip
+        sinks="sinks" in params,
+        fp16=not build.disabled("FP16"),
+        sm8x=not build.disabled("SM8x"),
+    )
 
 
 def _load_one(build: FoundBuild) -> FA3Abi | str:
@@ -100,8 +106,10 @@ def _load_one(build: FoundBuild) -> FA3Abi | str:
             errors.append(f"{module} has no flash_attn_varlen_func")
             continue
         if not torch_op_exists(build.op_namespace, "fwd"):
-            return (f"{build.label}: {module} imported but torch.ops.{build.op_namespace}.fwd is not registered "
-                    "(not a CUDA FA3 build: MATE's MUSA wrapper uses this module name)")
+            return (
+                f"{build.label}: {module} imported but torch.ops.{build.op_namespace}.fwd is not registered "
+                "(not a CUDA FA3 build: MATE's MUSA wrapper uses this module name)"
+            )
         return _inspect(build, module, varlen)
     return f"{build.label}: " + "; ".join(errors)
 

@@ -23,8 +23,16 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Literal
 
-__all__ = ["BuildKind", "FoundBuild", "dist_version", "fa4_installed", "find_builds", "installed_build",
-           "process_builds", "read_build_flags"]
+__all__ = [
+    "BuildKind",
+    "FoundBuild",
+    "dist_version",
+    "fa4_installed",
+    "find_builds",
+    "installed_build",
+    "process_builds",
+    "read_build_flags",
+]
 
 BuildKind = Literal["fa3-fwd", "flash_attn_3", "tokenspeed-fa3", "mate"]
 
@@ -109,20 +117,40 @@ def _upstream_named_build() -> FoundBuild | None:
     fa3 = dist_version("flash_attn_3")
     if fa3 is not None and fa3.split(".")[0] == "0":
         return FoundBuild(
-            "mate", modules, "flash_attn_3", "flash_attn_3", fa3,
-            refusal=(f"flash_attn_interface comes from distribution flash_attn_3 {fa3}: MATE's MUSA wrapper "
-                     "(version 0.x; upstream FA3 is 3.x), not a CUDA FlashAttention-3 build"),
-        )  # fmt: skip
-    return FoundBuild("flash_attn_3", modules, "flash_attn_3", "flash_attn_3" if fa3 else None, fa3,
-                      read_build_flags("flash_attn_config"))
+            "mate",
+            modules,
+            "flash_attn_3",
+            "flash_attn_3",
+            fa3,
+            refusal=(
+                f"flash_attn_interface comes from distribution flash_attn_3 {fa3}: MATE's MUSA wrapper "
+                "(version 0.x; upstream FA3 is 3.x), not a CUDA FlashAttention-3 build"
+            ),
+        )
+    return FoundBuild(
+        "flash_attn_3",
+        modules,
+        "flash_attn_3",
+        "flash_attn_3" if fa3 else None,
+        fa3,
+        read_build_flags("flash_attn_config"),
+    )
 
 
 def find_builds() -> tuple[FoundBuild, ...]:
     """Installed FA3 builds in preference order (refused look-alikes included, with their reason)."""
     out: list[FoundBuild] = []
     if _module_exists("fa3_fwd_interface"):
-        out.append(FoundBuild("fa3-fwd", ("fa3_fwd_interface",), "fa3_fwd", "fa3-fwd", dist_version("fa3-fwd"),
-                              read_build_flags("fa3_fwd_config")))
+        out.append(
+            FoundBuild(
+                "fa3-fwd",
+                ("fa3_fwd_interface",),
+                "fa3_fwd",
+                "fa3-fwd",
+                dist_version("fa3-fwd"),
+                read_build_flags("fa3_fwd_config"),
+            )
+        )
     upstream = _upstream_named_build()
     if upstream is not None:
         out.append(upstream)

@@ -41,20 +41,27 @@ def descriptor(build: FoundBuild | None) -> Capability:
     preferred)."""
     source = build.label if build is not None else "no FA3 build installed"
     return Capability(
-        op="attention", name="fa3", impl="magi2_backend_cuda_fa3.provider:fa3_attention",
-        version=f"{__version__} ({source})", device_types=("cuda",), dtypes=dtypes(build),
+        op="attention",
+        name="fa3",
+        impl="magi2_backend_cuda_fa3.provider:fa3_attention",
+        version=f"{__version__} ({source})",
+        device_types=("cuda",),
+        dtypes=dtypes(build),
         head_dims=head_dims(build),
         ranges=(IntRange(field="tokens", min=1), IntRange(field="tokens_k", min=1)),
-        features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
-                            Feature.COMPILING}),
+        features=frozenset(
+            {Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC, Feature.COMPILING}
+        ),
         priority=30,
         description="FlashAttention-3 varlen (fa3-fwd, flash_attn_3 or tokenspeed-fa3) + the fused sink correction",
-    )  # fmt: skip
+    )
 
 
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-cuda-fa3", version=__version__, core_api=">=2.0,<3",
+        name="magi2-backend-cuda-fa3",
+        version=__version__,
+        core_api=">=2.0,<3",
         providers=(descriptor(installed_build()),),
         description="MAGI-2 attention through FlashAttention-3 on NVIDIA Hopper",
-    )  # fmt: skip
+    )

@@ -39,12 +39,26 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
         loaded = self.loaded
         abi = loaded.abi
         if abi is None:
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="fa3", actual="none usable", detail=loaded.why_none(),
-                           expected="an FA3 build: fa3-fwd, flash_attn_3 (3.x) or tokenspeed-fa3")]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="fa3",
+                    actual="none usable",
+                    detail=loaded.why_none(),
+                    expected="an FA3 build: fa3-fwd, flash_attn_3 (3.x) or tokenspeed-fa3",
+                )
+            ]
         cc = self._capability(problem.device_index)
         if cc is None:
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
-                           detail=f"torch {torch.__version__}; FA3 build {abi.label}")]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="cuda",
+                    expected="a CUDA device",
+                    actual="none",
+                    detail=f"torch {torch.__version__}; FA3 build {abi.label}",
+                )
+            ]
         return self._build_reasons(abi, cc, problem)
 
     def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
@@ -55,44 +69,85 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
             return CheckedOn((capability_unknown(self.label),))
         abi = self.loaded.abi
         if abi is not None:
-            return CheckedOn(tuple(self._build_reasons(abi, cc, problem)), (f"judged with this host's build, "
-                                                                            f"{abi.label}, as installed there",))
-        assumed = (f"no FA3 build imports here ({self.loaded.why_none()}); judged as a build with sm90a kernels "
-                   f"installed on that device (fa3-fwd, flash_attn_3 or tokenspeed-fa3; one that compiles FP16 or "
-                   f"softcap out rejects such calls)",)
+            return CheckedOn(
+                tuple(self._build_reasons(abi, cc, problem)),
+                (f"judged with this host's build, {abi.label}, as installed there",),
+            )
+        assumed = (
+            f"no FA3 build imports here ({self.loaded.why_none()}); judged as a build with sm90a kernels "
+            f"installed on that device (fa3-fwd, flash_attn_3 or tokenspeed-fa3; one that compiles FP16 or "
+            f"softcap out rejects such calls)",
+        )
         if cc[0] == 9:
             return CheckedOn((), assumed)
-        return CheckedOn((Reason(code=ReasonCode.CHECK, field="compute_capability", expected="9.x",
-                                 actual=f"{cc[0]}.{cc[1]}", detail="FA3 builds have sm90a kernels"),), assumed)
+        return CheckedOn(
+            (
+                Reason(
+                    code=ReasonCode.CHECK,
+                    field="compute_capability",
+                    expected="9.x",
+                    actual=f"{cc[0]}.{cc[1]}",
+                    detail="FA3 builds have sm90a kernels",
+                ),
+            ),
+            assumed,
+        )
 
     def _build_reasons(self, abi: FA3Abi, cc: tuple[int, int], problem: Problem) -> list[Reason]:
         """Why ``abi`` cannot serve ``problem`` on a device of capability ``cc``."""
         out: list[Reason] = []
         if cc[0] not in abi.cc_majors:
             majors = " | ".join(f"{m}.x" for m in abi.cc_majors)
-            out.append(Reason(code=ReasonCode.CHECK, field="compute_capability", expected=majors,
-                              actual=f"{cc[0]}.{cc[1]}",
-                              detail=f"{abi.label} has sm90a kernels" + (" and sm80" if abi.sm8x else " only")))
+            out.append(
+                Reason(
+                    code=ReasonCode.CHECK,
+                    field="compute_capability",
+                    expected=majors,
+                    actual=f"{cc[0]}.{cc[1]}",
+                    detail=f"{abi.label} has sm90a kernels" + (" and sm80" if abi.sm8x else " only"),
+                )
+            )
         if problem.dtype == "float16" and not abi.fp16:
-            out.append(Reason(code=ReasonCode.DTYPE, field="dtype", expected="bfloat16", actual="float16",
-                              detail=f"{abi.label} was built with FLASHATTENTION_DISABLE_FP16"))
+            out.append(
+                Reason(
+                    code=ReasonCode.DTYPE,
+                    field="dtype",
+                    expected="bfloat16",
+                    actual="float16",
+                    detail=f"{abi.label} was built with FLASHATTENTION_DISABLE_FP16",
+                )
+            )
         if Feature.SOFTCAP in problem.features and not abi.softcap:
             why = "has no softcap keyword" if "softcap" not in abi.params else "was built with softcap compiled out"
-            out.append(Reason(code=ReasonCode.FEATURE, field="softcap", expected="an FA3 build with softcap",
-                              actual="softcap > 0 requested", detail=f"{abi.label} {why}"))
+            out.append(
+                Reason(
+                    code=ReasonCode.FEATURE,
+                    field="softcap",
+                    expected="an FA3 build with softcap",
+                    actual="softcap > 0 requested",
+                    detail=f"{abi.label} {why}",
+                )
+            )
         return out
 
     def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         abi = self._abi()
         q, sinks, return_lse = call.q, call.sinks, call.return_lse
-        native = (sinks is not None and abi.sinks and sinks.shape[0] == 1 and call.sink_rescale == "fp32"
-                  and not return_lse)  # fmt: skip
+        native = (
+            sinks is not None and abi.sinks and sinks.shape[0] == 1 and call.sink_rescale == "fp32" and not return_lse
+        )
         need_lse = return_lse or (sinks is not None and not native)
         kwargs: dict[str, Any] = {
-            "q": q, "k": call.k, "v": call.v, "cu_seqlens_q": call.cu_seqlens_q, "cu_seqlens_k": call.cu_seqlens_k,
-            "max_seqlen_q": call.max_seqlen_q, "max_seqlen_k": call.max_seqlen_k, "softmax_scale": call.softmax_scale,
+            "q": q,
+            "k": call.k,
+            "v": call.v,
+            "cu_seqlens_q": call.cu_seqlens_q,
+            "cu_seqlens_k": call.cu_seqlens_k,
+            "max_seqlen_q": call.max_seqlen_q,
+            "max_seqlen_k": call.max_seqlen_k,
+            "softmax_scale": call.softmax_scale,
             "causal": False,
-        }  # fmt: skip
+        }
         cap = float(call.softcap)  # the op normalised it (>= 0); a build without softcap rejects any nonzero value
         if cap > 0:
             if not abi.softcap:
@@ -121,13 +176,17 @@ class FA3Attention(FlashAttentionProvider[FA3Abi]):
             lse = None
         else:
             if not (isinstance(result, (tuple, list)) and len(result) >= 2 and isinstance(result[1], torch.Tensor)):
-                raise RuntimeError(f"{abi.label}: {abi.lse_flag}=True returned {type(result).__name__}, "
-                                   "expected a tuple (out, lse, ...)")
+                raise RuntimeError(
+                    f"{abi.label}: {abi.lse_flag}=True returned {type(result).__name__}, "
+                    "expected a tuple (out, lse, ...)"
+                )
             o, lse = result[0], result[1]
             tq, hq = q.shape[0], q.shape[1]
             if tuple(lse.shape) != (hq, tq) or lse.dtype != torch.float32:
-                raise RuntimeError(f"{abi.label} returned LSE {list(lse.shape)} {lse.dtype}, expected the packed "
-                                   f"[Hq, Tq] = {[hq, tq]} torch.float32 layout")
+                raise RuntimeError(
+                    f"{abi.label} returned LSE {list(lse.shape)} {lse.dtype}, expected the packed "
+                    f"[Hq, Tq] = {[hq, tq]} torch.float32 layout"
+                )
         if not isinstance(o, torch.Tensor) or o.shape != q.shape or o.dtype != q.dtype:
             got = f"{list(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
             raise RuntimeError(f"{abi.label} returned out {got}, expected {list(q.shape)} {q.dtype}")

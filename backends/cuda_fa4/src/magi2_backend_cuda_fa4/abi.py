@@ -20,9 +20,20 @@ __all__ = ["REQUIRED_KEYWORDS", "FA4Abi", "LoadResult", "load_fa4"]
 
 # Every keyword the adapter passes (flash-attn-4 4.0.0b36 has them all).
 REQUIRED_KEYWORDS = (
-    "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
-    "learnable_sink", "softcap", "num_splits", "return_lse",
-)  # fmt: skip
+    "q",
+    "k",
+    "v",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "softmax_scale",
+    "causal",
+    "learnable_sink",
+    "softcap",
+    "num_splits",
+    "return_lse",
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,10 @@ def _shadow_hint() -> str:
     fa2 = dist_version("flash-attn")
     if fa2 is None:
         return ""
-    return (f"; flash-attn {fa2} (FlashAttention-2) is installed too, and its regular package flash_attn "
-            "hides FA4's namespace package flash_attn.cute")
+    return (
+        f"; flash-attn {fa2} (FlashAttention-2) is installed too, and its regular package flash_attn "
+        "hides FA4's namespace package flash_attn.cute"
+    )
 
 
 def load_fa4(module: str = MODULE, install: FA4Install | None = None) -> LoadResult:
@@ -73,6 +86,9 @@ def load_fa4(module: str = MODULE, install: FA4Install | None = None) -> LoadRes
         return LoadResult(None, f"{found.label}: cannot read the signature of {module}.flash_attn_varlen_func ({exc})")
     missing = [p for p in REQUIRED_KEYWORDS if p not in params]
     if missing:
-        return LoadResult(None, f"{found.label}: {module}.flash_attn_varlen_func has no keyword(s) "
-                                f"{', '.join(missing)} (written against flash-attn-4 4.0.0b36)")
+        return LoadResult(
+            None,
+            f"{found.label}: {module}.flash_attn_varlen_func has no keyword(s) "
+            f"{', '.join(missing)} (written against flash-attn-4 4.0.0b36)",
+        )
     return LoadResult(FA4Abi(found, module, varlen))

@@ -33,20 +33,27 @@ HEAD_DIMS = tuple(range(8, 129, 8))
 def descriptor(install: FA4Install | None) -> Capability:
     source = install.label if install is not None else "flash-attn-4 not installed"
     return Capability(
-        op="attention", name="fa4", impl="magi2_backend_cuda_fa4.provider:fa4_attention",
-        version=f"{__version__} ({source})", device_types=("cuda",), dtypes=("bfloat16", "float16"),
+        op="attention",
+        name="fa4",
+        impl="magi2_backend_cuda_fa4.provider:fa4_attention",
+        version=f"{__version__} ({source})",
+        device_types=("cuda",),
+        dtypes=("bfloat16", "float16"),
         head_dims=HEAD_DIMS,
-        features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
-                            Feature.COMPILING}),
+        features=frozenset(
+            {Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC, Feature.COMPILING}
+        ),
         priority=25,
         description="FlashAttention-4 varlen (CuTe DSL, JIT), cc 9.x and 10.x; sinks native for sink_rescale='fp32', "
-                    "through the fused correction for 'activation'",
-    )  # fmt: skip
+        "through the fused correction for 'activation'",
+    )
 
 
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-cuda-fa4", version=__version__, core_api=">=2.0,<3",
+        name="magi2-backend-cuda-fa4",
+        version=__version__,
+        core_api=">=2.0,<3",
         providers=(descriptor(installed()),),
         description="MAGI-2 attention through FlashAttention-4 on NVIDIA Hopper and Blackwell",
-    )  # fmt: skip
+    )

@@ -53,12 +53,26 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
     def check(self, problem: Problem) -> Sequence[Reason]:
         abi = self.loaded.abi
         if abi is None:
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="fa4", expected="flash-attn-4 (flash_attn.cute)",
-                           actual="none usable", detail=self.loaded.why_none())]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="fa4",
+                    expected="flash-attn-4 (flash_attn.cute)",
+                    actual="none usable",
+                    detail=self.loaded.why_none(),
+                )
+            ]
         cc = self._capability(problem.device_index)
         if cc is None:
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="cuda", expected="a CUDA device", actual="none",
-                           detail=f"torch {torch.__version__}; FA4 build {abi.label}")]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="cuda",
+                    expected="a CUDA device",
+                    actual="none",
+                    detail=f"torch {torch.__version__}; FA4 build {abi.label}",
+                )
+            ]
         return _capability_reasons(cc, abi.label)
 
     def check_on(self, problem: Problem, device: VirtualDevice) -> CheckedOn:
@@ -68,8 +82,10 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
             return CheckedOn((capability_unknown(self.label),))
         abi = self.loaded.abi
         if abi is not None:
-            return CheckedOn(tuple(_capability_reasons(cc, abi.label)),
-                             (f"judged with this host's build, {abi.label}, as installed there",))
+            return CheckedOn(
+                tuple(_capability_reasons(cc, abi.label)),
+                (f"judged with this host's build, {abi.label}, as installed there",),
+            )
         assumed = f"flash-attn-4 does not import here ({self.loaded.why_none()}); assumed installed on that device"
         return CheckedOn(tuple(_capability_reasons(cc, "FA4")), (assumed,))
 
@@ -81,11 +97,20 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
         need_lse = return_lse or correct
         # FA4 treats exactly 0.0 as "no cap"; the contract already clamped a disabled cap to 0.0.
         result = abi.varlen(
-            q=q, k=call.k, v=call.v, cu_seqlens_q=call.cu_seqlens_q, cu_seqlens_k=call.cu_seqlens_k,
-            max_seqlen_q=call.max_seqlen_q, max_seqlen_k=call.max_seqlen_k, softmax_scale=call.softmax_scale,
-            causal=False, softcap=max(float(call.softcap), 0.0),
-            learnable_sink=None if native is None else native.logit, num_splits=1, return_lse=need_lse,
-        )  # fmt: skip
+            q=q,
+            k=call.k,
+            v=call.v,
+            cu_seqlens_q=call.cu_seqlens_q,
+            cu_seqlens_k=call.cu_seqlens_k,
+            max_seqlen_q=call.max_seqlen_q,
+            max_seqlen_k=call.max_seqlen_k,
+            softmax_scale=call.softmax_scale,
+            causal=False,
+            softcap=max(float(call.softcap), 0.0),
+            learnable_sink=None if native is None else native.logit,
+            num_splits=1,
+            return_lse=need_lse,
+        )
         o, lse = self._unpack(result, q, need_lse, abi)
         if correct:
             assert sinks is not None and lse is not None
@@ -97,8 +122,9 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
     @staticmethod
     def _unpack(result: Any, q: torch.Tensor, need_lse: bool, abi: FA4Abi) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise RuntimeError(f"{abi.label}: flash_attn_varlen_func returned {type(result).__name__}, "
-                               "expected the pair (out, lse)")
+            raise RuntimeError(
+                f"{abi.label}: flash_attn_varlen_func returned {type(result).__name__}, expected the pair (out, lse)"
+            )
         o, lse = result
         if not isinstance(o, torch.Tensor) or o.shape != q.shape or o.dtype != q.dtype:
             got = f"{list(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
@@ -113,18 +139,25 @@ class FA4Attention(FlashAttentionProvider[FA4Abi]):
             return o, lse
         if tuple(lse.shape) == (tq, hq):  # FA4's layout when heads are minor (its MLA path)
             return o, lse.t().contiguous()
-        raise RuntimeError(f"{abi.label} returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[hq, tq]} "
-                           f"or [Tq, Hq] = {[tq, hq]}")
+        raise RuntimeError(
+            f"{abi.label} returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[hq, tq]} or [Tq, Hq] = {[tq, hq]}"
+        )
 
 
 def _capability_reasons(cc: tuple[int, int], label: str) -> list[Reason]:
     """Why FA4 (``label``: the build) is not served on a device of capability ``cc`` (empty: it is)."""
     if cc[0] in CC_MAJORS:
         return []
-    return [Reason(code=ReasonCode.CHECK, field="compute_capability",
-                   expected=" | ".join(f"{m}.x" for m in CC_MAJORS), actual=f"{cc[0]}.{cc[1]}",
-                   detail=f"{label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
-                          "(Blackwell B200/GB200) kernels only")]  # fmt: skip
+    return [
+        Reason(
+            code=ReasonCode.CHECK,
+            field="compute_capability",
+            expected=" | ".join(f"{m}.x" for m in CC_MAJORS),
+            actual=f"{cc[0]}.{cc[1]}",
+            detail=f"{label}: MAGI-2 attention is served on its sm90 (Hopper) and sm100 "
+            "(Blackwell B200/GB200) kernels only",
+        )
+    ]
 
 
 fa4_attention = FA4Attention()

@@ -78,8 +78,15 @@ def warmup(
         sink = torch.randn(sinks, heads_q, device=dev) if sinks else None
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=dev)
         longest = max(lengths)
-        kw: dict[str, Any] = {"max_seqlen_q": longest, "max_seqlen_k": longest, "softcap": softcap, "sinks": sink,
-              "return_lse": return_lse, "sink_rescale": sink_rescale, "provider": provider}
+        kw: dict[str, Any] = {
+            "max_seqlen_q": longest,
+            "max_seqlen_k": longest,
+            "softcap": softcap,
+            "sinks": sink,
+            "return_lse": return_lse,
+            "sink_rescale": sink_rescale,
+            "provider": provider,
+        }
         chosen = m2.resolve("attention", q, k, v, cu, cu, **kw).chosen
         times: list[float] = []
         for _ in range(2):

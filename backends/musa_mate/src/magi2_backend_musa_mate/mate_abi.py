@@ -93,8 +93,9 @@ def normalise_lse(lse: object, heads: int, tokens: int) -> torch.Tensor:
     elif shape == (tokens, heads):
         out = lse.t().contiguous()
     else:
-        raise RuntimeError(f"MATE returned an LSE of shape {list(shape)}; expected [{heads}, {tokens}] "
-                           f"(or [{tokens}, {heads}])")
+        raise RuntimeError(
+            f"MATE returned an LSE of shape {list(shape)}; expected [{heads}, {tokens}] (or [{tokens}, {heads}])"
+        )
     if out.dtype != torch.float32:
         raise RuntimeError(f"MATE returned a {out.dtype} LSE; the contract (and the sink correction) needs FP32")
     return out
@@ -121,8 +122,7 @@ class MateVarlen:
     def bind(cls, fn: Callable[..., object], source: str, version: str) -> MateVarlen:
         """Read ``fn``'s signature (through ``functools.wraps`` layers such as ``@mate_api``)."""
         sig = inspect.signature(fn)
-        named = frozenset(n for n, p in sig.parameters.items()
-                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        named = frozenset(n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
         var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
         return cls(fn, source, version, named, var_kw)
 
@@ -148,17 +148,22 @@ class MateVarlen:
         if override is not None and override not in BACKENDS:
             why.append(f"{BACKEND_ENV}={override!r} is not one of {', '.join(BACKENDS)}")
         if override is not None and not self.accepts("backend"):
-            why.append(f"{BACKEND_ENV}={override!r} is set but {self.source}.flash_attn_varlen_func has no "
-                       f"'backend' parameter; unset it or install MATE's core module")
+            why.append(
+                f"{BACKEND_ENV}={override!r} is set but {self.source}.flash_attn_varlen_func has no "
+                f"'backend' parameter; unset it or install MATE's core module"
+            )
         if lse and self.lse_flag is None:
-            why.append(f"{self.source}.flash_attn_varlen_func has neither {' nor '.join(_LSE_FLAGS)}: "
-                       f"no LSE, so no sinks and no return_lse")
+            why.append(
+                f"{self.source}.flash_attn_varlen_func has neither {' nor '.join(_LSE_FLAGS)}: "
+                f"no LSE, so no sinks and no return_lse"
+            )
         if softcap and override == "mubin":
             why.append(f"softcap requested but {BACKEND_ENV}=mubin: MATE's mubin kernel has no softcap")
-        if (softcap and not self.accepts("backend")
-                and not _version_at_least(self.version, _AUTO_HONOURS_SOFTCAP)):
-            why.append(f"softcap requested through {self.source} (MATE {self.version}), which cannot select "
-                       f"'mutlass'; MATE < {_AUTO_HONOURS_SOFTCAP} 'auto' may run the softcap-less mubin kernel")
+        if softcap and not self.accepts("backend") and not _version_at_least(self.version, _AUTO_HONOURS_SOFTCAP):
+            why.append(
+                f"softcap requested through {self.source} (MATE {self.version}), which cannot select "
+                f"'mutlass'; MATE < {_AUTO_HONOURS_SOFTCAP} 'auto' may run the softcap-less mubin kernel"
+            )
         if softcap and not self.accepts("softcap"):
             why.append(f"{self.source}.flash_attn_varlen_func has no 'softcap' parameter")
         if deterministic and not self.accepts("deterministic"):
@@ -180,10 +185,16 @@ class MateVarlen:
         if why:
             raise NotImplementedError("; ".join(why))
         kwargs: dict[str, object] = {
-            "q": q, "k": call.k, "v": call.v,
-            "cu_seqlens_q": call.cu_seqlens_q, "cu_seqlens_k": call.cu_seqlens_k,
-            "max_seqlen_q": int(call.max_seqlen_q), "max_seqlen_k": int(call.max_seqlen_k),
-            "softmax_scale": float(call.softmax_scale), "causal": False, "softcap": cap,
+            "q": q,
+            "k": call.k,
+            "v": call.v,
+            "cu_seqlens_q": call.cu_seqlens_q,
+            "cu_seqlens_k": call.cu_seqlens_k,
+            "max_seqlen_q": int(call.max_seqlen_q),
+            "max_seqlen_k": int(call.max_seqlen_k),
+            "softmax_scale": float(call.softmax_scale),
+            "causal": False,
+            "softcap": cap,
         }
         if self.accepts("deterministic"):
             kwargs["deterministic"] = bool(deterministic)
@@ -202,8 +213,10 @@ class MateVarlen:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if return_lse:
             if not isinstance(result, (tuple, list)) or len(result) < 2:
-                raise RuntimeError(f"{self.source}.flash_attn_varlen_func was asked for the LSE but returned "
-                                   f"{type(result).__name__}, not (out, lse)")
+                raise RuntimeError(
+                    f"{self.source}.flash_attn_varlen_func was asked for the LSE but returned "
+                    f"{type(result).__name__}, not (out, lse)"
+                )
             out, lse = result[0], normalise_lse(result[1], q.shape[1], q.shape[0])
         else:
             out = result[0] if isinstance(result, (tuple, list)) else result

@@ -25,7 +25,7 @@ SHORT_SEQUENCE_RULE = Rule(
         kind="upstream",
         source="vllm-project/vllm-omni#7307",
         note="_MUSA_FA3_MIN_TOKENS = 32; a later revision compares the longest query segment (max_seqlen_q), "
-             "not the packed total; operators.md §2.8",
+        "not the packed total; operators.md §2.8",
     ),
 )
 
@@ -41,18 +41,22 @@ MATE_ATTENTION = Capability(
     head_dims=(64, 128, 256),
     # Empty keys go to the reference, as upstream (a kernel launch over no keys gains nothing).
     ranges=(IntRange(field="tokens_k", min=1),),
-    features=frozenset({Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC,
-                        Feature.COMPILING}),
+    features=frozenset(
+        {Feature.SOFTCAP, Feature.SINKS, Feature.GQA, Feature.LSE, Feature.DETERMINISTIC, Feature.COMPILING}
+    ),
     priority=30,
     rules=(SHORT_SEQUENCE_RULE,),
     description="MATE flash_attn_varlen_func (MUSA, torchada first), no native sinks; learned sinks by the "
-                "FP32 LSE correction (promote, rescale, cast once)",
+    "FP32 LSE correction (promote, rescale, cast once)",
 )
 
 
 def magi2_backend() -> BackendSpec:
     return BackendSpec(
-        name="magi2-backend-musa-mate", version=__version__, core_api=">=2.0,<3", providers=(MATE_ATTENTION,),
+        name="magi2-backend-musa-mate",
+        version=__version__,
+        core_api=">=2.0,<3",
+        providers=(MATE_ATTENTION,),
         settings=SETTINGS,
         description="MATE attention on Moore Threads MUSA GPUs",
     )

@@ -43,8 +43,15 @@ class MateAttention:
         Independent of sizes (the short-sequence floor is a descriptor rule)."""
         mate = load_mate_varlen()
         if isinstance(mate, str):
-            return [Reason(code=ReasonCode.UNAVAILABLE, field="mate", expected="MATE importable on MUSA",
-                           actual="unavailable", detail=mate)]
+            return [
+                Reason(
+                    code=ReasonCode.UNAVAILABLE,
+                    field="mate",
+                    expected="MATE importable on MUSA",
+                    actual="unavailable",
+                    detail=mate,
+                )
+            ]
         feats = problem.features
         why = mate.unsupported(
             softcap=Feature.SOFTCAP in feats,
@@ -57,8 +64,16 @@ class MateAttention:
                 sink_correction_for(DEVICE_TYPE)
             except ConfigError as exc:  # the correction that MAGI2_MATE_SINK_CORRECTION names is not there
                 why.append(str(exc))
-        return [Reason(code=ReasonCode.CHECK, field="mate", expected="a call this MATE build serves",
-                       actual="unsupported", detail=w) for w in why]
+        return [
+            Reason(
+                code=ReasonCode.CHECK,
+                field="mate",
+                expected="a call this MATE build serves",
+                actual="unsupported",
+                detail=w,
+            )
+            for w in why
+        ]
 
     def __call__(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         mate = load_mate_varlen()
@@ -69,8 +84,10 @@ class MateAttention:
         o, lse = mate(call, return_lse=call.return_lse or has_sinks, backend=requested_backend())
         if has_sinks:
             assert sinks is not None and lse is not None
-            return sink_correction_for(DEVICE_TYPE).apply(o, lse, sinks, rescale=call.sink_rescale,
-                                                          return_lse=call.return_lse)
+            return sink_correction_for(DEVICE_TYPE).apply(
+                o, lse, sinks, rescale=call.sink_rescale, return_lse=call.return_lse
+            )
         return o, lse if call.return_lse else None
+
 
 mate_attention = MateAttention()

@@ -24,8 +24,8 @@ MATE_SINK_CORRECTION = Setting(
     choices=("torch", "triton"),
     default="torch",
     help="MUSA only: the learned-sink correction after attention without sinks (MATE): the core's torch "
-         "correction or the fused Triton kernel that magi2-backend-triton contributes (validated on CUDA only, "
-         "hence opt-in on MUSA). `magi2 backends` shows the correction each device type gets.",
+    "correction or the fused Triton kernel that magi2-backend-triton contributes (validated on CUDA only, "
+    "hence opt-in on MUSA). `magi2 backends` shows the correction each device type gets.",
     forces_sink_correction_on=DEVICE_TYPE,
 )
 SETTINGS = (MATE_BACKEND, MATE_SINK_CORRECTION)

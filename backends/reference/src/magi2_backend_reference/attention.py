@@ -58,9 +58,18 @@ def _segment(
 def reference_attention(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``reference`` provider: :func:`exact_attention` of the call (deterministic either way; the
     max lengths only bound what the prefix sums say)."""
-    return exact_attention(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
-                           softmax_scale=call.softmax_scale, softcap=call.softcap, sinks=call.sinks,
-                           sink_rescale=call.sink_rescale, return_lse=call.return_lse)
+    return exact_attention(
+        call.q,
+        call.k,
+        call.v,
+        call.cu_seqlens_q,
+        call.cu_seqlens_k,
+        softmax_scale=call.softmax_scale,
+        softcap=call.softcap,
+        sinks=call.sinks,
+        sink_rescale=call.sink_rescale,
+        return_lse=call.return_lse,
+    )
 
 
 @torch.no_grad()

@@ -22,8 +22,15 @@ __all__ = ["exact_moe_experts", "exact_moe_route", "flat_expert_ids", "reference
 
 def reference_moe_route(call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` routing provider: :func:`exact_moe_route` of the call."""
-    return exact_moe_route(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                           route_norm=call.route_norm, score_func=call.score_func)
+    return exact_moe_route(
+        call.x,
+        call.router_weight,
+        call.bias,
+        top_k=call.top_k,
+        route_scale=call.route_scale,
+        route_norm=call.route_norm,
+        score_func=call.score_func,
+    )
 
 
 def reference_moe_experts(call: ExpertsCall) -> torch.Tensor:

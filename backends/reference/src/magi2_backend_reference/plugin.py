@@ -86,8 +86,9 @@ PROVIDERS = (
         dtypes=_FLOATS,
         features=_PLAIN | {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM},
         priority=0,
-        description=("sigmoid (or softmax) scores, biased top-k selection, "
-                     "unbiased (L1-normalised) weights x route_scale"),
+        description=(
+            "sigmoid (or softmax) scores, biased top-k selection, unbiased (L1-normalised) weights x route_scale"
+        ),
     ),
     Capability(
         op="moe_experts",

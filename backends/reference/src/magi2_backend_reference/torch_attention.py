@@ -94,8 +94,9 @@ class TorchVarlenAttention:
         kwargs: dict[str, Any] = {"return_aux": aux_request(lse=True), "scale": call.softmax_scale}
         if q.shape[1] != k.shape[1]:
             kwargs["enable_gqa"] = True
-        o, lse = varlen_attn(q, k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
-                             **kwargs)
+        o, lse = varlen_attn(
+            q, k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k, **kwargs
+        )
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
             raise RuntimeError(
                 f"varlen_attn returned LSE {list(lse.shape)}, expected [Hq, Tq] = {[q.shape[1], q.shape[0]]}"
@@ -104,8 +105,9 @@ class TorchVarlenAttention:
         # which the sink correction needs (L' = Ls). A finite score row can never give +inf.
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
         if call.sinks is not None:  # o is varlen_attn's fresh output: the correction may overwrite it
-            return sink_correction_for(o.device.type).apply(o, lse, call.sinks, rescale=call.sink_rescale,
-                                                            return_lse=call.return_lse)
+            return sink_correction_for(o.device.type).apply(
+                o, lse, call.sinks, rescale=call.sink_rescale, return_lse=call.return_lse
+            )
         return o, lse if call.return_lse else None
 
 

@@ -28,11 +28,28 @@ _BLOCK_D = 1024
 
 @triton.jit(do_not_specialize=["T"])
 def _mhc_mix_kernel(
-    x_ptr, y_ptr, p_ptr, r_ptr, o_ptr,
-    T, D, stride_xt, stride_xn, stride_yt, stride_pt, stride_pn, stride_rt, stride_ri, stride_rj,
-    N: tl.constexpr, NP: tl.constexpr, X_DTYPE: tl.constexpr, RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    y_ptr,
+    p_ptr,
+    r_ptr,
+    o_ptr,
+    T,
+    D,
+    stride_xt,
+    stride_xn,
+    stride_yt,
+    stride_pt,
+    stride_pn,
+    stride_rt,
+    stride_ri,
+    stride_rj,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+    RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok = rows < T
@@ -62,9 +79,27 @@ def launch_mhc_mix(call: MHCMixCall) -> torch.Tensor:
     if t == 0:
         return out
     _mhc_mix_kernel[(triton.cdiv(t, _BLOCK_T), triton.cdiv(d, _BLOCK_D))](
-        x, y, p, r, out,
-        t, d, x.stride(0), x.stride(1), y.stride(0), p.stride(0), p.stride(1), r.stride(0), r.stride(1), r.stride(2),
-        N=n, NP=triton.next_power_of_2(n), X_DTYPE=_TL_DTYPE[x.dtype],
-        RNE=interpreting() and x.dtype == torch.bfloat16, BLOCK_T=_BLOCK_T, BLOCK_D=_BLOCK_D, num_warps=4,
-    )  # fmt: skip
+        x,
+        y,
+        p,
+        r,
+        out,
+        t,
+        d,
+        x.stride(0),
+        x.stride(1),
+        y.stride(0),
+        p.stride(0),
+        p.stride(1),
+        r.stride(0),
+        r.stride(1),
+        r.stride(2),
+        N=n,
+        NP=triton.next_power_of_2(n),
+        X_DTYPE=_TL_DTYPE[x.dtype],
+        RNE=interpreting() and x.dtype == torch.bfloat16,
+        BLOCK_T=_BLOCK_T,
+        BLOCK_D=_BLOCK_D,
+        num_warps=4,
+    )
     return out

@@ -93,12 +93,25 @@ def _cast(x, DTYPE: tl.constexpr, RNE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "b1", "b2", "b3"])
 def _mhc_logits_kernel(
-    x_ptr, w_ptr, phi_ptr, out_ptr,
-    T, NL, stride_xt, stride_wm,
-    b1, b2, b3, eps,
-    K: tl.constexpr, NUM_MOD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    phi_ptr,
+    out_ptr,
+    T,
+    NL,
+    stride_xt,
+    stride_wm,
+    b1,
+    b2,
+    b3,
+    eps,
+    K: tl.constexpr,
+    NUM_MOD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     mod = tl.zeros_like(rows)
@@ -129,10 +142,19 @@ def _mhc_logits_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def _mhc_logits_split_kernel(
-    x_ptr, p_ptr, out_ptr,
-    T, NL, stride_xt, eps,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    p_ptr,
+    out_ptr,
+    T,
+    NL,
+    stride_xt,
+    eps,
+    K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``.
 
     The sum of squares reads the streams' tile through a load of its own (``.cg``: from L2, where the
@@ -187,13 +209,34 @@ def _split_pieces(w: torch.Tensor, phi: torch.Tensor, m: int, k: int, nl: int, b
 
 @triton.jit(do_not_specialize=["T"])
 def _mhc_apply_kernel(
-    x_ptr, logits_ptr, a_pre_ptr, a_post_ptr, a_res_ptr, b_pre_ptr, b_post_ptr, b_res_ptr,
-    h_ptr, post_ptr, res_ptr,
-    T, stride_xt, stride_xn, scale, sinkhorn_eps,
-    D: tl.constexpr, ITERATIONS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, NL: tl.constexpr,
-    X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, X_RNE: tl.constexpr, OUT_RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    logits_ptr,
+    a_pre_ptr,
+    a_post_ptr,
+    a_res_ptr,
+    b_pre_ptr,
+    b_post_ptr,
+    b_res_ptr,
+    h_ptr,
+    post_ptr,
+    res_ptr,
+    T,
+    stride_xt,
+    stride_xn,
+    scale,
+    sinkhorn_eps,
+    D: tl.constexpr,
+    ITERATIONS: tl.constexpr,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    NL: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    X_RNE: tl.constexpr,
+    OUT_RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     i = tl.arange(0, NP)
@@ -270,20 +313,47 @@ def launch_mhc_pre(
         _fp32_logits(flat, w, phi, logits, sizes, float(call.eps), fp32)
     interp = interpreting()
     _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
-        x, logits, call.alpha_pre, call.alpha_post, call.alpha_res,
-        call.bias_pre.contiguous(), call.bias_post.contiguous(), call.bias_res.contiguous(),
-        h, post, res,
-        t, x.stride(0), x.stride(1), 1.0 / math.sqrt(k), float(call.sinkhorn_eps),
-        D=d, ITERATIONS=call.sinkhorn_iterations, N=n, NP=triton.next_power_of_2(n), NL=nl,
-        X_DTYPE=_TL_DTYPE[x.dtype], OUT_DTYPE=_TL_DTYPE[od],
-        X_RNE=interp and x.dtype == torch.bfloat16, OUT_RNE=interp and od == torch.bfloat16,
-        BLOCK_T=_BLOCK_T_APPLY, BLOCK_D=_BLOCK_D, num_warps=4,
-    )  # fmt: skip
+        x,
+        logits,
+        call.alpha_pre,
+        call.alpha_post,
+        call.alpha_res,
+        call.bias_pre.contiguous(),
+        call.bias_post.contiguous(),
+        call.bias_res.contiguous(),
+        h,
+        post,
+        res,
+        t,
+        x.stride(0),
+        x.stride(1),
+        1.0 / math.sqrt(k),
+        float(call.sinkhorn_eps),
+        D=d,
+        ITERATIONS=call.sinkhorn_iterations,
+        N=n,
+        NP=triton.next_power_of_2(n),
+        NL=nl,
+        X_DTYPE=_TL_DTYPE[x.dtype],
+        OUT_DTYPE=_TL_DTYPE[od],
+        X_RNE=interp and x.dtype == torch.bfloat16,
+        OUT_RNE=interp and od == torch.bfloat16,
+        BLOCK_T=_BLOCK_T_APPLY,
+        BLOCK_D=_BLOCK_D,
+        num_warps=4,
+    )
     return h, post, res
 
 
-def _fp32_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits: torch.Tensor, sizes: list[int],
-                 eps: float, cfg: LogitsConfig) -> None:  # fmt: skip
+def _fp32_logits(
+    flat: torch.Tensor,
+    w: torch.Tensor,
+    phi: torch.Tensor,
+    logits: torch.Tensor,
+    sizes: list[int],
+    eps: float,
+    cfg: LogitsConfig,
+) -> None:
     """The FP32 dot, up to four modality groups per launch (rows find their group from the bounds)."""
     k, nl = flat.shape[1], logits.shape[1]
     t0 = 0
@@ -294,18 +364,39 @@ def _fp32_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits:
             bounds = [sum(group[: i + 1]) for i in range(len(group) - 1)]
             bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
             _mhc_logits_kernel[(triton.cdiv(t1 - t0, cfg.block_t),)](
-                flat[t0:t1], w[g0:], phi, logits[t0:t1],
-                t1 - t0, nl, flat.stride(0), w.stride(0),
-                bounds[0], bounds[1], bounds[2], eps,
-                K=k, NUM_MOD=len(group), BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k,
-                BLOCK_N=max(16, triton.next_power_of_2(nl)), PRECISION=cfg.precision,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
+                flat[t0:t1],
+                w[g0:],
+                phi,
+                logits[t0:t1],
+                t1 - t0,
+                nl,
+                flat.stride(0),
+                w.stride(0),
+                bounds[0],
+                bounds[1],
+                bounds[2],
+                eps,
+                K=k,
+                NUM_MOD=len(group),
+                BLOCK_T=cfg.block_t,
+                BLOCK_K=cfg.block_k,
+                BLOCK_N=max(16, triton.next_power_of_2(nl)),
+                PRECISION=cfg.precision,
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
         t0 = t1
 
 
-def _split_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits: torch.Tensor, sizes: list[int],
-                  eps: float, cfg: LogitsConfig) -> None:  # fmt: skip
+def _split_logits(
+    flat: torch.Tensor,
+    w: torch.Tensor,
+    phi: torch.Tensor,
+    logits: torch.Tensor,
+    sizes: list[int],
+    eps: float,
+    cfg: LogitsConfig,
+) -> None:
     """BF16 streams against the split folded weight, one launch per non-empty modality group."""
     k, nl = flat.shape[1], logits.shape[1]
     block_n = max(16, triton.next_power_of_2(nl))
@@ -314,9 +405,19 @@ def _split_logits(flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, logits
     for g, size in enumerate(sizes):
         if size:
             _mhc_logits_split_kernel[(triton.cdiv(size, cfg.block_t),)](
-                flat[t0 : t0 + size], pieces[g], logits[t0 : t0 + size],
-                size, nl, flat.stride(0), eps,
-                K=k, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_N=block_n, UPCAST=interpreting(),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
+                flat[t0 : t0 + size],
+                pieces[g],
+                logits[t0 : t0 + size],
+                size,
+                nl,
+                flat.stride(0),
+                eps,
+                K=k,
+                BLOCK_T=cfg.block_t,
+                BLOCK_K=cfg.block_k,
+                BLOCK_N=block_n,
+                UPCAST=interpreting(),
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
         t0 += size

@@ -147,8 +147,9 @@ class TritonMoERoute:
 
     def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
         scores = router_scores(call.x, call.router_weight, call.score_func)
-        return select_routes(scores, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                             route_norm=call.route_norm)
+        return select_routes(
+            scores, call.bias, top_k=call.top_k, route_scale=call.route_scale, route_norm=call.route_norm
+        )
 
 
 triton_moe_route = TritonMoERoute()

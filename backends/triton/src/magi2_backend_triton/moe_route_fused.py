@@ -52,8 +52,16 @@ from magi2_core.backend import CheckedOn, Problem, Reason, ScoreFunc, VirtualDev
 if TYPE_CHECKING:
     from magi2_core.backend import RouteCall
 
-__all__ = ["CANDIDATES", "DEFAULTS", "SHARED_BUDGET", "RouteConfig", "TritonFusedMoERoute", "default_config",
-           "fused_route", "triton_fused_moe_route"]
+__all__ = [
+    "CANDIDATES",
+    "DEFAULTS",
+    "SHARED_BUDGET",
+    "RouteConfig",
+    "TritonFusedMoERoute",
+    "default_config",
+    "fused_route",
+    "triton_fused_moe_route",
+]
 
 
 class RouteConfig(NamedTuple):
@@ -70,8 +78,9 @@ class RouteConfig(NamedTuple):
 
     @property
     def name(self) -> str:
-        return (f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}"
-                + ("" if self.split_acc else "_1acc"))
+        return f"t{self.block_t}_n{self.block_n}_d{self.block_d}_w{self.num_warps}_s{self.num_stages}" + (
+            "" if self.split_acc else "_1acc"
+        )
 
     def shared_bytes(self, x_dtype: torch.dtype = torch.bfloat16) -> int:
         """Shared memory, an upper bound: per pipeline stage an x slice and the FP32 weight slice; the
@@ -79,8 +88,11 @@ class RouteConfig(NamedTuple):
         (split in registers too) its BF16 terms."""
         x_terms = _X_TERMS[x_dtype] if _X_TERMS[x_dtype] > 1 else 0
         x_bytes = torch.empty((), dtype=x_dtype).element_size()
-        return (self.num_stages * (self.block_t * self.block_d * x_bytes + self.block_d * self.block_n * 4)
-                + 3 * self.block_d * self.block_n * 2 + x_terms * self.block_t * self.block_d * 2)
+        return (
+            self.num_stages * (self.block_t * self.block_d * x_bytes + self.block_d * self.block_n * 4)
+            + 3 * self.block_d * self.block_n * 2
+            + x_terms * self.block_t * self.block_d * 2
+        )
 
     def fitted(self, x_dtype: torch.dtype) -> RouteConfig:
         """This config, its hidden slice halved (to 16 at least) until it fits :data:`SHARED_BUDGET` with
@@ -315,8 +327,23 @@ def _route_kernel(
             w_rows = tl.program_id(1) * E + ids
             if WIDE_W:  # the weight past 2**31 elements: int64 offsets (int32 is cheaper on every tile)
                 w_rows = w_rows.to(tl.int64)
-            z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC,
-                              PLANES, UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+            z = _chunk_logits(
+                x_rows,
+                tok_ok,
+                w_ptr,
+                w_rows * D,
+                col_ok,
+                plane_stride,
+                D,
+                X_TERMS,
+                SPLIT_ACC,
+                PLANES,
+                UPCAST_DOT,
+                EVEN_D,
+                BLOCK_T,
+                BLOCK_N,
+                BLOCK_D,
+            )
             z = tl.where(col_ok[None, :], z, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, axis=1))
             # equal maxima (-inf included: no NaN from -inf - -inf) keep the sum as it is
@@ -340,8 +367,23 @@ def _route_kernel(
         w_rows = tl.program_id(1) * E + ids
         if WIDE_W:
             w_rows = w_rows.to(tl.int64)
-        z = _chunk_logits(x_rows, tok_ok, w_ptr, w_rows * D, col_ok, plane_stride, D, X_TERMS, SPLIT_ACC, PLANES,
-                          UPCAST_DOT, EVEN_D, BLOCK_T, BLOCK_N, BLOCK_D)
+        z = _chunk_logits(
+            x_rows,
+            tok_ok,
+            w_ptr,
+            w_rows * D,
+            col_ok,
+            plane_stride,
+            D,
+            X_TERMS,
+            SPLIT_ACC,
+            PLANES,
+            UPCAST_DOT,
+            EVEN_D,
+            BLOCK_T,
+            BLOCK_N,
+            BLOCK_D,
+        )
         if ABLATE == 1:  # measurement only: the GEMM without the selection
             check += tl.sum(z, axis=1)
         else:
@@ -485,8 +527,15 @@ class TritonFusedMoERoute:
         return described_reasons(device)
 
     def __call__(self, call: RouteCall) -> tuple[torch.Tensor, torch.Tensor]:
-        return fused_route(call.x, call.router_weight, call.bias, top_k=call.top_k, route_scale=call.route_scale,
-                           route_norm=call.route_norm, score_func=call.score_func)
+        return fused_route(
+            call.x,
+            call.router_weight,
+            call.bias,
+            top_k=call.top_k,
+            route_scale=call.route_scale,
+            route_norm=call.route_norm,
+            score_func=call.score_func,
+        )
 
 
 triton_fused_moe_route = TritonFusedMoERoute()

@@ -25,8 +25,10 @@ def _device_types() -> tuple[str, ...]:
 
 # The fused MoE's plan rows (moe/plan.py), as profile fragments the core reads and merges: measured rows
 # for named devices, generic rows per device class.
-PROFILES = tuple(f"magi2_backend_triton:profiles/{name}.json" for name in (
-    "nvidia-h100", "nvidia-h200", "generic-cuda-sm90", "generic-cuda", "generic-musa", "generic-cpu"))
+PROFILES = tuple(
+    f"magi2_backend_triton:profiles/{name}.json"
+    for name in ("nvidia-h100", "nvidia-h200", "generic-cuda-sm90", "generic-cuda", "generic-musa", "generic-cpu")
+)
 
 
 def providers() -> tuple[Capability, ...]:

@@ -24,8 +24,17 @@ from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, Vir
 if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
-__all__ = ["TritonMHC", "TritonMoEExperts", "TritonRMSNorm", "triton_mhc_mix", "triton_mhc_pre", "described_reasons",
-           "device_reasons", "triton_moe_experts", "triton_rmsnorm_provider"]
+__all__ = [
+    "TritonMHC",
+    "TritonMoEExperts",
+    "TritonRMSNorm",
+    "triton_mhc_mix",
+    "triton_mhc_pre",
+    "described_reasons",
+    "device_reasons",
+    "triton_moe_experts",
+    "triton_rmsnorm_provider",
+]
 
 
 def device_reasons(device_type: str) -> list[Reason]:
@@ -38,8 +47,14 @@ def device_reasons(device_type: str) -> list[Reason]:
 def _interpreter_reasons() -> list[Reason]:
     if interpreting():
         return []
-    return [Reason(code=ReasonCode.UNAVAILABLE, field="TRITON_INTERPRET", expected="1 (interpreter on CPU)",
-                   actual="unset or not 1")]
+    return [
+        Reason(
+            code=ReasonCode.UNAVAILABLE,
+            field="TRITON_INTERPRET",
+            expected="1 (interpreter on CPU)",
+            actual="unset or not 1",
+        )
+    ]
 
 
 def described_reasons(device: VirtualDevice) -> CheckedOn:
@@ -103,8 +118,9 @@ class TritonMoEExperts:
         return "w13_interleaved", (pack_w13(w_gate, w_up), w_down.contiguous())
 
     def __call__(self, call: ExpertsCall) -> torch.Tensor:
-        return fused_moe_experts(call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down,
-                                 deterministic=call.deterministic)
+        return fused_moe_experts(
+            call.x, call.probs, call.idx, call.w_gate, call.w_up, call.w_down, deterministic=call.deterministic
+        )
 
 
 class TritonRMSNorm:
@@ -117,8 +133,9 @@ class TritonRMSNorm:
         return described_reasons(device)
 
     def __call__(self, call: RMSNormCall) -> torch.Tensor:
-        return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
-                              out_dtype=call.out_dtype)
+        return launch_rmsnorm(
+            call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes, out_dtype=call.out_dtype
+        )
 
 
 class TritonMHC:

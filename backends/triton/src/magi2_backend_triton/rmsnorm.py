@@ -148,8 +148,14 @@ def triton_rmsnorm(
     Returns a new contiguous tensor of x's shape.
     """
     call = validate_rmsnorm(x, weight, eps=eps, modality_sizes=modality_sizes, out_dtype=out_dtype, compiling=False)
-    return launch_rmsnorm(call.x, call.weight, eps=call.eps, modality_sizes=call.modality_sizes,
-                          out_dtype=call.out_dtype, fp32_out=fp32_out)
+    return launch_rmsnorm(
+        call.x,
+        call.weight,
+        eps=call.eps,
+        modality_sizes=call.modality_sizes,
+        out_dtype=call.out_dtype,
+        fp32_out=fp32_out,
+    )
 
 
 def launch_rmsnorm(
@@ -195,14 +201,29 @@ def launch_rmsnorm(
             n_rows = xs.shape[0] * xs.shape[1]
             block_r, block_d, num_warps = _tile(d, n_rows)
             _rmsnorm_kernel[(triton.cdiv(n_rows, block_r),)](
-                xs, scale[g0:], ys, y32v[t0:t1],
-                n_rows, xs.shape[1], n_wpat, d,
-                xs.stride(0), xs.stride(1), xs.stride(2),
-                scale.stride(0), d if p > 1 else 0,
-                bounds[0], bounds[1], bounds[2],
+                xs,
+                scale[g0:],
+                ys,
+                y32v[t0:t1],
+                n_rows,
+                xs.shape[1],
+                n_wpat,
+                d,
+                xs.stride(0),
+                xs.stride(1),
+                xs.stride(2),
+                scale.stride(0),
+                d if p > 1 else 0,
+                bounds[0],
+                bounds[1],
+                bounds[2],
                 float(eps),
-                NUM_MOD=len(group), ADD_ONE=add_one, WRITE_Y32=fp32_out is not None,
-                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
-            )  # fmt: skip
+                NUM_MOD=len(group),
+                ADD_ONE=add_one,
+                WRITE_Y32=fp32_out is not None,
+                BLOCK_R=block_r,
+                BLOCK_D=block_d,
+                num_warps=num_warps,
+            )
         t0 = t1
     return y

@@ -238,9 +238,18 @@ def _chunk_scan_kernel(before_ptr, counts_ptr, P, F, BLOCK_P: tl.constexpr, BLOC
 
 @triton.jit
 def _stable_scatter_kernel(
-    idx_ptr, before_ptr, start_ptr, cursor_ptr, sorted_ids_ptr, R, TK, E, F,
-    CHUNK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    idx_ptr,
+    before_ptr,
+    start_ptr,
+    cursor_ptr,
+    sorted_ids_ptr,
+    R,
+    TK,
+    E,
+    F,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # Program p sorts its chunk by (expert, route). A route at sorted position j of expert e lands in
     # slot cursor[e] (the expert's first slot) + before[p, e] (its routes in earlier chunks)
     # + j - start[p, e] (its rank in this chunk): slots follow route order, so the result is stable.
@@ -283,9 +292,17 @@ def align_routes_device_stable(idx: Tensor, num_local_experts: int, buffers: Rou
     warps = max(4, min(16, chunk // 256))  # 8 to 16 routes per thread
     if num_routes > 0:
         _chunk_counts_kernel[(num_chunks,)](
-            idx, buffers.chunk_before, buffers.chunk_start, num_routes, tk, num_local_experts, num_experts,
-            CHUNK=chunk, BINS=triton.next_power_of_2(num_experts + 1), num_warps=warps,
-        )  # fmt: skip
+            idx,
+            buffers.chunk_before,
+            buffers.chunk_start,
+            num_routes,
+            tk,
+            num_local_experts,
+            num_experts,
+            CHUNK=chunk,
+            BINS=triton.next_power_of_2(num_experts + 1),
+            num_warps=warps,
+        )
         block_p = triton.next_power_of_2(num_chunks)
         block_f = max(16, 8192 // block_p)
         _chunk_scan_kernel[(triton.cdiv(num_experts, block_f),)](
@@ -301,9 +318,19 @@ def align_routes_device_stable(idx: Tensor, num_local_experts: int, buffers: Rou
     )
     if num_routes > 0:
         _stable_scatter_kernel[(num_chunks,)](
-            idx, buffers.chunk_before, buffers.chunk_start, buffers.cursor, buffers.sorted_ids, num_routes, tk,
-            num_local_experts, num_experts, CHUNK=chunk, PDL=_pdl(idx.device), num_warps=warps,
-        )  # fmt: skip
+            idx,
+            buffers.chunk_before,
+            buffers.chunk_start,
+            buffers.cursor,
+            buffers.sorted_ids,
+            num_routes,
+            tk,
+            num_local_experts,
+            num_experts,
+            CHUNK=chunk,
+            PDL=_pdl(idx.device),
+            num_warps=warps,
+        )
     return buffers
 
 
@@ -354,7 +381,13 @@ def expert_lists_device(idx: Tensor, num_local_experts: int, lists: ExpertLists)
     if num_routes > 0:
         block = 1024
         _lists_kernel[(triton.cdiv(num_routes, block),)](
-            idx, lists.counts, lists.lists, num_routes, tk, num_local_experts, BLOCK=block,
+            idx,
+            lists.counts,
+            lists.lists,
+            num_routes,
+            tk,
+            num_local_experts,
+            BLOCK=block,
             PDL=_pdl(idx.device),
-        )  # fmt: skip
+        )
     return lists

@@ -94,13 +94,30 @@ _DEFAULT_STATE = MoEState()
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _problem(device: torch.device, dtype: torch.dtype, deterministic: bool, tokens: int, heads: int,
-             flat_experts: int, topk: int, d: int, inter: int) -> Problem:
+def _problem(
+    device: torch.device,
+    dtype: torch.dtype,
+    deterministic: bool,
+    tokens: int,
+    heads: int,
+    flat_experts: int,
+    topk: int,
+    d: int,
+    inter: int,
+) -> Problem:
     return Problem(
-        op="moe_experts", device_type=device.type, device_index=device.index, dtype=_DTYPE_NAMES[dtype],
-        features=frozenset({Feature.DETERMINISTIC} if deterministic else ()), tokens=tokens, num_heads=heads,
-        num_experts=flat_experts // heads, top_k=topk, hidden=d, intermediate=inter,
-    )  # fmt: skip
+        op="moe_experts",
+        device_type=device.type,
+        device_index=device.index,
+        dtype=_DTYPE_NAMES[dtype],
+        features=frozenset({Feature.DETERMINISTIC} if deterministic else ()),
+        tokens=tokens,
+        num_heads=heads,
+        num_experts=flat_experts // heads,
+        top_k=topk,
+        hidden=d,
+        intermediate=inter,
+    )
 
 
 def call_problem(x: Tensor, idx: Tensor, w_gate: Tensor, deterministic: bool) -> Problem:
@@ -111,8 +128,17 @@ def call_problem(x: Tensor, idx: Tensor, w_gate: Tensor, deterministic: bool) ->
 
 @functools.lru_cache(maxsize=256)
 def _planned(
-    device: torch.device, dtype: torch.dtype, deterministic: bool, interpreting: bool, raw: bool,
-    tokens: int, heads: int, flat_experts: int, topk: int, d: int, inter: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    deterministic: bool,
+    interpreting: bool,
+    raw: bool,
+    tokens: int,
+    heads: int,
+    flat_experts: int,
+    topk: int,
+    d: int,
+    inter: int,
 ) -> tuple[Plan, Launch]:
     """The plan of a call of this shape (``interpreting`` is part of the key: the alignment depends on it);
     ``raw``: gate/up are not views of a packed bank, so the plan's step for raw weights applies."""
@@ -185,8 +211,9 @@ def run_plan(
     problem = call_problem(x, idx, w_gate, deterministic)
     reason = plan_reason(plan, problem, device_id(x.device.type, x.device.index))
     if reason is not None:
-        raise InvalidValueError("moe_experts", "plan", "a plan that can run this call here",
-                                f"{plan.describe()} ({reason})")
+        raise InvalidValueError(
+            "moe_experts", "plan", "a plan that can run this call here", f"{plan.describe()} ({reason})"
+        )
     return run_fused(x, probs, idx, w_gate, w_up, w_down, state=state, plan=plan, deterministic=deterministic).y
 
 
@@ -231,8 +258,9 @@ def run_fused(
         launch = launch_of(plan)
         if w13 is None and capturing:
             # Nothing the graph reads may be owned by a buffer that outlives the capture's own pool.
-            plan, launch = without_bank(plan, call_problem(x, idx, w_gate, deterministic),
-                                        device_id(x.device.type, x.device.index))
+            plan, launch = without_bank(
+                plan, call_problem(x, idx, w_gate, deterministic), device_id(x.device.type, x.device.index)
+            )
         elif w13 is None and (launch.packed_w13 or launch.variant in TENSOR_DESCRIPTORS):
             w13 = pack_w13(w_gate, w_up)  # this call's own bank: an explicit plan runs as given
     # The interpreter multiplies raw BF16 bits in tl.dot (hence FP32 operands there), and its FP32 -> BF16
@@ -246,9 +274,11 @@ def run_fused(
     single = launch.single
     if single is not None and (d & (d - 1) != 0 or inter_dim % single.block_i != 0):
         raise InvalidValueError(
-            "moe_experts", "plan.variant", "two_kernel here (the one-kernel path holds a power-of-two hidden "
-            f"and whole {single.block_i}-wide slices)", f"{plan.variant} for hidden {d}, intermediate {inter_dim}",
-        )  # fmt: skip
+            "moe_experts",
+            "plan.variant",
+            f"two_kernel here (the one-kernel path holds a power-of-two hidden and whole {single.block_i}-wide slices)",
+            f"{plan.variant} for hidden {d}, intermediate {inter_dim}",
+        )
     if w13 is not None:
         wg, wu = w13, w13[:, 1:, :]
         w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
@@ -286,40 +316,92 @@ def run_fused(
         assert single is not None and w13 is not None
         launch_gluon = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
         # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
-        launch_gluon(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single,
-                     pdl=launch.align != "stable_torch")
+        launch_gluon(
+            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=launch.align != "stable_torch"
+        )
     elif variant == "tma":
         assert single is not None and w13 is not None
         launch_fused_tma(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, upcast=upcast, rne=rne)
     elif single is not None:
         fused_expert_kernel[(num_blocks_m,)](
-            x, wg, wu, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-            num_tokens, num_routes, x.stride(0), x.stride(1), *w_strides,
-            D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=single.block_m, BLOCK_I=single.block_i,
-            INTERLEAVED=w13 is not None and launch.interleaved_dot, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
-            num_warps=single.num_warps, num_stages=single.num_stages,
-        )  # fmt: skip
+            x,
+            wg,
+            wu,
+            w_down,
+            probs_flat,
+            routed,
+            bufs.sorted_ids,
+            bufs.expert_ids,
+            bufs.num_padded,
+            num_tokens,
+            num_routes,
+            x.stride(0),
+            x.stride(1),
+            *w_strides,
+            D=d,
+            INTER=inter_dim,
+            TOPK=topk,
+            BLOCK_M=single.block_m,
+            BLOCK_I=single.block_i,
+            INTERLEAVED=w13 is not None and launch.interleaved_dot,
+            UPCAST_DOT=upcast,
+            EXPLICIT_RNE=rne,
+            num_warps=single.num_warps,
+            num_stages=single.num_stages,
+        )
     else:
         assert launch.gemms is not None
         t1, t2 = launch.gemms
         inter = torch.empty((bufs.capacity, inter_dim), dtype=dtype, device=x.device)
         grid1 = (num_blocks_m * triton.cdiv(inter_dim, t1.block_n),)
         gemm1_swiglu7_kernel[grid1](
-            x, wg, wu, inter, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-            num_tokens, num_routes, num_blocks_m,
-            x.stride(0), x.stride(1), *w_strides,
-            D=d, INTER=inter_dim, TOPK=topk, BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k,
-            GROUP_M=t1.group_m, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
-            num_warps=t1.num_warps, num_stages=t1.num_stages,
-        )  # fmt: skip
+            x,
+            wg,
+            wu,
+            inter,
+            bufs.sorted_ids,
+            bufs.expert_ids,
+            bufs.num_padded,
+            num_tokens,
+            num_routes,
+            num_blocks_m,
+            x.stride(0),
+            x.stride(1),
+            *w_strides,
+            D=d,
+            INTER=inter_dim,
+            TOPK=topk,
+            BLOCK_M=t1.block_m,
+            BLOCK_N=t1.block_n,
+            BLOCK_K=t1.block_k,
+            GROUP_M=t1.group_m,
+            UPCAST_DOT=upcast,
+            EXPLICIT_RNE=rne,
+            num_warps=t1.num_warps,
+            num_stages=t1.num_stages,
+        )
         grid2 = (num_blocks_m * triton.cdiv(d, t2.block_n),)
         gemm2_weighted_kernel[grid2](
-            inter, w_down, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-            num_routes, num_blocks_m,
-            D=d, INTER=inter_dim, BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k,
-            GROUP_M=t2.group_m, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
-            num_warps=t2.num_warps, num_stages=t2.num_stages,
-        )  # fmt: skip
+            inter,
+            w_down,
+            probs_flat,
+            routed,
+            bufs.sorted_ids,
+            bufs.expert_ids,
+            bufs.num_padded,
+            num_routes,
+            num_blocks_m,
+            D=d,
+            INTER=inter_dim,
+            BLOCK_M=t2.block_m,
+            BLOCK_N=t2.block_n,
+            BLOCK_K=t2.block_k,
+            GROUP_M=t2.group_m,
+            UPCAST_DOT=upcast,
+            EXPLICIT_RNE=rne,
+            num_warps=t2.num_warps,
+            num_stages=t2.num_stages,
+        )
 
     _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
     return FusedRun(y, inter, routed, bufs, plan)
@@ -330,6 +412,15 @@ def _topk_sum(routed: Tensor, y: Tensor, heads: int, num_tokens: int, d: int, to
     rows = heads * num_tokens
     block_r = 16 if _interpreting() else 8
     topk_sum_kernel[(triton.cdiv(rows, block_r),)](
-        routed, y, rows, num_tokens, y.stride(0), y.stride(1),
-        D=d, TOPK=topk, BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(d), EXPLICIT_RNE=rne,
-    )  # fmt: skip
+        routed,
+        y,
+        rows,
+        num_tokens,
+        y.stride(0),
+        y.stride(1),
+        D=d,
+        TOPK=topk,
+        BLOCK_R=block_r,
+        BLOCK_D=triton.next_power_of_2(d),
+        EXPLICIT_RNE=rne,
+    )

@@ -148,9 +148,13 @@ def _checked_kernels(x: Tensor, w13: Tensor, tile: SliceTile, variant: str) -> M
 def _meta(x: Tensor, w13: Tensor, topk: int, tile: SliceTile) -> dict[str, int]:
     """The compile-time arguments every Gluon MoE kernel takes."""
     return {
-        "D": x.shape[2], "INTER": w13.shape[1] // 2, "TOPK": topk, "BLOCK_M": tile.block_m,
-        "BLOCK_I": tile.block_i, "STAGES": tile.num_stages,
-    }  # fmt: skip
+        "D": x.shape[2],
+        "INTER": w13.shape[1] // 2,
+        "TOPK": topk,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_I": tile.block_i,
+        "STAGES": tile.num_stages,
+    }
 
 
 def launch_fused_gluon(
@@ -174,10 +178,22 @@ def launch_fused_gluon(
     kernels = _checked_kernels(x, w13, tile, "gluon")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
-        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        **_meta(x, w13, topk, tile), num_warps=tile.num_warps, launch_pdl=pdl,
-    )  # fmt: skip
+        x,
+        w13_desc,
+        wd_desc,
+        probs_flat,
+        routed,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        x.shape[0],
+        routed.shape[0],
+        x.stride(0),
+        x.stride(1),
+        **_meta(x, w13, topk, tile),
+        num_warps=tile.num_warps,
+        launch_pdl=pdl,
+    )
 
 
 def launch_fused_gluon_routed(
@@ -195,11 +211,22 @@ def launch_fused_gluon_routed(
     kernels = _checked_kernels(x, w13, tile, "gluon_routed")
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     kernels.fused_expert_gluon_routed_kernel[(w13.shape[0],)](
-        x, w13_desc, wd_desc, probs_flat, routed, lists.lists, lists.counts, lists.stride,
-        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        **_meta(x, w13, topk, tile), num_warps=tile.num_warps,
+        x,
+        w13_desc,
+        wd_desc,
+        probs_flat,
+        routed,
+        lists.lists,
+        lists.counts,
+        lists.stride,
+        x.shape[0],
+        routed.shape[0],
+        x.stride(0),
+        x.stride(1),
+        **_meta(x, w13, topk, tile),
+        num_warps=tile.num_warps,
         launch_pdl=True,  # reads the lists and counts only after griddepcontrol.wait: safe after any kernel
-    )  # fmt: skip
+    )
 
 
 def launch_fused_gluon_ws(
@@ -221,9 +248,20 @@ def launch_fused_gluon_ws(
     w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
     grid = min(bufs.capacity // tile.block_m, _sm_count(x.device))
     kernels.fused_expert_gluon_ws_kernel[(grid,)](
-        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-        x.shape[0], routed.shape[0], x.stride(0), x.stride(1),
-        **_meta(x, w13, topk, tile), CONSUMER_REGS=_WS_CONSUMER_REGS,
+        x,
+        w13_desc,
+        wd_desc,
+        probs_flat,
+        routed,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        x.shape[0],
+        routed.shape[0],
+        x.stride(0),
+        x.stride(1),
+        **_meta(x, w13, topk, tile),
+        CONSUMER_REGS=_WS_CONSUMER_REGS,
         num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
         launch_pdl=pdl,
-    )  # fmt: skip
+    )

@@ -142,8 +142,9 @@ def _ws_consumer(
     pid = gl.program_id(0)
     step = gl.num_programs(0)
     if pid < num_blocks:
-        _gather_rows(a_smem, x_ptr, sorted_ids_ptr + pid * BLOCK_M + ROW0, num_tokens, num_routes,
-                     stride_xt, stride_xh, D, TOPK)  # fmt: skip
+        _gather_rows(
+            a_smem, x_ptr, sorted_ids_ptr + pid * BLOCK_M + ROW0, num_tokens, num_routes, stride_xt, stride_xh, D, TOPK
+        )
     n = 0  # global slice number of this block's slice 0: ring slot and phase
     for blk in range(pid, num_blocks, step):
         # This block's rows (issued during the previous block): each thread waits for its copies and
@@ -175,8 +176,17 @@ def _ws_consumer(
         # the last slice, the down projection and the store of this one run.
         nxt = blk + step
         if nxt < num_blocks:
-            _gather_rows(a_smem, x_ptr, sorted_ids_ptr + nxt * BLOCK_M + ROW0, num_tokens, num_routes,
-                         stride_xt, stride_xh, D, TOPK)  # fmt: skip
+            _gather_rows(
+                a_smem,
+                x_ptr,
+                sorted_ids_ptr + nxt * BLOCK_M + ROW0,
+                num_tokens,
+                num_routes,
+                stride_xt,
+                stride_xh,
+                D,
+                TOPK,
+            )
         m_smem = m_bufs.index(LAST % 2)
         m_smem.store(_swiglu7_slice(gu, _ROWS, BLOCK_I, dtype))
         fence_async_shared()
@@ -246,18 +256,86 @@ def fused_expert_gluon_ws_kernel(
         mbarrier.init(wd_empty.index(s), count=2)
     gl.warp_specialize(
         [
-            (_ws_consumer, (x_ptr, probs_ptr, out_ptr, sorted_ids_ptr, num_blocks, num_tokens, num_routes,
-                            stride_xt, stride_xh, a0, m0, w13_bufs, wd_bufs, w13_full, wd_full, w13_empty, wd_empty,
-                            0, D, INTER, TOPK, BLOCK_M, BLOCK_I, STAGES)),
-            (_ws_consumer, (x_ptr, probs_ptr, out_ptr, sorted_ids_ptr, num_blocks, num_tokens, num_routes,
-                            stride_xt, stride_xh, a1, m1, w13_bufs, wd_bufs, w13_full, wd_full, w13_empty, wd_empty,
-                            _ROWS, D, INTER, TOPK, BLOCK_M, BLOCK_I, STAGES)),
-            (_ws_loader, (w13_desc, wd_desc, w13_bufs, wd_bufs, w13_full, wd_full, w13_empty, wd_empty,
-                          expert_ids_ptr, num_blocks, INTER, BLOCK_I, STAGES)),
+            (
+                _ws_consumer,
+                (
+                    x_ptr,
+                    probs_ptr,
+                    out_ptr,
+                    sorted_ids_ptr,
+                    num_blocks,
+                    num_tokens,
+                    num_routes,
+                    stride_xt,
+                    stride_xh,
+                    a0,
+                    m0,
+                    w13_bufs,
+                    wd_bufs,
+                    w13_full,
+                    wd_full,
+                    w13_empty,
+                    wd_empty,
+                    0,
+                    D,
+                    INTER,
+                    TOPK,
+                    BLOCK_M,
+                    BLOCK_I,
+                    STAGES,
+                ),
+            ),
+            (
+                _ws_consumer,
+                (
+                    x_ptr,
+                    probs_ptr,
+                    out_ptr,
+                    sorted_ids_ptr,
+                    num_blocks,
+                    num_tokens,
+                    num_routes,
+                    stride_xt,
+                    stride_xh,
+                    a1,
+                    m1,
+                    w13_bufs,
+                    wd_bufs,
+                    w13_full,
+                    wd_full,
+                    w13_empty,
+                    wd_empty,
+                    _ROWS,
+                    D,
+                    INTER,
+                    TOPK,
+                    BLOCK_M,
+                    BLOCK_I,
+                    STAGES,
+                ),
+            ),
+            (
+                _ws_loader,
+                (
+                    w13_desc,
+                    wd_desc,
+                    w13_bufs,
+                    wd_bufs,
+                    w13_full,
+                    wd_full,
+                    w13_empty,
+                    wd_empty,
+                    expert_ids_ptr,
+                    num_blocks,
+                    INTER,
+                    BLOCK_I,
+                    STAGES,
+                ),
+            ),
         ],
         [_CONSUMER_WARPS, 1],
         [CONSUMER_REGS, 40],
-    )  # fmt: skip
+    )
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(w13_full.index(s))
         mbarrier.invalidate(wd_full.index(s))

@@ -107,7 +107,23 @@ def fused_expert_tma_kernel(
     blk = tl.program_id(0)
     if blk * BLOCK_M < tl.load(num_padded_ptr):
         _expert_block(
-            blk, x_ptr, w13_desc, wd_desc, probs_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-            num_tokens, num_routes, stride_xt, stride_xh,
-            D, INTER, TOPK, BLOCK_M, BLOCK_I, UPCAST_DOT, EXPLICIT_RNE,
-        )  # fmt: skip
+            blk,
+            x_ptr,
+            w13_desc,
+            wd_desc,
+            probs_ptr,
+            out_ptr,
+            sorted_ids_ptr,
+            expert_ids_ptr,
+            num_tokens,
+            num_routes,
+            stride_xt,
+            stride_xh,
+            D,
+            INTER,
+            TOPK,
+            BLOCK_M,
+            BLOCK_I,
+            UPCAST_DOT,
+            EXPLICIT_RNE,
+        )

@@ -60,9 +60,25 @@ from .gluon import gluon_device_reason, gluon_shape_reason
 from .tiles import ONE_KERNEL, Alignment, Launch, Variant, launch_of
 from .tma import tma_device_reason
 
-__all__ = ["LIST_BUDGET", "STABLE_KERNELS_MAX_EXPERTS", "DeviceId", "PlanRow", "RowPlan", "alignment_for",
-           "candidates_for", "choose_alignment", "described_id", "device_id", "plan_for", "plan_reason", "problem_of",
-           "row_error", "rows_for", "variant_reason", "without_bank"]
+__all__ = [
+    "LIST_BUDGET",
+    "STABLE_KERNELS_MAX_EXPERTS",
+    "DeviceId",
+    "PlanRow",
+    "RowPlan",
+    "alignment_for",
+    "candidates_for",
+    "choose_alignment",
+    "described_id",
+    "device_id",
+    "plan_for",
+    "plan_reason",
+    "problem_of",
+    "row_error",
+    "rows_for",
+    "variant_reason",
+    "without_bank",
+]
 
 OP: Final = "moe_experts"
 PROVIDER = "triton"
@@ -212,8 +228,9 @@ def alignment_for(row_align: RowAlign, problem: Problem, device: DeviceId) -> tu
         if got == "stable_kernels":
             return got, ""
         if _kernels_align(device):
-            return got, (f"align atomic: {flat} flat experts > {STABLE_KERNELS_MAX_EXPERTS}, "
-                         "where the atomic kernels are faster")
+            return got, (
+                f"align atomic: {flat} flat experts > {STABLE_KERNELS_MAX_EXPERTS}, where the atomic kernels are faster"
+            )
         stable = "; deterministic mode needs a stable route order" if det else ""
         return got, f"align {got}: the stable alignment kernels run on CUDA outside the interpreter only{stable}"
     if row_align == "atomic" and det:
@@ -238,8 +255,10 @@ def variant_reason(launch: Launch, problem: Problem, device: DeviceId) -> str | 
     assert launch.single is not None
     d, inter = problem.hidden or 0, problem.intermediate or 0
     if d < 1 or d & (d - 1) or inter % launch.single.block_i:
-        return (f"the one-kernel path needs hidden a power of two and intermediate a multiple of BLOCK_I "
-                f"{launch.single.block_i}; got {d} and {inter}")
+        return (
+            f"the one-kernel path needs hidden a power of two and intermediate a multiple of BLOCK_I "
+            f"{launch.single.block_i}; got {d} and {inter}"
+        )
     if v == "tma":
         return tma_device_reason(device.type, device.capability)
     if v.startswith("gluon"):
@@ -280,8 +299,9 @@ def plan_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], source
         why = f"{source}; row {i} ({when}): {row.cited()}"
         why += "".join(f"; {w}" for w in (align_why, *(["passed over " + "; ".join(passed)] if passed else [])) if w)
         return Plan(variant=row.plan.variant, tile=dict(row.plan.tile), align=align, why=why), launch
-    raise InvalidValueError(OP, "plan", f"a row of {source} that can run this call",
-                            "; ".join(passed) or "no row whose conditions hold")
+    raise InvalidValueError(
+        OP, "plan", f"a row of {source} that can run this call", "; ".join(passed) or "no row whose conditions hold"
+    )
 
 
 def without_bank(plan: Plan, problem: Problem, device: DeviceId) -> tuple[Plan, Launch]:
@@ -296,8 +316,10 @@ def without_bank(plan: Plan, problem: Problem, device: DeviceId) -> tuple[Plan, 
         align = choose_alignment(device, _flat_experts(problem), Feature.DETERMINISTIC in problem.features)
     if variant == launch.variant and tile == plan.tile and align == plan.align:
         return plan, launch
-    why = (f"{plan.why}; raw gate/up have no packed bank (prepare_moe_weights makes one): "
-           f"the {variant} kernel with the same tile reads them in place (bit-identical)")
+    why = (
+        f"{plan.why}; raw gate/up have no packed bank (prepare_moe_weights makes one): "
+        f"the {variant} kernel with the same tile reads them in place (bit-identical)"
+    )
     new = Plan(variant=variant, tile=tile, align=align, why=why)
     return new, launch_of(new)
 
@@ -311,19 +333,25 @@ def candidates_for(problem: Problem, device: DeviceId, rows: Sequence[PlanRow], 
     kernels = _kernels_align(device)
     out = [chosen]
     seen = {(chosen.variant, tuple(sorted(chosen.tile.items())), chosen.align)}
-    aligned: tuple[Alignment, ...] = (("stable_kernels",) if kernels else ("stable_torch",)) if det else \
-        (("stable_kernels", "atomic") if kernels else ("atomic",))
+    aligned: tuple[Alignment, ...] = (
+        (("stable_kernels",) if kernels else ("stable_torch",))
+        if det
+        else (("stable_kernels", "atomic") if kernels else ("atomic",))
+    )
     for i, row in enumerate(rows, 1):
         # a one-kernel row's tile with each one-kernel variant (they share the tile vocabulary)
         variants = (row.plan.variant,) if row.plan.variant == "two_kernel" else ONE_KERNEL
         for variant in variants:
             for align in ("lists",) if variant == "gluon_routed" else aligned:
                 key = (variant, tuple(sorted(row.plan.tile.items())), align)
-                plan = Plan(variant=variant, tile=dict(row.plan.tile), align=align,
-                            why=f"candidate: the tile of {source}, row {i}, with {variant} and align {align}")
+                plan = Plan(
+                    variant=variant,
+                    tile=dict(row.plan.tile),
+                    align=align,
+                    why=f"candidate: the tile of {source}, row {i}, with {variant} and align {align}",
+                )
                 if key in seen or variant_reason(launch_of(plan), problem, device) is not None:
                     continue
                 seen.add(key)
                 out.append(plan)
     return out
-

@@ -36,8 +36,17 @@ from typing import Literal, get_args
 
 from magi2_core.backend import InvalidValueError, Plan
 
-__all__ = ["ALIGNMENTS", "ONE_KERNEL", "VARIANTS", "Alignment", "GemmTile", "Launch", "SliceTile", "Variant",
-           "launch_of"]
+__all__ = [
+    "ALIGNMENTS",
+    "ONE_KERNEL",
+    "VARIANTS",
+    "Alignment",
+    "GemmTile",
+    "Launch",
+    "SliceTile",
+    "Variant",
+    "launch_of",
+]
 
 Variant = Literal["two_kernel", "pointer", "tma", "gluon", "gluon_routed", "gluon_ws"]
 VARIANTS: tuple[Variant, ...] = get_args(Variant)

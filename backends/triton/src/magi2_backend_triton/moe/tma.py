@@ -80,8 +80,25 @@ def launch_fused_tma(
     w13_desc = TensorDescriptor.from_tensor(w13.reshape(num_experts * two_inter, d), [2 * bi, d])
     wd_desc = TensorDescriptor.from_tensor(w_down.reshape(num_experts * inter, d), [bi, d])
     fused_expert_tma_kernel[(bufs.capacity // tile.block_m,)](
-        x, w13_desc, wd_desc, probs_flat, routed, bufs.sorted_ids, bufs.expert_ids, bufs.num_padded,
-        num_tokens, routed.shape[0], x.stride(0), x.stride(1),
-        D=d, INTER=inter, TOPK=topk, BLOCK_M=tile.block_m, BLOCK_I=bi, UPCAST_DOT=upcast, EXPLICIT_RNE=rne,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )  # fmt: skip
+        x,
+        w13_desc,
+        wd_desc,
+        probs_flat,
+        routed,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        num_tokens,
+        routed.shape[0],
+        x.stride(0),
+        x.stride(1),
+        D=d,
+        INTER=inter,
+        TOPK=topk,
+        BLOCK_M=tile.block_m,
+        BLOCK_I=bi,
+        UPCAST_DOT=upcast,
+        EXPLICIT_RNE=rne,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )

@@ -1,5 +1,6 @@
 """Returns a descriptor that does not validate (an unknown op, no device types)."""
 
+
 def magi2_backend() -> dict[str, object]:
     return {
         "name": "magi2-backend-broken-spec",

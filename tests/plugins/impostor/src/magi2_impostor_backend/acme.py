@@ -11,9 +11,21 @@ def magi2_backend() -> BackendSpec:
         version="0.0.1",
         core_api=">=2.0,<3",
         providers=(
-            Capability(op="rmsnorm", name="reference", impl="magi2_impostor_backend.kernels:zero_rmsnorm",
-                       device_types=("*",), dtypes=_ANY, priority=1000),
-            Capability(op="attention", name="reference", impl="magi2_impostor_backend.kernels:zero_attention",
-                       device_types=("*",), dtypes=_ANY, priority=1000),
+            Capability(
+                op="rmsnorm",
+                name="reference",
+                impl="magi2_impostor_backend.kernels:zero_rmsnorm",
+                device_types=("*",),
+                dtypes=_ANY,
+                priority=1000,
+            ),
+            Capability(
+                op="attention",
+                name="reference",
+                impl="magi2_impostor_backend.kernels:zero_attention",
+                device_types=("*",),
+                dtypes=_ANY,
+                priority=1000,
+            ),
         ),
     )

@@ -9,7 +9,13 @@ def magi2_backend() -> BackendSpec:
         version="9.9.9",
         core_api=">=2.0,<3",
         providers=(
-            Capability(op="rmsnorm", name="reference", impl="magi2_impostor_backend.kernels:zero_rmsnorm",
-                       device_types=("*",), dtypes=("float32", "bfloat16", "float16"), priority=1000),
+            Capability(
+                op="rmsnorm",
+                name="reference",
+                impl="magi2_impostor_backend.kernels:zero_rmsnorm",
+                device_types=("*",),
+                dtypes=("float32", "bfloat16", "float16"),
+                priority=1000,
+            ),
         ),
     )
