@@ -5,12 +5,18 @@ whose size depends on data, so a warmed-up forward can be captured in a CUDA gra
 the call owns its route buffers. Raw gate/up (not views of a prepared bank) are read in place, by
 the plan's step for raw weights (`plan.without_bank`): no copy of them outlives a call, so whatever
 the caller writes into them between calls is what the next call computes with.
+
+A call runs its plan in three steps: the routes (row-block aligned buffers, or per-expert lists for
+``gluon_routed``), one launcher from ``_LAUNCHERS`` (a table keyed by the plan's variant: no code
+path picks a kernel the plan did not name), and the sum of each token's K route rows.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -33,7 +39,7 @@ from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_g
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
 from .pack import interleaved_bank, pack_w13
 from .plan import device_id, plan_for, plan_reason, rows_for, without_bank
-from .tiles import TENSOR_DESCRIPTORS, Alignment, Launch, launch_of
+from .tiles import TENSOR_DESCRIPTORS, VARIANTS, Alignment, Launch, SliceTile, Variant, launch_of
 from .tma import launch_fused_tma
 
 
@@ -286,125 +292,178 @@ def run_fused(
         wg, wu = w_gate.contiguous(), w_up.contiguous()
         w_strides = (wg.stride(0), wg.stride(1), wg.stride(2))
 
-    variant = launch.variant
     routed = torch.empty((num_routes, d), dtype=dtype, device=x.device)
-    if variant == "gluon_routed":
-        # One program per expert over unpadded route lists: no row-block alignment at all.
-        assert single is not None and w13 is not None
+    routes: RouteBuffers | ExpertLists
+    if launch.align == "lists":  # one program per expert over unpadded route lists (gluon_routed)
         tk = num_routes // heads
-        lists = (
-            ExpertLists.allocate(num_experts, tk, x.device)
-            if capturing
-            else state.expert_lists(num_experts, tk, x.device)
-        )
-        expert_lists_device(idx, num_experts // heads, lists)
-        launch_fused_gluon_routed(x, w13, w_down, probs_flat, routed, lists, topk=topk, tile=single)
-        _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
-        return FusedRun(y, None, routed, None, plan)
-
-    # The alignment's row block is the block of the kernels that read it.
-    block_m = launch.block_m
-    if capturing:
-        bufs = RouteBuffers.allocate(route_capacity(num_routes, num_experts, block_m), block_m, num_experts, x.device)
-    else:
-        bufs = state.route_buffers(num_routes, num_experts, block_m, x.device)
-    _align(idx, num_experts // heads, bufs, launch.align)
-    num_blocks_m = bufs.capacity // block_m
-
-    inter: Tensor | None = None
-    if variant in ("gluon", "gluon_ws"):
-        assert single is not None and w13 is not None
-        launch_gluon = launch_fused_gluon_ws if variant == "gluon_ws" else launch_fused_gluon
-        # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
-        launch_gluon(
-            x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, pdl=launch.align != "stable_torch"
-        )
-    elif variant == "tma":
-        assert single is not None and w13 is not None
-        launch_fused_tma(x, w13, w_down, probs_flat, routed, bufs, topk=topk, tile=single, upcast=upcast, rne=rne)
-    elif single is not None:
-        fused_expert_kernel[(num_blocks_m,)](
-            x,
-            wg,
-            wu,
-            w_down,
-            probs_flat,
-            routed,
-            bufs.sorted_ids,
-            bufs.expert_ids,
-            bufs.num_padded,
-            num_tokens,
-            num_routes,
-            x.stride(0),
-            x.stride(1),
-            *w_strides,
-            D=d,
-            INTER=inter_dim,
-            TOPK=topk,
-            BLOCK_M=single.block_m,
-            BLOCK_I=single.block_i,
-            INTERLEAVED=w13 is not None and launch.interleaved_dot,
-            UPCAST_DOT=upcast,
-            EXPLICIT_RNE=rne,
-            num_warps=single.num_warps,
-            num_stages=single.num_stages,
-        )
-    else:
-        assert launch.gemms is not None
-        t1, t2 = launch.gemms
-        inter = torch.empty((bufs.capacity, inter_dim), dtype=dtype, device=x.device)
-        grid1 = (num_blocks_m * triton.cdiv(inter_dim, t1.block_n),)
-        gemm1_swiglu7_kernel[grid1](
-            x,
-            wg,
-            wu,
-            inter,
-            bufs.sorted_ids,
-            bufs.expert_ids,
-            bufs.num_padded,
-            num_tokens,
-            num_routes,
-            num_blocks_m,
-            x.stride(0),
-            x.stride(1),
-            *w_strides,
-            D=d,
-            INTER=inter_dim,
-            TOPK=topk,
-            BLOCK_M=t1.block_m,
-            BLOCK_N=t1.block_n,
-            BLOCK_K=t1.block_k,
-            GROUP_M=t1.group_m,
-            UPCAST_DOT=upcast,
-            EXPLICIT_RNE=rne,
-            num_warps=t1.num_warps,
-            num_stages=t1.num_stages,
-        )
-        grid2 = (num_blocks_m * triton.cdiv(d, t2.block_n),)
-        gemm2_weighted_kernel[grid2](
-            inter,
-            w_down,
-            probs_flat,
-            routed,
-            bufs.sorted_ids,
-            bufs.expert_ids,
-            bufs.num_padded,
-            num_routes,
-            num_blocks_m,
-            D=d,
-            INTER=inter_dim,
-            BLOCK_M=t2.block_m,
-            BLOCK_N=t2.block_n,
-            BLOCK_K=t2.block_k,
-            GROUP_M=t2.group_m,
-            UPCAST_DOT=upcast,
-            EXPLICIT_RNE=rne,
-            num_warps=t2.num_warps,
-            num_stages=t2.num_stages,
-        )
-
+        if capturing:
+            routes = ExpertLists.allocate(num_experts, tk, x.device)
+        else:
+            routes = state.expert_lists(num_experts, tk, x.device)
+        expert_lists_device(idx, num_experts // heads, routes)
+    else:  # the alignment's row block is the block of the kernels that read it
+        block_m = launch.block_m
+        if capturing:
+            capacity = route_capacity(num_routes, num_experts, block_m)
+            routes = RouteBuffers.allocate(capacity, block_m, num_experts, x.device)
+        else:
+            routes = state.route_buffers(num_routes, num_experts, block_m, x.device)
+        _align(idx, num_experts // heads, routes, launch.align)
+    kernels = Kernels(x, wg, wu, w13, w_down, w_strides, probs_flat, routed, topk, upcast, rne)
+    inter = _LAUNCHERS[launch.variant](kernels, launch, routes)
     _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
-    return FusedRun(y, inter, routed, bufs, plan)
+    return FusedRun(y, inter, routed, routes if isinstance(routes, RouteBuffers) else None, plan)
+
+
+class Kernels(NamedTuple):
+    """What every variant's launcher reads: the operands as the kernels take them (``w13``, the packed
+    bank, or None for raw gate/up in ``wg``/``wu`` with ``w_strides``) and the numeric flags."""
+
+    x: Tensor
+    wg: Tensor
+    wu: Tensor
+    w13: Tensor | None
+    w_down: Tensor
+    w_strides: tuple[int, int, int]
+    probs: Tensor
+    routed: Tensor
+    topk: int
+    upcast: bool
+    rne: bool
+
+
+def _bank(ops: Kernels, launch: Launch) -> tuple[Tensor, SliceTile]:
+    """The packed bank and slice tile that the descriptor variants need (the plan guarantees both)."""
+    assert ops.w13 is not None and launch.single is not None, launch
+    return ops.w13, launch.single
+
+
+def _rows(routes: RouteBuffers | ExpertLists) -> RouteBuffers:
+    assert isinstance(routes, RouteBuffers), "this variant reads row-block aligned routes"
+    return routes
+
+
+def _launch_gluon_routed(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    assert isinstance(routes, ExpertLists), "gluon_routed reads per-expert route lists"
+    w13, tile = _bank(ops, launch)
+    launch_fused_gluon_routed(ops.x, w13, ops.w_down, ops.probs, ops.routed, routes, topk=ops.topk, tile=tile)
+
+
+def _launch_gluon(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    w13, tile = _bank(ops, launch)
+    launcher = launch_fused_gluon_ws if launch.variant == "gluon_ws" else launch_fused_gluon
+    # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
+    pdl = launch.align != "stable_torch"
+    launcher(ops.x, w13, ops.w_down, ops.probs, ops.routed, _rows(routes), topk=ops.topk, tile=tile, pdl=pdl)
+
+
+def _launch_tma(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    w13, tile = _bank(ops, launch)
+    bufs = _rows(routes)
+    launch_fused_tma(
+        ops.x, w13, ops.w_down, ops.probs, ops.routed, bufs, topk=ops.topk, tile=tile, upcast=ops.upcast, rne=ops.rne
+    )
+
+
+def _launch_pointer(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    tile, bufs, x = launch.single, _rows(routes), ops.x
+    assert tile is not None
+    fused_expert_kernel[(bufs.capacity // tile.block_m,)](
+        x,
+        ops.wg,
+        ops.wu,
+        ops.w_down,
+        ops.probs,
+        ops.routed,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        x.shape[0],
+        ops.routed.shape[0],
+        x.stride(0),
+        x.stride(1),
+        *ops.w_strides,
+        D=x.shape[2],
+        INTER=ops.w_down.shape[1],
+        TOPK=ops.topk,
+        BLOCK_M=tile.block_m,
+        BLOCK_I=tile.block_i,
+        INTERLEAVED=ops.w13 is not None and launch.interleaved_dot,
+        UPCAST_DOT=ops.upcast,
+        EXPLICIT_RNE=ops.rne,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
+
+
+def _launch_two_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> Tensor:
+    assert launch.gemms is not None
+    t1, t2 = launch.gemms
+    bufs, x = _rows(routes), ops.x
+    d, inter_dim, num_routes = x.shape[2], ops.w_down.shape[1], ops.routed.shape[0]
+    num_blocks_m = bufs.capacity // launch.block_m
+    inter = torch.empty((bufs.capacity, inter_dim), dtype=x.dtype, device=x.device)
+    gemm1_swiglu7_kernel[(num_blocks_m * triton.cdiv(inter_dim, t1.block_n),)](
+        x,
+        ops.wg,
+        ops.wu,
+        inter,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        x.shape[0],
+        num_routes,
+        num_blocks_m,
+        x.stride(0),
+        x.stride(1),
+        *ops.w_strides,
+        D=d,
+        INTER=inter_dim,
+        TOPK=ops.topk,
+        BLOCK_M=t1.block_m,
+        BLOCK_N=t1.block_n,
+        BLOCK_K=t1.block_k,
+        GROUP_M=t1.group_m,
+        UPCAST_DOT=ops.upcast,
+        EXPLICIT_RNE=ops.rne,
+        num_warps=t1.num_warps,
+        num_stages=t1.num_stages,
+    )
+    gemm2_weighted_kernel[(num_blocks_m * triton.cdiv(d, t2.block_n),)](
+        inter,
+        ops.w_down,
+        ops.probs,
+        ops.routed,
+        bufs.sorted_ids,
+        bufs.expert_ids,
+        bufs.num_padded,
+        num_routes,
+        num_blocks_m,
+        D=d,
+        INTER=inter_dim,
+        BLOCK_M=t2.block_m,
+        BLOCK_N=t2.block_n,
+        BLOCK_K=t2.block_k,
+        GROUP_M=t2.group_m,
+        UPCAST_DOT=ops.upcast,
+        EXPLICIT_RNE=ops.rne,
+        num_warps=t2.num_warps,
+        num_stages=t2.num_stages,
+    )
+    return inter
+
+
+# The variants' launchers (tiles.py names the variants, plan.py says which can serve a call): the plan
+# picks a row, this table runs it; two_kernel returns its intermediate, which FusedRun keeps.
+_LAUNCHERS: dict[Variant, Callable[[Kernels, Launch, RouteBuffers | ExpertLists], Tensor | None]] = {
+    "two_kernel": _launch_two_kernel,
+    "pointer": _launch_pointer,
+    "tma": _launch_tma,
+    "gluon": _launch_gluon,
+    "gluon_ws": _launch_gluon,
+    "gluon_routed": _launch_gluon_routed,
+}
+assert set(_LAUNCHERS) == set(VARIANTS), "every variant of tiles.py has a launcher"
 
 
 def _topk_sum(routed: Tensor, y: Tensor, heads: int, num_tokens: int, d: int, topk: int, rne: bool) -> None:
