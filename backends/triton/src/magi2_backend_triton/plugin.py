@@ -95,7 +95,7 @@ def providers() -> tuple[Capability, ...]:
             description="one-pass multi-modality RMSNorm: FP32 sum of squares, (w[m]+1) scale, one cast",
         ),
         # mHC: any stream count up to 8 (the release has 4), the streams' three float dtypes. Not on
-        # MUSA: the FP32 IEEE tl.dot and the 3-D tiles have not run under Triton-MUSA.
+        # MUSA: the split-BF16 and FP32 IEEE tl.dots and the 3-D tiles have not run under Triton-MUSA.
         Capability(
             op="mhc_pre",
             name="triton",
@@ -107,7 +107,8 @@ def providers() -> tuple[Capability, ...]:
             ranges=(IntRange(field="num_streams", min=1, max=8),),
             features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
             priority=20,
-            description="two launches: FP32 sum of squares and IEEE-FP32 projection per token tile (the norm "
+            description="two launches: FP32 sum of squares and projection per token tile (BF16 streams: three "
+            "exact BF16 tensor-core products against the split folded weight; others: the IEEE FP32 dot; the norm "
             "folded in as a per-token scale); coefficients, weighted stream sum, post and Sinkhorn per token",
         ),
         Capability(
