@@ -123,21 +123,21 @@ class Dispatcher:
             bounds = _merged(state.bounds[op], profile_boundaries(op, state.profiles))
             fields = spec.int_fields
             buckets = slot.plans[op] = tuple((len(HEAD) + i, bounds[f]) for i, f in enumerate(fields) if f in bounds)
-        ck = CacheKey(
+        cache_key = CacheKey(
             op,
             provider,
             context_token(),
             tuple(key[: len(HEAD)]),
             tuple([None if key[i] is None else bisect_right(b, key[i]) for i, b in buckets]),
         )
-        bound = slot.cache.get(ck)
+        bound = slot.cache.get(cache_key)
         if bound is None:
             res = resolve_in(spec.problem(key), provider, state)
-            check_resolution(ck, res)  # logs the new decision; strict mode raises here
+            check_resolution(cache_key, res)  # logs the new decision; strict mode raises here
             chosen = state.provider(op, res.chosen or "")
             if chosen is None:  # resolved from this very state, so the name is in it
                 raise RuntimeError(f"{op}: resolved provider {res.chosen!r} is missing from its registry state")
-            bound = slot.cache[ck] = Bound(chosen.load()[0], chosen.name)
+            bound = slot.cache[cache_key] = Bound(chosen.load()[0], chosen.name)
         return bound
 
 

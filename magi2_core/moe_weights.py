@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 
 __all__ = ["CHECKPOINT", "LAYOUTS", "W13_INTERLEAVED", "PreparedMoEWeights", "check_weights", "checkpoint_views"]
@@ -40,7 +40,7 @@ def checkpoint_views(layout: str, tensors: tuple[torch.Tensor, ...]) -> tuple[to
         w13, w_down = tensors
         f, i, d = w_down.shape
         if tuple(w13.shape) != (f, 2 * i, d):
-            raise InvalidShapeError(_OP, "w13", f"[{f}, {2 * i}, {d}] (gate/up interleaved)", ck.describe(w13))
+            raise InvalidShapeError(_OP, "w13", f"[{f}, {2 * i}, {d}] (gate/up interleaved)", checks.describe(w13))
         return w13[:, 0::2, :].transpose(1, 2), w13[:, 1::2, :].transpose(1, 2), w_down
     if layout not in LAYOUTS:
         raise InvalidValueError(_OP, "layout", " | ".join(repr(x) for x in LAYOUTS), repr(layout))
@@ -84,24 +84,28 @@ class PreparedMoEWeights:
 
 def check_weights(w_gate: object, w_up: object, w_down: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three checkpoint-layout tensors, checked against each other (what preparation needs)."""
-    wg, wu, wd = ck.tensor(_OP, "w_gate", w_gate), ck.tensor(_OP, "w_up", w_up), ck.tensor(_OP, "w_down", w_down)
-    if wg.dtype not in ck.FLOATS:  # said here, not as "no eligible provider" by the resolver
-        names = " or ".join(ck.dtype_name(d) for d in ck.FLOATS)
+    wg, wu, wd = (
+        checks.tensor(_OP, "w_gate", w_gate),
+        checks.tensor(_OP, "w_up", w_up),
+        checks.tensor(_OP, "w_down", w_down),
+    )
+    if wg.dtype not in checks.FLOATS:  # said here, not as "no eligible provider" by the resolver
+        names = " or ".join(checks.dtype_name(d) for d in checks.FLOATS)
         raise InvalidDTypeError(
             _OP,
             "w_gate",
             f"of dtype {names} (moe_experts' activation dtypes, which the weights share)",
-            ck.describe(wg),
+            checks.describe(wg),
         )
     if wg.dim() != 3 or 0 in wg.shape:
-        raise InvalidShapeError(_OP, "w_gate", "[heads·experts, hidden, intermediate], non-empty", ck.describe(wg))
+        raise InvalidShapeError(_OP, "w_gate", "[heads·experts, hidden, intermediate], non-empty", checks.describe(wg))
     f, d, i = wg.shape
     if tuple(wu.shape) != (f, d, i):
-        raise InvalidShapeError(_OP, "w_up", f"[{f}, {d}, {i}] like w_gate", ck.describe(wu))
+        raise InvalidShapeError(_OP, "w_up", f"[{f}, {d}, {i}] like w_gate", checks.describe(wu))
     if tuple(wd.shape) != (f, i, d):
-        raise InvalidShapeError(_OP, "w_down", f"[{f}, {i}, {d}]", ck.describe(wd))
+        raise InvalidShapeError(_OP, "w_down", f"[{f}, {i}, {d}]", checks.describe(wd))
     for arg, w in (("w_up", wu), ("w_down", wd)):
         if w.dtype != wg.dtype:
-            raise InvalidDTypeError(_OP, arg, f"of w_gate's dtype {ck.dtype_name(wg.dtype)}", ck.describe(w))
-    ck.same_device(_OP, "w_gate", wg, w_up=wu, w_down=wd)
+            raise InvalidDTypeError(_OP, arg, f"of w_gate's dtype {checks.dtype_name(wg.dtype)}", checks.describe(w))
+    checks.same_device(_OP, "w_gate", wg, w_up=wu, w_down=wd)
     return wg, wu, wd

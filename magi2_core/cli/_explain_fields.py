@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.problem import Feature, OpName
 
 __all__ = ["EXPLAIN_FIELDS", "ExplainError", "ExplainFields"]
@@ -88,7 +88,7 @@ def _moe_experts(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, A
 
 def _out_dtype(op: str, opts: Mapping[str, Any]) -> str:
     out: str = opts["dtype_names"].get(opts["out_dtype"], opts["out_dtype"]) or opts["dtype"]
-    if out not in {ck.dtype_name(d) for d in ck.FLOATS}:
+    if out not in {checks.dtype_name(d) for d in checks.FLOATS}:
         raise ExplainError(
             f"--out-dtype {opts['out_dtype']}: {op} writes bfloat16, float16 or float32 "
             "(the call raises for any other out_dtype)"

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 
 from magi2_core.capability import Capability, descriptor_errors
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts.acceptance import Acceptance
 from magi2_core.errors import InvalidValueError
 from magi2_core.ops._args import Args
@@ -104,7 +104,7 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
     def problem(self, key: KeyT) -> Problem:
         """The public :class:`Problem` of a typed key (what descriptors, rules and ``explain`` see)."""
         device, dtype, out_dtype, mask = key[:4]
-        device_type, device_index = ck.device_fields(device)
+        device_type, device_index = checks.device_fields(device)
         return Problem(
             op=self.name,
             device_type=device_type,

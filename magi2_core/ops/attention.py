@@ -19,7 +19,7 @@ import torch
 
 from magi2_core import config
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.kernel import SinkRescale
@@ -209,16 +209,16 @@ class AttentionKernel(Protocol):
 # validation
 # ---------------------------------------------------------------------------------------------
 def _prefix_sums(arg: str, cu: object, device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
-    t = ck.tensor(OP, arg, cu)
+    t = checks.tensor(OP, arg, cu)
     if t.dim() != 1 or t.numel() < 1:
-        raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", ck.describe(t))
+        raise InvalidShapeError(OP, arg, "a 1-D prefix-sum tensor [B+1] with B >= 0", checks.describe(t))
     dtype = t.dtype
     if dtype is not torch.int32 and dtype is not torch.int64:
-        ck.dtype_in(OP, arg, t, (torch.int32, torch.int64))  # raises, naming both
+        checks.dtype_in(OP, arg, t, (torch.int32, torch.int64))  # raises, naming both
     where = t.device
     on_host = where.type == "cpu"
     if not on_host and where.type != device.type:
-        raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", ck.describe(t))
+        raise InvalidDeviceError(OP, arg, f"on the host or on {device} like q", checks.describe(t))
     values = t.tolist() if on_host else None
     return _normalised(t, device), values
 
@@ -272,10 +272,10 @@ def validate(
     compiling: bool,
 ) -> AttentionCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    q = ck.tensor(OP, "q", q)
-    ck.with_data(OP, "q", q)
-    k = ck.tensor(OP, "k", k)
-    v = ck.tensor(OP, "v", v)
+    q = checks.tensor(OP, "q", q)
+    checks.with_data(OP, "q", q)
+    k = checks.tensor(OP, "k", k)
+    v = checks.tensor(OP, "v", v)
     dtype, device = q.dtype, q.device
     # One combined test for the common case; the detailed checks below name what is wrong.
     if not (
@@ -287,18 +287,18 @@ def validate(
         and v.device == device
     ):
         for arg, t in (("q", q), ("k", k), ("v", v)):
-            ck.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
-        ck.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
+            checks.rank(OP, arg, t, (3,), "[tokens, heads, head_dim]")
+        checks.dtype_in(OP, "q", q, ACTIVATION_DTYPES)
         for arg, t in (("k", k), ("v", v)):
             if t.dtype != dtype:
-                raise InvalidDTypeError(OP, arg, f"of q's dtype {ck.dtype_name(dtype)}", ck.describe(t))
-        ck.same_device(OP, "q", q, k=k, v=v)
+                raise InvalidDTypeError(OP, arg, f"of q's dtype {checks.dtype_name(dtype)}", checks.describe(t))
+        checks.same_device(OP, "q", q, k=k, v=v)
     tq, hq, d = q.shape
     tk, hkv, dk = k.shape
     if dk != d or v.shape[2] != d:
         raise InvalidShapeError(OP, "k/v", f"head_dim {d} like q", f"k {list(k.shape)}, v {list(v.shape)}")
     if tuple(v.shape[:2]) != (tk, hkv):
-        raise InvalidShapeError(OP, "v", f"[{tk}, {hkv}, {d}] like k", ck.describe(v))
+        raise InvalidShapeError(OP, "v", f"[{tk}, {hkv}, {d}] like k", checks.describe(v))
     if hkv == 0 or hq % hkv != 0:
         raise InvalidShapeError(OP, "k", f"a kv head count dividing q's {hq} heads (GQA)", f"{hkv} kv heads")
     cu_q, vals_q = _prefix_sums("cu_seqlens_q", cu_seqlens_q, device)
@@ -307,7 +307,7 @@ def validate(
         raise InvalidShapeError(
             OP, "cu_seqlens_k", f"{cu_q.numel()} entries like cu_seqlens_q (same batch)", f"{cu_k.numel()} entries"
         )
-    need_values = max_seqlen_q is None or max_seqlen_k is None or ck.device_value_checks()
+    need_values = max_seqlen_q is None or max_seqlen_k is None or checks.device_value_checks()
     if need_values and vals_q is None:  # device prefix sums: one host sync, only when lengths were not given
         vals_q = cu_q.tolist()
     if need_values and vals_k is None:
@@ -319,24 +319,24 @@ def validate(
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     else:
-        scale = ck.real(OP, "softmax_scale", softmax_scale, "a finite positive float or None")
+        scale = checks.real(OP, "softmax_scale", softmax_scale, "a finite positive float or None")
         if not math.isfinite(scale) or scale <= 0:
             raise InvalidValueError(OP, "softmax_scale", "a finite positive float or None", repr(softmax_scale))
-    cap = ck.real(OP, "softcap", softcap, "a finite float (<= 0 disables it)")
+    cap = checks.real(OP, "softcap", softcap, "a finite float (<= 0 disables it)")
     if math.isnan(cap) or math.isinf(cap):
         raise InvalidValueError(OP, "softcap", "a finite float (<= 0 disables it)", repr(softcap))
     cap = max(cap, 0.0)
     sink_t: torch.Tensor | None = None
     if sinks is not None:
-        sink_t = ck.tensor(OP, "sinks", sinks)
+        sink_t = checks.tensor(OP, "sinks", sinks)
         if sink_t.dtype != torch.float32:
             raise InvalidDTypeError(
-                OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)", ck.describe(sink_t)
+                OP, "sinks", "FP32 (sinks are never rounded to the activation dtype)", checks.describe(sink_t)
             )
         if sink_t.dim() != 2 or sink_t.shape[1] != hq:
-            raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", ck.describe(sink_t))
-        ck.same_device(OP, "q", q, sinks=sink_t)
-        ck.nan_free_parameter(OP, "sinks", sink_t)
+            raise InvalidShapeError(OP, "sinks", f"[S, {hq}] (S sink logits per q head)", checks.describe(sink_t))
+        checks.same_device(OP, "q", q, sinks=sink_t)
+        checks.nan_free_parameter(OP, "sinks", sink_t)
         if sink_t.shape[0] == 0:
             sink_t = None
     if sink_rescale not in ("fp32", "activation"):
@@ -363,14 +363,14 @@ def validate(
     rq = mq if long_q is None else long_q
     rk = mk if long_k is None else long_k
     return call._replace(
-        key=AttentionKey(device, ck.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
+        key=AttentionKey(device, checks.dtype_name(dtype), None, mask, tq, tk, rq, rk, cu_q.numel() - 1, d, hq, hkv)
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # the public op
 # ---------------------------------------------------------------------------------------------
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     """A validated call layout: what a repeated call with the same layout reuses."""
 
     kernel: Any
@@ -378,13 +378,13 @@ class _Bound(NamedTuple):
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     drop_sinks: bool  # an empty [0, Hq] sinks tensor means no sinks
     convert: bool  # a prefix sum needs the int32-on-q's-device conversion
-    recheck: bool  # host sinks: checked for NaN on every call (ck.nan_free_parameter says why)
+    recheck: bool  # host sinks: checked for NaN on every call (checks.nan_free_parameter says why)
 
 
-def _make(kernel: Any, name: str, call: AttentionCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: AttentionCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_sinks = call.sinks is not None and call.sinks.device.type == "cpu"
-    return _Bound(
+    return _Layout(
         kernel,
         name,
         call[_TENSORS:],
@@ -394,8 +394,8 @@ def _make(kernel: Any, name: str, call: AttentionCall, args: tuple[Any, ...]) ->
     )
 
 
-def _recheck(hit: _Bound, sinks: torch.Tensor) -> None:
-    ck.nan_free_parameter(OP, "sinks", sinks)
+def _recheck(hit: _Layout, sinks: torch.Tensor) -> None:
+    checks.nan_free_parameter(OP, "sinks", sinks)
 
 
 @overload
@@ -527,7 +527,7 @@ class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
 
 
 SPEC = AttentionSpec()
-_bind: Callable[..., _Bound] = cache_lookup(
+_bind: Callable[..., _Layout] = cache_lookup(
     ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
 )
 _attention_op = custom_op(

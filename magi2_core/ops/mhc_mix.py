@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import torch
 
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
 from magi2_core.ops._args import TENSOR, Arg, Args
@@ -91,39 +91,43 @@ class MHCMixKernel(Protocol):
 
 def validate(streams: object, branch_output: object, post: object, residual: object, *, compiling: bool) -> MHCMixCall:
     """Check every argument (raising an input error that names it)."""
-    x = ck.tensor(OP, "streams", streams)
-    ck.with_data(OP, "streams", x)
-    ck.dtype_in(OP, "streams", x, ck.FLOATS)
+    x = checks.tensor(OP, "streams", streams)
+    checks.with_data(OP, "streams", x)
+    checks.dtype_in(OP, "streams", x, checks.FLOATS)
     if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", ck.describe(x))
+        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", checks.describe(x))
     t, n, d = x.shape
-    y = ck.tensor(OP, "branch_output", branch_output)
+    y = checks.tensor(OP, "branch_output", branch_output)
     if y.dtype != x.dtype:
-        raise InvalidDTypeError(OP, "branch_output", f"the streams' dtype {ck.dtype_name(x.dtype)}", ck.describe(y))
+        raise InvalidDTypeError(
+            OP, "branch_output", f"the streams' dtype {checks.dtype_name(x.dtype)}", checks.describe(y)
+        )
     if tuple(y.shape) != (t, d):
-        raise InvalidShapeError(OP, "branch_output", f"[{t}, {d}] (tokens, stream width)", ck.describe(y))
-    p = ck.tensor(OP, "post", post)
-    r = ck.tensor(OP, "residual", residual)
-    ck.dtype_in(OP, "post", p, ck.FLOATS)
-    ck.dtype_in(OP, "residual", r, ck.FLOATS)
+        raise InvalidShapeError(OP, "branch_output", f"[{t}, {d}] (tokens, stream width)", checks.describe(y))
+    p = checks.tensor(OP, "post", post)
+    r = checks.tensor(OP, "residual", residual)
+    checks.dtype_in(OP, "post", p, checks.FLOATS)
+    checks.dtype_in(OP, "residual", r, checks.FLOATS)
     if tuple(p.shape) != (t, n):
-        raise InvalidShapeError(OP, "post", f"[{t}, {n}] (tokens, streams)", ck.describe(p))
+        raise InvalidShapeError(OP, "post", f"[{t}, {n}] (tokens, streams)", checks.describe(p))
     if tuple(r.shape) != (t, n, n):
-        raise InvalidShapeError(OP, "residual", f"[{t}, {n}, {n}] (tokens, streams, streams)", ck.describe(r))
-    ck.same_device(OP, "streams", x, branch_output=y, post=p, residual=r)
+        raise InvalidShapeError(OP, "residual", f"[{t}, {n}, {n}] (tokens, streams, streams)", checks.describe(r))
+    checks.same_device(OP, "streams", x, branch_output=y, post=p, residual=r)
     call = MHCMixCall(x, y, p, r, None)  # type: ignore[arg-type]
-    return call._replace(key=MHCMixKey(x.device, ck.dtype_name(x.dtype), None, ARGS.features(call, compiling), t, n, d))
+    return call._replace(
+        key=MHCMixKey(x.device, checks.dtype_name(x.dtype), None, ARGS.features(call, compiling), t, n, d)
+    )
 
 
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (the key)
 
 
-def _make(kernel: Any, name: str, call: MHCMixCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: MHCMixCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Bound(kernel, name, call[_TENSORS:])
+    return _Layout(kernel, name, call[_TENSORS:])
 
 
 @ARGS.public
@@ -178,5 +182,5 @@ class MHCMixSpec(OpSpec[MHCMixCall, MHCMixKey]):
 
 
 SPEC = MHCMixSpec()
-_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _mhc_mix_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["streams"].new_empty(a["streams"].shape))

@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import torch
 
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
@@ -161,18 +161,18 @@ class MHCPreKernel(Protocol):
 
 
 def _fp32_param(name: str, value: object, shape: tuple[int, ...] | None, layout: str) -> torch.Tensor:
-    t = ck.tensor(OP, name, value)
+    t = checks.tensor(OP, name, value)
     if t.dtype != torch.float32:
         raise InvalidDTypeError(
-            OP, name, "a float32 tensor (the mHC parameters are FP32, as in the checkpoint)", ck.describe(t)
+            OP, name, "a float32 tensor (the mHC parameters are FP32, as in the checkpoint)", checks.describe(t)
         )
     if shape is not None and tuple(t.shape) != shape:
-        raise InvalidShapeError(OP, name, layout, ck.describe(t))
+        raise InvalidShapeError(OP, name, layout, checks.describe(t))
     return t
 
 
 def _non_negative(name: str, value: object) -> float:
-    v = ck.real(OP, name, value, "a finite float >= 0")
+    v = checks.real(OP, name, value, "a finite float >= 0")
     if not math.isfinite(v) or v < 0:
         raise InvalidValueError(OP, name, "a finite float >= 0", repr(value))
     return v
@@ -197,13 +197,13 @@ def validate(
     compiling: bool,
 ) -> MHCPreCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = ck.tensor(OP, "streams", streams)
-    ck.with_data(OP, "streams", x)
-    ck.dtype_in(OP, "streams", x, ck.FLOATS)
+    x = checks.tensor(OP, "streams", streams)
+    checks.with_data(OP, "streams", x)
+    checks.dtype_in(OP, "streams", x, checks.FLOATS)
     if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", ck.describe(x))
+        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", checks.describe(x))
     t, n, d = x.shape
-    sizes = ck.modality_sizes(OP, modality_sizes, t, "streams.shape[0]")
+    sizes = checks.modality_sizes(OP, modality_sizes, t, "streams.shape[0]")
     m = 1 if sizes is None else len(sizes)
     w = _fp32_param("norm_weight", norm_weight, None, "")
     if tuple(w.shape) not in ((m * n * d,), (m, n * d)):
@@ -211,7 +211,7 @@ def validate(
             OP,
             "norm_weight",
             f"[{m}·{n * d}] (flat, modality-major) or [{m}, {n * d}]: {m} modalities of the flattened stream width n·D",
-            ck.describe(w),
+            checks.describe(w),
         )
     w = w.view(m, n * d)
     nl = 2 * n + n * n
@@ -222,35 +222,35 @@ def validate(
     )
     for name, a in (("alpha_pre", a_pre), ("alpha_post", a_post), ("alpha_res", a_res)):
         if a.numel() != 1:
-            raise InvalidShapeError(OP, name, "a one-element tensor (a scalar, or shape [1])", ck.describe(a))
+            raise InvalidShapeError(OP, name, "a one-element tensor (a scalar, or shape [1])", checks.describe(a))
     b_pre = _fp32_param("bias_pre", bias_pre, (n,), f"[{n}]")
     b_post = _fp32_param("bias_post", bias_post, (n,), f"[{n}]")
     b_res = _fp32_param("bias_res", bias_res, (n, n), f"[{n}, {n}]")
     params = (w, p, a_pre, a_post, a_res, b_pre, b_post, b_res)
-    ck.same_device(OP, "streams", x, **dict(zip(_PARAMS, params, strict=True)))
+    checks.same_device(OP, "streams", x, **dict(zip(_PARAMS, params, strict=True)))
     e = _non_negative("eps", eps)
     se = _non_negative("sinkhorn_eps", sinkhorn_eps)
     if isinstance(sinkhorn_iterations, bool) or not isinstance(sinkhorn_iterations, int) or sinkhorn_iterations < 0:
         raise InvalidValueError(OP, "sinkhorn_iterations", "an int >= 0", repr(sinkhorn_iterations))
     od = x.dtype if out_dtype is None else out_dtype
-    if od not in ck.FLOATS:
+    if od not in checks.FLOATS:
         raise InvalidDTypeError(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
     call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
-    return call._replace(key=MHCPreKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, n, d, m))
+    return call._replace(key=MHCPreKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, n, d, m))
 
 
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors
 
 
-def _make(kernel: Any, name: str, call: MHCPreCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: MHCPreCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Bound(kernel, name, call[_TENSORS:])
+    return _Layout(kernel, name, call[_TENSORS:])
 
 
 @ARGS.public
@@ -323,7 +323,7 @@ class MHCPreSpec(OpSpec[MHCPreCall, MHCPreKey]):
 
 
 SPEC = MHCPreSpec()
-_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 
 
 def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import torch
 
 from magi2_core import config
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
@@ -185,7 +185,7 @@ class MoEWeightPreparer(Protocol):
 
 
 def _idx_in_range(i: torch.Tensor, e: int) -> None:
-    if i.numel() and (i.device.type == "cpu" or ck.device_value_checks()):
+    if i.numel() and (i.device.type == "cpu" or checks.device_value_checks()):
         lo, hi = torch.aminmax(i)  # one pass over the ids
         low, high = lo.item(), hi.item()
         if low < 0 or high >= e:
@@ -205,33 +205,33 @@ def validate(
 ) -> ExpertsCall:
     """Check every argument (raising an input error that names it)."""
     op = OP
-    x = ck.head_activations(op, "x", x)
+    x = checks.head_activations(op, "x", x)
     t, hl, d = x.shape
-    p = ck.tensor(op, "probs", probs)
-    i = ck.tensor(op, "idx", idx)
-    ck.dtype_in(op, "probs", p, (torch.float32,))
+    p = checks.tensor(op, "probs", probs)
+    i = checks.tensor(op, "idx", idx)
+    checks.dtype_in(op, "probs", p, (torch.float32,))
     if p.dim() != 3 or p.shape[0] != hl or p.shape[1] != t or p.shape[2] < 1:
-        raise InvalidShapeError(op, "probs", f"FP32 [{hl}, {t}, top_k] (head-major)", ck.describe(p))
+        raise InvalidShapeError(op, "probs", f"FP32 [{hl}, {t}, top_k] (head-major)", checks.describe(p))
     if i.dtype not in (torch.int32, torch.int64):
-        raise InvalidDTypeError(op, "idx", "of dtype int32 or int64", ck.describe(i))
+        raise InvalidDTypeError(op, "idx", "of dtype int32 or int64", checks.describe(i))
     if tuple(i.shape) != tuple(p.shape):
-        raise InvalidShapeError(op, "idx", f"shape {list(p.shape)} like probs", ck.describe(i))
-    wg = ck.tensor(op, "w_gate", w_gate)
-    wu = ck.tensor(op, "w_up", w_up)
-    wd = ck.tensor(op, "w_down", w_down)
+        raise InvalidShapeError(op, "idx", f"shape {list(p.shape)} like probs", checks.describe(i))
+    wg = checks.tensor(op, "w_gate", w_gate)
+    wu = checks.tensor(op, "w_up", w_up)
+    wd = checks.tensor(op, "w_down", w_down)
     if wg.dim() != 3 or hl == 0 or wg.shape[0] % hl != 0 or wg.shape[1] != d or wg.shape[0] == 0:
         raise InvalidShapeError(
-            op, "w_gate", f"[heads·experts, {d}, intermediate] with a multiple of {hl} rows", ck.describe(wg)
+            op, "w_gate", f"[heads·experts, {d}, intermediate] with a multiple of {hl} rows", checks.describe(wg)
         )
     f, _, inter = wg.shape
     if tuple(wu.shape) != (f, d, inter):
-        raise InvalidShapeError(op, "w_up", f"[{f}, {d}, {inter}] like w_gate", ck.describe(wu))
+        raise InvalidShapeError(op, "w_up", f"[{f}, {d}, {inter}] like w_gate", checks.describe(wu))
     if tuple(wd.shape) != (f, inter, d):
-        raise InvalidShapeError(op, "w_down", f"[{f}, {inter}, {d}]", ck.describe(wd))
+        raise InvalidShapeError(op, "w_down", f"[{f}, {inter}, {d}]", checks.describe(wd))
     for arg, w in (("w_gate", wg), ("w_up", wu), ("w_down", wd)):
         if w.dtype != x.dtype:
-            raise InvalidDTypeError(op, arg, f"of x's dtype {ck.dtype_name(x.dtype)}", ck.describe(w))
-    ck.same_device(op, "x", x, probs=p, idx=i, w_gate=wg, w_up=wu, w_down=wd)
+            raise InvalidDTypeError(op, arg, f"of x's dtype {checks.dtype_name(x.dtype)}", checks.describe(w))
+    checks.same_device(op, "x", x, probs=p, idx=i, w_gate=wg, w_up=wu, w_down=wd)
     e = f // hl
     k = p.shape[2]
     if k > e:
@@ -239,23 +239,23 @@ def validate(
     _idx_in_range(i, e)
     call = ExpertsCall(x, p, i, wg, wu, wd, bool(deterministic), None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
-    return call._replace(key=ExpertsKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter))
+    return call._replace(key=ExpertsKey(x.device, checks.dtype_name(x.dtype), None, mask, t, hl, e, k, d, inter))
 
 
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (deterministic and the key)
     recheck: int  # host ids: checked to lie in [0, recheck) on every call; 0: not checked
 
 
-def _make(kernel: Any, name: str, call: ExpertsCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: ExpertsCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_ids = call.idx.numel() > 0 and call.idx.device.type == "cpu"
-    return _Bound(kernel, name, call[_TENSORS:], call.key.num_experts if host_ids else 0)
+    return _Layout(kernel, name, call[_TENSORS:], call.key.num_experts if host_ids else 0)
 
 
-def _recheck(hit: _Bound, idx: torch.Tensor) -> None:
+def _recheck(hit: _Layout, idx: torch.Tensor) -> None:
     lo, hi = torch.aminmax(idx)  # host ids, on every call: one pass, two reads
     if lo.item() < 0 or hi.item() >= hit.recheck:
         _idx_in_range(idx, hit.recheck)  # raises, naming the values
@@ -340,7 +340,11 @@ def prepare_moe_weights(
     """
     wg, wu, wd = check_weights(w_gate, w_up, w_down)
     problem = Problem(
-        op=OP, device_type=wg.device.type, dtype=ck.dtype_name(wg.dtype), hidden=wg.shape[1], intermediate=wg.shape[2]
+        op=OP,
+        device_type=wg.device.type,
+        dtype=checks.dtype_name(wg.dtype),
+        hidden=wg.shape[1],
+        intermediate=wg.shape[2],
     )
     name = resolve_problem(problem, provider).chosen
     loaded = get_registry().provider(OP, name or "")
@@ -373,5 +377,5 @@ class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
 
 
 SPEC = MoEExpertsSpec()
-_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
 _moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))

@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import torch
 
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
@@ -146,27 +146,27 @@ def validate(
 ) -> RouteCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
     op = OP
-    x = ck.head_activations(op, "x", x)
+    x = checks.head_activations(op, "x", x)
     t, hl, d = x.shape
-    w = ck.tensor(op, "router_weight", router_weight)
-    ck.dtype_in(op, "router_weight", w, (torch.float32,))
+    w = checks.tensor(op, "router_weight", router_weight)
+    checks.dtype_in(op, "router_weight", w, (torch.float32,))
     if w.dim() != 2 or w.shape[1] != d or hl == 0 or w.shape[0] % hl != 0 or w.shape[0] == 0:
         raise InvalidShapeError(
-            op, "router_weight", f"FP32 [heads·experts, {d}] with a multiple of {hl} rows", ck.describe(w)
+            op, "router_weight", f"FP32 [heads·experts, {d}] with a multiple of {hl} rows", checks.describe(w)
         )
     e = w.shape[0] // hl
     b: torch.Tensor | None = None
     if bias is not None:
-        b = ck.tensor(op, "bias", bias)
-        ck.dtype_in(op, "bias", b, (torch.float32,))
+        b = checks.tensor(op, "bias", bias)
+        checks.dtype_in(op, "bias", b, (torch.float32,))
         if tuple(b.shape) != (hl * e,):
-            raise InvalidShapeError(op, "bias", f"FP32 [{hl * e}] (one per head·expert)", ck.describe(b))
-    ck.same_device(op, "x", x, router_weight=w, bias=b)
+            raise InvalidShapeError(op, "bias", f"FP32 [{hl * e}] (one per head·expert)", checks.describe(b))
+    checks.same_device(op, "x", x, router_weight=w, bias=b)
     if b is not None:
-        ck.nan_free_parameter(op, "bias", b)
+        checks.nan_free_parameter(op, "bias", b)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise InvalidShapeError(op, "top_k", f"an int in [1, {e}] (experts per head)", repr(top_k))
-    scale = ck.real(op, "route_scale", route_scale, "a finite float")
+    scale = checks.real(op, "route_scale", route_scale, "a finite float")
     if not math.isfinite(scale):
         raise InvalidValueError(op, "route_scale", "a finite float", repr(route_scale))
     if not isinstance(route_norm, bool):
@@ -179,24 +179,24 @@ def validate(
         raise InvalidValueError(op, "score_func", "'sigmoid' or 'softmax'", repr(score_func))
     call = RouteCall(x, w, b, top_k, scale, route_norm, func, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling) | (_SOFTMAX if func == "softmax" else 0) | (0 if route_norm else _NO_NORM)
-    return call._replace(key=RouteKey(x.device, ck.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d))
+    return call._replace(key=RouteKey(x.device, checks.dtype_name(x.dtype), None, mask, t, hl, e, top_k, d))
 
 
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
-    recheck: bool  # a host bias: checked for NaN on every call (ck.nan_free_parameter says why)
+    recheck: bool  # a host bias: checked for NaN on every call (checks.nan_free_parameter says why)
 
 
-def _make(kernel: Any, name: str, call: RouteCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: RouteCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
     host_bias = call.bias is not None and call.bias.numel() > 0 and call.bias.device.type == "cpu"
-    return _Bound(kernel, name, call[_TENSORS:], host_bias)
+    return _Layout(kernel, name, call[_TENSORS:], host_bias)
 
 
-def _recheck(hit: _Bound, bias: torch.Tensor) -> None:
-    ck.nan_free_parameter(OP, "bias", bias)
+def _recheck(hit: _Layout, bias: torch.Tensor) -> None:
+    checks.nan_free_parameter(OP, "bias", bias)
 
 
 @ARGS.public
@@ -272,7 +272,9 @@ class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
 
 
 SPEC = MoERouteSpec()
-_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck))
+_bind: Callable[..., _Layout] = cache_lookup(
+    ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
+)
 _moe_route_op = custom_op(
     ARGS,
     SPEC,

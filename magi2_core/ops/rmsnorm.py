@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import torch
 
 from magi2_core import shadow as _shadow
-from magi2_core.contracts import _checks as ck
+from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
@@ -135,53 +135,53 @@ def validate(
     compiling: bool,
 ) -> RMSNormCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = ck.tensor(OP, "x", x)
-    ck.with_data(OP, "x", x)
-    ck.dtype_in(OP, "x", x, ck.FLOATS)
+    x = checks.tensor(OP, "x", x)
+    checks.with_data(OP, "x", x)
+    checks.dtype_in(OP, "x", x, checks.FLOATS)
     if x.dim() < 2:
-        raise InvalidShapeError(OP, "x", "[tokens, D] or [tokens, ..., patterns, D] (at least 2-D)", ck.describe(x))
+        raise InvalidShapeError(OP, "x", "[tokens, D] or [tokens, ..., patterns, D] (at least 2-D)", checks.describe(x))
     t, d = x.shape[0], x.shape[-1]
-    w = ck.tensor(OP, "weight", weight)
-    ck.dtype_in(OP, "weight", w, ck.FLOATS)
-    ck.same_device(OP, "x", x, weight=w)
-    sizes = ck.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
+    w = checks.tensor(OP, "weight", weight)
+    checks.dtype_in(OP, "weight", w, checks.FLOATS)
+    checks.same_device(OP, "x", x, weight=w)
+    sizes = checks.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
     m = len(sizes) if sizes is not None else 1
     accepted = _weight_layouts(m, d)
     if w.dim() == 1:
         if w.numel() % max(m * d, 1) != 0 or (d == 0 and w.numel() != 0):
-            raise InvalidShapeError(OP, "weight", accepted, ck.describe(w))
+            raise InvalidShapeError(OP, "weight", accepted, checks.describe(w))
         # an empty width says nothing about P: one pattern, which broadcasts over any
         w = w.view(m, w.numel() // (m * d) if d else 1, d)
     elif w.dim() == 2 and tuple(w.shape) == (m, d):  # one scale row per modality: P = 1
         w = w.view(m, 1, d)
     if w.dim() != 3 or w.shape[0] != m or w.shape[2] != d:
-        raise InvalidShapeError(OP, "weight", accepted, ck.describe(w))
+        raise InvalidShapeError(OP, "weight", accepted, checks.describe(w))
     p = w.shape[1]
     if p != 1 and (x.dim() < 3 or x.shape[-2] != p):
-        raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", ck.describe(x))
-    e = ck.real(OP, "eps", eps, "a finite float >= 0")
+        raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", checks.describe(x))
+    e = checks.real(OP, "eps", eps, "a finite float >= 0")
     if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
     od = x.dtype if out_dtype is None else out_dtype
-    if od not in ck.FLOATS:
+    if od not in checks.FLOATS:
         raise InvalidDTypeError(
             OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
         )
     call = RMSNormCall(x, w, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
-    return call._replace(key=RMSNormKey(x.device, ck.dtype_name(x.dtype), ck.dtype_name(od), mask, t, d, m, p))
+    return call._replace(key=RMSNormKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, d, m, p))
 
 
-class _Bound(NamedTuple):
+class _Layout(NamedTuple):
     kernel: Any
     provider: str
     rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
     view: torch.Size | None  # a flat weight's [M, P, D] shape
 
 
-def _make(kernel: Any, name: str, call: RMSNormCall, args: tuple[Any, ...]) -> _Bound:
+def _make(kernel: Any, name: str, call: RMSNormCall, args: tuple[Any, ...]) -> _Layout:
     """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Bound(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
+    return _Layout(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
 
 
 @ARGS.public
@@ -235,7 +235,7 @@ class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
 
 
 SPEC = RMSNormSpec()
-_bind: Callable[..., _Bound] = cache_lookup(ARGS, SPEC, validate, _make)
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _rmsnorm_op = custom_op(
     ARGS,
     SPEC,
