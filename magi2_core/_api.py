@@ -4,6 +4,7 @@ New public names are imported here and listed in ``__all__`` of ``magi2_core/__i
 """
 
 # ruff: noqa: F401
+from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.capability import Capability, Condition, IntRange, Rule
 from magi2_core.config import reload_config
 from magi2_core.dispatch import set_device_value_checks, set_strict
@@ -22,7 +23,6 @@ from magi2_core.errors import (
     StrictModeError,
     UnknownProviderError,
 )
-from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.moe_weights import PreparedMoEWeights
 from magi2_core.ops import attention, mhc_mix, mhc_pre, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
 from magi2_core.overrides import use

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from magi2_core import config
+    from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec
     from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
     from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT, ScoreFunc, router_scores, swiglu7
     from magi2_core.devices import absent_device, musa_installed
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
         InvalidShapeError,
         InvalidValueError,
     )
-    from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec
     from magi2_core.kernel import Checkable, CheckableOn, CheckedOn, Planned, PlannedOn, SinkRescale
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
@@ -85,9 +85,9 @@ _HOME: dict[str, tuple[str, str]] = {
     "InvalidDeviceError": ("magi2_core.errors", "InvalidDeviceError"),
     "InvalidShapeError": ("magi2_core.errors", "InvalidShapeError"),
     "InvalidValueError": ("magi2_core.errors", "InvalidValueError"),
-    "BackendSpec": ("magi2_core.hookspecs", "BackendSpec"),
-    "SinkCorrectionSpec": ("magi2_core.hookspecs", "SinkCorrectionSpec"),
-    "Setting": ("magi2_core.hookspecs", "Setting"),
+    "BackendSpec": ("magi2_core.backend_spec", "BackendSpec"),
+    "SinkCorrectionSpec": ("magi2_core.backend_spec", "SinkCorrectionSpec"),
+    "Setting": ("magi2_core.backend_spec", "Setting"),
     "AttentionCall": ("magi2_core.ops.attention", "AttentionCall"),
     "AttentionKernel": ("magi2_core.ops.attention", "AttentionKernel"),
     "validate_attention": ("magi2_core.ops.attention", "validate"),

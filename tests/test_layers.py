@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "magi2_core.resolution",
             "magi2_core.plan",
             "magi2_core.kernel",
+            "magi2_core.backend_spec",
             "magi2_core.hookspecs",
             "magi2_core.devices",
             "magi2_core.overrides",
@@ -372,3 +373,12 @@ def test_the_documented_old_name_of_reasons_still_imports() -> None:
 
     assert old.__all__ == reasons.__all__
     assert all(getattr(old, name) is getattr(reasons, name) for name in reasons.__all__)
+
+
+def test_the_documented_old_name_of_backend_spec_still_imports() -> None:
+    """docs/api.md named magi2_core.hookspecs.hookimpl: the module stays an alias of magi2_core.backend_spec."""
+    import magi2_core.backend_spec as spec
+    import magi2_core.hookspecs as old
+
+    assert old.__all__ == spec.__all__
+    assert all(getattr(old, name) is getattr(spec, name) for name in spec.__all__)

@@ -22,7 +22,7 @@ import pytest
 
 import magi2_core as m2
 from magi2_core import config
-from magi2_core.hookspecs import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
+from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
 from magi2_core.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from magi2_core.backend_spec import BackendSpec
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec
 from magi2_core.problem import OpName
 from magi2_core.registry import get_registry
 

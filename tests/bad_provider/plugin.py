@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from magi2_core.backend_spec import BackendSpec
 from magi2_core.capability import Capability
-from magi2_core.hookspecs import BackendSpec
 from magi2_core.problem import Feature
 
 _ATTN_FEATURES = frozenset({Feature.SINKS, Feature.GQA, Feature.LSE, Feature.SOFTCAP})
