@@ -39,7 +39,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 tag=${MAGI2_DEVICE_TAG:-$(python3 -c "import re, torch; n = torch.cuda.get_device_name(); m = re.search(r'\b[A-Z]+[0-9]+[A-Za-z]*\b', n); print((m.group(0) if m else n.split()[-1]).lower())")}
 python3 -m magi2_core.cli backends > "$OUT/backends.txt" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
-want() { [ -z "${MAGI2_STEPS:-}" ] || [[ ",$MAGI2_STEPS," == *",$1,"* ]]; }  # MAGI2_STEPS=a,b: only those
+# MAGI2_STEPS=a,b: only those; "final" stands for the checks of a final commit (tests,conformance,fingerprint)
+steps=${MAGI2_STEPS:-}
+[[ ",$steps," == *",final,"* ]] && steps="$steps,tests,conformance,fingerprint"
+want() { [ -z "$steps" ] || [[ ",$steps," == *",$1,"* ]]; }
 counts() {  # $1: JUnit XML -> "N passed, N failed, N errors, N skipped"
 python3 - "$1" <<'PY'
 import sys, xml.etree.ElementTree as ET
@@ -152,6 +155,11 @@ if want mhc_sweep; then
 step "mHC: mhc_pre's logits-kernel launches (ieee, tf32x3, bf16x3), each judged by the contract"
 python3 -m benchmarks.mhc_sweep --json "$OUT/mhc_sweep_${tag}.json" > "$OUT/mhc_sweep.log" 2>&1
 echo "mhc_sweep exit $?"; grep -v Warning "$OUT/mhc_sweep.log" | head -20
+fi
+if want mhc_diagnose; then
+step "mHC: the split-BF16 logits kernel taken apart (variants, three runs each, against float64)"
+python3 -m benchmarks.mhc_split_diagnose --json "$OUT/mhc_split_diagnose_${tag}.json" > "$OUT/mhc_split_diagnose.log" 2>&1
+echo "mhc_split_diagnose exit $?"; grep -v Warning "$OUT/mhc_split_diagnose.log" | tail -30
 fi
 if want moe_raw; then
 step "MoE: raw weights read in place vs prepared vs re-packed per call (MAGI2_RAW_ARGS: extra arguments)"
