@@ -177,10 +177,10 @@ def main() -> None:
 
     def ieee() -> torch.Tensor:
         out = torch.empty((t, nl), dtype=torch.float32, device="cuda")
-        kernel._fp32_logits(flat, w, phi, out, sizes, eps, kernel.LOGITS)
+        kernel._fp32_logits(flat, w, phi, out, sizes, eps, kernel.LOGITS_FP32)
         return out
 
-    rows = [{"launch": f"ieee default {kernel.LOGITS}", "shipped": judge(ieee, 0)}]
+    rows = [{"launch": f"ieee default {kernel.LOGITS_FP32}", "shipped": judge(ieee, 0)}]
     fns: dict[str, Callable[[], torch.Tensor]] = {"ieee default": ieee}
     for bt, bk, nw, ns in CONFIGS:
         name = f"t{bt} k{bk} w{nw} s{ns}"

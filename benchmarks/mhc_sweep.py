@@ -5,7 +5,8 @@
 The logits kernel reads each token's flattened ``n·D`` row once (the sum of squares and the FP32
 projection onto ``phi``); it is the part of ``mhc_pre`` whose speed depends on its tiles and on the
 precision of its FP32 ``tl.dot`` (``ieee``, ``tf32x3``, or the BF16 streams against the
-folded weight split in three BF16 pieces, ``bf16x3``). Per :class:`magi2_backend_triton.mhc_pre.LogitsConfig`: the whole
+folded weight split in three BF16 pieces, ``bf16x3``, whose rows may be split in ``split_k`` chunks).
+Per :class:`magi2_backend_triton.mhc_pre.LogitsConfig`: the whole
 ``mhc_pre`` call's time (CUDA events, the L2 flushed before each call, all configurations
 alternating), its bandwidth on the bytes it must move (the streams read twice, the branch input
 written) as a fraction of this device's copy bandwidth (measured in the same run,
@@ -33,14 +34,21 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.testing import call_record
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
 
-CANDIDATES = [
-    kernel.LogitsConfig(block_t=bt, block_k=bk, precision=p, num_warps=w, num_stages=s)
-    for p, bt, bk, w, s in itertools.product(("ieee", "tf32x3"), (32, 64), (64, 128), (4, 8), (2, 3, 4))
-    if not (p == "ieee" and bt == 64 and w == 4)
-] + [
-    kernel.LogitsConfig(block_t=bt, block_k=bk, precision="bf16x3", num_warps=w, num_stages=s)
-    for bt, bk, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4))
-]
+CANDIDATES = (
+    [
+        kernel.LogitsConfig(block_t=bt, block_k=bk, precision=p, num_warps=w, num_stages=s)
+        for p, bt, bk, w, s in itertools.product(("ieee", "tf32x3"), (32, 64), (64, 128), (4, 8), (2, 3, 4))
+        if not (p == "ieee" and bt == 64 and w == 4)
+    ]
+    + [
+        kernel.LogitsConfig(block_t=bt, block_k=bk, precision="bf16x3", num_warps=w, num_stages=s, split_k=sk)
+        for bt, bk, w, s, sk in itertools.product((64, 128), (64, 128), (4, 8), (3, 4), (1, 2, 4))
+    ]
+    + [
+        kernel.LogitsConfig(block_t=bt, block_k=64, precision="bf16x3", num_warps=w, num_stages=4, split_k=8)
+        for bt, w in ((64, 4), (128, 8), (128, 4))
+    ]
+)
 
 
 def main() -> None:
@@ -65,7 +73,7 @@ def main() -> None:
     for cfg in CANDIDATES:
         if a.precision and cfg.precision != a.precision and cfg not in (kernel.LOGITS, kernel.LOGITS_FP32):
             continue
-        name = f"{cfg.precision} t{cfg.block_t} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        name = f"{cfg.precision} t{cfg.block_t} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} x{cfg.split_k}"
         try:
             got = kernel.launch_mhc_pre(call, cfg)
         except Exception as exc:  # a configuration this Triton cannot compile (shared memory)

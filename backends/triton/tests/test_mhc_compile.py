@@ -22,12 +22,16 @@ SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
 _SPLIT = {
     "x_ptr": "*bf16",
     "p_ptr": "*bf16",
-    "out_ptr": "*fp32",
+    "part_ptr": "*fp32",
+    "sq_ptr": "*fp32",
     "T": "i32",
     "NL": "i32",
     "stride_xt": "i64",
-    "eps": "fp32",
+    "stride_part": "i64",
+    "stride_sq": "i64",
+    **{f"{b}{i}": "i32" for b in "oc" for i in (1, 2, 3)},
     "K": "constexpr",
+    "K_CHUNK": "constexpr",
     "BLOCK_T": "constexpr",
     "BLOCK_K": "constexpr",
     "BLOCK_N": "constexpr",
@@ -92,25 +96,36 @@ def _compile(
     return facts
 
 
+def _split_constexprs(cfg: kernel.LogitsConfig) -> dict[str, Any]:
+    chunk = -(-12288 // cfg.split_k // cfg.block_k) * cfg.block_k
+    return {
+        "K": 12288,
+        "K_CHUNK": chunk,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_K": cfg.block_k,
+        "BLOCK_N": 32,
+        "UPCAST": False,
+    }
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
         kernel.LogitsConfig(block_t=64, block_k=64, precision="bf16x3"),
         kernel.LogitsConfig(block_t=128, block_k=128, precision="bf16x3", num_warps=8),
+        kernel.LogitsConfig(block_t=64, block_k=64, precision="bf16x3", num_warps=4, num_stages=4, split_k=4),
     ],
     ids=str,
 )
 def test_the_split_bf16_logits_kernel_compiles_to_tensor_core_code(cfg: kernel.LogitsConfig) -> None:
-    constexprs = {"K": 12288, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "BLOCK_N": 32, "UPCAST": False}
-    facts = _compile("_mhc_logits_split_kernel", _SPLIT, constexprs, cfg)
+    facts = _compile("_mhc_logits_split_kernel", _SPLIT, _split_constexprs(cfg), cfg)
     assert facts["wgmma"] and facts["shared"] <= SMEM_LIMIT
 
 
 def test_the_shipped_split_logits_launch_compiles_to_tensor_core_code() -> None:
     cfg = kernel.LOGITS
     assert cfg.precision == "bf16x3"
-    constexprs = {"K": 12288, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "BLOCK_N": 32, "UPCAST": False}
-    facts = _compile("_mhc_logits_split_kernel", _SPLIT, constexprs, cfg)
+    facts = _compile("_mhc_logits_split_kernel", _SPLIT, _split_constexprs(cfg), cfg)
     assert facts["wgmma"] and facts["shared"] <= SMEM_LIMIT
 
 

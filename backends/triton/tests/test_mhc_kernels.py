@@ -100,19 +100,25 @@ def test_strided_streams_and_coefficients(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sizes", "width"),
-    [(None, 24), ([5, 0, 19, 3], 24), ([40, 7], 48)],
+    ("sizes", "width", "split_k"),
+    [
+        (None, 24, 1),
+        ([5, 0, 19, 3], 24, 1),
+        ([40, 7], 48, 1),
+        ([5, 0, 19, 3], 24, 3),  # three chunks of 32
+        ([3, 0, 2, 0, 4, 1, 20], 24, 4),  # seven groups (two launches); the fourth chunk is past K
+        ([40, 7], 48, 2),
+    ],
 )
-def test_the_split_bf16_logits_meet_the_contract(sizes: list[int] | None, width: int) -> None:
-    """The ``bf16x3`` launch (not the default: benchmarks/mhc_sweep.py measures it) against the float64
-    reference: branch input, post and residual coefficients by the contract's rules; the logits to an
-    FP32-level error (the three BF16 pieces sum to the folded FP32 weight)."""
+def test_the_split_bf16_logits_meet_the_contract(sizes: list[int] | None, width: int, split_k: int) -> None:
+    """``bf16x3`` launches, whole rows or rows in chunks, against the float64 reference: branch input,
+    post and residual coefficients by the contract's rules."""
     from magi2_backend_triton import mhc_pre as kernel
 
     t = 29 if sizes is None else sum(sizes)
     args = _inputs(21, t, 4, width, torch.bfloat16, 1 if sizes is None else len(sizes))
     call = call_record("mhc_pre", *args, modality_sizes=sizes)
-    cfg = kernel.LogitsConfig(block_t=16, block_k=32, precision="bf16x3")
+    cfg = kernel.LogitsConfig(block_t=16, block_k=32, precision="bf16x3", split_k=split_k)
     got = tuple(o.cpu() for o in kernel.launch_mhc_pre(call, cfg))
     ref = _pre(args, "reference", modality_sizes=sizes)
     x = args[0].cpu()
@@ -139,7 +145,9 @@ def test_the_split_pieces_sum_to_the_folded_weight() -> None:
     assert torch.all(pieces[:, :, :, nl:] == 0)
 
 
-@pytest.mark.parametrize("bad", [{"precision": "tf32"}, {"block_t": 8}, {"block_k": 96}])
+@pytest.mark.parametrize(
+    "bad", [{"precision": "tf32"}, {"block_t": 8}, {"block_k": 96}, {"split_k": 0}, {"split_k": 2, "precision": "ieee"}]
+)
 def test_a_logits_launch_that_cannot_run_is_refused_by_name(bad: dict[str, object]) -> None:
     from magi2_backend_triton.mhc_pre import LogitsConfig
 
@@ -148,7 +156,7 @@ def test_a_logits_launch_that_cannot_run_is_refused_by_name(bad: dict[str, objec
 
 
 _PACK = (25842, 3323, 747)  # video, audio, text tokens of the 272p / 10 s pack (benchmarks/mhc.py)
-_SHIPPED_LAUNCH = (128, 64, 8, 4)  # mhc_pre.LOGITS: block_t, block_k, num_warps, num_stages
+_SHIPPED_LAUNCH = (128, 64, 8, 4, 1)  # mhc_pre.LOGITS: block_t, block_k, num_warps, num_stages, split_k
 
 
 @pytest.fixture(scope="module")
@@ -174,19 +182,23 @@ def split_pack() -> dict[str, object]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("block_t", "block_k", "num_warps", "num_stages"),
+    ("block_t", "block_k", "num_warps", "num_stages", "split_k"),
     [
-        (64, 128, 4, 3),
-        (64, 64, 4, 3),
-        (64, 64, 4, 4),
-        (128, 64, 8, 3),
-        (128, 128, 8, 4),
-        (128, 128, 4, 3),
+        (64, 128, 4, 3, 1),
+        (64, 64, 4, 3, 1),
+        (64, 64, 4, 4, 1),
+        (128, 64, 8, 3, 1),
+        (128, 128, 8, 4, 1),
+        (128, 128, 4, 3, 1),
+        (128, 64, 8, 4, 2),
+        (128, 64, 8, 4, 4),
+        (64, 64, 4, 4, 4),
+        (64, 128, 8, 3, 8),
         _SHIPPED_LAUNCH,
     ],
 )
 def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
-    split_pack: dict[str, object], block_t: int, block_k: int, num_warps: int, num_stages: int
+    split_pack: dict[str, object], block_t: int, block_k: int, num_warps: int, num_stages: int, split_k: int
 ) -> None:
     """Pipelined ``bf16x3`` launches on the GPU, the shipped one among them: every row's logits within
     FP32 accumulation error of float64, and bitwise the same on a second run (launches of an earlier
@@ -194,12 +206,12 @@ def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
     from magi2_backend_triton import mhc_pre as kernel
 
     d = kernel.LOGITS
-    assert (d.block_t, d.block_k, d.num_warps, d.num_stages) == _SHIPPED_LAUNCH, "keep the default in this list"
+    assert (d.block_t, d.block_k, d.num_warps, d.num_stages, d.split_k) == _SHIPPED_LAUNCH, "keep the default listed"
     args, sizes = split_pack["args"], split_pack["sizes"]
     assert isinstance(args, tuple) and isinstance(sizes, list)
     x, w, phi = args[0], args[1], args[2]
     t, k = x.shape[0], x.shape[1] * x.shape[2]
-    cfg = kernel.LogitsConfig(block_t, block_k, "bf16x3", num_warps, num_stages)
+    cfg = kernel.LogitsConfig(block_t, block_k, "bf16x3", num_warps, num_stages, split_k)
     at = f"{cfg}, seed {split_pack['seed']}"
     runs = []
     for _ in range(2):

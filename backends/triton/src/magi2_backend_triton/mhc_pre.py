@@ -3,19 +3,23 @@
 Two launches. The first reads each token's flattened ``n·D`` row once: it accumulates the FP32 sum of
 squares and the projection of ``x·(w[m] + 1)`` onto ``phi`` (over a tile of tokens, so each ``phi``
 tile is read once per tile, not once per token: for BF16 streams three BF16 tensor-core dots against
-the folded weight split in three exact pieces, otherwise an FP32 ``tl.dot``), and scales the
-``2n + n²`` sums by the row's ``rsqrt(mean(x²) + eps)``: the norm is a per-token scalar, so it commutes
-with the projection and the normalised row is never written. The logits go to a small FP32 buffer
-(``T·(2n + n²)`` values). The second launch forms the sigmoid pre coefficients, rounds them to the
-streams' dtype (upstream's materialisation), reads the streams again for the weighted sum (FP32, one
-cast), and writes the post coefficients and the Sinkhorn-normalised residual matrix (a NaN anywhere in
-a token's matrix spreads to all of it, as upstream's ``amax`` does).
+the folded weight split in three exact pieces, otherwise an FP32 ``tl.dot``). The row's
+``rsqrt(mean(x²) + eps)`` is a per-token scalar, so it commutes with the projection and the normalised
+row is never written. The logits go to a small FP32 buffer (``T·(2n + n²)`` values); the BF16 kernel
+may split the row into ``split_k`` chunks, each program writing its chunk's unscaled sums and sum of
+squares, so that a pack whose few token tiles would leave most of the GPU idle still fills it. The
+second launch adds the chunks in a fixed order (the result does not depend on scheduling), scales by
+the norm, forms the sigmoid pre coefficients, rounds them to the streams' dtype (upstream's
+materialisation), reads the streams again for the weighted sum (FP32, one cast), and writes the post
+coefficients and the Sinkhorn-normalised residual matrix (a NaN anywhere in a token's matrix spreads to
+all of it, as upstream's ``amax`` does).
 
 The loop bounds (the row width, the stream width, the Sinkhorn iterations) are compile-time
 constants: a model has a few of each.
 
-Modalities: host-side group sizes become token boundaries passed as scalar arguments (no
-host-to-device copy, so the call is CUDA-graph safe); one launch serves up to four groups.
+Modalities: host-side group sizes become token (and, for the BF16 kernel, tile) boundaries passed as
+scalar arguments (no host-to-device copy, so the call is CUDA-graph safe); one launch serves up to four
+groups.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ _MOD_PER_LAUNCH = 4
 @dataclass(frozen=True)
 class LogitsConfig:
     """The logits kernel's launch: tokens per tile (``tl.dot`` needs at least 16), the K step, the
-    dot's FP32 precision, warps and pipeline stages. ``benchmarks/mhc_sweep.py`` measures the candidates.
+    dot's FP32 precision, warps, pipeline stages and (``bf16x3`` only) the chunks each row is split
+    into. ``benchmarks/mhc_sweep.py`` measures the candidates.
 
     Precisions: ``ieee`` (the FP32 dot on the FMA units); ``tf32x3`` (three TF32 tensor-core
     products); ``bf16x3`` (BF16 streams only): ``(w[m] + 1)·phi`` is formed in FP32 per modality and
@@ -55,12 +60,15 @@ class LogitsConfig:
     precision: str = "ieee"
     num_warps: int = 4
     num_stages: int = 2
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         if self.precision not in _PRECISIONS:
             raise ValueError(f"LogitsConfig.precision must be one of {_PRECISIONS}, got {self.precision!r}")
         if self.block_t < 16 or self.block_t & (self.block_t - 1) or self.block_k & (self.block_k - 1):
             raise ValueError(f"LogitsConfig: block_t (>= 16) and block_k must be powers of two, got {self}")
+        if self.split_k < 1 or (self.split_k > 1 and self.precision != "bf16x3"):
+            raise ValueError(f"LogitsConfig: split_k is >= 1, and above 1 for precision 'bf16x3' only, got {self}")
 
 
 _PRECISIONS = ("ieee", "tf32x3", "bf16x3")
@@ -140,22 +148,34 @@ def _mhc_logits_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "o1", "o2", "o3", "c1", "c2", "c3"])
 def _mhc_logits_split_kernel(
     x_ptr,
     p_ptr,
-    out_ptr,
+    part_ptr,
+    sq_ptr,
     T,
     NL,
     stride_xt,
-    eps,
+    stride_part,
+    stride_sq,
+    o1,
+    o2,
+    o3,
+    c1,
+    c2,
+    c3,
     K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """One modality's tokens: ``x · (hi + mid + lo)`` as three BF16 dots, ``p_ptr`` = ``[3, K, BLOCK_N]``.
+    """Up to four modalities' tokens: ``x · (hi + mid + lo)`` as three BF16 dots over one ``K_CHUNK``
+    of each row, ``p_ptr`` = ``[groups, 3, K, BLOCK_N]``. Program ``(tile, chunk)``: the tile's group
+    is the last whose first tile (``c1..c3``) it reaches; its tokens start at ``o1..o3``. It writes the
+    chunk's unscaled sums and sum of squares (``part[chunk]``, ``sq[chunk]``).
 
     The sum of squares reads the streams' tile through a load of its own (``.cg``: from L2, where the
     dots' load has just brought it), not the dots' operand, and each piece has its own accumulator,
@@ -163,14 +183,22 @@ def _mhc_logits_split_kernel(
     launches on sm_90 (Triton 3.6) were not repeatable from run to run, a few rows far off in the
     chained-accumulator form; ``benchmarks/mhc_split_diagnose.py`` takes it apart, and the GPU tests
     run pipelined launches twice against float64."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < T
+    tile = tl.program_id(0)
+    chunk = tl.program_id(1)
+    g = (tile >= c1).to(tl.int32) + (tile >= c2).to(tl.int32) + (tile >= c3).to(tl.int32)
+    first_tile = tl.where(g == 0, 0, tl.where(g == 1, c1, tl.where(g == 2, c2, c3)))
+    start = tl.where(g == 0, 0, tl.where(g == 1, o1, tl.where(g == 2, o2, o3)))
+    end = tl.where(g == 0, o1, tl.where(g == 1, o2, tl.where(g == 2, o3, T)))
+    rows = start.to(tl.int64) + (tile - first_tile).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < end
     cols = tl.arange(0, BLOCK_N)
+    pieces = p_ptr + g.to(tl.int64) * (3 * K * BLOCK_N)
     acc_hi = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     acc_mid = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     acc_lo = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sumsq = tl.zeros((BLOCK_T,), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = chunk * K_CHUNK
+    for k0 in range(k_start, k_start + K_CHUNK, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         xp = x_ptr + rows[:, None] * stride_xt + ks[None, :]
@@ -178,7 +206,7 @@ def _mhc_logits_split_kernel(
         x = tl.load(xp, mask=m, other=0.0)
         xf = tl.load(xp, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
-        piece = p_ptr + ks[:, None] * BLOCK_N + cols[None, :]
+        piece = pieces + ks[:, None] * BLOCK_N + cols[None, :]
         hi = tl.load(piece, mask=k_ok[:, None], other=0.0)
         mid = tl.load(piece + K * BLOCK_N, mask=k_ok[:, None], other=0.0)
         lo = tl.load(piece + 2 * K * BLOCK_N, mask=k_ok[:, None], other=0.0)
@@ -190,10 +218,10 @@ def _mhc_logits_split_kernel(
             acc_hi = tl.dot(x, hi, acc_hi)
             acc_mid = tl.dot(x, mid, acc_mid)
             acc_lo = tl.dot(x, lo, acc_lo)
-    inv_rms = tl.math.rsqrt(sumsq / K + eps)
-    out = out_ptr + rows[:, None] * NL + cols[None, :]
     acc = (acc_lo + acc_mid) + acc_hi
-    tl.store(out, acc * inv_rms[:, None], mask=row_ok[:, None] & (cols < NL)[None, :])
+    out = part_ptr + chunk.to(tl.int64) * stride_part + rows[:, None] * NL + cols[None, :]
+    tl.store(out, acc, mask=row_ok[:, None] & (cols < NL)[None, :])
+    tl.store(sq_ptr + chunk.to(tl.int64) * stride_sq + rows, sumsq, mask=row_ok)
 
 
 def _split_pieces(w: torch.Tensor, phi: torch.Tensor, m: int, k: int, nl: int, block_n: int) -> torch.Tensor:
@@ -207,10 +235,23 @@ def _split_pieces(w: torch.Tensor, phi: torch.Tensor, m: int, k: int, nl: int, b
     return torch.stack((hi, mid, lo), dim=1).contiguous()
 
 
+@triton.jit
+def _logits(logits_ptr, offs, mask, inv, stride_part, PARTS: tl.constexpr):
+    """The logits at ``offs``: as stored (``PARTS`` 0), or the ``PARTS`` chunks added in order and scaled
+    by the row's ``inv`` (the norm's reciprocal root)."""
+    v = tl.load(logits_ptr + offs, mask=mask, other=0.0)
+    if PARTS > 0:
+        for p in tl.static_range(1, PARTS):
+            v += tl.load(logits_ptr + p * stride_part + offs, mask=mask, other=0.0)
+        v = v * inv
+    return v
+
+
 @triton.jit(do_not_specialize=["T"])
 def _mhc_apply_kernel(
     x_ptr,
     logits_ptr,
+    sq_ptr,
     a_pre_ptr,
     a_post_ptr,
     a_res_ptr,
@@ -224,7 +265,9 @@ def _mhc_apply_kernel(
     stride_xt,
     stride_xn,
     scale,
+    norm_eps,
     sinkhorn_eps,
+    PARTS: tl.constexpr,
     D: tl.constexpr,
     ITERATIONS: tl.constexpr,
     N: tl.constexpr,
@@ -242,11 +285,18 @@ def _mhc_apply_kernel(
     i = tl.arange(0, NP)
     i_ok = i < N
     ti = row_ok[:, None] & i_ok[None, :]
-    lg = logits_ptr + rows[:, None] * NL + i[None, :]
+    lg = rows[:, None] * NL + i[None, :]
+    inv = tl.full((BLOCK_T,), 1.0, tl.float32)
+    if PARTS > 0:  # the chunks' sums of squares, in chunk order
+        sumsq = tl.load(sq_ptr + rows, mask=row_ok, other=0.0)
+        for p in tl.static_range(1, PARTS):
+            sumsq += tl.load(sq_ptr + p * T.to(tl.int64) + rows, mask=row_ok, other=0.0)
+        inv = tl.math.rsqrt(sumsq / (N * D) + norm_eps)
 
     # pre coefficients, rounded to the streams' dtype before the weighted sum (as upstream)
     a_pre = tl.load(a_pre_ptr)
-    c = tl.sigmoid((a_pre * scale) * tl.load(lg, mask=ti, other=0.0) + tl.load(b_pre_ptr + i, mask=i_ok, other=0.0))
+    logit = _logits(logits_ptr, lg, ti, inv[:, None], T.to(tl.int64) * NL, PARTS)
+    c = tl.sigmoid((a_pre * scale) * logit + tl.load(b_pre_ptr + i, mask=i_ok, other=0.0))
     c = tl.where(ti, _rounded(c, X_DTYPE, X_RNE), 0.0)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
@@ -263,9 +313,8 @@ def _mhc_apply_kernel(
         )
 
     a_post = tl.load(a_post_ptr)
-    post = 2.0 * tl.sigmoid(
-        (a_post * scale) * tl.load(lg + N, mask=ti, other=0.0) + tl.load(b_post_ptr + i, mask=i_ok, other=0.0)
-    )
+    logit = _logits(logits_ptr, lg + N, ti, inv[:, None], T.to(tl.int64) * NL, PARTS)
+    post = 2.0 * tl.sigmoid((a_post * scale) * logit + tl.load(b_post_ptr + i, mask=i_ok, other=0.0))
     tl.store(post_ptr + rows[:, None] * N + i[None, :], _cast(post, OUT_DTYPE, OUT_RNE), mask=ti)
 
     # residual matrix [BLOCK_T, NP (i), NP (j)]: Sinkhorn-Knopp, pads held at 0
@@ -274,7 +323,14 @@ def _mhc_apply_kernel(
     m3 = row_ok[:, None, None] & ok2[None, :, :]
     ij = i[:, None] * N + j[None, :]
     a_res = tl.load(a_res_ptr)
-    lr = tl.load(logits_ptr + rows[:, None, None] * NL + 2 * N + ij[None, :, :], mask=m3, other=0.0)
+    lr = _logits(
+        logits_ptr,
+        rows[:, None, None] * NL + 2 * N + ij[None, :, :],
+        m3,
+        inv[:, None, None],
+        T.to(tl.int64) * NL,
+        PARTS,
+    )
     mat = (a_res * scale) * lr + tl.load(b_res_ptr + ij, mask=ok2, other=0.0)[None, :, :]
     mat = tl.where(ok2[None, :, :], mat, float("-inf"))
     has_nan = tl.sum(tl.sum((mat != mat).to(tl.int32), axis=2), axis=1) != 0
@@ -303,18 +359,22 @@ def launch_mhc_pre(
     flat = x.reshape(t, k)  # a view for [T, n, D] with contiguous rows; a copy otherwise
     w = call.norm_weight.contiguous()
     phi = call.phi.contiguous()
-    logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
     cfg = logits_config
+    eps = float(call.eps)
     if cfg.precision == "bf16x3" and x.dtype == torch.bfloat16:
-        _split_logits(flat, w, phi, logits, sizes, float(call.eps), cfg)
+        logits, sumsq = _split_partials(flat, w, phi, sizes, cfg)
+        parts = cfg.split_k
     else:
         fp32 = LOGITS_FP32 if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
-        _fp32_logits(flat, w, phi, logits, sizes, float(call.eps), fp32)
+        logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
+        _fp32_logits(flat, w, phi, logits, sizes, eps, fp32)
+        sumsq, parts = logits, 0  # the logits come scaled: no sums of squares to read
     interp = interpreting()
     _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
         x,
         logits,
+        sumsq,
         call.alpha_pre,
         call.alpha_post,
         call.alpha_res,
@@ -328,7 +388,9 @@ def launch_mhc_pre(
         x.stride(0),
         x.stride(1),
         1.0 / math.sqrt(k),
+        eps,
         float(call.sinkhorn_eps),
+        PARTS=parts,
         D=d,
         ITERATIONS=call.sinkhorn_iterations,
         N=n,
@@ -388,31 +450,39 @@ def _fp32_logits(
         t0 = t1
 
 
-def _split_logits(
-    flat: torch.Tensor,
-    w: torch.Tensor,
-    phi: torch.Tensor,
-    logits: torch.Tensor,
-    sizes: list[int],
-    eps: float,
-    cfg: LogitsConfig,
-) -> None:
-    """BF16 streams against the split folded weight, one launch per non-empty modality group."""
-    k, nl = flat.shape[1], logits.shape[1]
+def _split_partials(
+    flat: torch.Tensor, w: torch.Tensor, phi: torch.Tensor, sizes: list[int], cfg: LogitsConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BF16 streams against the split folded weight: ``[split_k, T, NL]`` unscaled sums and
+    ``[split_k, T]`` sums of squares, one launch per four modality groups."""
+    t, k = flat.shape
+    nl = phi.shape[1]
     block_n = max(16, triton.next_power_of_2(nl))
     pieces = _split_pieces(w, phi, len(sizes), k, nl, block_n)
+    parts = torch.empty((cfg.split_k, t, nl), dtype=torch.float32, device=flat.device)
+    sumsq = torch.empty((cfg.split_k, t), dtype=torch.float32, device=flat.device)
+    k_chunk = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     t0 = 0
-    for g, size in enumerate(sizes):
+    for g0 in range(0, len(sizes), _MOD_PER_LAUNCH):
+        group = (sizes[g0 : g0 + _MOD_PER_LAUNCH] + [0] * _MOD_PER_LAUNCH)[:_MOD_PER_LAUNCH]  # padded to four
+        starts = [sum(group[:i]) for i in range(1, _MOD_PER_LAUNCH)]
+        tiles = [sum(triton.cdiv(s, cfg.block_t) for s in group[:i]) for i in range(1, _MOD_PER_LAUNCH + 1)]
+        size = sum(group)
         if size:
-            _mhc_logits_split_kernel[(triton.cdiv(size, cfg.block_t),)](
-                flat[t0 : t0 + size],
-                pieces[g],
-                logits[t0 : t0 + size],
+            _mhc_logits_split_kernel[(tiles[-1], cfg.split_k)](
+                flat[t0:],
+                pieces[g0:],
+                parts[:, t0:],
+                sumsq[:, t0:],
                 size,
                 nl,
                 flat.stride(0),
-                eps,
+                parts.stride(0),
+                sumsq.stride(0),
+                *starts,
+                *tiles[:-1],
                 K=k,
+                K_CHUNK=k_chunk,
                 BLOCK_T=cfg.block_t,
                 BLOCK_K=cfg.block_k,
                 BLOCK_N=block_n,
@@ -421,3 +491,23 @@ def _split_logits(
                 num_stages=cfg.num_stages,
             )
         t0 += size
+    return parts, sumsq
+
+
+def _split_logits(
+    flat: torch.Tensor,
+    w: torch.Tensor,
+    phi: torch.Tensor,
+    out: torch.Tensor,
+    sizes: list[int],
+    eps: float,
+    cfg: LogitsConfig,
+) -> None:
+    """The normalised logits of the BF16 kernel into ``out`` (``[T, NL]``), the chunks added in order as
+    the second launch adds them (for tests and benchmarks of the logits alone)."""
+    parts, sumsq = _split_partials(flat, w, phi, sizes, cfg)
+    total, ss = parts[0].clone(), sumsq[0].clone()
+    for p in range(1, cfg.split_k):
+        total += parts[p]
+        ss += sumsq[p]
+    out.copy_(total * torch.rsqrt(ss / flat.shape[1] + eps)[:, None])
