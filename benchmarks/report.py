@@ -82,6 +82,9 @@ SUPERSEDED = {
     "moe_h100_e6abbd8.json": "moe_h100.json",
     "mhc_h100_0943b32.json": "mhc_h100.json",
     "dit_step_h100_0943b32.json": "dit_step_h100.json",
+    # mHC before the split-BF16 logits kernel served every modality in one launch (9f7124f)
+    "mhc_h100_740693e.json": "mhc_h100.json",
+    "mhc_sweep_h100_2337ac0.json": "mhc_sweep_h100.json",
 }
 
 # Kept for the record but summarised by hand in docs/benchmarks.md (the notes say why).
@@ -834,6 +837,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_raw_h100.json": moe_raw_rows,
     "mhc_h100.json": mhc_rows,
     "mhc_sweep_h100.json": mhc_sweep_rows,
+    "mhc_sweep_h100_3739.json": mhc_sweep_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
     "sink_correction_h200.json": sink_rows,
     "rmsnorm_h100.json": rmsnorm_rows,
@@ -857,6 +861,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "route_fused_h200_589d461.json": route_fused_rows,
     "vllm_omni_moe_h200.json": vllm_omni_moe_rows,
     "vllm_omni_stack_h200.json": vllm_omni_stack_rows,
+    "vllm_omni_stack_h100.json": vllm_omni_stack_rows,
     "moe_ablation_h200.json": moe_ablation_rows,
     "moe_sweep_pdl_h200.json": moe_sweep_rows,
     "moe_sweep_ws_persistent_h200.json": moe_sweep_rows,
@@ -897,9 +902,9 @@ def _dit_step(d: Data | list[Data]) -> list[tuple[str, list[tuple[str, float, fl
     for r in _dit_records(d):
         if "s_per_step" not in r:  # checks, memory and compile records carry no step time
             continue
-        by.setdefault(str(r["form"]), {}).setdefault(str(r["mode"]), {})[_plugin_on(r["plugin"])] = float(
-            r["s_per_step"]["p50"]
-        )
+        banks = f"{r.get('banks')} bank" + ("" if r.get("banks") == 1 else "s")
+        form = str(r["form"]) + (f", {banks}, per MoE layer" if r["form"] == "distinct-banks" else "")
+        by.setdefault(form, {}).setdefault(str(r["mode"]), {})[_plugin_on(r["plugin"])] = float(r["s_per_step"]["p50"])
     return [
         (form, [(m, t[True], t[False]) for m, t in modes.items() if True in t and False in t])
         for form, modes in by.items()
@@ -910,6 +915,10 @@ def _secs(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
+def _unit(form: str) -> str:
+    return "layer" if form.endswith("per MoE layer") else "step"
+
+
 def dit_step_rows(d: Data) -> list[Row]:
     """The whole DiT step of MAGI-2 in vllm-omni, plugin on against off (seconds per step, p50)."""
     where = d.get("device", "?") if isinstance(d, dict) else "?"
@@ -918,8 +927,8 @@ def dit_step_rows(d: Data) -> list[Row]:
         (
             f"whole DiT step ({form})",
             ", ".join(m for m, _, _ in runs),
-            "plugin on " + " / ".join(_secs(on) for _, on, _ in runs) + " s per step",
-            "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + " s per step",
+            "plugin on " + " / ".join(_secs(on) for _, on, _ in runs) + f" s per {_unit(form)}",
+            "plugin off " + " / ".join(_secs(off) for _, _, off in runs) + f" s per {_unit(form)}",
             "speed-up " + " / ".join(f"{off / on:.2f}x" for _, on, off in runs) + f"; {where}, {_short(commit)}",
         )
         for form, runs in _dit_step(d)
