@@ -137,7 +137,7 @@ def single_candidates(tokens: int) -> list[Plan]:
     )
     return [
         Plan(
-            variant="pointer",
+            variant="one_kernel",
             tile={
                 "BLOCK_M": bm,
                 "BLOCK_I": bi,
@@ -229,8 +229,8 @@ def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any] | None, str | Non
 def bench(
     tokens: int, heads: int, iters: int, eager_iters: int, tiles: Plan | None, ceilings: _common.Ceilings | None
 ) -> dict[str, Any]:
-    """The plan's fused kernel against the previous kernel (the same tile through the pointer
-    kernel, the one-kernel path before the Hopper variants) and torch's `_grouped_mm` pipeline, each
+    """The plan's fused kernel against the previous kernel (the same tile through the `one_kernel`
+    variant, the one-kernel path before the Hopper variants) and torch's `_grouped_mm` pipeline, each
     eager and replayed from a CUDA graph, in one run on the same inputs. The fused calls read the
     prepared-weight layout (views of one packed bank, as `m2.prepare_moe_weights` makes), so the graph
     holds the same kernel as the eager call. Keys "fused" and "native" are the eager times (as in
@@ -239,12 +239,16 @@ def bench(
     bank = pack_w13(wg, wu)
     gate, up = bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)
     table = tiles or table_plan(x, idx, wg)
-    pointer_align = choose_alignment(device_id(DEV, None), heads * E, False) if table.align == "lists" else table.align
+    base_align = choose_alignment(device_id(DEV, None), heads * E, False) if table.align == "lists" else table.align
     previous = (
         table
         if table.variant == "two_kernel"
         else table.model_copy(
-            update={"variant": "pointer", "align": pointer_align, "why": "the plan's tile through the pointer kernel"}
+            update={
+                "variant": "one_kernel",
+                "align": base_align,
+                "why": "the plan's tile through the `one_kernel` variant",
+            }
         )
     )
     state, prev_state = MoEState(), MoEState()

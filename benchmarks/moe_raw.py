@@ -9,7 +9,7 @@ Shape (production-local): 3 heads x 256 experts, d = 256, I = 1280, top-6, BF16;
 * ``prepared``: weights laid out once by ``m2.prepare_moe_weights`` (the Triton provider's packed
   gate/up bank, read in place by the plan's kernel);
 * ``raw``: the checkpoint tensors as loaded. Nothing is cached for them: the plan's raw-weights step
-  (the pointer kernel, same tile) reads gate/up in place, so a write between calls is always seen;
+  (the `one_kernel` variant, same tile) reads gate/up in place, so a write between calls is always seen;
 * ``raw_repacked``: ``prepare_moe_weights`` then the prepared call, every call: what packing raw
   weights afresh per call (the other sound design) would cost.
 

@@ -237,7 +237,7 @@ def print_table(report: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/moe_sweep_h200.json")
-    p.add_argument("--variants", nargs="*", help="tiles.VARIANTS one-kernel values (default: all but pointer)")
+    p.add_argument("--variants", nargs="*", help="tiles.VARIANTS one-kernel values (default: all but one_kernel)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--shapes", nargs="*", help="TOKENSxHEADS each (default: 4096x3 14601x3 512x3 4096x12)")
     p.add_argument("--budget-s", type=float, default=180.0, help="start no new shape after this many seconds")
@@ -250,7 +250,7 @@ def main() -> None:
     from benchmarks import _common
     from benchmarks import moe as bm
 
-    variants = a.variants if a.variants is not None else [v for v in ONE_KERNEL if v != "pointer"]
+    variants = a.variants if a.variants is not None else [v for v in ONE_KERNEL if v != "one_kernel"]
 
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in a.shapes] if a.shapes else SHAPES
     if a.dry_run:

@@ -469,7 +469,7 @@ def moe_bench_rows(d: Data) -> list[Row]:
                 f"{heads} heads x {s['E']} experts, top-{s['K']}, d {s['d']}, I {s['I']}; T = "
                 + " / ".join(str(b["tokens"]) for b in bs),
                 f"graph {col('fused_graph')} ms; eager {col('fused')} ms",
-                f"previous (pointer) kernel graph {col('previous_graph')}, eager {col('previous')}; torch "
+                f"previous kernel (one_kernel) graph {col('previous_graph')}, eager {col('previous')}; torch "
                 f"`_grouped_mm` eager {col('native')}, graph {col('native_graph')} ms",
                 _graph_fractions(ceilings, bs)
                 + "; eager / graph "
@@ -562,7 +562,7 @@ def moe_sweep_rows(d: Data) -> list[Row]:
         p50 = vs[best]["graph"]["p50"]
         bit_equal = all(v["bit_equal_base"] for v in vs.values())
         # the base is the H200 table's kernel at the run's commit (pointer in the first sweeps)
-        base_kind = vs["base"].get("tiles", {}).get("variant", "pointer")
+        base_kind = vs["base"].get("tiles", {}).get("variant", "pointer")  # the one_kernel variant's name then
         others = ", ".join(
             f"{n} {_ms(v['graph']['p50'])} ({v['graph_speedup_vs_base']:.3f}x)" for n, v in vs.items() if n != "base"
         )

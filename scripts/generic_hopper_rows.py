@@ -5,7 +5,7 @@ judged at every grid point of ``benchmarks/profile_check.py`` that *reaches* it:
 holds, its plan (its ``align`` made concrete as the provider does on CUDA) was timed at that point
 (a plan the check did not time cannot run there), and no earlier row that holds and was timed there
 would be taken first on any Triton build that can run this row: one of a more portable kernel
-(``two_kernel`` runs every shape, ``pointer`` needs less than ``tma``, which needs less than the
+(``two_kernel`` runs every shape, ``one_kernel`` needs less than ``tma``, which needs less than the
 Gluon kernels; ``tiles.py``), or of the same kernel other than ``gluon_routed``, which is passed
 over for a route-list budget. Where a row is reached it is compared with the fastest plan timed
 there that could still run where it is reached (its own kernel or a more portable one).
@@ -52,7 +52,8 @@ DEVICES: dict[str, tuple[str, ...]] = {
     ),
 }
 # Portability: a kernel runs wherever one of a higher rank does (tiles.py: the variants' requirements).
-RANK = {"two_kernel": 0, "pointer": 1, "tma": 2, "gluon": 3, "gluon_routed": 3, "gluon_ws": 3}
+RANK = {"two_kernel": 0, "one_kernel": 1, "tma": 2, "gluon": 3, "gluon_routed": 3, "gluon_ws": 3}
+RENAMED = {"pointer": "one_kernel"}  # variant names in checks recorded before a rename
 STABLE_KERNELS_MAX_EXPERTS = 1024  # magi2_backend_triton.moe.plan: the ``device`` alignment rule
 
 
@@ -74,7 +75,7 @@ def plan_key(text: str) -> Key:
     if m is None:
         raise ValueError(f"not a plan description: {text!r}")
     tile = frozenset((k, int(v)) for k, v in (kv.split("=") for kv in m.group(2).split(", ")))
-    return m.group(1), tile, m.group(3)
+    return RENAMED.get(m.group(1), m.group(1)), tile, m.group(3)
 
 
 def concrete(row: PlanRow, problem: Problem) -> Key:

@@ -94,7 +94,7 @@ def _point(rows: ModuleType, tokens: int, ms: dict[str, float]) -> Any:
         hidden=256,
         intermediate=1280,
     )  # 768 flat experts: stable kernels
-    tiles = {"gluon": G, "pointer": P, "two_kernel": T}
+    tiles = {"gluon": G, "one_kernel": P, "two_kernel": T}
     timed = {(v, frozenset(tiles[v].items()), "stable_kernels"): x for v, x in ms.items()}
     return rows.Point(str(tokens), rows.with_routes_per_expert(problem), timed)
 
@@ -103,14 +103,14 @@ def test_a_row_is_judged_against_what_can_run_where_it_is_reached(rows: ModuleTy
     candidates = {
         "plans": [
             _row("gluon", G, routes_per_expert=16),
-            _row("pointer", P, routes_per_expert=16),
+            _row("one_kernel", P, routes_per_expert=16),
             _row("two_kernel", T, routes_per_expert=16),
             _row("gluon", G, routes_per_expert=64),
             _row("two_kernel", T),
         ]
     }
-    fast = {"gluon": 1.0, "pointer": 1.2, "two_kernel": 1.5}  # two_kernel: 1.5x of all, 1x of its own
-    slow = {"gluon": 1.3, "pointer": 1.0, "two_kernel": 1.1}  # gluon 1.3x the pointer kernel
+    fast = {"gluon": 1.0, "one_kernel": 1.2, "two_kernel": 1.5}  # two_kernel: 1.5x of all, 1x of its own
+    slow = {"gluon": 1.3, "one_kernel": 1.0, "two_kernel": 1.1}  # gluon 1.3x the `one_kernel` variant
     verdicts = [v for _, v in rows.judged(candidates, {"a": [_point(rows, 512, fast)], "b": [_point(rows, 512, fast)]})]
     assert verdicts[:3] == [
         "kept: worst a 1.000x / b 1.000x",

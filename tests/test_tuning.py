@@ -442,7 +442,7 @@ def test_cli_show_on_a_device_without_measurements_names_tune() -> None:
     # the plan rows a provider reads here, from the core's profiles (the Triton backend ships them)
     text = " ".join(shown.output.split())
     assert "moe_experts on triton: generic rows generic-cpu (magi2_backend_triton/profiles/generic-cpu.json)" in text
-    assert "row 1 where every call -> variant=pointer" in text
+    assert "row 1 where every call -> variant=one_kernel" in text
     plans = json.loads(_cli(["tune", "--show", "--device", "cpu", "--json"]).output)["plans"]
     assert [(p["op"], p["provider"], len(p["rows"])) for p in plans] == [("moe_experts", "triton", 2)]
 

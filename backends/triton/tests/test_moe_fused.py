@@ -70,9 +70,9 @@ TWO_KERNEL = two_kernel_plan()
 VARIANTS = {
     "two_kernel_packed": TWO_KERNEL,
     "two_kernel_direct": two_kernel_plan(PACKED_W13=0),
-    "single_packed": one_kernel_plan("pointer", _T16, INTERLEAVED=0),
-    "single_direct": one_kernel_plan("pointer", _T16, PACKED_W13=0, INTERLEAVED=0),
-    "single_interleaved": one_kernel_plan("pointer", _T16),
+    "single_packed": one_kernel_plan("one_kernel", _T16, INTERLEAVED=0),
+    "single_direct": one_kernel_plan("one_kernel", _T16, PACKED_W13=0, INTERLEAVED=0),
+    "single_interleaved": one_kernel_plan("one_kernel", _T16),
 }
 
 
@@ -371,11 +371,13 @@ def test_the_plan_takes_the_two_kernel_path_where_the_one_kernel_path_cannot() -
     # path refuses the shape (no silent fallback).
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 48, 2)
     run = run_fused(x, probs, idx, wg, wu, wd, state=MoEState())
-    assert run.plan is not None and run.plan.variant == "two_kernel" and "row 1 (pointer)" in run.plan.why
+    assert run.plan is not None and run.plan.variant == "two_kernel" and "row 1 (one_kernel)" in run.plan.why
     assert run.inter is not None and run.buffers is not None and run.buffers.block_m == 16
     assert_within_one_ulp(run.y, exact_moe_experts(x, probs, idx, wg, wu, wd))
     with pytest.raises(InvalidValueError, match="two_kernel here"):
-        run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=one_kernel_plan("pointer", SliceTile(32, 32, 4, 1)))
+        run_fused(
+            x, probs, idx, wg, wu, wd, state=MoEState(), plan=one_kernel_plan("one_kernel", SliceTile(32, 32, 4, 1))
+        )
 
 
 def test_zero_tokens() -> None:
@@ -445,22 +447,22 @@ def test_gpu_real_kernel_parity(shape: tuple[int, ...], variant: str) -> None:
 
     tokens, heads, d, inter, topk, experts = shape
     x, probs, idx, wg, wu, wd = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
-    # the plan, and the first two-kernel / Triton one-kernel (pointer, tma) alternative of the device's rows
-    kinds = {"table": (), "two_kernel": ("two_kernel",), "single": ("pointer", "tma")}[variant]
+    # the plan, and the first two-kernel / Triton one-kernel (one_kernel, tma) alternative of the device's rows
+    kinds = {"table": (), "two_kernel": ("two_kernel",), "single": ("one_kernel", "tma")}[variant]
     candidates = triton_moe_experts.plan_candidates(call_problem(x, idx, wg, False))
     plan = next((c for c in candidates if not kinds or c.variant in kinds), None)
     if plan is None and variant == "single":
-        # no row of this device offers a one-kernel plan here: the pointer kernel with the first plan's rows
+        # no row of this device offers a one-kernel plan here: the `one_kernel` variant with the first plan's rows
         # per block, a 4-warp slice and the widest BLOCK_I (32 or 16) that divides the intermediate size
         first = candidates[0]
         block_i = 32 if inter % 32 == 0 else 16
         tile = {"BLOCK_M": first.tile["BLOCK_M"], "BLOCK_I": block_i, "num_warps": 4, "num_stages": 3}
         plan = first.model_copy(
             update={
-                "variant": "pointer",
+                "variant": "one_kernel",
                 "tile": tile,
                 "align": (first.align if first.align != "lists" else "atomic"),
-                "why": "test: the pointer one-kernel plan",
+                "why": "test: the one_kernel plan",
             }
         )
     assert plan is not None, f"no {variant} plan for {shape}"

@@ -2,7 +2,7 @@
 
 The Triton interpreter cannot run Gluon, so on CPU only the decisions are tested: which shapes,
 devices and Tritons it refuses (each with a reason, raised when asked for anyway). On a Hopper GPU
-(`gpu` marker) it must equal the pointer kernel with the same row block bit for bit (same operands,
+(`gpu` marker) it must equal the `one_kernel` variant with the same row block bit for bit (same operands,
 same wgmma shapes, same rounding schedule), in eager mode, deterministic mode, FP16 and inside a
 CUDA graph; otherwise the contract (rel-L2 <= 3e-4 against the FP32 reference) decides.
 """
@@ -131,7 +131,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (com
 def _pair(tile: SliceTile, variant: str = "gluon") -> tuple[Plan, Plan]:
     if variant == "gluon_ws" and tile.block_m != 128:
         pytest.skip("the warp-specialised kernel takes 128-row blocks only (its refusal is a CPU test)")
-    return one_kernel_plan("pointer", tile, "stable_kernels"), gluon_plan(variant, tile, "stable_kernels")
+    return one_kernel_plan("one_kernel", tile, "stable_kernels"), gluon_plan(variant, tile, "stable_kernels")
 
 
 def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
@@ -155,15 +155,15 @@ def _check(y: torch.Tensor, base: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("tile", [TILE128, TILE64], ids=["m128", "m64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gpu_gluon_equals_pointer_kernel(
+def test_gpu_gluon_equals_the_one_kernel_variant(
     shape: tuple[int, ...], tile: SliceTile, dtype: torch.dtype, variant: str
 ) -> None:
     # (300, 1, 4, ...): 225 routes per expert, so the per-expert kernel walks several row blocks.
     tokens, heads, experts, d, inter, topk = shape
     x, probs, idx, *w = make_moe(tokens, heads, experts, d, inter, topk, device="cuda")
     x, wg, wu, wd = x.to(dtype), *(t.to(dtype) for t in w)
-    pointer, gluon = _pair(tile, variant)
-    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=pointer).y
+    base_plan, gluon = _pair(tile, variant)
+    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=base_plan).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon).y
     _check(y, base, exact_moe_experts(x, probs, idx, wg, wu, wd))
 

@@ -66,7 +66,7 @@ def _tiles(
     packed: bool = True,
     single: tuple[int, ...] | None = None,
     inter: bool = False,
-    variant: str = "pointer",
+    variant: str = "one_kernel",
 ) -> dict[str, Any]:
     return {"g1": g1, "g2": g2, "packed": packed, "single": single, "inter": inter, "variant": variant}
 
@@ -95,7 +95,7 @@ _H200 = (
         math.inf,
         [
             _tiles(*_LARGE, single=(128, 32, 8, 3), inter=True, variant=v)
-            for v in ("gluon_ws", "gluon", "tma", "pointer")
+            for v in ("gluon_ws", "gluon", "tma", "one_kernel")
         ],
     ),
 )
@@ -118,7 +118,7 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
     interp = device.type == "cpu"
 
     def buildable(tiles: dict[str, Any]) -> bool:
-        if tiles["variant"] == "pointer":
+        if tiles["variant"] == "one_kernel":
             return True
         if not tiles["variant"].startswith("gluon"):
             return has_desc
@@ -141,7 +141,7 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
     single = tiles["single"]
     if single is not None and (d & (d - 1) != 0 or i % single[1] != 0):
         single = None
-    tma_path = single is not None and tiles["variant"] != "pointer"  # eager, raw weights: the bank exists
+    tma_path = single is not None and tiles["variant"] != "one_kernel"  # eager, raw weights: the bank exists
     variant = tiles["variant"]
     if variant == "gluon_routed" and (det or 4 * hl * e * t * k > mp.LIST_BUDGET):
         variant = "gluon"
@@ -161,7 +161,7 @@ def _previous_choice(device: mp.DeviceId, problem: Problem, has_gluon: bool, has
         return "two_kernel", tile | {"PACKED_W13": int(tiles["packed"])}, align
     tile = dict(zip(("BLOCK_M", "BLOCK_I", "num_warps", "num_stages"), single, strict=True))
     return (
-        (variant if tma_path else "pointer"),
+        (variant if tma_path else "one_kernel"),
         tile | {"PACKED_W13": int(tiles["packed"]), "INTERLEAVED": int(tiles["inter"])},
         align,
     )
@@ -472,7 +472,7 @@ def test_the_raw_weights_step_reads_them_in_place(off_interpreter: Any) -> None:
     problem = _h200_problem(512)
     plan, _ = mp.plan_for(problem, H200, *mp.rows_for(H200))
     captured, launch = mp.without_bank(plan, problem, H200)
-    assert (captured.variant, captured.align) == ("pointer", "stable_kernels")
+    assert (captured.variant, captured.align) == ("one_kernel", "stable_kernels")
     assert captured.tile == plan.tile | {"PACKED_W13": 0, "INTERLEAVED": 0} and not launch.packed_w13
     assert captured.why.startswith(plan.why) and "raw gate/up have no packed bank" in captured.why
     two = two_kernel_plan(align="atomic")
@@ -513,7 +513,7 @@ def test_run_fused_follows_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test")
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_plan_candidates_all_run_and_meet_the_contract(deterministic: bool) -> None:
-    # The CPU's rows, and the H200's rows decided for the CPU (the kernels the interpreter runs: pointer
+    # The CPU's rows, and the H200's rows decided for the CPU (the kernels the interpreter runs: one_kernel
     # tiles of 16, 64 and 128 rows, the TMA kernel where this Triton has descriptors, two-kernel tiles).
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 64, 2)
     problem = call_problem(x, idx, wg, deterministic)
@@ -524,7 +524,7 @@ def test_plan_candidates_all_run_and_meet_the_contract(deterministic: bool) -> N
     plans += mp.candidates_for(problem, cpu, h200_rows, "h200 rows")[1:]
     kinds = {(p.variant, tuple(sorted(p.tile.items())), p.align) for p in plans}
     assert len(kinds) == len(plans) >= 6
-    assert {p.variant for p in plans} >= {"pointer", "two_kernel"}
+    assert {p.variant for p in plans} >= {"one_kernel", "two_kernel"}
     assert all(p.align == ("stable_torch" if deterministic else "atomic") for p in plans)
     ref = exact_moe_experts(x, probs, idx, wg, wu, wd)
     for plan in plans:
@@ -537,11 +537,14 @@ def test_run_plan_refuses_a_plan_that_cannot_serve_the_call() -> None:
     x, probs, idx, wg, wu, wd = make_moe(9, 2, 3, 32, 48, 2)
     with pytest.raises(InvalidValueError, match="deterministic mode needs a stable route order"):
         run_plan(x, probs, idx, wg, wu, wd, two_kernel_plan(align="atomic"), deterministic=True)
-    pointer = Plan(
-        variant="pointer", tile={"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 1}, align="atomic", why="t"
+    base_plan = Plan(
+        variant="one_kernel",
+        tile={"BLOCK_M": 16, "BLOCK_I": 32, "num_warps": 4, "num_stages": 1},
+        align="atomic",
+        why="t",
     )
     with pytest.raises(InvalidValueError, match="intermediate a multiple of BLOCK_I 32"):
-        run_plan(x, probs, idx, wg, wu, wd, pointer)
+        run_plan(x, probs, idx, wg, wu, wd, base_plan)
     with pytest.raises(InvalidValueError, match="stable alignment kernels run on CUDA"):
         run_plan(x, probs, idx, wg, wu, wd, two_kernel_plan(align="stable_kernels"))
     with pytest.raises(InvalidValueError, match=r"plan\.tile"):
@@ -579,7 +582,7 @@ def test_explain_shows_the_plan_and_why(json_out: bool) -> None:
     assert result.exit_code == 0, result.output
     if json_out:
         plan = json.loads(result.output)["plan"]
-        assert plan["variant"] == "two_kernel" and "passed over row 1 (pointer)" in plan["why"]
+        assert plan["variant"] == "two_kernel" and "passed over row 1 (one_kernel)" in plan["why"]
     else:
         assert "plan (triton): two_kernel (BLOCK_M=16, " in result.output
         assert "why: generic rows generic-cpu" in " ".join(result.output.split())

@@ -1,10 +1,10 @@
-"""Hopper (TMA) variants of the one-kernel fused MoE against the pointer kernel, bit for bit.
+"""Hopper (TMA) variants of the one-kernel fused MoE against the `one_kernel` variant, bit for bit.
 
 CPU: the Triton interpreter runs host-side tensor descriptors, so the kernel runs there on small
 shapes. Same tiles, same dot shapes
-and the same FP32 operands: the outputs must equal the pointer kernel's exactly, and the
+and the same FP32 operands: the outputs must equal the `one_kernel` variant's exactly, and the
 reference's within 1 BF16 ULP.
-GPU (`gpu` marker, capability >= 9.0): real widths, bit-equal to the pointer kernel or, if the
+GPU (`gpu` marker, capability >= 9.0): real widths, bit-equal to the `one_kernel` variant or, if the
 compiler orders a reduction differently, within the contract (rel-L2 <= 3e-4 vs the FP32 reference).
 """
 
@@ -33,7 +33,7 @@ from magi2_core.plan import Plan
 
 # The Gluon kernel is GPU-only (test_moe_gluon.py).
 _T16 = SliceTile(16, 16, 4, 1)
-POINTER = one_kernel_plan("pointer", _T16)
+POINTER = one_kernel_plan("one_kernel", _T16)
 TMA = one_kernel_plan("tma", _T16)
 
 CASES = {
@@ -52,13 +52,13 @@ def _skip_without_triton_support() -> None:
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (the GPU test below covers CUDA)")
 @pytest.mark.parametrize("case", list(CASES))
-def test_tma_variant_equals_pointer_kernel(case: str) -> None:
+def test_tma_variant_equals_the_one_kernel_variant(case: str) -> None:
     _skip_without_triton_support()
     x, probs, idx, wg, wu, wd = make_moe(*CASES[case])
     base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=POINTER).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=TMA).y
     assert torch.equal(y, base)
-    # Against the reference, the op's contract (the pointer kernel's own tests bound it tighter on
+    # Against the reference, the op's contract (the `one_kernel` variant's own tests bound it tighter on
     # fixed seeds): a one-ULP bound is not guaranteed on fresh draws, because a different FP32
     # summation order can flip the rounding of one intermediate (seen once in ~10 CPU runs).
     verdict = accept_moe_experts(y, exact_moe_experts(x, probs, idx, wg, wu, wd), wg.shape[2])
@@ -105,13 +105,13 @@ def _hopper() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a CUDA GPU of capability >= 9.0")
 @pytest.mark.parametrize("shape", [(1, 3, 256), (513, 3, 256), (4097, 3, 256)])
-def test_gpu_tma_variant_matches_pointer_kernel(shape: tuple[int, int, int]) -> None:
+def test_gpu_tma_variant_matches_the_one_kernel_variant(shape: tuple[int, int, int]) -> None:
     tokens, heads, experts = shape
     x, probs, idx, wg, wu, wd = make_moe(tokens, heads, experts, 256, 1280, 6, device="cuda")
     bm = 16 if tokens * 6 / experts <= 16 else 128
     single = SliceTile(bm, 32, 4 if bm == 16 else 8, 3)
-    pointer = one_kernel_plan("pointer", single, "stable_kernels")
-    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=pointer).y
+    base_plan = one_kernel_plan("one_kernel", single, "stable_kernels")
+    base = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=base_plan).y
     y = run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=one_kernel_plan("tma", single, "stable_kernels")).y
     assert torch.isfinite(y).all()
     if not torch.equal(y, base):
@@ -123,7 +123,7 @@ def test_gpu_tma_variant_matches_pointer_kernel(shape: tuple[int, int, int]) -> 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
 def test_gpu_tma_variant_in_cuda_graph(layout: str) -> None:
     # Prepared views: the TMA kernel is captured (descriptors by value). Raw gate/up inside a capture
-    # have no packed bank (read in place): the plan's capture step (plan.without_bank) runs the pointer
+    # have no packed bank (read in place): the plan's capture step (plan.without_bank) runs the `one_kernel`
     # kernel. Each replays bit-equal to its kernel run eagerly.
     x, probs, idx, wg, wu, wd = make_moe(513, 3, 256, 256, 1280, 6, device="cuda")
     single = SliceTile(16, 32, 4, 3)
@@ -133,15 +133,17 @@ def test_gpu_tma_variant_in_cuda_graph(layout: str) -> None:
         (bank[:, 0::2, :].transpose(1, 2), bank[:, 1::2, :].transpose(1, 2)) if layout == "prepared" else (wg, wu)
     )
     # The kernel the capture will run, eager (this also compiles it outside the capture): raw
-    # weights read in place are the pointer kernel's two-dot form.
-    eager_tiles = tiles if layout == "prepared" else one_kernel_plan("pointer", single, "stable_kernels", PACKED_W13=0)
+    # weights read in place are the `one_kernel` variant's two-dot form.
+    eager_tiles = (
+        tiles if layout == "prepared" else one_kernel_plan("one_kernel", single, "stable_kernels", PACKED_W13=0)
+    )
     expected = run_fused(x, probs, idx, gate, up, wd, state=MoEState(), plan=eager_tiles).y
     state = MoEState()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run = run_fused(x, probs, idx, gate, up, wd, state=state, plan=tiles)
     out = run.y
-    assert run.plan is not None and run.plan.variant == ("tma" if layout == "prepared" else "pointer")
+    assert run.plan is not None and run.plan.variant == ("tma" if layout == "prepared" else "one_kernel")
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)

@@ -365,7 +365,7 @@ def _launch_tma(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists
     )
 
 
-def _launch_pointer(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+def _launch_one_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
     tile, bufs, x = launch.single, _rows(routes), ops.x
     assert tile is not None
     fused_expert_kernel[(bufs.capacity // tile.block_m,)](
@@ -457,7 +457,7 @@ def _launch_two_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | Expe
 # picks a row, this table runs it; two_kernel returns its intermediate, which FusedRun keeps.
 _LAUNCHERS: dict[Variant, Callable[[Kernels, Launch, RouteBuffers | ExpertLists], Tensor | None]] = {
     "two_kernel": _launch_two_kernel,
-    "pointer": _launch_pointer,
+    "one_kernel": _launch_one_kernel,
     "tma": _launch_tma,
     "gluon": _launch_gluon,
     "gluon_ws": _launch_gluon,

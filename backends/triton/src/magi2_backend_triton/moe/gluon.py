@@ -139,7 +139,7 @@ def _checked_kernels(x: Tensor, w13: Tensor, tile: SliceTile, variant: str) -> M
     d, inter = x.shape[2], w13.shape[1] // 2
     reason = gluon_unsupported_reason(x.device) or gluon_shape_reason(d, inter, x.dtype, tile, variant)
     if reason is not None:
-        raise InvalidValueError("moe_experts", "plan.variant", "'tma' or 'pointer' here", f"'{variant}' ({reason})")
+        raise InvalidValueError("moe_experts", "plan.variant", "'tma' or 'one_kernel' here", f"'{variant}' ({reason})")
     kernels = _kernels()
     assert not isinstance(kernels, str)
     return kernels[1] if variant == "gluon_ws" else kernels[0]

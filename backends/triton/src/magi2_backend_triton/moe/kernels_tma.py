@@ -6,7 +6,7 @@ slice of the intermediate, one dot over the interleaved (gate, up) bank, SwiGLU7
 rounding to the storage dtype, then the slice feeds the down projection into a [BM, d] FP32
 accumulator; x routing weight in FP32, one rounding per route.
 
-What changes is how the weights arrive. The pointer kernel computes a [d, 2*BLOCK_I] tile of
+What changes is how the weights arrive. The `one_kernel` variant computes a [d, 2*BLOCK_I] tile of
 64-bit addresses per slice (registers and integer work next to the MMAs); here each slice is one
 bulk copy per matrix through a host-built tensor descriptor, issued by the TMA unit straight into
 swizzled shared memory. (Warp-specialised and persistent schedules of this kernel were measured

@@ -26,7 +26,7 @@ profile's rows first, then the shipped rows for the device, named or generic).
    `magi2_core.prepare_moe_weights` packed) have no packed bank, and none is cached for them (a
    cached copy goes stale when the caller writes the weights in place by a route that bypasses
    autograd's version counter, ``.data.copy_`` among them). `without_bank` gives the plan such a
-   call runs: the pointer kernel with the same tile reading gate/up in place (the variants are
+   call runs: the `one_kernel` variant with the same tile reading gate/up in place (the variants are
    bit-identical by test), ``why`` saying so. The launcher applies exactly this step.
 
 `fused.run_fused` executes the plan it is given and never changes it.
@@ -310,7 +310,7 @@ def without_bank(plan: Plan, problem: Problem, device: DeviceId) -> tuple[Plan, 
     tile = dict(plan.tile) | {"PACKED_W13": 0}
     variant: Variant = launch.variant
     if variant != "two_kernel":
-        variant, tile = "pointer", tile | {"INTERLEAVED": 0}
+        variant, tile = "one_kernel", tile | {"INTERLEAVED": 0}
     align = plan.align
     if align == "lists":
         align = choose_alignment(device, _flat_experts(problem), Feature.DETERMINISTIC in problem.features)

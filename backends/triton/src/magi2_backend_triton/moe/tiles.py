@@ -8,7 +8,7 @@ Variants:
 
 * ``two_kernel``: `kernels.gemm1_swiglu7_kernel` then `kernels.gemm2_weighted_kernel`, the
   intermediate through memory; every shape, every platform.
-* ``pointer``: `kernels.fused_expert_kernel`, both GEMMs in one program per row block with the
+* ``one_kernel``: `kernels.fused_expert_kernel`, both GEMMs in one program per row block with the
   intermediate on chip; ``hidden`` a power of two and ``intermediate`` a multiple of ``BLOCK_I``.
 * ``tma``: `kernels_tma.py`, the same with weight slices through tensor descriptors (CUDA >= 9.0, a
   Triton with host-side descriptors; the interpreter runs it on CPU).
@@ -48,7 +48,7 @@ __all__ = [
     "launch_of",
 ]
 
-Variant = Literal["two_kernel", "pointer", "tma", "gluon", "gluon_routed", "gluon_ws"]
+Variant = Literal["two_kernel", "one_kernel", "tma", "gluon", "gluon_routed", "gluon_ws"]
 VARIANTS: tuple[Variant, ...] = get_args(Variant)
 ONE_KERNEL: tuple[Variant, ...] = VARIANTS[1:]
 TENSOR_DESCRIPTORS: tuple[Variant, ...] = ("tma", "gluon", "gluon_routed", "gluon_ws")  # always read the bank

@@ -72,7 +72,7 @@ def launch_fused_tma(
     """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank."""
     reason = tma_unsupported_reason(x.device)
     if reason is not None:
-        raise InvalidValueError("moe_experts", "plan.variant", "'pointer' here", f"'tma' ({reason})")
+        raise InvalidValueError("moe_experts", "plan.variant", "'one_kernel' here", f"'tma' ({reason})")
     num_tokens, _, d = x.shape
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
