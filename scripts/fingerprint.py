@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import magi2_core as m2
+from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
 
 Case = tuple[str, Callable[[str], Any]]
 
@@ -110,6 +111,36 @@ def rmsnorm_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
+_MHC_PRE_ARGS = (
+    "streams",
+    "norm_weight",
+    "phi",
+    "alpha_pre",
+    "alpha_post",
+    "alpha_res",
+    "bias_pre",
+    "bias_post",
+    "bias_res",
+)
+
+
+def mhc_pre_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    g = _gen(device, 17)
+    x = mhc_streams(g, 20, 4, 32, dtype)
+    values = (x, *mhc_parameters(g, 2, 4, 32))
+    return {k: v.to(device) for k, v in zip(_MHC_PRE_ARGS, values, strict=True)} | {"modality_sizes": [13, 7]}
+
+
+def mhc_mix_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    g = _gen(device, 19)
+    return {
+        "streams": mhc_streams(g, 20, 4, 32, dtype).to(device),
+        "branch_output": mhc_streams(g, 20, 1, 32, dtype)[:, 0].to(device),
+        "post": (torch.rand(20, 4, generator=g) * 2).to(device),
+        "residual": torch.rand(20, 4, 4, generator=g).to(device),
+    }
+
+
 def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str, Any]]]:
     for name, kw in attention_cases(device):
         yield "attention", name, m2.attention, kw
@@ -126,6 +157,8 @@ def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str,
             {**expert_inputs(device, dtype), "deterministic": True},
         )
         yield "rmsnorm", tag, m2.rmsnorm, rmsnorm_inputs(device, dtype)
+        yield "mhc_pre", tag, m2.mhc_pre, mhc_pre_inputs(device, dtype)
+        yield "mhc_mix", tag, m2.mhc_mix, mhc_mix_inputs(device, dtype)
 
 
 def fingerprints(devices: list[str]) -> dict[str, str]:
