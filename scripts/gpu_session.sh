@@ -144,7 +144,7 @@ python3 -m benchmarks.dispatch --out "$OUT/dispatch_cpu_${tag}host.json" 2>&1 | 
 python3 -m benchmarks.dispatch --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -6
 fi
 if want moe; then
-step "MoE: the table's kernel vs the previous (pointer) kernel and torch _grouped_mm, eager and graph"
+step "MoE: the table's kernel vs the previous kernel (one_kernel) and torch _grouped_mm, eager and graph"
 python3 -m benchmarks.moe --out "$OUT/moe_${tag}.json" --tokens 512 4096 14601 --iters 20 > "$OUT/moe.log" 2>&1; tail -14 "$OUT/moe.log"
 fi
 if want mhc; then

@@ -198,8 +198,8 @@ def _mhc_logits_split_kernel(
     acc_lo = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sumsq = tl.zeros((BLOCK_T,), tl.float32)
     k_start = chunk * K_CHUNK
-    for k0 in range(k_start, k_start + K_CHUNK, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, K_CHUNK, BLOCK_K):  # compile-time bounds (older interpreters need them)
+        ks = k_start + k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         xp = x_ptr + rows[:, None] * stride_xt + ks[None, :]
         m = row_ok[:, None] & k_ok[None, :]
