@@ -492,22 +492,3 @@ def _split_partials(
             )
         t0 += size
     return parts, sumsq
-
-
-def _split_logits(
-    flat: torch.Tensor,
-    w: torch.Tensor,
-    phi: torch.Tensor,
-    out: torch.Tensor,
-    sizes: list[int],
-    eps: float,
-    cfg: LogitsConfig,
-) -> None:
-    """The normalised logits of the BF16 kernel into ``out`` (``[T, NL]``), the chunks added in order as
-    the second launch adds them (for tests and benchmarks of the logits alone)."""
-    parts, sumsq = _split_partials(flat, w, phi, sizes, cfg)
-    total, ss = parts[0].clone(), sumsq[0].clone()
-    for p in range(1, cfg.split_k):
-        total += parts[p]
-        ss += sumsq[p]
-    out.copy_(total * torch.rsqrt(ss / flat.shape[1] + eps)[:, None])
