@@ -76,9 +76,9 @@ from benchmarks.vllm_omni_stack import (
     GPU_COMPILE,
     SMOKE_COMPILE,
     _mod,
-    keep_upstream_mhc,
+    keep_upstream_methods,
     randomize,
-    upstream_mhc_methods,
+    upstream_methods,
 )
 
 BANK_NAMES = ("W_gate", "W_up", "W_down")
@@ -264,7 +264,7 @@ def build_pair(cfg: Any, dev: str, banks: int, *, seed: int = 30) -> tuple[nn.Mo
         for name, p in off.named_parameters():  # named_parameters yields a shared bank once
             if id(p) not in banked and not name.endswith("bands"):
                 p.copy_(_random_like(p, name, seed))
-    mhc_methods = upstream_mhc_methods(modeling)
+    methods = upstream_methods(modeling)
     integ.register()  # the swap applies to models built from here on
     with torch.device("meta"):
         on = modeling.Magi2PreviewTransformer(cfg)
@@ -276,7 +276,7 @@ def build_pair(cfg: Any, dev: str, banks: int, *, seed: int = 30) -> tuple[nn.Mo
             if name.rsplit(".", 1)[-1] not in BANK_NAMES:
                 p.copy_(theirs[name])
     share_prepared_layouts(on)
-    keep_upstream_mhc(off, mhc_methods)
+    keep_upstream_methods(off, methods)
     if moes and type(_moe_modules(on)[0]) is not integ.Magi2MultiHeadMoE:
         raise RuntimeError("the plugin did not swap vllm-omni's MoE layer (see the magi2_core log lines)")
     return off.eval().requires_grad_(False), on.eval().requires_grad_(False)

@@ -145,40 +145,44 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
     with torch.device(dev):
         off = modeling.Magi2PreviewTransformer(cfg)
     randomize(off, seed=30)
-    mhc_methods = upstream_mhc_methods(modeling)
+    methods = upstream_methods(modeling)
     integ.register()  # modeling is imported: the swap applies now, to models built from here on
     with torch.device(dev):
         on = modeling.Magi2PreviewTransformer(cfg)
     on.load_state_dict(off.state_dict(), strict=True)
     if type(on.block.layers[0].mlp.moe_mlp) is not integ.Magi2MultiHeadMoE:
         raise RuntimeError("the plugin did not swap vllm-omni's MoE layer (see the magi2_core log lines)")
-    keep_upstream_mhc(off, mhc_methods)
+    keep_upstream_methods(off, methods)
     return (
         Variant(off.eval().requires_grad_(False), theirs),
         Variant(on.eval().requires_grad_(False), integ.packed_attention_with_sink),
     )
 
 
-def upstream_mhc_methods(modeling: Any) -> dict[str, Any]:
-    """vllm-omni's own mHC methods of its layer class, read before the plugin registers."""
+def upstream_methods(modeling: Any) -> dict[tuple[str, str], Any]:
+    """vllm-omni's own methods that the plugin may swap (the layer's mHC, the attention's ``project``), by
+    (class name, method name), read before the plugin registers."""
     from magi2_core.integrations.vllm_omni.mhc import METHODS
+    from magi2_core.integrations.vllm_omni.qk_rope import METHODS as PROJECT
 
-    return {name: getattr(modeling.Magi2TransformerLayer, name) for name in METHODS}
+    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT}
+    return {(cls, name): getattr(getattr(modeling, cls), name) for cls, names in owners.items() for name in names}
 
 
-def keep_upstream_mhc(model: nn.Module, methods: dict[str, Any]) -> bool:
-    """Bind vllm-omni's own mHC methods on ``model``'s layers when the plugin swapped them.
+def keep_upstream_methods(model: nn.Module, methods: dict[tuple[str, str], Any]) -> set[str]:
+    """Bind vllm-omni's own methods on ``model``'s modules where the plugin swapped them on the class.
 
-    The mHC swap (``MAGI2_VLLM_OMNI_MHC=1``) replaces methods on the layer class, which a model built
-    before the plugin ran shares; bound on the instances, plugin off keeps upstream's mHC. Returns
-    whether the swap was in place.
+    A method swap (mHC, q/k RoPE) replaces methods on vllm-omni's class, which a model built before the
+    plugin ran shares; bound on the instances, plugin off keeps upstream's. Returns the classes whose
+    methods had been swapped.
     """
-    cls = type(model.block.layers[0])
-    swapped = any(getattr(cls, name) is not fn for name, fn in methods.items())
-    if swapped:
-        for layer in model.block.layers:
-            for name, fn in methods.items():
-                setattr(layer, name, types.MethodType(fn, layer))
+    swapped: set[str] = set()
+    for module in model.modules():
+        cls = type(module)
+        for (owner, name), fn in methods.items():
+            if cls.__name__ == owner and getattr(cls, name) is not fn:
+                setattr(module, name, types.MethodType(fn, module))
+                swapped.add(owner)
     return swapped
 
 
@@ -226,7 +230,22 @@ def providers(model: nn.Module, cfg: Any, pack: Any) -> dict[str, str | None]:
         "moe_experts": m2.resolve("moe_experts", heads, probs, idx, moe.prepared_weights()).chosen,
         "rmsnorm": m2.resolve("rmsnorm", x, norm_weight, modality_sizes=sizes).chosen,
         **mhc_providers(layer, pack),
+        "qk_norm_rope": qk_rope_provider(layer, pack),
     }
+
+
+def qk_rope_provider(layer: nn.Module, pack: Any) -> str | None:
+    """What the attention's q/k tail resolves to when the plugin swapped ``project`` (else: nothing)."""
+    from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
+
+    attention = layer.attention
+    if type(attention).project is not AttentionProjectMethods.project:
+        return None
+    q = pack.hidden.new_empty(pack.hidden.shape[0], attention.num_heads_q, attention.head_dim)
+    norm = attention.q_norm
+    sizes = list(pack.dispatcher.group_size_cpu) if norm.num_modality > 1 else None
+    index = pack.dispatcher.inv_permute_mapping
+    return m2.resolve("qk_norm_rope", q, norm.weight, pack.rope, modality_sizes=sizes, index=index).chosen
 
 
 def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:

@@ -25,6 +25,7 @@ __all__ = [
     "moe_experts",
     "moe_route",
     "prepare_moe_weights",
+    "qk_norm_rope",
     "PreparedMoEWeights",
     "rmsnorm",
     # resolution and run-time control

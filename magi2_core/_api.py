@@ -24,7 +24,17 @@ from magi2_core.errors import (
     UnknownProviderError,
 )
 from magi2_core.moe_weights import PreparedMoEWeights
-from magi2_core.ops import attention, mhc_mix, mhc_pre, moe_experts, moe_route, prepare_moe_weights, resolve, rmsnorm
+from magi2_core.ops import (
+    attention,
+    mhc_mix,
+    mhc_pre,
+    moe_experts,
+    moe_route,
+    prepare_moe_weights,
+    qk_norm_rope,
+    resolve,
+    rmsnorm,
+)
 from magi2_core.overrides import use
 from magi2_core.problem import Feature, Problem
 from magi2_core.reasons import Resolution

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from magi2_core.ops.moe_experts import validate as validate_moe_experts
     from magi2_core.ops.moe_route import MoERouteKernel, RouteCall
     from magi2_core.ops.moe_route import validate as validate_moe_route
+    from magi2_core.ops.qk_norm_rope import QKNormRopeCall, QKNormRopeKernel
+    from magi2_core.ops.qk_norm_rope import validate as validate_qk_norm_rope
     from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKernel
     from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
     from magi2_core.plan import Plan
@@ -106,6 +108,9 @@ _HOME: dict[str, tuple[str, str]] = {
     "MHCMixCall": ("magi2_core.ops.mhc_mix", "MHCMixCall"),
     "MHCMixKernel": ("magi2_core.ops.mhc_mix", "MHCMixKernel"),
     "validate_mhc_mix": ("magi2_core.ops.mhc_mix", "validate"),
+    "QKNormRopeCall": ("magi2_core.ops.qk_norm_rope", "QKNormRopeCall"),
+    "QKNormRopeKernel": ("magi2_core.ops.qk_norm_rope", "QKNormRopeKernel"),
+    "validate_qk_norm_rope": ("magi2_core.ops.qk_norm_rope", "validate"),
     "attention": ("magi2_core.ops", "attention"),
     "resolve": ("magi2_core.ops", "resolve"),
     "Plan": ("magi2_core.plan", "Plan"),
@@ -165,6 +170,8 @@ __all__ = [
     "PlannedOn",
     "Problem",
     "Provenance",
+    "QKNormRopeCall",
+    "QKNormRopeKernel",
     "RMSNormCall",
     "RMSNormKernel",
     "Reason",
@@ -195,6 +202,7 @@ __all__ = [
     "validate_mhc_pre",
     "validate_moe_experts",
     "validate_moe_route",
+    "validate_qk_norm_rope",
     "validate_rmsnorm",
     "with_routes_per_expert",
 ]

@@ -273,6 +273,7 @@ _PROVIDER_KEYS = (
     ("mhc", "mHC (`mhc_pre` and `mhc_mix`, where a provider of that name exists)"),
     ("mhc_pre", "`mhc_pre` (beats `MAGI2_MHC_PROVIDER`)"),
     ("mhc_mix", "`mhc_mix` (beats `MAGI2_MHC_PROVIDER`)"),
+    ("qk_norm_rope", "`qk_norm_rope` (the q/k norm, gather and RoPE)"),
 )
 
 _DECLARED: tuple[Variable[Any], ...] = (

@@ -62,6 +62,7 @@ _KERNELS: dict[str, Callable[..., Any]] = {
     "rmsnorm": _noop_tensor,
     "mhc_pre": _noop_mhc_pre,
     "mhc_mix": _noop_tensor,
+    "qk_norm_rope": _noop_tensor,
 }
 
 
@@ -133,6 +134,7 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     mw, phi = on(torch.randn(16)), on(torch.randn(16, 8))  # 2n + n² = 8 logits
     a, bn, bnn = on(torch.rand(1)), on(torch.randn(2)), on(torch.randn(2, 2))
     post, res = on(torch.rand(4, 2)), on(torch.rand(4, 2, 2))
+    rope = on(torch.randn(4, 8))  # cat(sin, cos) of 4 angles per token: all 8 dims of q rotate
     p = NOOP_PROVIDER
     calls: dict[
         str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...], dict[str, Any]]
@@ -168,6 +170,7 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
             (streams, branch, post, res),
             {},
         ),
+        "qk_norm_rope": (lambda: m2.qk_norm_rope(q, wn[0], rope, provider=p), _noop_tensor, (q, wn[0], rope), {}),
     }
     rows = []
     with noop_backend(device):

@@ -39,10 +39,21 @@ FAMILY: dict[OpName, str] = {
     "rmsnorm": "rmsnorm",
     "mhc_pre": "mhc",
     "mhc_mix": "mhc",
+    "qk_norm_rope": "qk_norm_rope",
 }
 _KEYS = frozenset(FAMILY) | frozenset(FAMILY.values())
 # in the env variables' order
-KEYS: tuple[str, ...] = ("attention", "moe", "moe_route", "moe_experts", "rmsnorm", "mhc", "mhc_pre", "mhc_mix")
+KEYS: tuple[str, ...] = (
+    "attention",
+    "moe",
+    "moe_route",
+    "moe_experts",
+    "rmsnorm",
+    "mhc",
+    "mhc_pre",
+    "mhc_mix",
+    "qk_norm_rope",
+)
 # A sorted tuple of (key, provider) pairs: hashable, so it can be part of the resolution cache key.
 _OVERRIDES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("magi2_overrides", default=())
 

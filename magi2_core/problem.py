@@ -28,8 +28,8 @@ __all__ = [
     "with_routes_per_expert",
 ]
 
-OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix"]
-OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix")
+OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope"]
+OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope")
 
 
 class Feature(str, Enum):
@@ -82,9 +82,11 @@ class Problem(BaseModel):
     width: int | None = None
     num_modalities: int | None = None
     num_patterns: int | None = None
-    out_dtype: str | None = None  # rmsnorm: the output's dtype; mhc_pre: the post/residual coefficients'
+    out_dtype: str | None = None  # rmsnorm, qk_norm_rope: the output's dtype; mhc_pre: the post/residual coefficients'
     # mhc (hidden: the stream width D; num_modalities: the mHC norm's weight groups)
     num_streams: int | None = None
+    # qk_norm_rope (num_heads, head_dim, num_modalities as above): the rotated dims of each head
+    rotary_dim: int | None = None
 
 
 INT_FIELDS: tuple[str, ...] = tuple(
@@ -123,6 +125,7 @@ OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
     "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),
     "mhc_pre": ("tokens", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("tokens", "num_streams", "hidden"),
+    "qk_norm_rope": ("tokens", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
 }
 _EVERY_OP = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})
 # The features a call of each op can ask for (what ``magi2 backends`` lists of a provider's features).
@@ -133,8 +136,11 @@ OP_FEATURES: dict[OpName, frozenset[Feature]] = {
     "rmsnorm": _EVERY_OP,
     "mhc_pre": _EVERY_OP,
     "mhc_mix": _EVERY_OP,
+    "qk_norm_rope": _EVERY_OP,
 }
-OUT_DTYPE_OPS: frozenset[OpName] = frozenset({"rmsnorm", "mhc_pre"})  # the ops whose problem has an out_dtype
+OUT_DTYPE_OPS: frozenset[OpName] = frozenset(
+    {"rmsnorm", "mhc_pre", "qk_norm_rope"}
+)  # the ops whose problem has an out_dtype
 
 
 def op_fields(op: OpName) -> frozenset[str]:

@@ -21,6 +21,7 @@ from magi2_core.ops.mhc_mix import MHCMixCall
 from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.moe_route import RouteCall
+from magi2_core.ops.qk_norm_rope import QKNormRopeCall
 from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.problem import OPS, Feature
 from magi2_core.testing import call_record, registered_backend
@@ -34,6 +35,7 @@ RECORDS = {
     "rmsnorm": RMSNormCall,
     "mhc_pre": MHCPreCall,
     "mhc_mix": MHCMixCall,
+    "qk_norm_rope": QKNormRopeCall,
 }
 SEEN: list[Any] = []
 
@@ -99,6 +101,11 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
             {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32},
         ),
         "mhc_mix": (m2.mhc_mix, (x, x[:, 0], probs[0], torch.rand(6, 2, 2, generator=g)), {}),
+        "qk_norm_rope": (  # a flat weight: viewed [2, 8]
+            m2.qk_norm_rope,
+            (x, torch.randn(2 * 8, generator=g), torch.randn(6, 4, generator=g)),
+            {"modality_sizes": [2, 4], "index": torch.randperm(6, generator=g), "out_dtype": torch.bfloat16},
+        ),
     }
 
 

@@ -31,6 +31,8 @@ SCHEMAS = {
     "SymInt sinkhorn_iterations, float sinkhorn_eps, ScalarType? out_dtype, str? provider) -> (Tensor, Tensor, Tensor)",
     "mhc_mix": "magi2::mhc_mix(Tensor streams, Tensor branch_output, Tensor post, Tensor residual, str? provider) "
     "-> Tensor",
+    "qk_norm_rope": "magi2::qk_norm_rope(Tensor x, Tensor weight, Tensor rope, float eps, SymInt[]? modality_sizes, "
+    "Tensor? index, ScalarType? out_dtype, str? provider) -> Tensor",
 }
 
 

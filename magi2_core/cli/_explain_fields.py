@@ -116,6 +116,20 @@ def _rmsnorm(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
     )
 
 
+def _qk_norm_rope(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+    tokens, head_dim, rotary = opts["tokens"], opts["head_dim"], opts["rotary_dim"]
+    if rotary % 2 or rotary > head_dim:
+        raise ExplainError(f"--rotary-dim {rotary} must be even and at most --head-dim {head_dim}")
+    return dict(
+        tokens=tokens if tokens is not None else 4096,
+        num_heads=opts["heads_q"],
+        head_dim=head_dim,
+        rotary_dim=rotary,
+        num_modalities=opts["modalities"],
+        out_dtype=_out_dtype("qk_norm_rope", opts),
+    )
+
+
 EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "attention": _attention,
     "moe_route": _moe_route,
@@ -123,4 +137,5 @@ EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "rmsnorm": _rmsnorm,
     "mhc_pre": _mhc_pre,
     "mhc_mix": _mhc_mix,
+    "qk_norm_rope": _qk_norm_rope,
 }

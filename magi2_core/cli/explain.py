@@ -29,7 +29,9 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "fl
 def explain(
     op: Annotated[
         str,
-        typer.Argument(help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix", callback=_known_op),
+        typer.Argument(
+            help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix | qk_norm_rope", callback=_known_op
+        ),
     ],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="activation dtype: bfloat16, float16, float32")] = "bfloat16",
@@ -39,8 +41,8 @@ def explain(
     segments: Annotated[
         int, typer.Option(help="number of segments (of equal length unless --max-seqlen-q/k say otherwise)")
     ] = 1,
-    head_dim: Annotated[int, typer.Option(help="attention head dim")] = 128,
-    heads_q: Annotated[int, typer.Option(help="query heads")] = 24,
+    head_dim: Annotated[int, typer.Option(help="attention (and qk_norm_rope) head dim")] = 128,
+    heads_q: Annotated[int, typer.Option(help="query heads (qk_norm_rope: the heads H)")] = 24,
     heads_kv: Annotated[int | None, typer.Option(help="kv heads (default: = q heads)")] = None,
     softcap: Annotated[bool, typer.Option("--softcap", help="ask for a positive softcap")] = False,
     sinks: Annotated[bool, typer.Option("--sinks", help="ask for learned sinks")] = False,
@@ -53,13 +55,15 @@ def explain(
     hidden: Annotated[int, typer.Option(help="MoE head width d")] = 256,
     intermediate: Annotated[int, typer.Option(help="expert intermediate size I")] = 1280,
     width: Annotated[int, typer.Option(help="RMSNorm width D")] = 3072,
-    modalities: Annotated[int, typer.Option(help="RMSNorm (and mHC norm) modality groups")] = 1,
+    modalities: Annotated[int, typer.Option(help="RMSNorm (mHC norm, q/k norm) modality groups")] = 1,
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
     out_dtype: Annotated[
-        str | None, typer.Option(help="RMSNorm output dtype, mhc_pre coefficient dtype (default: = dtype)")
+        str | None,
+        typer.Option(help="RMSNorm and qk_norm_rope output dtype, mhc_pre coefficient dtype (default: = dtype)"),
     ] = None,
     streams: Annotated[int, typer.Option(help="mHC streams n")] = 4,
     stream_width: Annotated[int, typer.Option(help="mHC stream width D")] = 3072,
+    rotary_dim: Annotated[int, typer.Option(help="qk_norm_rope rotated dims R of each head")] = 96,
     feature: Annotated[list[str] | None, typer.Option(help="ask for any feature by name (repeatable)")] = None,
     field: Annotated[
         list[str] | None,
@@ -125,6 +129,7 @@ def explain(
         patterns=patterns,
         streams=streams,
         stream_width=stream_width,
+        rotary_dim=rotary_dim,
     )
     for name, value in sizes.items():
         least = 0 if name == "tokens" else 1  # zero tokens is a legal (empty) call

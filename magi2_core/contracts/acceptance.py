@@ -10,6 +10,7 @@ stated once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -418,3 +419,40 @@ def accept_mhc_mix(actual: torch.Tensor, expected: torch.Tensor, call: tuple[tor
     scale = mixed + post.abs().unsqueeze(-1) * branch.abs().unsqueeze(1)
     tol = _local_ulp(expected.cpu()) + 4 * u * scale.nan_to_num(0.0, posinf=0.0)
     return _within(actual, expected, tol, "mhc_mix")
+
+
+# qk_norm_rope: the FP32 chain's error bound, in units of FP32's unit roundoff per term magnitude. The norm
+# (sum of squares by a tree of depth log2(D), rsqrt within 2 ULP, two scalings), the two products and
+# their sum come to about 10u of |n_i·cos| + |n_partner·sin|; 16u leaves room for FMA contraction.
+QK_NORM_ROPE_TERMS_U = 16
+
+
+def _qk_norm_rope_scale(call: Any) -> torch.Tensor:
+    """Per output element ``|n_i·cos| + |n_partner·sin|`` (``|n_i|`` past the rotated dims) in float64."""
+    x: torch.Tensor = call.x.cpu().double()
+    weight: torch.Tensor = call.weight.cpu()
+    rope: torch.Tensor = call.rope.cpu().double().abs()
+    sizes = call.modality_sizes
+    t = x.shape[0]
+    scale = (weight + 1).double()
+    rows = scale[0].expand(t, -1) if sizes is None else torch.repeat_interleave(scale, torch.tensor(sizes), dim=0)
+    n = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + call.eps) * rows.unsqueeze(1)
+    if call.index is not None:
+        n = n.index_select(0, call.index.cpu().long())
+    n = n.abs()
+    half = rope.shape[1] // 2
+    sin, cos = rope[:, None, :half], rope[:, None, half : 2 * half]
+    lo, hi = n[..., :half], n[..., half : 2 * half]
+    out = n.clone()
+    out[..., :half] = lo * cos + hi * sin
+    out[..., half : 2 * half] = hi * cos + lo * sin
+    return out
+
+
+def accept_qk_norm_rope(actual: torch.Tensor, expected: torch.Tensor, call: Any) -> Acceptance:
+    """``|a - e| <= ulp(e) + 16u·(|n_i·cos| + |n_partner·sin|)``: the output's one rounding, and the FP32
+    chain's error on each term (u = 2**-24; n the exact normalised, scaled row)."""
+    tol = _local_ulp(expected.cpu()) + QK_NORM_ROPE_TERMS_U * 2.0**-24 * _qk_norm_rope_scale(call).nan_to_num(
+        0.0, posinf=0.0
+    )
+    return _within(actual, expected, tol, "qk_norm_rope")

@@ -2,7 +2,7 @@
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
 :mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`, :mod:`~magi2_core.ops.mhc_pre`,
-:mod:`~magi2_core.ops.mhc_mix`): its public function, typed
+:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`): its public function, typed
 problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
 (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
 ``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
@@ -33,6 +33,8 @@ from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
 from magi2_core.ops.moe_experts import moe_experts, prepare_moe_weights
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
 from magi2_core.ops.moe_route import moe_route
+from magi2_core.ops.qk_norm_rope import SPEC as QK_NORM_ROPE
+from magi2_core.ops.qk_norm_rope import qk_norm_rope
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM
 from magi2_core.ops.rmsnorm import rmsnorm
 from magi2_core.problem import OPS, OpName
@@ -48,12 +50,13 @@ __all__ = [
     "moe_experts",
     "moe_route",
     "prepare_moe_weights",
+    "qk_norm_rope",
     "resolve",
     "rmsnorm",
 ]
 
 SPECS: dict[OpName, OpSpec[Any, Any]] = {
-    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX)
+    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, QK_NORM_ROPE)
 }
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
 

@@ -34,6 +34,7 @@ CLASS_FIELDS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("dtype", "out_dtype", "width", "num_modalities", "num_patterns"),
     "mhc_pre": ("dtype", "out_dtype", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("dtype", "num_streams", "hidden"),
+    "qk_norm_rope": ("dtype", "out_dtype", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
 }
 ORDERED: dict[str, tuple[str, ...]] = {
     "attention": ("max_seqlen_k", "tokens"),
@@ -42,6 +43,7 @@ ORDERED: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("tokens",),
     "mhc_pre": ("tokens",),
     "mhc_mix": ("tokens",),
+    "qk_norm_rope": ("tokens",),
 }
 PLAN_ORDERED: dict[str, tuple[str, ...]] = {"moe_experts": ("routes_per_expert",)}
 

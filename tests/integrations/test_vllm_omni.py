@@ -32,6 +32,7 @@ from magi2_core.errors import ConfigError
 from magi2_core.integrations import vllm_omni as integ
 from magi2_core.integrations.vllm_omni import plugin
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
+from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 
 PKG = "vllm_omni.diffusion.models.magi2"
 DIST = Path(__file__).parents[1] / "distributed"
@@ -43,17 +44,19 @@ def _mod(name: str) -> ModuleType:
 
 @pytest.fixture(autouse=True)
 def _mhc_swap_on() -> Iterator[None]:
-    """On a CPU the mHC swap is left out unless asked for (MAGI2_VLLM_OMNI_MHC=auto: the reference serves
-    it here); these tests ask for it and check it with the others, except where a test sets the
+    """On a CPU the mHC and q/k RoPE swaps are left out unless asked for (``auto``: the reference serves
+    them here); these tests ask for both and check them with the others, except where a test sets a
     variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch teardown after
     the ``vllm_omni`` fixture's.)"""
-    before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
-    os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
+    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
     yield
-    if before is None:
-        os.environ.pop("MAGI2_VLLM_OMNI_MHC", None)
-    else:
-        os.environ["MAGI2_VLLM_OMNI_MHC"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
@@ -65,7 +68,7 @@ def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
     modeling = _mod("modeling_magi2")
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False, "qk_norm_rope": True}
     said = [r.getMessage() for r in caplog.records if "mhc left as it is" in r.getMessage()]
     assert len(said) == 1 and "(MAGI2_VLLM_OMNI_MHC=auto)" in said[0] and "'reference'" in said[0], said
 
@@ -97,7 +100,13 @@ def test_the_mhc_swap_is_left_off_when_asked(
     monkeypatch.setenv("MAGI2_VLLM_OMNI_MHC", value)
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(_mod("modeling_magi2")) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert _swapped(_mod("modeling_magi2")) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": False,
+        "qk_norm_rope": True,
+    }
     assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=0)" in r.getMessage() for r in caplog.records)
 
 
@@ -107,6 +116,7 @@ def _swapped(modeling: ModuleType) -> dict[str, bool]:
         "moe": modeling.Magi2MultiHeadMoE is integ.Magi2MultiHeadMoE,
         "rmsnorm": modeling.MultiModalityRMSNorm is integ.MultiModalityRMSNorm,
         "mhc": all(getattr(modeling.Magi2TransformerLayer, m) is getattr(MHCLayerMethods, m) for m in METHODS),
+        "qk_norm_rope": modeling.Magi2Attention.project is AttentionProjectMethods.project,
     }
 
 
@@ -182,7 +192,7 @@ def test_absent_vllm_omni_is_silent(caplog: pytest.LogCaptureFixture) -> None:
 
 
 @pytest.mark.parametrize("import_first", [False, True], ids=["hook", "already-imported"])
-def test_plugin_swaps_the_four_operators(
+def test_plugin_swaps_the_five_operators(
     vllm_omni: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, import_first: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="magi2_core")
@@ -194,10 +204,10 @@ def test_plugin_swaps_the_four_operators(
         integ.register()
         assert f"{PKG}.modeling_magi2" not in sys.modules  # nothing imported at plugin load
         modeling = _mod("modeling_magi2")
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": True}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": True, "qk_norm_rope": True}
     info = [r.getMessage() for r in _records(caplog) if r.levelno == logging.INFO]
-    assert len(info) == 4, info
-    for op, text in zip(("attention", "moe", "rmsnorm", "mhc"), info, strict=True):
+    assert len(info) == 5, info
+    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope"), info, strict=True):
         assert f"MAGI-2 {op} " in text and "resolves" in text and "'reference'" in text, text
     model = modeling.Magi2PreviewTransformer(_small_config())
     kinds = {type(m) for m in model.modules()}
@@ -222,7 +232,7 @@ def test_register_is_idempotent_and_unregister_restores(vllm_omni: Path, caplog:
     modeling = _mod("modeling_magi2")
     integ.register()
     assert all(_swapped(modeling).values())
-    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 4
+    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 5
     integ.unregister()
     assert not any(_swapped(modeling).values())
     assert modeling.Magi2MultiHeadMoE is _mod("mh_moe").Magi2MultiHeadMoE
@@ -303,7 +313,7 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(vllm_omni: Path, ca
     modeling.MultiModalityRMSNorm = TheirNorm
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": False, "mhc": True}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": False, "mhc": True, "qk_norm_rope": True}
     assert modeling.MultiModalityRMSNorm is TheirNorm
     warnings = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "rmsnorm left as it is" in warnings[0] and "TheirNorm" in warnings[0]
@@ -321,7 +331,7 @@ def test_a_changed_call_signature_is_left_alone(vllm_omni: Path, caplog: pytest.
     attention.packed_attention_with_sink = packed_attention_with_sink  # as if vllm-omni 0.30.x had changed it
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": False, "moe": True, "rmsnorm": True, "mhc": True}
+    assert _swapped(modeling) == {"attention": False, "moe": True, "rmsnorm": True, "mhc": True, "qk_norm_rope": True}
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert "window" in warning and "signature" in warning
 
@@ -337,7 +347,7 @@ def test_an_mhc_method_replaced_by_someone_else_is_left_alone(
     modeling.Magi2TransformerLayer._connect = _connect
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False}
+    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False, "qk_norm_rope": True}
     assert modeling.Magi2TransformerLayer._connect is _connect
     assert modeling.Magi2TransformerLayer._branch_logits.__module__ == f"{PKG}.modeling_magi2"  # all or none
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
@@ -386,6 +396,74 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
         assert verdict, f"{branch}: {verdict}"
 
 
+def test_the_qk_rope_swap_is_automatic_only_where_a_fused_provider_serves(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unset (``auto``): on this CPU the typical call resolves to the reference, so ``project`` stays
+    vllm-omni's; where the Triton kernel serves it, it is swapped."""
+    from magi2_core.integrations.vllm_omni import plugin
+
+    monkeypatch.delenv("MAGI2_VLLM_OMNI_QK_ROPE")
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    integ.register()
+    assert _swapped(_mod("modeling_magi2"))["qk_norm_rope"] is False
+    said = [r.getMessage() for r in caplog.records if "qk_norm_rope left as it is" in r.getMessage()]
+    assert len(said) == 1 and "(MAGI2_VLLM_OMNI_QK_ROPE=auto)" in said[0] and "'reference'" in said[0], said
+    integ.unregister()
+    real = plugin._describe_provider
+    monkeypatch.setattr(
+        plugin,
+        "_describe_provider",
+        lambda op, mod: ("triton here", ("triton",)) if op == "qk_norm_rope" else real(op, mod),
+    )
+    integ.register()
+    assert _swapped(_mod("modeling_magi2"))["qk_norm_rope"] is True
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("layer_index", [0, 1], ids=["multimodal", "moe"])
+@torch.no_grad()
+def test_project_matches_upstreams_within_the_contract(vllm_omni: Path, dtype: torch.dtype, layer_index: int) -> None:
+    """One real layer's attention ``project`` through vllm-omni's own method and through the swapped one, on
+    the same parameters and inputs: q and k within the ``qk_norm_rope`` rule (vllm-omni's result judged as
+    the reference), v and the gates identical."""
+    from magi2_core.contracts import acceptance as acc
+    from magi2_core.testing import call_record
+
+    modeling, layers = _mod("modeling_magi2"), _mod("layers")
+    cfg = _small_config(dtype)
+    model = modeling.Magi2PreviewTransformer(cfg)
+    model.load_state_dict(_random_checkpoint(model, seed=21, scale=0.3))
+    attention = model.block.layers[layer_index].attention
+    t = 29
+    coords, modality = _coords_and_modalities(t)
+    g = torch.Generator().manual_seed(4)
+    order = torch.randperm(t, generator=g)  # interleaved modalities: inverse_permute is a real gather
+    dispatcher = layers.ModalityDispatcher(modality.clamp(max=2)[order], 3)
+    assert not torch.equal(dispatcher.inv_permute_mapping, torch.arange(t))
+    rope = model.pre_adapter.rope(coords[order])
+    assert rope.shape[1] < cfg.head_dim  # MAGI-2 rotates part of each head
+    hidden = torch.randn(t, cfg.hidden_size, generator=g, dtype=torch.float64).to(dtype)
+    want = modeling.Magi2Attention.project(attention, hidden, rope, dispatcher)
+    got = AttentionProjectMethods.project(attention, hidden, rope, dispatcher)
+    assert torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])  # v and the gates
+    qkv = attention.linear_qkv(attention.pre_norm(hidden, dispatcher), dispatcher)
+    sizes = list(dispatcher.group_size_cpu) if attention.q_norm.num_modality > 1 else None
+    for which, norm, columns, heads in (
+        ("q", attention.q_norm, slice(0, attention.q_size), attention.num_heads_q),
+        ("k", attention.k_norm, slice(attention.q_size, attention.q_size + attention.kv_size), attention.num_heads_kv),
+    ):
+        x = qkv[:, columns].view(t, heads, cfg.head_dim)
+        call = call_record(
+            "qk_norm_rope", x, norm.weight, rope, eps=norm.eps, modality_sizes=sizes,
+            index=dispatcher.inv_permute_mapping, out_dtype=dtype,
+        )  # fmt: skip
+        a, b = got[0 if which == "q" else 1], want[0 if which == "q" else 1]
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        verdict = acc.accept_qk_norm_rope(a, b, call)
+        assert verdict, f"{which}: {verdict}"
+
+
 def test_compile_regions_with_the_swaps_match_eager(vllm_omni: Path) -> None:
     """vllm-omni's ``compile_regions`` (fullgraph) over layers whose mHC, norms, MoE and attention run
     on magi2-core: the custom ops stay opaque in the regions and the output is the eager one."""
@@ -420,7 +498,7 @@ def test_plugin_lines_reach_vllms_log_handlers(vllm_omni: Path, monkeypatch: pyt
     integ.register()
     _mod("modeling_magi2")
     assert ours.handlers == [handler] and ours.level == logging.INFO
-    assert len([line for line in lines if "now runs on magi2-core" in line]) == 4
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 5
 
 
 # ---------------------------------------------------------------------------------------------

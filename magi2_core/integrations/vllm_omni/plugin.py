@@ -1,7 +1,7 @@
 """The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
 
 vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
-module attributes and three methods, chosen where vllm-omni looks them up when the model is BUILT or
+module attributes and four methods, chosen where vllm-omni looks them up when the model is BUILT or
 CALLED (a name that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
@@ -12,7 +12,9 @@ CALLED (a name that was bound at import time elsewhere would not see a patch):
 - ``attention.packed_attention_with_sink``: read on every call by the Ulysses attention wrapper,
   after its own head exchange;
 - ``modeling_magi2.Magi2TransformerLayer``'s ``_branch_logits``, ``_branch_input`` and ``_connect``
-  (the mHC of each branch): methods, read on every call, so layers built before the swap use them too.
+  (the mHC of each branch): methods, read on every call, so layers built before the swap use them too;
+- ``modeling_magi2.Magi2Attention.project`` (the q/k norm, ``inverse_permute``, RoPE and cast of each
+  attention's input): a method, likewise.
 
 The model module is not imported here: vLLM runs general plugins in every process, most of which
 never build MAGI-2. An import hook applies the patch when ``modeling_magi2`` is first imported (or
@@ -47,7 +49,9 @@ from magi2_core.integrations.vllm_omni.attention import packed_attention_with_si
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
-from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI, VLLM_OMNI_MHC
+from magi2_core.integrations.vllm_omni.qk_rope import METHODS as QK_ROPE_METHODS
+from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
+from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolver import resolve_problem
 
@@ -93,6 +97,15 @@ _SWAPS: tuple[_Swap, ...] = (
         methods=METHODS,
         enabled_by=VLLM_OMNI_MHC.name,
     ),
+    _Swap(
+        "qk_norm_rope",
+        _MODELING,
+        "Magi2Attention",
+        _MODELING,
+        AttentionProjectMethods,
+        methods=QK_ROPE_METHODS,
+        enabled_by=VLLM_OMNI_QK_ROPE.name,
+    ),
 )
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
@@ -112,6 +125,7 @@ def register() -> None:
     _share_vllm_log_handlers()
     m2_config.fix(VLLM_OMNI.name)  # the swap (or not) is decided now: a later change is refused, not ignored
     m2_config.fix(VLLM_OMNI_MHC.name)
+    m2_config.fix(VLLM_OMNI_QK_ROPE.name)
     if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
@@ -150,6 +164,7 @@ def unregister() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
     m2_config.release(VLLM_OMNI.name)
     m2_config.release(VLLM_OMNI_MHC.name)
+    m2_config.release(VLLM_OMNI_QK_ROPE.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
         owner_name, _, method = attr.partition(".")
@@ -390,6 +405,27 @@ def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | 
             f"mhc_pre to provider {pre!r} and mhc_mix to {mix!r} "
             f"(`magi2 explain mhc_pre --device {dev} --modalities 3 --tokens {t}` shows why)"
         ), (pre, mix)
+    if op == "qk_norm_rope":
+        heads, head_dim = cfg.num_heads_q, cfg.head_dim
+        rotary = 6 * (head_dim // 8)  # ElementWiseFourierEmbed: sin and cos of 3 coordinates x head_dim/8 bands
+        chosen = resolve_problem(
+            Problem(
+                op="qk_norm_rope",
+                device_type=dev,
+                dtype="bfloat16",
+                out_dtype="bfloat16",
+                tokens=t,
+                num_heads=heads,
+                head_dim=head_dim,
+                rotary_dim=rotary,
+                num_modalities=3,
+            )
+        ).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens x {heads} heads of {head_dim}, {rotary} rotated, "
+            f"3 modalities) resolves to provider {chosen!r} (`magi2 explain qk_norm_rope --device {dev} "
+            f"--modalities 3 --tokens {t}` shows why)"
+        ), (chosen,)
     problem = Problem(
         op="rmsnorm",
         device_type=dev,

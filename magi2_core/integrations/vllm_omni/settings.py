@@ -14,7 +14,15 @@ from __future__ import annotations
 from magi2_core import config
 from magi2_core.backend_spec import Setting
 
-__all__ = ["OWNER", "ROUTER_BIAS_SOURCE", "SETTINGS", "VLLM_OMNI", "VLLM_OMNI_MHC", "router_bias_source"]
+__all__ = [
+    "OWNER",
+    "ROUTER_BIAS_SOURCE",
+    "SETTINGS",
+    "VLLM_OMNI",
+    "VLLM_OMNI_MHC",
+    "VLLM_OMNI_QK_ROPE",
+    "router_bias_source",
+]
 
 OWNER = "magi2-core (vllm-omni integration)"
 
@@ -39,6 +47,18 @@ VLLM_OMNI_MHC = Setting(
     "never. Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
     read="plugin load",
 )
+VLLM_OMNI_QK_ROPE = Setting(
+    name="MAGI2_VLLM_OMNI_QK_ROPE",
+    kind="choice",
+    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
+    default="auto",
+    help="Whether the vLLM plugin also routes the q/k tail of each MAGI-2 attention's `project` (the per-head "
+    "norm, `inverse_permute`, RoPE and the cast) to magi2-core's `qk_norm_rope`. `auto`: where a typical call "
+    "resolves to a fused provider (on CUDA, the Triton kernel), not where it resolves to `reference` or "
+    "`torch_native`; 1/true/yes/on: always; 0/false/no/off: never. Read once, when vLLM loads the plugin, "
+    "like MAGI2_VLLM_OMNI.",
+    read="plugin load",
+)
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
     kind="choice",
@@ -49,7 +69,7 @@ ROUTER_BIAS_SOURCE = Setting(
     "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
     "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
-SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, ROUTER_BIAS_SOURCE)
+SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:
     config.declare(_setting, OWNER)

@@ -12,7 +12,7 @@ from magi2_core.backend import BackendSpec, Capability, Feature
 
 # Every feature an attention call can ask for (the routing ones belong to moe_route).
 _ATTENTION_FEATURES = frozenset(Feature) - {Feature.ROUTE_SOFTMAX, Feature.ROUTE_NO_NORM}
-_PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/RMSNorm/mHC calls can ask for
+_PLAIN = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})  # what the MoE/norm/mHC/RoPE calls can ask for
 _FLOATS = ("float32", "bfloat16", "float16")
 _PKG = "magi2_backend_reference"
 _VARLEN = "torch.nn.attention.varlen"
@@ -168,6 +168,30 @@ PROVIDERS = (
         features=_PLAIN,
         priority=10,
         description="vllm-omni 0.30.0's native form: two einsums and their sum",
+    ),
+    Capability(
+        op="qk_norm_rope",
+        name="reference",
+        impl=f"{_PKG}.qk_norm_rope:reference_qk_norm_rope",
+        version=__version__,
+        device_types=("*",),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=0,
+        description="float64 norm, (w[m]+1), gather and half-split rotation, one final cast",
+    ),
+    Capability(
+        op="qk_norm_rope",
+        name="torch_native",
+        impl=f"{_PKG}.torch_qk_norm_rope:torch_qk_norm_rope",
+        version=__version__,
+        device_types=("cuda", "musa"),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=10,
+        description="vllm-omni 0.30.0's native form: FP32 norm, index_select, apply_rotary_emb, cast",
     ),
 )
 

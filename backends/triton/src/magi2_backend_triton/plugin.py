@@ -123,6 +123,22 @@ def providers() -> tuple[Capability, ...]:
             priority=20,
             description="one pass: the residual mix and the post x branch term in FP32, each rounded, summed",
         ),
+        # Not on MUSA: not run under Triton-MUSA. Head dims up to 256 (the release has 128) keep a row in
+        # one tile.
+        Capability(
+            op="qk_norm_rope",
+            name="triton",
+            impl=f"{_PKG}:triton_qk_norm_rope",
+            version=__version__,
+            device_types=no_musa,
+            dtypes=("float32", "bfloat16", "float16"),
+            out_dtypes=("float32", "bfloat16", "float16"),
+            ranges=(IntRange(field="head_dim", min=2, max=256),),
+            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
+            priority=20,
+            description="one pass per (token, head) row: gather the source row in place, FP32 norm with "
+            "(w[m]+1), half-split rotation by the token's angles, one cast",
+        ),
     )
 
 

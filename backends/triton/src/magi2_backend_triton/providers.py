@@ -18,6 +18,7 @@ from magi2_backend_triton.mhc_pre import launch_mhc_pre
 from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
+from magi2_backend_triton.qk_norm_rope import launch_qk_norm_rope
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
 from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, VirtualDevice, absent_device
 
@@ -33,6 +34,7 @@ __all__ = [
     "described_reasons",
     "device_reasons",
     "triton_moe_experts",
+    "triton_qk_norm_rope",
     "triton_rmsnorm_provider",
 ]
 
@@ -139,7 +141,8 @@ class TritonRMSNorm:
 
 
 class TritonMHC:
-    """A fused mHC kernel pair's provider object (``launch``: :func:`launch_mhc_pre` or :func:`launch_mhc_mix`)."""
+    """A fused kernel's provider object that takes the op's call record whole (``launch``:
+    :func:`launch_mhc_pre`, :func:`launch_mhc_mix` or :func:`launch_qk_norm_rope`)."""
 
     def __init__(self, launch: Callable[[Any], Any]) -> None:
         self._launch = launch
@@ -156,5 +159,6 @@ class TritonMHC:
 
 triton_mhc_pre = TritonMHC(launch_mhc_pre)
 triton_mhc_mix = TritonMHC(launch_mhc_mix)
+triton_qk_norm_rope = TritonMHC(launch_qk_norm_rope)
 triton_moe_experts = TritonMoEExperts()
 triton_rmsnorm_provider = TritonRMSNorm()

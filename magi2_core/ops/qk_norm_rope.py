@@ -1,0 +1,271 @@
+"""The ``qk_norm_rope`` operator: a per-head q/k RMSNorm, a row gather and RoPE, cast once.
+
+MAGI-2's attention input (vllm-omni 0.30.0's ``Magi2Attention.project``) normalises q and k per head in
+FP32 with modality ``(w + 1)`` scales (tokens in modality order), moves the rows back to sequence order
+(``inverse_permute``), rotates the first ``R`` dims of each head by the token's RoPE angles in FP32 and
+casts to the checkpoint dtype. Upstream writes an FP32 tensor between each step; this op is the chain:
+
+``n = x[src]·rsqrt(mean(x[src]²) + eps)·(w[m(src)] + 1)`` (FP32), ``src = index[t]`` (or ``t``);
+``y[t, h, i] = n_i·cos[t, i mod R/2] ∓ n_(i ± R/2)·sin[t, i mod R/2]`` for ``i < R`` (minus below R/2,
+plus from R/2: the half-split pairs of upstream's ``rotate_half``), ``y = n`` for ``i >= R``; one cast.
+``rope [T, R]`` is ``cat(sin, cos)`` along its last axis, as vllm-omni's ``ElementWiseFourierEmbed`` gives
+it (``rope.tensor_split(2, -1)`` is ``sin, cos``), indexed by the output token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
+
+import torch
+
+from magi2_core import shadow as _shadow
+from magi2_core.contracts import _checks as checks
+from magi2_core.contracts import acceptance as acc
+from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.ops._args import INTS, OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
+from magi2_core.ops._spec import OpSpec, dense, forward_only
+
+__all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "QKNormRopeCall", "QKNormRopeKernel", "QKNormRopeKey", "qk_norm_rope"]
+
+OP: Literal["qk_norm_rope"] = "qk_norm_rope"
+DEFAULT_EPS = 1e-6
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class QKNormRopeKey(NamedTuple):
+    """The typed problem of a ``qk_norm_rope`` call."""
+
+    device: torch.device | str
+    dtype: str
+    out_dtype: str
+    features: int
+    tokens: int
+    num_heads: int
+    head_dim: int
+    rotary_dim: int
+    num_modalities: int
+
+
+class QKNormRopeCall(NamedTuple):
+    """One validated ``qk_norm_rope`` call: ``x [T, H, D]`` (any strides), ``weight [M, D]`` (a flat
+    parameter viewed so), ``rope [T, R]``, ``index [T]`` or ``None``, host ``modality_sizes`` or ``None``
+    (one modality), ``out_dtype`` resolved."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    rope: torch.Tensor
+    index: torch.Tensor | None  # type: ignore[assignment]  # the argument's name; shadows tuple.index (unused)
+    eps: float
+    modality_sizes: tuple[int, ...] | None
+    out_dtype: torch.dtype
+    key: QKNormRopeKey
+
+
+def _list(sizes: Sequence[int] | None) -> list[int] | None:
+    return None if sizes is None else list(sizes)
+
+
+# The arguments of :func:`qk_norm_rope` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "x",
+            "torch.Tensor",
+            "``[T, H, D]`` q or k heads, BF16, FP16 or FP32 (any strides: a view of the packed QKV "
+            "projection is read in place); rows in modality order, as the norm sees them.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "weight",
+            "torch.Tensor",
+            "the norm's delta-scale (the scale is ``w + 1``), any float dtype: ``[M, D]`` or flat "
+            "``[M·D]``, one row per modality, shared by the heads.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "rope",
+            "torch.Tensor",
+            "``[T, R]``, ``cat(sin, cos)`` of the output tokens' angles (R even, 2 <= R <= D), any float dtype; "
+            "the first R dims of each head rotate in half-split pairs, the rest pass through.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float
+        ),
+        Arg(
+            "modality_sizes",
+            "Sequence[int] | None",
+            "host-side ints, the sizes of the M contiguous groups of x's rows, summing to T (None: M = 1).",
+            None,
+            schema=list[int] | None,
+            to_schema=_list,
+            layout=INTS,
+        ),
+        Arg(
+            "index",
+            "torch.Tensor | None",
+            "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
+            "``inverse_permute``); values in [0, T), not checked on the host (that would sync). None: row t.",
+            None,
+            schema=torch.Tensor | None,
+            layout=OPTIONAL_TENSOR,
+        ),
+        Arg(
+            "out_dtype",
+            "torch.dtype | None",
+            "the output dtype (None: x's dtype).",
+            None,
+            schema=torch.dtype | None,
+            layout=VALUE,
+        ),
+    ),
+)
+_TENSORS = 4  # the leading tensor fields of QKNormRopeCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
+
+
+class QKNormRopeKernel(Protocol):
+    """What a ``qk_norm_rope`` provider's kernel object is called with: one :class:`QKNormRopeCall`."""
+
+    def __call__(self, call: QKNormRopeCall) -> torch.Tensor:
+        """Return a new contiguous ``[T, H, D]`` tensor in ``call.out_dtype``."""
+        ...
+
+
+def validate(
+    x: object,
+    weight: object,
+    rope: object,
+    *,
+    eps: float,
+    modality_sizes: object,
+    index: object,
+    out_dtype: torch.dtype | None,
+    compiling: bool,
+) -> QKNormRopeCall:
+    """Check every argument (raising an input error that names it) and normalise the inputs."""
+    x = checks.tensor(OP, "x", x)
+    checks.with_data(OP, "x", x)
+    checks.dtype_in(OP, "x", x, checks.FLOATS)
+    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 2:
+        raise InvalidShapeError(OP, "x", "[tokens, heads H >= 1, head dim D >= 2]", checks.describe(x))
+    t, h, d = x.shape
+    w = checks.tensor(OP, "weight", weight)
+    checks.dtype_in(OP, "weight", w, checks.FLOATS)
+    sizes = checks.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
+    m = len(sizes) if sizes is not None else 1
+    if w.dim() == 1 and w.numel() == m * d:
+        w = w.view(m, d)
+    if tuple(w.shape) != (m, d):
+        raise InvalidShapeError(
+            OP, "weight", f"[{m}, {d}] (modalities, head dim) or flat [{m * d}]", checks.describe(w)
+        )
+    r = checks.tensor(OP, "rope", rope)
+    checks.dtype_in(OP, "rope", r, checks.FLOATS)
+    if r.dim() != 2 or r.shape[0] != t or r.shape[1] % 2 or not 2 <= r.shape[1] <= d:
+        raise InvalidShapeError(
+            OP, "rope", f"[{t}, R]: cat(sin, cos) per token, R even and 2 <= R <= {d}", checks.describe(r)
+        )
+    idx: torch.Tensor | None = None
+    if index is not None:
+        idx = checks.tensor(OP, "index", index)
+        if idx.dtype not in _INDEX_DTYPES:
+            raise InvalidDTypeError(OP, "index", "torch.int32 or torch.int64", checks.describe(idx))
+        if tuple(idx.shape) != (t,):
+            raise InvalidShapeError(OP, "index", f"[{t}] (one source row per output row)", checks.describe(idx))
+    checks.same_device(OP, "x", x, weight=w, rope=r, index=idx)
+    e = checks.real(OP, "eps", eps, "a finite float >= 0")
+    if not math.isfinite(e) or e < 0:
+        raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
+    od = x.dtype if out_dtype is None else out_dtype
+    if od not in checks.FLOATS:
+        raise InvalidDTypeError(
+            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
+        )
+    call = QKNormRopeCall(x, w, r, idx, e, sizes, od, None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    key = QKNormRopeKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, h, d, r.shape[1], m)
+    return call._replace(key=key)
+
+
+class _Layout(NamedTuple):
+    kernel: Any
+    provider: str
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
+    view: torch.Size | None  # a flat weight's [M, D] shape
+
+
+def _make(kernel: Any, name: str, call: QKNormRopeCall, args: tuple[Any, ...]) -> _Layout:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
+    return _Layout(kernel, name, call[_TENSORS:], call.weight.shape if call.weight is not args[1] else None)
+
+
+@ARGS.public
+def qk_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rope: torch.Tensor,
+    *,
+    eps: float = DEFAULT_EPS,
+    modality_sizes: Sequence[int] | None = None,
+    index: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    provider: str | None = None,
+) -> torch.Tensor:
+    """Per-head multi-modality RMSNorm of q or k, the gather ``index``, then RoPE, in FP32, cast once.
+
+    Returns:
+        ``y``, a new contiguous ``[T, H, D]`` tensor in ``out_dtype``, rows in output (sequence) order.
+    """
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)):
+        forward_only(OP, x=x, weight=weight)
+    args = (x, weight, rope, eps, modality_sizes, index, out_dtype)
+    if torch.compiler.is_compiling():
+        y: torch.Tensor = ARGS.compiled(args, provider)
+        return y
+    b = _bind(args, provider)
+    if b.view is not None:
+        weight = weight.view(b.view)
+    call: QKNormRopeCall = _record(QKNormRopeCall, (x, weight, rope, index) + b.rest)  # noqa: RUF005
+    out: torch.Tensor = b.kernel(call)
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, b.provider, call, out)
+    return out
+
+
+class QKNormRopeSpec(OpSpec[QKNormRopeCall, QKNormRopeKey]):
+    name = OP
+    family = "qk_norm_rope"
+    key_type = QKNormRopeKey
+    kernel_protocol = QKNormRopeKernel
+    args = ARGS
+    validator = staticmethod(validate)
+
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        return {"y": out}
+
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
+    ) -> list[acc.Acceptance]:
+        return [acc.accept_qk_norm_rope(got["y"], ref["y"], call)]
+
+
+SPEC = QKNormRopeSpec()
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
+_qk_norm_rope_op = custom_op(
+    ARGS,
+    SPEC,
+    validate,
+    torch.Tensor,
+    dense,
+    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
+)
