@@ -151,6 +151,13 @@ if want mhc; then
 step "mHC: fused mhc_pre + mhc_mix vs vllm-omni's native form, eager and compiled"
 python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" ${MAGI2_VLLM_OMNI_WHEEL:+--wheel "$MAGI2_VLLM_OMNI_WHEEL"} > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
 fi
+if want qk_rope; then
+step "q/k norm + RoPE: the kernel's tests (the kit on a fresh seed among them), then fused vs vllm-omni's native form"
+python3 -m pytest -q -p no:cacheprovider backends/triton/tests/test_qk_norm_rope_kernel.py -rfEs \
+  > "$OUT/qk_norm_rope_tests.log" 2>&1; echo "qk_norm_rope tests exit $?"; tail -4 "$OUT/qk_norm_rope_tests.log"
+python3 -m benchmarks.qk_norm_rope --json "$OUT/qk_norm_rope_${tag}.json" > "$OUT/qk_norm_rope.log" 2>&1
+echo "qk_norm_rope exit $?"; grep -v Warning "$OUT/qk_norm_rope.log" | tail -6
+fi
 if want mhc_sweep; then
 step "mHC: mhc_pre's logits-kernel launches (ieee, tf32x3, bf16x3), each judged by the contract"
 python3 -m benchmarks.mhc_sweep --json "$OUT/mhc_sweep_${tag}.json" > "$OUT/mhc_sweep.log" 2>&1
