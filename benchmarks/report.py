@@ -816,6 +816,31 @@ def mhc_rows(d: Data) -> list[Row]:
     return rows
 
 
+def qk_norm_rope_rows(d: Data) -> list[Row]:
+    """The fused q/k norm + RoPE against vllm-omni's own form, eager and compiled (benchmarks/qk_norm_rope.py)."""
+    copy, env = _copy_tb_s(d), d["env"]
+    rows: list[Row] = []
+    for r in d["rows"]:
+        res = r["results"]
+        fused = res["fused_triton"]
+        base = ", ".join(f"{k.replace('_', ' ')} {v['p50_ms']:.3f} ms" for k, v in res.items() if k != "fused_triton")
+        passed = all(": PASS" in v for v in r["acceptance"])
+        rows.append(
+            (
+                "q/k norm + gather + RoPE (q and k of one attention), fused Triton",
+                f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {r['rotary_dim']} rotated, "
+                f"{len(r['modality_sizes'])} modalities",
+                f"{fused['p50_ms']:.3f} ms ("
+                + (f"{fused['tb_s_minimum_bytes'] / copy:.2f} of copy on the minimum bytes" if copy else NO_CEILINGS)
+                + ")",
+                base,
+                ("q and k pass the contract" if passed else "A CONTRACT RULE FAILED")
+                + f"; {env['device']}, {_short(env['git_commit'])}",
+            )
+        )
+    return rows
+
+
 def mhc_sweep_rows(d: Data) -> list[Row]:
     """mhc_pre's logits-kernel launches: the fastest passing one against the default of that run."""
     env, timed = d["env"], [r for r in d["rows"] if "p50_ms" in r]
@@ -836,6 +861,7 @@ def mhc_sweep_rows(d: Data) -> list[Row]:
 SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_raw_h100.json": moe_raw_rows,
     "mhc_h100.json": mhc_rows,
+    "qk_norm_rope_h100.json": qk_norm_rope_rows,
     "mhc_sweep_h100.json": mhc_sweep_rows,
     "mhc_sweep_h100_3739.json": mhc_sweep_rows,
     "rmsnorm_h200.json": rmsnorm_rows,

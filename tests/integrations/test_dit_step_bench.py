@@ -63,6 +63,7 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
         (KernelTime("_route_kernel"), "route"),
         (KernelTime("_rmsnorm_kernel"), "rmsnorm"),
         (KernelTime("_mhc_mix_kernel"), "mHC kernels"),
+        (KernelTime("_qk_norm_rope_kernel"), "q/k norm + RoPE"),
         (KernelTime("triton_red_fused_mean_mul_pow_rsqrt_0"), "inductor fused"),
         (KernelTime("nvjet_sss_64x8", 1.0, "aten::mm", ((8, 12288), (12288, 24))), "mHC projection"),
         (KernelTime("gemv2T_kernel", 1.0, "aten::mm", ((8, 3072), (3072, 24))), "attention gate projection"),
@@ -141,16 +142,18 @@ def test_kernels_from_trace_links_each_kernel_to_its_launching_op_once() -> None
     assert [category(k, WIDTHS) for k in kernels] == ["mHC projection", "rmsnorm"]
 
 
-def test_with_the_mhc_swap_on_plugin_off_keeps_upstreams_mhc(vllm_omni: Path) -> None:
-    """The mHC swap replaces methods on vllm-omni's layer class, which the plugin-off model shares: the
-    benchmark binds upstream's methods back on plugin off's layers, so off is vllm-omni's own mHC."""
+def test_with_the_method_swaps_on_plugin_off_keeps_upstreams_methods(vllm_omni: Path) -> None:
+    """The mHC and q/k RoPE swaps replace methods on vllm-omni's classes, which the plugin-off model
+    shares: the benchmark binds upstream's methods back on plugin off's modules, so off is vllm-omni's own."""
     import os
 
     from benchmarks.vllm_omni_stack import providers
     from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
+    from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 
-    before = os.environ.get("MAGI2_VLLM_OMNI_MHC")
-    os.environ["MAGI2_VLLM_OMNI_MHC"] = "1"
+    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
     try:
         cfg = dit_step.model_config(True)
         off, on = dit_step.build_pair(cfg, "cpu", banks=1)
@@ -161,14 +164,18 @@ def test_with_the_mhc_swap_on_plugin_off_keeps_upstreams_mhc(vllm_omni: Path) ->
             )
         packed = dit_step.step_input(dit_step.step_shape(True, text_tokens=8), "cpu")
         binput = dit_step.block_input(off, packed, "cpu")
+        project = AttentionProjectMethods.project
+        assert all(layer.attention.project.__func__ is project for layer in on.block.layers)
+        assert all(getattr(layer.attention.project, "__func__", None) is not project for layer in off.block.layers)
         chosen = providers(on, cfg, binput)
-        assert chosen["mhc_pre"] is not None and chosen["mhc_mix"] is not None
+        assert None not in (chosen["mhc_pre"], chosen["mhc_mix"], chosen["qk_norm_rope"])
         with torch.inference_mode():
             args = (binput.hidden, binput.rope, binput.varlen, binput.dispatcher, [binput.hidden.shape[0]])
             want, got = off.block(*args), on.block(*args)
         assert torch.isfinite(got).all() and 0 < float((got - want).norm() / want.norm()) < 0.2
     finally:
-        if before is None:
-            os.environ.pop("MAGI2_VLLM_OMNI_MHC", None)
-        else:
-            os.environ["MAGI2_VLLM_OMNI_MHC"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
