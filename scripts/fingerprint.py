@@ -141,6 +141,18 @@ def mhc_mix_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
+def qk_norm_rope_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    g = _gen(device, 23)
+    angles = _rand(g, 20, 12, dtype=torch.float32, device=device, scale=3.0)
+    return {
+        "x": _rand(g, 20, 3, 32, dtype=dtype, device=device, scale=2.0),
+        "weight": _rand(g, 2, 32, dtype=torch.float32, device=device, scale=0.1),
+        "rope": torch.cat((angles.sin(), angles.cos()), dim=-1),
+        "modality_sizes": [13, 7],
+        "index": torch.randperm(20, generator=torch.Generator().manual_seed(23)).to(device),
+    }
+
+
 def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str, Any]]]:
     for name, kw in attention_cases(device):
         yield "attention", name, m2.attention, kw
@@ -159,6 +171,7 @@ def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str,
         yield "rmsnorm", tag, m2.rmsnorm, rmsnorm_inputs(device, dtype)
         yield "mhc_pre", tag, m2.mhc_pre, mhc_pre_inputs(device, dtype)
         yield "mhc_mix", tag, m2.mhc_mix, mhc_mix_inputs(device, dtype)
+        yield "qk_norm_rope", tag, m2.qk_norm_rope, qk_norm_rope_inputs(device, dtype)
 
 
 def fingerprints(devices: list[str]) -> dict[str, str]:
