@@ -1,11 +1,12 @@
 """Fused ``qk_norm_rope``: the per-head q/k norm, the row gather and RoPE in one pass, cast once.
 
-Rows are (output token, head) pairs, ``r = t·H + h``; each program owns a tile of rows of the full head
-width. A row reads its source token ``index[t]`` in place (x may be a column view of the packed QKV
-projection: three strides, the last one contiguous or not), reduces the FP32 sum of squares, scales by
-the source token's modality ``w[m] + 1`` and rotates: the partner of dim ``i < R`` is ``i ± R/2``, loaded
-a second time from the same cache lines rather than moved between lanes. The result is stored once in
-the output dtype, contiguous, in output order. Upstream writes three FP32 tensors on the way.
+Rows are (output token, head) pairs, ``r = t·H + h``; each program owns a tile of rows. A row reads its
+source token ``index[t]`` in place (x may be a column view of the packed QKV projection: three strides)
+as three contiguous pieces, the two rotated halves ``[0, R/2)``, ``[R/2, R)`` and the pass-through tail
+``[R, D)``, so that each element's rotation partner sits at the same lane of the other half. It reduces
+the FP32 sum of squares, scales by the source token's modality ``w[m] + 1``, rotates, and stores the
+result once in the output dtype, contiguous, in output order. Upstream writes three FP32 tensors on the
+way.
 
 Modalities, as in the RMSNorm kernel: host-side group sizes become token boundaries passed as scalar
 arguments (CUDA-graph safe); up to ``_MOD_PER_LAUNCH`` groups per launch, weight rows restricted to a
@@ -67,7 +68,8 @@ def _qk_norm_rope_kernel(
     Y_DTYPE: tl.constexpr,
     RNE: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     # int64 rows: T·H·D and T·stride exceed 2**31 at MAGI-2 sizes.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -80,15 +82,19 @@ def _qk_norm_rope_kernel(
         src = tok
     valid = (src >= 0) & (src < T)  # an index outside the tokens is never dereferenced
     mine = row_ok & (src >= lo) & (src < hi)  # rows whose source lies in this launch's groups
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < D
-    # Half-split pairs: dim i < HALF pairs with i + HALF, HALF <= i < R with i - HALF, the rest with itself.
-    partner = tl.where(cols < HALF, cols + HALF, tl.where(cols < R, cols - HALF, cols))
-    load = (mine & valid)[:, None] & col_ok[None, :]
-    base = src[:, None] * stride_xt + head[:, None] * stride_xh
-    x = tl.load(x_ptr + base + cols[None, :] * stride_xd, mask=load, other=0.0).to(tl.float32)
-    xp = tl.load(x_ptr + base + partner[None, :] * stride_xd, mask=load, other=0.0).to(tl.float32)
-    inv_rms = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    load = (mine & valid)[:, None]
+    # A head's row in three contiguous pieces: the rotated halves [0, R/2) and [R/2, R), and the
+    # pass-through tail [R, D). Each piece is one vector load; the halves are each other's partners.
+    c = tl.arange(0, BLOCK_H)
+    c_ok = (c < HALF)[None, :]
+    p = R + tl.arange(0, BLOCK_P)
+    p_ok = (p < D)[None, :]
+    x_row = x_ptr + src[:, None] * stride_xt + head[:, None] * stride_xh
+    x1 = tl.load(x_row + c[None, :] * stride_xd, mask=load & c_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (c + HALF)[None, :] * stride_xd, mask=load & c_ok, other=0.0).to(tl.float32)
+    xp = tl.load(x_row + p[None, :] * stride_xd, mask=load & p_ok, other=0.0).to(tl.float32)
+    sum_sq = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1) + tl.sum(xp * xp, axis=1)
+    inv_rms = tl.math.rsqrt(sum_sq / D + eps)[:, None]
 
     mod = tl.zeros_like(src)  # the source token's group within this launch
     if NUM_MOD > 1:
@@ -98,38 +104,44 @@ def _qk_norm_rope_kernel(
     if NUM_MOD > 3:
         mod += (src >= b3).to(tl.int64)
     w_row = w_ptr + mod[:, None] * stride_wm
-    w = tl.load(w_row + cols[None, :], mask=load, other=0.0)
-    wp = tl.load(w_row + partner[None, :], mask=load, other=0.0)
+    w1 = tl.load(w_row + c[None, :], mask=load & c_ok, other=0.0)
+    w2 = tl.load(w_row + (c + HALF)[None, :], mask=load & c_ok, other=0.0)
+    wp = tl.load(w_row + p[None, :], mask=load & p_ok, other=0.0)
     if ADD_ONE:
-        w = w + 1.0
+        w1 = w1 + 1.0
+        w2 = w2 + 1.0
         wp = wp + 1.0
     # Upstream's association: (x · rsqrt(...)) · (w + 1).
-    n = (x * inv_rms[:, None]) * w
-    n_partner = (xp * inv_rms[:, None]) * wp
+    n1 = (x1 * inv_rms) * w1
+    n2 = (x2 * inv_rms) * w2
+    n_tail = (xp * inv_rms) * wp
 
-    rot = col_ok & (cols < R)
-    angle = tl.where(cols < HALF, cols, cols - HALF)
-    r_off = tok[:, None] * stride_rt
-    sin = tl.load(rope_ptr + r_off + angle[None, :] * stride_rd, mask=row_ok[:, None] & rot[None, :], other=0.0)
-    cos = tl.load(
-        rope_ptr + r_off + (angle + HALF)[None, :] * stride_rd, mask=row_ok[:, None] & rot[None, :], other=1.0
-    )
-    sign = tl.where(cols < HALF, -1.0, 1.0)
-    # x·cos + rotate_half(x)·sin, rotate_half(x)_i = -x_(i+R/2) below R/2 and x_(i-R/2) above.
-    y = n * cos.to(tl.float32) + (sign[None, :] * n_partner) * sin.to(tl.float32)
-    y = tl.where(rot[None, :], y, n)
-    y = tl.where(valid[:, None], y, float("nan"))
+    r_row = rope_ptr + tok[:, None] * stride_rt
+    r_ok = row_ok[:, None] & c_ok
+    sin = tl.load(r_row + c[None, :] * stride_rd, mask=r_ok, other=0.0).to(tl.float32)
+    cos = tl.load(r_row + (c + HALF)[None, :] * stride_rd, mask=r_ok, other=0.0).to(tl.float32)
+    # x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1).
+    y1 = n1 * cos + (-n2) * sin
+    y2 = n2 * cos + n1 * sin
 
-    y_off = rows[:, None] * D + cols[None, :]
-    tl.store(y_ptr + y_off, _cast(y, Y_DTYPE, RNE), mask=(mine | (row_ok & ~valid))[:, None] & col_ok[None, :])
+    nan = float("nan")
+    bad = (row_ok & ~valid)[:, None]
+    out = (mine | (row_ok & ~valid))[:, None]
+    y_row = y_ptr + rows[:, None] * D
+    tl.store(y_row + c[None, :], _cast(tl.where(bad, nan, y1), Y_DTYPE, RNE), mask=out & c_ok)
+    tl.store(y_row + (c + HALF)[None, :], _cast(tl.where(bad, nan, y2), Y_DTYPE, RNE), mask=out & c_ok)
+    tl.store(y_row + p[None, :], _cast(tl.where(bad, nan, n_tail), Y_DTYPE, RNE), mask=out & p_ok)
 
 
-def _tile(d: int, n_rows: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_D, num_warps) for rows of width d."""
-    block_d = triton.next_power_of_2(d)
-    block_r = max(1, min(_TILE_ELEMS // block_d, triton.next_power_of_2(max(n_rows, 1))))
-    num_warps = max(1, min(_MAX_WARPS, block_r * block_d // (32 * 16)))
-    return block_r, block_d, num_warps
+def _tile(half: int, tail: int, n_rows: int) -> tuple[int, int, int, int]:
+    """(BLOCK_R, BLOCK_H, BLOCK_P, num_warps) for rows of two rotated halves and a pass-through tail."""
+    block_h, block_p = triton.next_power_of_2(half), triton.next_power_of_2(max(tail, 1))
+    width = 2 * block_h + block_p
+    fits = 1 << ((_TILE_ELEMS // width).bit_length() - 1)  # the largest power of two of rows that fit
+    block_r = max(1, min(fits, triton.next_power_of_2(max(n_rows, 1))))
+    # About 16 elements per thread; a power of two of warps, as Triton needs.
+    num_warps = min(_MAX_WARPS, 1 << (max(1, block_r * width // (32 * 16)).bit_length() - 1))
+    return block_r, block_h, block_p, num_warps
 
 
 def launch_qk_norm_rope(call: QKNormRopeCall) -> torch.Tensor:
@@ -146,8 +158,8 @@ def launch_qk_norm_rope(call: QKNormRopeCall) -> torch.Tensor:
         scale, add_one = (weight + 1).float(), False
     scale = scale.contiguous()
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
-    n_rows = t * h
-    block_r, block_d, num_warps = _tile(d, n_rows)
+    n_rows, rotary = t * h, rope.shape[1]
+    block_r, block_h, block_p, num_warps = _tile(rotary // 2, d - rotary, n_rows)
     t0 = 0
     for g0 in range(0, len(sizes), _MOD_PER_LAUNCH):
         group = sizes[g0 : g0 + _MOD_PER_LAUNCH]
@@ -166,8 +178,8 @@ def launch_qk_norm_rope(call: QKNormRopeCall) -> torch.Tensor:
                 t,
                 h,
                 d,
-                rope.shape[1] // 2,
-                rope.shape[1],
+                rotary // 2,
+                rotary,
                 x.stride(0),
                 x.stride(1),
                 x.stride(2),
@@ -186,7 +198,8 @@ def launch_qk_norm_rope(call: QKNormRopeCall) -> torch.Tensor:
                 Y_DTYPE=_TL_DTYPE[call.out_dtype],
                 RNE=interpreting() and call.out_dtype == torch.bfloat16,
                 BLOCK_R=block_r,
-                BLOCK_D=block_d,
+                BLOCK_H=block_h,
+                BLOCK_P=block_p,
                 num_warps=num_warps,
             )
         t0 = t1
