@@ -80,9 +80,9 @@ def _qk_norm_rope_kernel(
         src = tl.load(idx_ptr + tok, mask=row_ok, other=0).to(tl.int64)
     else:
         src = tok
-    valid = (src >= 0) & (src < T)  # an index outside the tokens is never dereferenced
-    mine = row_ok & (src >= lo) & (src < hi)  # rows whose source lies in this launch's groups
-    load = (mine & valid)[:, None]
+    bad = row_ok & ((src < 0) | (src >= T))  # an index outside the tokens: never dereferenced, a NaN row
+    mine = row_ok & (src >= lo) & (src < hi)  # rows whose source lies in this launch's groups (never bad)
+    load = mine[:, None]
     # A head's row in three contiguous pieces: the rotated halves [0, R/2) and [R/2, R), and the
     # pass-through tail [R, D). Each piece is one vector load; the halves are each other's partners.
     c = tl.arange(0, BLOCK_H)
@@ -125,8 +125,8 @@ def _qk_norm_rope_kernel(
     y2 = n2 * cos + n1 * sin
 
     nan = float("nan")
-    bad = (row_ok & ~valid)[:, None]
-    out = (mine | (row_ok & ~valid))[:, None]
+    out = (mine | bad)[:, None]
+    bad = bad[:, None]
     y_row = y_ptr + rows[:, None] * D
     tl.store(y_row + c[None, :], _cast(tl.where(bad, nan, y1), Y_DTYPE, RNE), mask=out & c_ok)
     tl.store(y_row + (c + HALF)[None, :], _cast(tl.where(bad, nan, y2), Y_DTYPE, RNE), mask=out & c_ok)
