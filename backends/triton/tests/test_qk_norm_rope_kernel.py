@@ -93,13 +93,15 @@ def test_the_output_is_the_fp32_result_cast_once(out: torch.dtype) -> None:
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (not the interpreter)")
 def test_the_release_shape_meets_the_contract_and_agrees_with_vllm_omnis_form() -> None:
     """MAGI-2's q at a pack's size: 24 heads of 128, 96 rotated dims, three modalities, the inverse
-    permutation; against float64, and within one BF16 ULP of upstream's FP32 chain (torch_native)."""
+    permutation; against float64, and by the same rule against upstream's FP32 chain (torch_native) as
+    the reference. (Not "within one BF16 ULP of upstream": where the two products of a rotation nearly
+    cancel, an FMA and upstream's separate roundings differ by more, as the H100 showed at e886b01.)"""
     sizes = [7168, 125, 185]
     x, w, rope, index = _inputs(17, sum(sizes), 24, 128, 96, 3, torch.bfloat16)
     kw = {"modality_sizes": sizes, "index": index}
     _check((x, w, rope, index), **kw)
     got = m2.qk_norm_rope(x, w, rope, provider="triton", **kw)
     native = m2.qk_norm_rope(x, w, rope, provider="torch_native", **kw)
-    close = acc.within_ulps(got, native, 1.0)
-    assert close, str(close)
+    verdict = acc.accept_qk_norm_rope(got, native, call_record("qk_norm_rope", x, w, rope, **kw))
+    assert verdict, str(verdict)
     assert torch.equal(got, m2.qk_norm_rope(x, w, rope, provider="triton", **kw))  # repeatable
