@@ -85,6 +85,11 @@ SUPERSEDED = {
     # mHC before the split-BF16 logits kernel served every modality in one launch (9f7124f)
     "mhc_h100_740693e.json": "mhc_h100.json",
     "mhc_sweep_h100_2337ac0.json": "mhc_sweep_h100.json",
+    # before qk_norm_rope (740693e: with graph and fidelity; ed501e5: the layer stack), and the step at
+    # e886b01 without graph or fidelity; docs/benchmarks.md keeps their numbers
+    "dit_step_h100_740693e.json": "dit_step_h100.json",
+    "dit_step_h100_e886b01.json": "dit_step_h100.json",
+    "vllm_omni_stack_h100_ed501e5.json": "vllm_omni_stack_h100.json",
 }
 
 # Kept for the record but summarised by hand in docs/benchmarks.md (the notes say why).
@@ -106,6 +111,7 @@ HISTORY = {
     "moe_sweep_pdl_h200.json": "the Gluon kernel variants with PDL at ec2824c",
     "moe_ablation_h200.json": "where the 8-warp Gluon kernel's time goes, at ec2824c",
     "moe_sweep_ws_persistent_h200.json": "the warp-specialised kernel before the table took it, at 2969713",
+    "dispatch_cuda.json": "dispatch with GPU inputs on the H200 at 8a04f2b, before the mHC and q/k ops",
 }
 
 
@@ -873,7 +879,11 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "distributed_h200x2.json": distributed_rows,
     "dispatch_cpu.json": functools.partial(dispatch_rows, where="the loaded 2-core development machine"),
     "dispatch_cpu_h200host.json": functools.partial(dispatch_rows, where="the H200 host's quiet CPU"),
-    "dispatch_cuda.json": functools.partial(dispatch_rows, where="the H200 host, every input on the GPU", judged=True),
+    "dispatch_cuda.json": functools.partial(dispatch_rows, where="the H200 host, every input on the GPU"),
+    "dispatch_cuda_h100.json": functools.partial(
+        dispatch_rows, where="the H100 host, every input on the GPU", judged=True
+    ),
+    "dispatch_cpu_h100host.json": functools.partial(dispatch_rows, where="the H100 host's CPU"),
     "attention_fa4_h200.json": attention_fa4_rows,
     "block_h200.json": block_rows,
     "moe_layers_h200.json": moe_layers_rows,
@@ -1048,8 +1058,8 @@ HEADLINES: tuple[tuple[str, Callable[[Data], list[Headline]]], ...] = (
     (MOE_BENCH, moe_headline),
     ("attention_h200_final.json", attention_headline),
     ("rmsnorm_h200.json", rmsnorm_headline),
-    ("vllm_omni_stack_h200.json", vllm_omni_headline),
-    ("dispatch_cuda.json", dispatch_headline),
+    ("vllm_omni_stack_h100.json", vllm_omni_headline),
+    ("dispatch_cuda_h100.json", dispatch_headline),
     # THE WHOLE DiT STEP: a row from benchmarks/results/dit_step_<device>.json once that benchmark has
     # landed (records with mode, plugin, form, s_per_step {p50, ...}); no such file, no row.
     (f"{DIT_STEP}*.json", dit_step_headline),
