@@ -401,3 +401,16 @@ def test_nan_device_sinks_and_bias_are_checked_only_with_device_value_checks() -
         assert bool((idx[0, :, 0] == 2).all()) and not bool((idx[1] == 1).any())
     finally:
         m2.set_device_value_checks(previous)
+
+
+def test_a_qk_norm_rope_source_outside_the_tokens_raises_on_the_reference() -> None:
+    """The host does not check ``index`` (that would sync on a GPU); the torch providers' ``index_select``
+    refuses a row outside ``[0, T)`` (the Triton kernel's NaN row is its own test)."""
+    x, w = torch.randn(4, 2, 8), torch.zeros(1, 8)
+    angles = torch.randn(4, 4)
+    rope = torch.cat((angles.sin(), angles.cos()), dim=-1)
+    with pytest.raises((IndexError, RuntimeError)):
+        m2.qk_norm_rope(x, w, rope, index=torch.tensor([0, 1, 4, 2]), provider="reference")
+    index = torch.tensor([3, 1, 0, 2])  # in range: row t is x's row index[t], rotated by rope[t]
+    y = m2.qk_norm_rope(x, w, rope, index=index, provider="reference")
+    assert torch.equal(y, m2.qk_norm_rope(x[index], w, rope, provider="reference"))
