@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
 __all__ = [
-    "TritonRecordKernel",
+    "TritonMHC",
     "TritonMoEExperts",
     "TritonRMSNorm",
     "triton_mhc_mix",
@@ -140,7 +140,7 @@ class TritonRMSNorm:
         )
 
 
-class TritonRecordKernel:
+class TritonMHC:
     """A fused kernel's provider object that takes the op's call record whole (``launch``:
     :func:`launch_mhc_pre`, :func:`launch_mhc_mix` or :func:`launch_qk_norm_rope`)."""
 
@@ -157,8 +157,8 @@ class TritonRecordKernel:
         return self._launch(call)
 
 
-triton_mhc_pre = TritonRecordKernel(launch_mhc_pre)
-triton_mhc_mix = TritonRecordKernel(launch_mhc_mix)
-triton_qk_norm_rope = TritonRecordKernel(launch_qk_norm_rope)
+triton_mhc_pre = TritonMHC(launch_mhc_pre)
+triton_mhc_mix = TritonMHC(launch_mhc_mix)
+triton_qk_norm_rope = TritonMHC(launch_qk_norm_rope)
 triton_moe_experts = TritonMoEExperts()
 triton_rmsnorm_provider = TritonRMSNorm()
