@@ -1,6 +1,6 @@
 """Fused ``qk_norm_rope`` (Triton) vs vllm-omni 0.30.0's own form, eager and compiled, for q and k.
 
-    python -m benchmarks.qk_norm_rope [--iters N] [--tokens T] [--json PATH]
+    python -m benchmarks.qk_norm_rope [--iters N] [--tokens T] [--json PATH] [--smoke]
 
 The q/k tail of one attention's ``project`` at the 272p / 10 s CFG pack (29,912 tokens, 24 heads of 128,
 96 rotated dims, BF16, 3 modalities, tokens interleaved so ``inverse_permute`` is a real gather): q and k
@@ -11,6 +11,8 @@ alternate call by call, each after an L2 flush, timed with CUDA events (``benchm
 Bandwidth is on the minimum bytes (q and k read once and written once in BF16, the angles and the
 index read once), also as a fraction of this device's copy bandwidth measured in the same run. Before
 timing, the fused result is judged against the float64 reference by the contract's rule (§6.2).
+``--smoke`` runs a tiny pack on the CPU under the Triton interpreter (no ceilings, no fractions): it keeps
+the script working where there is no GPU.
 """
 
 from __future__ import annotations
@@ -95,13 +97,21 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
     ap.add_argument("--json", default="benchmarks/results/qk_norm_rope.json")
+    ap.add_argument("--smoke", action="store_true", help="a tiny pack on the CPU (TRITON_INTERPRET=1)")
     args = ap.parse_args()
-    ceilings = measure_ceilings()
-    info = {**env_record(), "ceilings": ceilings.record()}
-    row = bench(args.tokens, args.iters)
+    if args.smoke:
+        info = {**env_record("cpu"), "ceilings": None}
+        row = bench(min(args.tokens, 40), min(args.iters, 2), device="cpu")
+    else:
+        ceilings = measure_ceilings()
+        info = {**env_record(), "ceilings": ceilings.record()}
+        row = bench(args.tokens, args.iters)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"benchmark": "qk_norm_rope", "env": info, "rows": [row]}, f, indent=2)
+    if args.smoke:
+        print("; ".join(row["acceptance"]))
+        return
     copy = ceilings.copy_tb_s
     print(
         f"this device's copy {copy:.2f} TB/s, measured in this run; {row['tokens']} tokens; "
