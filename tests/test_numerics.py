@@ -414,3 +414,14 @@ def test_a_qk_norm_rope_source_outside_the_tokens_raises_on_the_reference() -> N
     index = torch.tensor([3, 1, 0, 2])  # in range: row t is x's row index[t], rotated by rope[t]
     y = m2.qk_norm_rope(x, w, rope, index=index, provider="reference")
     assert torch.equal(y, m2.qk_norm_rope(x[index], w, rope, provider="reference"))
+
+
+def test_qk_norm_rope_refuses_angles_that_require_grad() -> None:
+    """Forward-only, as every op: a ``rope`` that requires grad raises, naming it, instead of a result
+    without a graph."""
+    x, w = torch.randn(4, 2, 8), torch.zeros(1, 8)
+    rope = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(m2.InvalidValueError, match="'rope'"):
+        m2.qk_norm_rope(x, w, rope, provider="reference")
+    with torch.no_grad():
+        assert m2.qk_norm_rope(x, w, rope, provider="reference").shape == (4, 2, 8)

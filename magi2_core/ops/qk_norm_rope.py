@@ -225,8 +225,12 @@ def qk_norm_rope(
     Returns:
         ``y``, a new contiguous ``[T, H, D]`` tensor in ``out_dtype``, rows in output (sequence) order.
     """
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)):
-        forward_only(OP, x=x, weight=weight)
+    if torch.is_grad_enabled() and (
+        getattr(x, "requires_grad", False)
+        or getattr(weight, "requires_grad", False)
+        or getattr(rope, "requires_grad", False)
+    ):
+        forward_only(OP, x=x, weight=weight, rope=rope)
     args = (x, weight, rope, eps, modality_sizes, index, out_dtype)
     if torch.compiler.is_compiling():
         y: torch.Tensor = ARGS.compiled(args, provider)

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from magi2_backend_reference.rmsnorm import broadcast_scale
+
 if TYPE_CHECKING:
     from magi2_core.backend import QKNormRopeCall
 
@@ -13,14 +15,10 @@ __all__ = ["reference_qk_norm_rope", "scales_per_row"]
 
 
 def scales_per_row(call: QKNormRopeCall) -> torch.Tensor:
-    """``w[m(t)] + 1`` per row of ``x`` (``[T, D]``), formed in the weight's dtype (a low-precision weight
-    rounds ``w + 1`` first, as upstream's module does), then promoted to FP32 or wider."""
-    weight, sizes, t = call.weight, call.modality_sizes, call.x.shape[0]
-    scale = (weight + 1).to(torch.promote_types(weight.dtype, torch.float32))
-    if sizes is None:
-        return scale[0].expand(t, -1)
-    counts = torch.tensor(list(sizes), device=weight.device)
-    return torch.repeat_interleave(scale, counts, dim=0, output_size=t)
+    """``w[m(t)] + 1`` shaped ``[T, 1, D]`` to scale x's rows (the RMSNorm reference's
+    :func:`broadcast_scale` with one pattern that broadcasts over the heads)."""
+    w = call.weight
+    return broadcast_scale(call.x, w.view(w.shape[0], 1, w.shape[1]), call.modality_sizes)
 
 
 @torch.no_grad()
@@ -28,7 +26,7 @@ def reference_qk_norm_rope(call: QKNormRopeCall) -> torch.Tensor:
     """The ``reference`` provider: every step in float64, cast once to ``call.out_dtype``."""
     x = call.x.double()
     n = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + call.eps)
-    n = n * scales_per_row(call).double().unsqueeze(1)
+    n = n * scales_per_row(call).double()
     if call.index is not None:
         n = n.index_select(0, call.index.long())
     half = call.rope.shape[1] // 2

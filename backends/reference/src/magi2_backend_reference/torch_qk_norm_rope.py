@@ -29,7 +29,7 @@ class TorchQKNormRope:
     def __call__(self, call: QKNormRopeCall) -> torch.Tensor:
         x = call.x.float()
         n = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + call.eps)
-        n = n * scales_per_row(call).float().unsqueeze(1)
+        n = n * scales_per_row(call).float()
         if call.index is not None:
             n = n.index_select(0, call.index)
         sin, cos = call.rope.float().tensor_split(2, dim=-1)
