@@ -39,6 +39,11 @@ over ``--iters`` calls, CUDA events, L2 flushed before each call, off and on alt
 memory of a call, and a per-op breakdown of one call from the torch profiler (``benchmarks/_breakdown.py``).
 The dynamo counters (graphs, recompiles, graph breaks) are recorded after compiling.
 
+**The arithmetic.** ``work``: the step's matrix products per breakdown category, counted from the
+config and the pack (``benchmarks/_step_flops.py``); on a GPU, this device's ceilings measured in the
+same run and ``matmul_floor_s``, the step's BF16 products at the measured matmul rate (a floor: no
+FP32 product, memory-bound operator or launch counted).
+
 **One rank of EP4.** ``form="ep4-rank-memory"``: the plugin-on model built as rank 0 of 4-way
 expert parallelism (3 of the 12 MoE heads in each of the 36 MoE layers, each layer its own bank,
 every dense weight), allocated on the GPU, plus a block of the plugin-on eager step's activation
@@ -71,7 +76,8 @@ from torch import nn
 import magi2_core as m2
 from benchmarks import _vllm_stubs as stubs
 from benchmarks._breakdown import GemmWidths, breakdown, profile_call
-from benchmarks._common import env_record, graphed, stats, time_alternating
+from benchmarks._common import env_record, graphed, measure_ceilings, stats, time_alternating
+from benchmarks._step_flops import matmul_floor_s, step_work
 from benchmarks.vllm_omni_stack import (
     GPU_COMPILE,
     SMOKE_COMPILE,
@@ -835,6 +841,7 @@ def run(
         },
     )
     print(f"pack: {report.data['pack']}", flush=True)
+    _arithmetic(report, cfg, dev)
     with torch.inference_mode():
         if modes or check_fidelity or (ep4 and activation_gib is None and dev != "cpu"):
             measured = _whole_model(
@@ -856,6 +863,21 @@ def run(
         if distinct:
             _distinct_banks(report, packed, theirs, iters=max(iters, 3), dev=dev, smoke=smoke)
     return report.data
+
+
+def _arithmetic(report: Report, cfg: Any, dev: str) -> None:
+    """The step's products per category, and on a GPU its matmul floor at this device's measured rate."""
+    work = step_work(cfg, report.data["pack"]["per_sequence"])
+    report.put("work", [{"category": w.category, "tflop": w.flops / 1e12, "kind": w.kind} for w in work])
+    if dev == "cpu":
+        return
+    ceilings = measure_ceilings(dev)
+    report.put("ceilings", ceilings.record())
+    report.put("matmul_floor_s", matmul_floor_s(work, ceilings.matmul_tflops))
+    print(
+        f"BF16 matmul floor: {report.data['matmul_floor_s']:.3f} s per step at {ceilings.matmul_tflops:.0f} TFLOP/s",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -969,6 +969,26 @@ def dit_step_rows(d: Data) -> list[Row]:
         )
         for form, runs in _dit_step(d)
         if runs
+    ] + _dit_floor_rows(d)
+
+
+def _dit_floor_rows(d: Data) -> list[Row]:
+    """The fastest plugin-on step beside the step's BF16 matmul floor, where the file measured its ceilings."""
+    if not isinstance(d, dict) or "matmul_floor_s" not in d:
+        return []
+    runs = [(m, on) for form, rs in _dit_step(d) if _unit(form) == "step" for m, on, _ in rs]
+    if not runs:
+        return []
+    mode, best = min(runs, key=lambda r: r[1])
+    floor, tflops = float(d["matmul_floor_s"]), float(d["ceilings"]["matmul_tflops"])
+    return [
+        (
+            "whole DiT step against its BF16 matmul floor",
+            mode,
+            f"plugin on {_secs(best)} s per step",
+            f"floor {_secs(floor)} s (its BF16 products at {tflops:.0f} TFLOP/s, measured)",
+            f"floor / step {floor / best:.2f}; {d.get('device', '?')}, {_short(d.get('git_commit', '?'))}",
+        )
     ]
 
 

@@ -58,6 +58,23 @@ def test_a_whole_dit_step_file_adds_its_row_and_none_is_skipped(tmp_path: Path) 
     assert "plugin on 1.000 / 0.800 s per step" in full and "speed-up 2.50x / 2.00x" in full
     listed = report.results_table({"dit_step_h200.json": records})  # a bare list of records works too
     assert "speed-up 2.50x / 2.00x" in listed
+    assert "matmul floor" not in full  # the file measured no ceilings
+
+
+def test_a_dit_step_file_with_its_ceilings_sets_the_fastest_step_beside_its_floor() -> None:
+    records = [_dit("eager", True, 1.0), _dit("eager", False, 2.5), _dit("graph", True, 0.8), _dit("graph", False, 1.6)]
+    d = {
+        "device": "NVIDIA H200",
+        "git_commit": "abcdef0123",
+        "records": records,
+        "ceilings": {"copy_tb_s": 4.0, "matmul_tflops": 700.0, "how": "-"},
+        "matmul_floor_s": 0.6,
+    }
+    full = report.results_table({"dit_step_h200.json": d})
+    assert (
+        "| whole DiT step against its BF16 matmul floor | graph | plugin on 0.800 s per step | floor 0.600 s (its BF16 "
+        "products at 700 TFLOP/s, measured) | floor / step 0.75; NVIDIA H200, abcdef0 (`dit_step_h200.json`) |"
+    ) in full
 
 
 def test_every_committed_results_file_is_summarised_or_explained() -> None:

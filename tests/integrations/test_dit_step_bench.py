@@ -29,6 +29,9 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
     assert dit_step.main(["--wheel", str(vllm_omni_root), "--smoke", "--iters", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["errors"] == [] and report["device"] == "cpu" and report["vllm_omni"] == "0.30.0"
+    work = {w["category"]: w for w in report["work"]}
+    assert work["attention"]["kind"] == "bf16" and work["attention"]["tflop"] > 0
+    assert "matmul_floor_s" not in report and "ceilings" not in report  # a CPU run has no device ceilings
     assert report["config"]["layers"] == 6 and report["config"]["moe_layers"] == [2, 3]
     assert report["pack"]["sequences"] == 2
     timed = {(r["form"], r["mode"], r["plugin"]) for r in report["results"] if "s_per_step" in r}
@@ -179,3 +182,87 @@ def test_with_the_method_swaps_on_plugin_off_keeps_upstreams_methods(vllm_omni: 
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# -- the step's arithmetic (benchmarks/_step_flops.py) against torch's FLOP counter ------------------
+
+# Module names (as torch's FLOP counter keys them) whose products belong to one category.
+_SCOPES = {
+    "attention": r"\.attention\.packed_attention$",
+    "routed experts + route": r"\.mlp\.moe_mlp$",
+    "attention gate projection": r"\.attention\.linear_g$",
+    "shared experts": r"\.mlp\.(modality_specific_)?shared_expert_fc[12]$",
+    "dense GEMMs": r"\.(attention\.linear_(qkv|proj)|mlp\.(split_linear|merge_linear|up_gate_proj|down_proj))$",
+    "adapters": r"^Magi2PreviewTransformer\.(pre|post)_adapter$",
+}
+
+
+def _distinct_config() -> object:
+    """A second tiny model whose widths all differ (GQA, 4 streams, 3 MoE heads), so that a count
+    which mixes two of them up cannot agree with the counter by coincidence."""
+    cfg = dit_step._mod("configuration_magi2")
+    return cfg.Magi2PreviewConfig(
+        num_layers=5,
+        hidden_size=96,
+        head_dim=16,
+        num_query_groups=2,
+        video_in_channels=4,
+        audio_in_channels=4,
+        text_in_channels=8,
+        intermediate_factor=2.0,
+        multimodal_layers=(0, 4),
+        mhc=cfg.Magi2MHCConfig(num_streams=4),
+        moe=cfg.Magi2MoEConfig(
+            num_heads=3,
+            num_experts=8,
+            top_k=3,
+            expert_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            modality_shared_expert_intermediate_size=8,
+            layers=(1, 2, 3),
+        ),
+    )
+
+
+@pytest.mark.parametrize("which", ["smoke", "distinct"])
+def test_step_work_counts_what_the_model_multiplies(vllm_omni: object, which: str) -> None:
+    import re
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks._step_flops import matmul_floor_s, step_work
+
+    cfg = dit_step.model_config(True) if which == "smoke" else _distinct_config()
+    packed = dit_step.step_input(dit_step.step_shape(True, text_tokens=6), "cpu")
+    torch.manual_seed(0)
+    model = dit_step._mod("modeling_magi2").Magi2PreviewTransformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    model.eval().requires_grad_(False)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*packed.model_args)
+    counts = counter.get_flop_counts()
+
+    def scoped(pattern: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, ops in counts.items():
+            if re.search(pattern, name):
+                for op, n in ops.items():
+                    out[str(op)] = out.get(str(op), 0) + n
+        return out
+
+    work = {w.category: w for w in step_work(cfg, dit_step.pack_summary(packed)["per_sequence"])}
+    assert sum(w.flops for w in work.values()) == counter.get_total_flops()
+    seen = {name: sum(scoped(pattern).values()) for name, pattern in _SCOPES.items()}
+    assert seen["routed experts + route"] == work["routed experts"].flops + work["route"].flops
+    for name in ("attention", "attention gate projection", "shared experts", "dense GEMMs", "adapters"):
+        assert seen[name] == work[name].flops, name
+    # What no module above holds runs at a layer's own scope: the mHC projections (mm), the stream
+    # products (bmm, in the layer and its MHCMix).
+    held = scoped("|".join(f"(?:{p})" for p in _SCOPES.values()))
+    every = {str(op): n for op, n in counts["Global"].items()}
+    assert every["aten.mm"] - held.get("aten.mm", 0) == work["mHC projection"].flops
+    assert every["aten.bmm"] - held.get("aten.bmm", 0) == work["mHC stream sums"].flops
+    bf16 = sum(w.flops for w in work.values() if w.kind == "bf16")
+    assert matmul_floor_s(list(work.values()), 1.0) == pytest.approx(bf16 / 1e12)
