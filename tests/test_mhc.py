@@ -176,6 +176,24 @@ def test_mhc_pre_rejects_invalid_inputs(args: str, error: type[Exception], arg: 
     assert info.value.arg == arg  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("position", range(9))
+def test_mhc_pre_names_a_tensor_that_requires_grad_and_an_argument_that_is_no_tensor(position: int) -> None:
+    x, params = _pre_inputs(0, 8, 4, 16, torch.float32, None)
+    args: list[object] = [x, *params]
+    names = ("streams", "norm_weight", "phi", "alpha_pre", "alpha_post", "alpha_res")
+    names += ("bias_pre", "bias_post", "bias_res")
+    args[position] = args[position].clone().requires_grad_(True)  # type: ignore[attr-defined]
+    with pytest.raises(InvalidValueError, match="requires_grad") as info:
+        m2.mhc_pre(*args)  # type: ignore[arg-type]
+    assert info.value.arg == names[position]
+    with torch.no_grad():
+        m2.mhc_pre(*args)  # type: ignore[arg-type]  # no gradient asked for: served
+    args[position] = [1.0]
+    with pytest.raises(InvalidDTypeError, match=r"torch\.Tensor") as wrong:
+        m2.mhc_pre(*args)  # type: ignore[arg-type]
+    assert wrong.value.arg == names[position]
+
+
 def test_mhc_mix_rejects_a_branch_output_of_another_dtype() -> None:
     x = torch.randn(4, 4, 8).bfloat16()
     with pytest.raises(InvalidDTypeError, match="branch_output"):
