@@ -24,6 +24,7 @@ __all__ = [
     "mhc_pre",
     "moe_experts",
     "moe_route",
+    "output_gate",
     "prepare_moe_weights",
     "qk_norm_rope",
     "PreparedMoEWeights",

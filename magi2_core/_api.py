@@ -30,6 +30,7 @@ from magi2_core.ops import (
     mhc_pre,
     moe_experts,
     moe_route,
+    output_gate,
     prepare_moe_weights,
     qk_norm_rope,
     resolve,

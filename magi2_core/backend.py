@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from magi2_core.ops.moe_experts import validate as validate_moe_experts
     from magi2_core.ops.moe_route import MoERouteKernel, RouteCall
     from magi2_core.ops.moe_route import validate as validate_moe_route
+    from magi2_core.ops.output_gate import OutputGateCall, OutputGateKernel
+    from magi2_core.ops.output_gate import validate as validate_output_gate
     from magi2_core.ops.qk_norm_rope import QKNormRopeCall, QKNormRopeKernel
     from magi2_core.ops.qk_norm_rope import validate as validate_qk_norm_rope
     from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKernel
@@ -111,6 +113,9 @@ _HOME: dict[str, tuple[str, str]] = {
     "QKNormRopeCall": ("magi2_core.ops.qk_norm_rope", "QKNormRopeCall"),
     "QKNormRopeKernel": ("magi2_core.ops.qk_norm_rope", "QKNormRopeKernel"),
     "validate_qk_norm_rope": ("magi2_core.ops.qk_norm_rope", "validate"),
+    "OutputGateCall": ("magi2_core.ops.output_gate", "OutputGateCall"),
+    "OutputGateKernel": ("magi2_core.ops.output_gate", "OutputGateKernel"),
+    "validate_output_gate": ("magi2_core.ops.output_gate", "validate"),
     "attention": ("magi2_core.ops", "attention"),
     "resolve": ("magi2_core.ops", "resolve"),
     "Plan": ("magi2_core.plan", "Plan"),
@@ -163,6 +168,8 @@ __all__ = [
     "MHCPreKernel",
     "MoEExpertsKernel",
     "MoERouteKernel",
+    "OutputGateCall",
+    "OutputGateKernel",
     "Plan",
     "PlanRow",
     "PlanRows",
@@ -202,6 +209,7 @@ __all__ = [
     "validate_mhc_pre",
     "validate_moe_experts",
     "validate_moe_route",
+    "validate_output_gate",
     "validate_qk_norm_rope",
     "validate_rmsnorm",
     "with_routes_per_expert",

@@ -274,6 +274,7 @@ _PROVIDER_KEYS = (
     ("mhc_pre", "`mhc_pre` (beats `MAGI2_MHC_PROVIDER`)"),
     ("mhc_mix", "`mhc_mix` (beats `MAGI2_MHC_PROVIDER`)"),
     ("qk_norm_rope", "`qk_norm_rope` (the q/k norm, gather and RoPE)"),
+    ("output_gate", "`output_gate` (attention's output gather and sigmoid gate)"),
 )
 
 _DECLARED: tuple[Variable[Any], ...] = (

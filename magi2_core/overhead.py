@@ -63,6 +63,7 @@ _KERNELS: dict[str, Callable[..., Any]] = {
     "mhc_pre": _noop_mhc_pre,
     "mhc_mix": _noop_tensor,
     "qk_norm_rope": _noop_tensor,
+    "output_gate": _noop_tensor,
 }
 
 
@@ -135,6 +136,7 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
     a, bn, bnn = on(torch.rand(1)), on(torch.randn(2)), on(torch.randn(2, 2))
     post, res = on(torch.rand(4, 2)), on(torch.rand(4, 2, 2))
     rope = on(torch.randn(4, 8))  # cat(sin, cos) of 4 angles per token: all 8 dims of q rotate
+    gate, order = on(torch.randn(4, 2)), on(torch.tensor([3, 1, 0, 2]))  # one logit per (row, head); a gather
     p = NOOP_PROVIDER
     calls: dict[
         str, tuple[Callable[[], object], Callable[[tuple[Any, ...]], object], tuple[Any, ...], dict[str, Any]]
@@ -171,6 +173,7 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
             {},
         ),
         "qk_norm_rope": (lambda: m2.qk_norm_rope(q, wn[0], rope, provider=p), _noop_tensor, (q, wn[0], rope), {}),
+        "output_gate": (lambda: m2.output_gate(q, gate, index=order, provider=p), _noop_tensor, (q, gate), {}),
     }
     rows = []
     with noop_backend(device):

@@ -40,6 +40,7 @@ FAMILY: dict[OpName, str] = {
     "mhc_pre": "mhc",
     "mhc_mix": "mhc",
     "qk_norm_rope": "qk_norm_rope",
+    "output_gate": "output_gate",
 }
 _KEYS = frozenset(FAMILY) | frozenset(FAMILY.values())
 # in the env variables' order
@@ -53,6 +54,7 @@ KEYS: tuple[str, ...] = (
     "mhc_pre",
     "mhc_mix",
     "qk_norm_rope",
+    "output_gate",
 )
 # A sorted tuple of (key, provider) pairs: hashable, so it can be part of the resolution cache key.
 _OVERRIDES: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("magi2_overrides", default=())

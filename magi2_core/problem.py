@@ -28,8 +28,19 @@ __all__ = [
     "with_routes_per_expert",
 ]
 
-OpName = Literal["attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope"]
-OPS: tuple[OpName, ...] = ("attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope")
+OpName = Literal[
+    "attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope", "output_gate"
+]
+OPS: tuple[OpName, ...] = (
+    "attention",
+    "moe_route",
+    "moe_experts",
+    "rmsnorm",
+    "mhc_pre",
+    "mhc_mix",
+    "qk_norm_rope",
+    "output_gate",
+)
 
 
 class Feature(str, Enum):
@@ -82,7 +93,8 @@ class Problem(BaseModel):
     width: int | None = None
     num_modalities: int | None = None
     num_patterns: int | None = None
-    out_dtype: str | None = None  # rmsnorm, qk_norm_rope: the output's dtype; mhc_pre: the post/residual coefficients'
+    # rmsnorm, qk_norm_rope, output_gate: the output's dtype; mhc_pre: the post/residual coefficients'
+    out_dtype: str | None = None
     # mhc (hidden: the stream width D; num_modalities: the mHC norm's weight groups)
     num_streams: int | None = None
     # qk_norm_rope (num_heads, head_dim, num_modalities as above): the rotated dims of each head
@@ -126,6 +138,7 @@ OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
     "mhc_pre": ("tokens", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("tokens", "num_streams", "hidden"),
     "qk_norm_rope": ("tokens", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
+    "output_gate": ("tokens", "num_heads", "head_dim"),
 }
 _EVERY_OP = frozenset({Feature.DETERMINISTIC, Feature.COMPILING})
 # The features a call of each op can ask for (what ``magi2 backends`` lists of a provider's features).
@@ -137,9 +150,10 @@ OP_FEATURES: dict[OpName, frozenset[Feature]] = {
     "mhc_pre": _EVERY_OP,
     "mhc_mix": _EVERY_OP,
     "qk_norm_rope": _EVERY_OP,
+    "output_gate": _EVERY_OP,
 }
 OUT_DTYPE_OPS: frozenset[OpName] = frozenset(
-    {"rmsnorm", "mhc_pre", "qk_norm_rope"}
+    {"rmsnorm", "mhc_pre", "qk_norm_rope", "output_gate"}
 )  # the ops whose problem has an out_dtype
 
 

@@ -88,6 +88,7 @@ def _calls() -> dict[str, Callable[[str], object]]:
         "qk_norm_rope": lambda p: m2.qk_norm_rope(
             q, wn[:, 0, :16], k[:, 0, :8], modality_sizes=[7, 5], index=cu[:1].long().expand(12), provider=p
         ),
+        "output_gate": lambda p: m2.output_gate(q, k[:, :, 0], index=cu[:1].long().expand(12), provider=p),
     }
 
 

@@ -21,6 +21,7 @@ from magi2_core.ops.mhc_mix import MHCMixCall
 from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.moe_route import RouteCall
+from magi2_core.ops.output_gate import OutputGateCall
 from magi2_core.ops.qk_norm_rope import QKNormRopeCall
 from magi2_core.ops.rmsnorm import RMSNormCall
 from magi2_core.problem import OPS, Feature
@@ -36,6 +37,7 @@ RECORDS = {
     "mhc_pre": MHCPreCall,
     "mhc_mix": MHCMixCall,
     "qk_norm_rope": QKNormRopeCall,
+    "output_gate": OutputGateCall,
 }
 SEEN: list[Any] = []
 
@@ -105,6 +107,11 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
             m2.qk_norm_rope,
             (x, torch.randn(2 * 8, generator=g), torch.randn(6, 4, generator=g)),
             {"modality_sizes": [2, 4], "index": torch.randperm(6, generator=g), "out_dtype": torch.bfloat16},
+        ),
+        "output_gate": (  # a [T, H, 1] gate, as upstream views it
+            m2.output_gate,
+            (x, torch.randn(6, 2, 1, generator=g)),
+            {"index": torch.randperm(6, generator=g), "out_dtype": torch.bfloat16},
         ),
     }
 

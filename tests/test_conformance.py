@@ -38,7 +38,16 @@ def test_reference_passes_the_whole_kit() -> None:
     elapsed = time.perf_counter() - start
     assert report.ok, report.format()
     ops = {r.case.op for r in report.results}
-    assert ops == {"attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope"}
+    assert ops == {
+        "attention",
+        "moe_route",
+        "moe_experts",
+        "rmsnorm",
+        "mhc_pre",
+        "mhc_mix",
+        "qk_norm_rope",
+        "output_gate",
+    }
     assert len(report.results) > 100
     assert elapsed < 60
     labels = {r.case.id for r in report.results}
@@ -52,6 +61,7 @@ def test_reference_passes_the_whole_kit() -> None:
         "mhc_pre[reference]-cpu-bfloat16-n4-modalities-empty-group-out-float32",
         "mhc_mix[reference]-cpu-float16-nonfinite-streams-coef-float32",
         "qk_norm_rope[reference]-cpu-bfloat16-partial-3-modalities-out-float32",
+        "output_gate[reference]-cpu-float16-strided-views-out-float32",
     ):
         assert expected in labels
 

@@ -81,6 +81,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "magi2_core.ops.mhc_pre",
             "magi2_core.ops.mhc_mix",
             "magi2_core.ops.qk_norm_rope",
+            "magi2_core.ops.output_gate",
             "magi2_core.nn",
             "magi2_core.distributed.*",
             "magi2_core.integrations.*",

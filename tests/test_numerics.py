@@ -14,6 +14,7 @@ import torch
 import magi2_core as m2
 from magi2_core import Capability, Condition, Problem, Rule
 from magi2_core.capability import Provenance
+from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.dispatch import Dispatcher
 from magi2_core.ops.attention import SPEC as ATTENTION
@@ -425,3 +426,36 @@ def test_qk_norm_rope_refuses_angles_that_require_grad() -> None:
         m2.qk_norm_rope(x, w, rope, provider="reference")
     with torch.no_grad():
         assert m2.qk_norm_rope(x, w, rope, provider="reference").shape == (4, 2, 8)
+
+
+def test_an_output_gate_source_outside_the_tokens_raises_on_the_reference() -> None:
+    """As for ``qk_norm_rope``: ``index`` is not checked on the host; ``index_select`` refuses it."""
+    x, gate = torch.randn(4, 2, 8), torch.randn(4, 2, 1)
+    with pytest.raises((IndexError, RuntimeError)):
+        m2.output_gate(x, gate, index=torch.tensor([0, 1, 4, 2]), provider="reference")
+    index = torch.tensor([3, 1, 0, 2])  # in range: row t is x's row index[t], gated by gate[t]
+    y = m2.output_gate(x, gate, index=index, provider="reference")
+    assert torch.equal(y, m2.output_gate(x[index], gate, provider="reference"))
+
+
+def test_output_gate_refuses_a_gate_that_requires_grad() -> None:
+    x, gate = torch.randn(4, 2, 8), torch.randn(4, 2, requires_grad=True)
+    with pytest.raises(m2.InvalidValueError, match="'gate'"):
+        m2.output_gate(x, gate, provider="reference")
+    with torch.no_grad():
+        assert m2.output_gate(x, gate, provider="reference").shape == (4, 2, 8)
+
+
+def test_the_output_gate_rule_passes_both_upstream_forms_and_fails_a_wrong_gather() -> None:
+    """The contract's rule passes the FP32 product rounded once (inductor's form, torch_native's) and
+    vllm-omni's eager form, which rounds ``sigmoid(gate)`` to BF16 before the product (within one ULP of
+    the result), and fails a form that skips the gather or gates by the source row: the rule can fail."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(512, 4, 64, generator=g).bfloat16()
+    gate = (3 * torch.randn(512, 4, 1, generator=g)).bfloat16()
+    index = torch.randperm(512, generator=g)
+    ref = m2.output_gate(x, gate, index=index, provider="reference")
+    assert acc.accept_output_gate((x[index].float() * torch.sigmoid(gate.float())).bfloat16(), ref, gate)
+    assert acc.accept_output_gate(x[index] * torch.sigmoid(gate), ref, gate)  # BF16 sigmoid, BF16 product
+    assert not acc.accept_output_gate((x.float() * torch.sigmoid(gate.float())).bfloat16(), ref, gate)
+    assert not acc.accept_output_gate((x[index].float() * torch.sigmoid(gate[index].float())).bfloat16(), ref, gate)

@@ -33,6 +33,8 @@ SCHEMAS = {
     "-> Tensor",
     "qk_norm_rope": "magi2::qk_norm_rope(Tensor x, Tensor weight, Tensor rope, float eps, SymInt[]? modality_sizes, "
     "Tensor? index, ScalarType? out_dtype, str? provider) -> Tensor",
+    "output_gate": "magi2::output_gate(Tensor x, Tensor gate, Tensor? index, ScalarType? out_dtype, str? provider) "
+    "-> Tensor",
 }
 
 

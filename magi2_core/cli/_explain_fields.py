@@ -130,6 +130,16 @@ def _qk_norm_rope(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, 
     )
 
 
+def _output_gate(opts: Mapping[str, Any], features: set[Feature]) -> dict[str, Any]:
+    tokens = opts["tokens"]
+    return dict(
+        tokens=tokens if tokens is not None else 4096,
+        num_heads=opts["heads_q"],
+        head_dim=opts["head_dim"],
+        out_dtype=_out_dtype("output_gate", opts),
+    )
+
+
 EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "attention": _attention,
     "moe_route": _moe_route,
@@ -138,4 +148,5 @@ EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "mhc_pre": _mhc_pre,
     "mhc_mix": _mhc_mix,
     "qk_norm_rope": _qk_norm_rope,
+    "output_gate": _output_gate,
 }

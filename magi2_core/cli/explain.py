@@ -30,7 +30,8 @@ def explain(
     op: Annotated[
         str,
         typer.Argument(
-            help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix | qk_norm_rope", callback=_known_op
+            help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix | qk_norm_rope | output_gate",
+            callback=_known_op,
         ),
     ],
     device: Annotated[str, typer.Option(help="device type: cpu, cuda, musa, ...")] = "cpu",
@@ -41,8 +42,8 @@ def explain(
     segments: Annotated[
         int, typer.Option(help="number of segments (of equal length unless --max-seqlen-q/k say otherwise)")
     ] = 1,
-    head_dim: Annotated[int, typer.Option(help="attention (and qk_norm_rope) head dim")] = 128,
-    heads_q: Annotated[int, typer.Option(help="query heads (qk_norm_rope: the heads H)")] = 24,
+    head_dim: Annotated[int, typer.Option(help="attention (and qk_norm_rope, output_gate) head dim")] = 128,
+    heads_q: Annotated[int, typer.Option(help="query heads (qk_norm_rope, output_gate: the heads H)")] = 24,
     heads_kv: Annotated[int | None, typer.Option(help="kv heads (default: = q heads)")] = None,
     softcap: Annotated[bool, typer.Option("--softcap", help="ask for a positive softcap")] = False,
     sinks: Annotated[bool, typer.Option("--sinks", help="ask for learned sinks")] = False,
@@ -59,7 +60,9 @@ def explain(
     patterns: Annotated[int, typer.Option(help="RMSNorm patterns P")] = 1,
     out_dtype: Annotated[
         str | None,
-        typer.Option(help="RMSNorm and qk_norm_rope output dtype, mhc_pre coefficient dtype (default: = dtype)"),
+        typer.Option(
+            help="RMSNorm, qk_norm_rope and output_gate output dtype, mhc_pre coefficient dtype (default: = dtype)"
+        ),
     ] = None,
     streams: Annotated[int, typer.Option(help="mHC streams n")] = 4,
     stream_width: Annotated[int, typer.Option(help="mHC stream width D")] = 3072,

@@ -30,6 +30,7 @@ __all__ = [
     "RouteIdTally",
     "RouteTruth",
     "accept_moe_route",
+    "accept_output_gate",
     "accept_rmsnorm",
     "allclose",
     "expected_route_weights",
@@ -456,3 +457,22 @@ def accept_qk_norm_rope(actual: torch.Tensor, expected: torch.Tensor, call: Any)
         0.0, posinf=0.0
     )
     return _within(actual, expected, tol, "qk_norm_rope")
+
+
+# output_gate, in units of FP32's unit roundoff u of |y|: the product's rounding and a division (2u), an exp
+# within a few ULP (4u), and the exp's argument g·log2(e) rounded (|g|·u relative in the result; 2|g|u
+# leaves room for an exp2-based one). Below FP32's smallest normal number a GPU's exp and product may
+# flush to zero: that much absolute error is allowed too.
+OUTPUT_GATE_U = 8
+FP32_TINY = 2.0**-126
+
+
+def accept_output_gate(actual: torch.Tensor, expected: torch.Tensor, gate: torch.Tensor) -> Acceptance:
+    """``|a - e| <= ulp(e) + (8 + 2|g|)·u·|e| + 2**-126`` per element: the output's one rounding, the FP32
+    sigmoid and product of the element's gate logit g (u = 2**-24), and a flush of FP32 subnormals,
+    against the float64 reference rounded to the output's dtype."""
+    e = expected.cpu()
+    g = gate.cpu().double().reshape(e.shape[0], e.shape[1], 1).abs().nan_to_num(0.0, posinf=0.0)
+    rel = (OUTPUT_GATE_U + 2.0 * g) * 2.0**-24
+    tol = _local_ulp(e) + rel * e.double().abs().nan_to_num(0.0, posinf=0.0) + FP32_TINY
+    return _within(actual, expected, tol, "output_gate")

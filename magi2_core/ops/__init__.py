@@ -2,7 +2,8 @@
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
 :mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`, :mod:`~magi2_core.ops.mhc_pre`,
-:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`): its public function, typed
+:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`, :mod:`~magi2_core.ops.output_gate`): its
+public function, typed
 problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
 (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
 ``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
@@ -33,6 +34,8 @@ from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
 from magi2_core.ops.moe_experts import moe_experts, prepare_moe_weights
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
 from magi2_core.ops.moe_route import moe_route
+from magi2_core.ops.output_gate import SPEC as OUTPUT_GATE
+from magi2_core.ops.output_gate import output_gate
 from magi2_core.ops.qk_norm_rope import SPEC as QK_NORM_ROPE
 from magi2_core.ops.qk_norm_rope import qk_norm_rope
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM
@@ -49,6 +52,7 @@ __all__ = [
     "mhc_pre",
     "moe_experts",
     "moe_route",
+    "output_gate",
     "prepare_moe_weights",
     "qk_norm_rope",
     "resolve",
@@ -56,7 +60,7 @@ __all__ = [
 ]
 
 SPECS: dict[OpName, OpSpec[Any, Any]] = {
-    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, QK_NORM_ROPE)
+    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, QK_NORM_ROPE, OUTPUT_GATE)
 }
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
 

@@ -35,6 +35,7 @@ CLASS_FIELDS: dict[str, tuple[str, ...]] = {
     "mhc_pre": ("dtype", "out_dtype", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("dtype", "num_streams", "hidden"),
     "qk_norm_rope": ("dtype", "out_dtype", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
+    "output_gate": ("dtype", "out_dtype", "num_heads", "head_dim"),
 }
 ORDERED: dict[str, tuple[str, ...]] = {
     "attention": ("max_seqlen_k", "tokens"),
@@ -44,6 +45,7 @@ ORDERED: dict[str, tuple[str, ...]] = {
     "mhc_pre": ("tokens",),
     "mhc_mix": ("tokens",),
     "qk_norm_rope": ("tokens",),
+    "output_gate": ("tokens",),
 }
 PLAN_ORDERED: dict[str, tuple[str, ...]] = {"moe_experts": ("routes_per_expert",)}
 

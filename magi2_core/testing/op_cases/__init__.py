@@ -17,7 +17,16 @@ from magi2_core.problem import OPS, OpName, Problem
 from magi2_core.reasons import ReasonCode
 from magi2_core.resolver import static_reasons
 from magi2_core.testing.cases import Case
-from magi2_core.testing.op_cases import attention, mhc_mix, mhc_pre, moe_experts, moe_route, qk_norm_rope, rmsnorm
+from magi2_core.testing.op_cases import (
+    attention,
+    mhc_mix,
+    mhc_pre,
+    moe_experts,
+    moe_route,
+    output_gate,
+    qk_norm_rope,
+    rmsnorm,
+)
 from magi2_core.testing.op_cases.base import OpCases
 
 __all__ = ["CASES", "DEFAULT_MAX_TOKENS", "OpCases", "generate_cases", "problem_of"]
@@ -32,6 +41,7 @@ CASES: dict[OpName, OpCases] = {
         mhc_pre.CASES,
         mhc_mix.CASES,
         qk_norm_rope.CASES,
+        output_gate.CASES,
     )
 }
 assert tuple(CASES) == OPS, "one case generator per operator, in the order of magi2_core.problem.OPS"

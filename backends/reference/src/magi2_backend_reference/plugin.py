@@ -193,6 +193,31 @@ PROVIDERS = (
         priority=10,
         description="vllm-omni 0.30.0's native form: FP32 norm, index_select, apply_rotary_emb, cast",
     ),
+    Capability(
+        op="output_gate",
+        name="reference",
+        impl=f"{_PKG}.output_gate:reference_output_gate",
+        version=__version__,
+        device_types=("*",),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=0,
+        description="float64 gather, sigmoid and product, one final cast",
+    ),
+    Capability(
+        op="output_gate",
+        name="torch_native",
+        impl=f"{_PKG}.torch_output_gate:torch_output_gate",
+        version=__version__,
+        device_types=("cuda", "musa"),
+        dtypes=_FLOATS,
+        out_dtypes=_FLOATS,
+        features=_PLAIN,
+        priority=10,
+        description="index_select, then x * sigmoid(gate) in FP32 and a cast (vllm-omni's form as inductor "
+        "computes it)",
+    ),
 )
 
 

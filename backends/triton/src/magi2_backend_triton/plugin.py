@@ -139,6 +139,21 @@ def providers() -> tuple[Capability, ...]:
             description="one pass per (token, head) row: gather the source row in place, FP32 norm with "
             "(w[m]+1), half-split rotation by the token's angles, one cast",
         ),
+        # Not on MUSA: not run under Triton-MUSA. Head dims up to 1024 keep a row in one tile.
+        Capability(
+            op="output_gate",
+            name="triton",
+            impl=f"{_PKG}:triton_output_gate",
+            version=__version__,
+            device_types=no_musa,
+            dtypes=("float32", "bfloat16", "float16"),
+            out_dtypes=("float32", "bfloat16", "float16"),
+            ranges=(IntRange(field="head_dim", min=1, max=1024),),
+            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
+            priority=20,
+            description="one pass per (token, head) row: gather the source row in place, x * sigmoid(gate) "
+            "in FP32, one cast",
+        ),
     )
 
 

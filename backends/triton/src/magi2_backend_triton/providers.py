@@ -18,6 +18,7 @@ from magi2_backend_triton.mhc_pre import launch_mhc_pre
 from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
 from magi2_backend_triton.moe.pack import pack_w13
+from magi2_backend_triton.output_gate import launch_output_gate
 from magi2_backend_triton.qk_norm_rope import launch_qk_norm_rope
 from magi2_backend_triton.rmsnorm import launch_rmsnorm
 from magi2_core.backend import CheckedOn, Plan, Problem, Reason, ReasonCode, VirtualDevice, absent_device
@@ -26,14 +27,15 @@ if TYPE_CHECKING:
     from magi2_core.backend import ExpertsCall, RMSNormCall
 
 __all__ = [
-    "TritonMHC",
     "TritonMoEExperts",
     "TritonRMSNorm",
+    "TritonRecordKernel",
     "triton_mhc_mix",
     "triton_mhc_pre",
     "described_reasons",
     "device_reasons",
     "triton_moe_experts",
+    "triton_output_gate",
     "triton_qk_norm_rope",
     "triton_rmsnorm_provider",
 ]
@@ -140,9 +142,9 @@ class TritonRMSNorm:
         )
 
 
-class TritonMHC:
+class TritonRecordKernel:
     """A fused kernel's provider object that takes the op's call record whole (``launch``:
-    :func:`launch_mhc_pre`, :func:`launch_mhc_mix` or :func:`launch_qk_norm_rope`)."""
+    :func:`launch_mhc_pre`, :func:`launch_mhc_mix`, :func:`launch_qk_norm_rope` or :func:`launch_output_gate`)."""
 
     def __init__(self, launch: Callable[[Any], Any]) -> None:
         self._launch = launch
@@ -157,8 +159,9 @@ class TritonMHC:
         return self._launch(call)
 
 
-triton_mhc_pre = TritonMHC(launch_mhc_pre)
-triton_mhc_mix = TritonMHC(launch_mhc_mix)
-triton_qk_norm_rope = TritonMHC(launch_qk_norm_rope)
+triton_mhc_pre = TritonRecordKernel(launch_mhc_pre)
+triton_mhc_mix = TritonRecordKernel(launch_mhc_mix)
+triton_qk_norm_rope = TritonRecordKernel(launch_qk_norm_rope)
+triton_output_gate = TritonRecordKernel(launch_output_gate)
 triton_moe_experts = TritonMoEExperts()
 triton_rmsnorm_provider = TritonRMSNorm()

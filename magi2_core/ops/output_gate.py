@@ -1,0 +1,209 @@
+"""The ``output_gate`` operator: attention's output rows gathered, gated per head by ``sigmoid``, cast once.
+
+MAGI-2's attention output (vllm-omni 0.30.0's ``Magi2Attention.output``) moves the attention result's
+rows into modality order (``permute``), multiplies each head by the sigmoid of its gate logit (the
+logits come from the gate projection, rows in modality order) and casts to the checkpoint dtype before
+the output projection:
+
+``y[t, h, :] = x[src, h, :]·sigmoid(gate[t, h])`` in FP32, ``src = index[t]`` (or ``t``), one cast.
+
+Upstream's eager form rounds ``sigmoid(gate)`` to the gate's dtype before the product (two roundings);
+under ``torch.compile`` inductor computes it in FP32 and rounds once, as this op does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple, Protocol
+
+import torch
+
+from magi2_core import shadow as _shadow
+from magi2_core.contracts import _checks as checks
+from magi2_core.contracts import acceptance as acc
+from magi2_core.errors import InvalidDTypeError, InvalidShapeError
+from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._lookup import cache_lookup
+from magi2_core.ops._spec import OpSpec, dense, forward_only
+
+__all__ = ["ARGS", "SPEC", "OutputGateCall", "OutputGateKernel", "OutputGateKey", "output_gate"]
+
+OP: Literal["output_gate"] = "output_gate"
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class OutputGateKey(NamedTuple):
+    """The typed problem of an ``output_gate`` call."""
+
+    device: torch.device | str
+    dtype: str
+    out_dtype: str
+    features: int
+    tokens: int
+    num_heads: int
+    head_dim: int
+
+
+class OutputGateCall(NamedTuple):
+    """One validated ``output_gate`` call: ``x [T, H, D]`` (any strides), ``gate [T, H]`` or ``[T, H, 1]``
+    (any strides; element ``(t, h)`` at ``gate.stride(0)·t + gate.stride(1)·h``), ``index [T]`` or
+    ``None``, ``out_dtype`` resolved."""
+
+    x: torch.Tensor
+    gate: torch.Tensor
+    index: torch.Tensor | None  # type: ignore[assignment]  # the argument's name; shadows tuple.index (unused)
+    out_dtype: torch.dtype
+    key: OutputGateKey
+
+
+# The arguments of :func:`output_gate` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
+ARGS = Args(
+    OP,
+    (
+        Arg(
+            "x",
+            "torch.Tensor",
+            "``[T, H, D]`` attention output, BF16, FP16 or FP32, any strides; rows in sequence order.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "gate",
+            "torch.Tensor",
+            "``[T, H]`` or ``[T, H, 1]`` gate logits, any float dtype and strides, rows in output order.",
+            schema=torch.Tensor,
+            layout=TENSOR,
+        ),
+        Arg(
+            "index",
+            "torch.Tensor | None",
+            "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
+            "``permute``); values in [0, T), not checked on the host (that would sync). None: row t.",
+            None,
+            schema=torch.Tensor | None,
+            layout=OPTIONAL_TENSOR,
+        ),
+        Arg(
+            "out_dtype",
+            "torch.dtype | None",
+            "the output dtype (None: x's dtype).",
+            None,
+            schema=torch.dtype | None,
+            layout=VALUE,
+        ),
+    ),
+)
+_TENSORS = 3  # the leading tensor fields of OutputGateCall; a cache hit reuses the fields after them
+_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
+
+
+class OutputGateKernel(Protocol):
+    """What an ``output_gate`` provider's kernel object is called with: one :class:`OutputGateCall`."""
+
+    def __call__(self, call: OutputGateCall) -> torch.Tensor:
+        """Return a new contiguous ``[T, H, D]`` tensor in ``call.out_dtype``."""
+        ...
+
+
+def validate(
+    x: object, gate: object, *, index: object, out_dtype: torch.dtype | None, compiling: bool
+) -> OutputGateCall:
+    """Check every argument (raising an input error that names it) and normalise the inputs."""
+    x = checks.tensor(OP, "x", x)
+    checks.with_data(OP, "x", x)
+    checks.dtype_in(OP, "x", x, checks.FLOATS)
+    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
+        raise InvalidShapeError(OP, "x", "[tokens, heads H >= 1, head dim D >= 1]", checks.describe(x))
+    t, h, d = x.shape
+    g = checks.tensor(OP, "gate", gate)
+    checks.dtype_in(OP, "gate", g, checks.FLOATS)
+    if tuple(g.shape) not in ((t, h), (t, h, 1)):
+        raise InvalidShapeError(
+            OP, "gate", f"[{t}, {h}] or [{t}, {h}, 1]: one logit per row and head", checks.describe(g)
+        )
+    idx: torch.Tensor | None = None
+    if index is not None:
+        idx = checks.tensor(OP, "index", index)
+        if idx.dtype not in _INDEX_DTYPES:
+            raise InvalidDTypeError(OP, "index", "torch.int32 or torch.int64", checks.describe(idx))
+        if tuple(idx.shape) != (t,):
+            raise InvalidShapeError(OP, "index", f"[{t}] (one source row per output row)", checks.describe(idx))
+    checks.same_device(OP, "x", x, gate=g, index=idx)
+    od = x.dtype if out_dtype is None else out_dtype
+    if od not in checks.FLOATS:
+        raise InvalidDTypeError(
+            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
+        )
+    call = OutputGateCall(x, g, idx, od, None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    return call._replace(key=OutputGateKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, h, d))
+
+
+class _Layout(NamedTuple):
+    kernel: Any
+    provider: str
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (out_dtype and the key)
+
+
+def _make(kernel: Any, name: str, call: OutputGateCall, args: tuple[Any, ...]) -> _Layout:
+    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
+    return _Layout(kernel, name, call[_TENSORS:])
+
+
+@ARGS.public
+def output_gate(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    *,
+    index: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    provider: str | None = None,
+) -> torch.Tensor:
+    """Attention's output rows gathered by ``index``, each head scaled by ``sigmoid(gate)``, in FP32, cast once.
+
+    Returns:
+        ``y``, a new contiguous ``[T, H, D]`` tensor in ``out_dtype``, rows in output (gate) order.
+    """
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(gate, "requires_grad", False)):
+        forward_only(OP, x=x, gate=gate)
+    args = (x, gate, index, out_dtype)
+    if torch.compiler.is_compiling():
+        y: torch.Tensor = ARGS.compiled(args, provider)
+        return y
+    b = _bind(args, provider)
+    call: OutputGateCall = _record(OutputGateCall, (x, gate, index) + b.rest)  # noqa: RUF005
+    out: torch.Tensor = b.kernel(call)
+    scope = _shadow.sampling()
+    if scope is not None:
+        _shadow.observe(scope, SPEC, b.provider, call, out)
+    return out
+
+
+class OutputGateSpec(OpSpec[OutputGateCall, OutputGateKey]):
+    name = OP
+    family = "output_gate"
+    key_type = OutputGateKey
+    kernel_protocol = OutputGateKernel
+    args = ARGS
+    validator = staticmethod(validate)
+
+    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
+        return {"y": out}
+
+    def accept(
+        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
+    ) -> list[acc.Acceptance]:
+        return [acc.accept_output_gate(got["y"], ref["y"], call.gate)]
+
+
+SPEC = OutputGateSpec()
+_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
+_output_gate_op = custom_op(
+    ARGS,
+    SPEC,
+    validate,
+    torch.Tensor,
+    dense,
+    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
+)
