@@ -57,6 +57,7 @@ _NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"_rmsnorm_kernel", "rmsnorm"),
     (r"_mhc_", "mHC kernels"),
     (r"_qk_norm_rope_kernel", "q/k norm + RoPE"),
+    (r"_output_gate_kernel", "output gate"),
     (r"^triton_", "inductor fused"),
     (r"CatArrayBatchedCopy|cat_", "torch.cat"),
     (r"indexSelect|index_select|gather|scatter|index_elementwise|indexing_backward", "gathers"),

@@ -160,19 +160,20 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
 
 
 def upstream_methods(modeling: Any) -> dict[tuple[str, str], Any]:
-    """vllm-omni's own methods that the plugin may swap (the layer's mHC, the attention's ``project``), by
-    (class name, method name), read before the plugin registers."""
+    """vllm-omni's own methods that the plugin may swap (the layer's mHC, the attention's ``project`` and
+    ``output``), by (class name, method name), read before the plugin registers."""
+    from magi2_core.integrations.vllm_omni.gate import METHODS as OUTPUT
     from magi2_core.integrations.vllm_omni.mhc import METHODS
     from magi2_core.integrations.vllm_omni.qk_rope import METHODS as PROJECT
 
-    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT}
+    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT + OUTPUT}
     return {(cls, name): getattr(getattr(modeling, cls), name) for cls, names in owners.items() for name in names}
 
 
 def keep_upstream_methods(model: nn.Module, methods: dict[tuple[str, str], Any]) -> set[str]:
     """Bind vllm-omni's own methods on ``model``'s modules where the plugin swapped them on the class.
 
-    A method swap (mHC, q/k RoPE) replaces methods on vllm-omni's class, which a model built before the
+    A method swap (mHC, q/k RoPE, output gate) replaces methods on vllm-omni's class, which a model built before the
     plugin ran shares; bound on the instances, plugin off keeps upstream's. Returns the classes whose
     methods had been swapped.
     """
@@ -231,6 +232,7 @@ def providers(model: nn.Module, cfg: Any, pack: Any) -> dict[str, str | None]:
         "rmsnorm": m2.resolve("rmsnorm", x, norm_weight, modality_sizes=sizes).chosen,
         **mhc_providers(layer, pack),
         "qk_norm_rope": qk_rope_provider(layer, pack),
+        "output_gate": output_gate_provider(layer, pack),
     }
 
 
@@ -246,6 +248,19 @@ def qk_rope_provider(layer: nn.Module, pack: Any) -> str | None:
     sizes = list(pack.dispatcher.group_size_cpu) if norm.num_modality > 1 else None
     index = pack.dispatcher.inv_permute_mapping
     return m2.resolve("qk_norm_rope", q, norm.weight, pack.rope, modality_sizes=sizes, index=index).chosen
+
+
+def output_gate_provider(layer: nn.Module, pack: Any) -> str | None:
+    """What the attention's output gate resolves to when the plugin swapped ``output`` (else: nothing)."""
+    from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
+
+    attention = layer.attention
+    if type(attention).output is not AttentionOutputMethods.output:
+        return None
+    t = pack.hidden.shape[0]
+    o = pack.hidden.new_empty(t, attention.num_heads_q, attention.head_dim)
+    gates = pack.hidden.new_empty(t, attention.num_heads_q, 1)
+    return m2.resolve("output_gate", o, gates, index=pack.dispatcher.permute_mapping).chosen
 
 
 def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:

@@ -67,6 +67,7 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
         (KernelTime("_rmsnorm_kernel"), "rmsnorm"),
         (KernelTime("_mhc_mix_kernel"), "mHC kernels"),
         (KernelTime("_qk_norm_rope_kernel"), "q/k norm + RoPE"),
+        (KernelTime("_output_gate_kernel"), "output gate"),
         (KernelTime("triton_red_fused_mean_mul_pow_rsqrt_0"), "inductor fused"),
         (KernelTime("nvjet_sss_64x8", 1.0, "aten::mm", ((8, 12288), (12288, 24))), "mHC projection"),
         (KernelTime("gemv2T_kernel", 1.0, "aten::mm", ((8, 3072), (3072, 24))), "attention gate projection"),
@@ -146,15 +147,16 @@ def test_kernels_from_trace_links_each_kernel_to_its_launching_op_once() -> None
 
 
 def test_with_the_method_swaps_on_plugin_off_keeps_upstreams_methods(vllm_omni: Path) -> None:
-    """The mHC and q/k RoPE swaps replace methods on vllm-omni's classes, which the plugin-off model
-    shares: the benchmark binds upstream's methods back on plugin off's modules, so off is vllm-omni's own."""
+    """The mHC, q/k RoPE and output-gate swaps replace methods on vllm-omni's classes, which the plugin-off
+    model shares: the benchmark binds upstream's methods back on plugin off's modules, so off is vllm-omni's own."""
     import os
 
     from benchmarks.vllm_omni_stack import providers
+    from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
     from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
     from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 
-    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE")
+    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE", "MAGI2_VLLM_OMNI_OUTPUT_GATE")
     before = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, "1"))
     try:
@@ -170,8 +172,11 @@ def test_with_the_method_swaps_on_plugin_off_keeps_upstreams_methods(vllm_omni: 
         project = AttentionProjectMethods.project
         assert all(layer.attention.project.__func__ is project for layer in on.block.layers)
         assert all(getattr(layer.attention.project, "__func__", None) is not project for layer in off.block.layers)
+        output = AttentionOutputMethods.output
+        assert all(layer.attention.output.__func__ is output for layer in on.block.layers)
+        assert all(getattr(layer.attention.output, "__func__", None) is not output for layer in off.block.layers)
         chosen = providers(on, cfg, binput)
-        assert None not in (chosen["mhc_pre"], chosen["mhc_mix"], chosen["qk_norm_rope"])
+        assert None not in (chosen["mhc_pre"], chosen["mhc_mix"], chosen["qk_norm_rope"], chosen["output_gate"])
         with torch.inference_mode():
             args = (binput.hidden, binput.rope, binput.varlen, binput.dispatcher, [binput.hidden.shape[0]])
             want, got = off.block(*args), on.block(*args)

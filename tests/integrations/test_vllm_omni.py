@@ -9,6 +9,7 @@ Layer-wise offloading is in ``test_vllm_omni_offload.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib
@@ -31,6 +32,7 @@ from magi2_core import config as m2_config
 from magi2_core.errors import ConfigError
 from magi2_core.integrations import vllm_omni as integ
 from magi2_core.integrations.vllm_omni import plugin
+from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 
@@ -44,11 +46,11 @@ def _mod(name: str) -> ModuleType:
 
 @pytest.fixture(autouse=True)
 def _mhc_swap_on() -> Iterator[None]:
-    """On a CPU the mHC and q/k RoPE swaps are left out unless asked for (``auto``: the reference serves
-    them here); these tests ask for both and check them with the others, except where a test sets a
-    variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch teardown after
-    the ``vllm_omni`` fixture's.)"""
-    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE")
+    """On a CPU the mHC, q/k RoPE and output-gate swaps are left out unless asked for (``auto``: the
+    reference serves them here); these tests ask for all three and check them with the others, except where
+    a test sets a variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
+    teardown after the ``vllm_omni`` fixture's.)"""
+    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE", "MAGI2_VLLM_OMNI_OUTPUT_GATE")
     before = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, "1"))
     yield
@@ -68,7 +70,14 @@ def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
     modeling = _mod("modeling_magi2")
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False, "qk_norm_rope": True}
+    assert _swapped(modeling) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": False,
+        "qk_norm_rope": True,
+        "output_gate": True,
+    }
     said = [r.getMessage() for r in caplog.records if "mhc left as it is" in r.getMessage()]
     assert len(said) == 1 and "(MAGI2_VLLM_OMNI_MHC=auto)" in said[0] and "'reference'" in said[0], said
 
@@ -106,6 +115,7 @@ def test_the_mhc_swap_is_left_off_when_asked(
         "rmsnorm": True,
         "mhc": False,
         "qk_norm_rope": True,
+        "output_gate": True,
     }
     assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=0)" in r.getMessage() for r in caplog.records)
 
@@ -117,6 +127,7 @@ def _swapped(modeling: ModuleType) -> dict[str, bool]:
         "rmsnorm": modeling.MultiModalityRMSNorm is integ.MultiModalityRMSNorm,
         "mhc": all(getattr(modeling.Magi2TransformerLayer, m) is getattr(MHCLayerMethods, m) for m in METHODS),
         "qk_norm_rope": modeling.Magi2Attention.project is AttentionProjectMethods.project,
+        "output_gate": modeling.Magi2Attention.output is AttentionOutputMethods.output,
     }
 
 
@@ -204,10 +215,17 @@ def test_plugin_swaps_the_five_operators(
         integ.register()
         assert f"{PKG}.modeling_magi2" not in sys.modules  # nothing imported at plugin load
         modeling = _mod("modeling_magi2")
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": True, "qk_norm_rope": True}
+    assert _swapped(modeling) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": True,
+        "qk_norm_rope": True,
+        "output_gate": True,
+    }
     info = [r.getMessage() for r in _records(caplog) if r.levelno == logging.INFO]
-    assert len(info) == 5, info
-    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope"), info, strict=True):
+    assert len(info) == 6, info
+    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope", "output_gate"), info, strict=True):
         assert f"MAGI-2 {op} " in text and "resolves" in text and "'reference'" in text, text
     model = modeling.Magi2PreviewTransformer(_small_config())
     kinds = {type(m) for m in model.modules()}
@@ -232,7 +250,7 @@ def test_register_is_idempotent_and_unregister_restores(vllm_omni: Path, caplog:
     modeling = _mod("modeling_magi2")
     integ.register()
     assert all(_swapped(modeling).values())
-    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 5
+    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 6
     integ.unregister()
     assert not any(_swapped(modeling).values())
     assert modeling.Magi2MultiHeadMoE is _mod("mh_moe").Magi2MultiHeadMoE
@@ -313,7 +331,14 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(vllm_omni: Path, ca
     modeling.MultiModalityRMSNorm = TheirNorm
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": False, "mhc": True, "qk_norm_rope": True}
+    assert _swapped(modeling) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": False,
+        "mhc": True,
+        "qk_norm_rope": True,
+        "output_gate": True,
+    }
     assert modeling.MultiModalityRMSNorm is TheirNorm
     warnings = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "rmsnorm left as it is" in warnings[0] and "TheirNorm" in warnings[0]
@@ -331,7 +356,14 @@ def test_a_changed_call_signature_is_left_alone(vllm_omni: Path, caplog: pytest.
     attention.packed_attention_with_sink = packed_attention_with_sink  # as if vllm-omni 0.30.x had changed it
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": False, "moe": True, "rmsnorm": True, "mhc": True, "qk_norm_rope": True}
+    assert _swapped(modeling) == {
+        "attention": False,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": True,
+        "qk_norm_rope": True,
+        "output_gate": True,
+    }
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert "window" in warning and "signature" in warning
 
@@ -347,7 +379,14 @@ def test_an_mhc_method_replaced_by_someone_else_is_left_alone(
     modeling.Magi2TransformerLayer._connect = _connect
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(modeling) == {"attention": True, "moe": True, "rmsnorm": True, "mhc": False, "qk_norm_rope": True}
+    assert _swapped(modeling) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": False,
+        "qk_norm_rope": True,
+        "output_gate": True,
+    }
     assert modeling.Magi2TransformerLayer._connect is _connect
     assert modeling.Magi2TransformerLayer._branch_logits.__module__ == f"{PKG}.modeling_magi2"  # all or none
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
@@ -464,6 +503,88 @@ def test_project_matches_upstreams_within_the_contract(vllm_omni: Path, dtype: t
         assert verdict, f"{which}: {verdict}"
 
 
+def test_the_output_gate_swap_is_automatic_only_where_a_fused_provider_serves(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unset (``auto``): on this CPU the typical call resolves to the reference, so ``output`` stays
+    vllm-omni's; where the Triton kernel serves it, it is swapped; ``0`` keeps it off."""
+    from magi2_core.integrations.vllm_omni import plugin
+
+    monkeypatch.delenv("MAGI2_VLLM_OMNI_OUTPUT_GATE")
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    integ.register()
+    assert _swapped(_mod("modeling_magi2"))["output_gate"] is False
+    said = [r.getMessage() for r in caplog.records if "output_gate left as it is" in r.getMessage()]
+    assert len(said) == 1 and "(MAGI2_VLLM_OMNI_OUTPUT_GATE=auto)" in said[0] and "'reference'" in said[0], said
+    integ.unregister()
+    real = plugin._describe_provider
+    monkeypatch.setattr(
+        plugin,
+        "_describe_provider",
+        lambda op, mod: ("triton here", ("triton",)) if op == "output_gate" else real(op, mod),
+    )
+    integ.register()
+    assert _swapped(_mod("modeling_magi2"))["output_gate"] is True
+    integ.unregister()
+    assert _mod("modeling_magi2").Magi2Attention.output is not AttentionOutputMethods.output  # put back
+    monkeypatch.setenv("MAGI2_VLLM_OMNI_OUTPUT_GATE", "0")
+    integ.register()
+    assert _swapped(_mod("modeling_magi2")) == {
+        "attention": True,
+        "moe": True,
+        "rmsnorm": True,
+        "mhc": True,
+        "qk_norm_rope": True,
+        "output_gate": False,
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("layer_index", [0, 1], ids=["multimodal", "moe"])
+@torch.no_grad()
+def test_output_matches_upstreams_within_the_contract(vllm_omni: Path, dtype: torch.dtype, layer_index: int) -> None:
+    """One real layer's attention ``output`` through vllm-omni's own method and through the swapped one, on
+    the same parameters and an interleaved modality order (``permute`` a real gather): the gated rows
+    within the ``output_gate`` rule (vllm-omni's eager result judged as the reference), and the output
+    projection of each; a mutation (no gather) fails the rule."""
+    from magi2_core.contracts import acceptance as acc
+
+    modeling, layers = _mod("modeling_magi2"), _mod("layers")
+    cfg = _small_config(dtype)
+    model = modeling.Magi2PreviewTransformer(cfg)
+    model.load_state_dict(_random_checkpoint(model, seed=23, scale=0.3))
+    attention = model.block.layers[layer_index].attention
+    t = 29
+    _, modality = _coords_and_modalities(t)
+    g = torch.Generator().manual_seed(5)
+    order = torch.randperm(t, generator=g)
+    dispatcher = layers.ModalityDispatcher(modality.clamp(max=2)[order], 3)
+    assert not torch.equal(dispatcher.permute_mapping, torch.arange(t))
+    o = torch.randn(t, attention.num_heads_q, attention.head_dim, generator=g, dtype=torch.float64).to(dtype)
+    gates = (3 * torch.randn(t, attention.num_heads_q, 1, generator=g, dtype=torch.float64)).to(dtype)
+    captured: list[torch.Tensor] = []
+    with _capturing_inputs(attention.linear_proj, captured):
+        want = modeling.Magi2Attention.output(attention, o, gates, dispatcher)
+        got = AttentionOutputMethods.output(attention, o, gates, dispatcher)
+    theirs, ours = (c.view(t, attention.num_heads_q, attention.head_dim) for c in captured)
+    assert ours.dtype == theirs.dtype == dtype and got.shape == want.shape and got.dtype == want.dtype
+    verdict = acc.accept_output_gate(ours, theirs, gates)
+    assert verdict, str(verdict)
+    ungathered = (o.float() * torch.sigmoid(gates.float())).to(dtype)
+    assert not acc.accept_output_gate(ungathered, theirs, gates)
+    assert torch.equal(got, attention.linear_proj(ours.reshape(t, -1), dispatcher))
+
+
+@contextlib.contextmanager
+def _capturing_inputs(module: torch.nn.Module, into: list[torch.Tensor]) -> Iterator[None]:
+    """Record the first positional input of each call of ``module`` (the output projection's input)."""
+    handle = module.register_forward_pre_hook(lambda _m, args: into.append(args[0].detach().clone()))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def test_compile_regions_with_the_swaps_match_eager(vllm_omni: Path) -> None:
     """vllm-omni's ``compile_regions`` (fullgraph) over layers whose mHC, norms, MoE and attention run
     on magi2-core: the custom ops stay opaque in the regions and the output is the eager one."""
@@ -498,7 +619,7 @@ def test_plugin_lines_reach_vllms_log_handlers(vllm_omni: Path, monkeypatch: pyt
     integ.register()
     _mod("modeling_magi2")
     assert ours.handlers == [handler] and ours.level == logging.INFO
-    assert len([line for line in lines if "now runs on magi2-core" in line]) == 5
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 6
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ def test_stack_benchmark_smoke_writes_every_variant(vllm_omni_root: Path, tmp_pa
     assert report["config"]["moe_layers"] == 2 and report["compile_regions"]["fullgraph"] is True
     assert report["providers"]["24"] == {
         **dict.fromkeys(("attention", "moe_route", "moe_experts", "rmsnorm"), "reference"),
-        # auto: on a CPU the mHC and the q/k RoPE resolve to the reference, so they are not swapped
-        **dict.fromkeys(("mhc_pre", "mhc_mix", "qk_norm_rope"), None),
+        # auto: on a CPU the mHC, the q/k RoPE and the output gate resolve to the reference: not swapped
+        **dict.fromkeys(("mhc_pre", "mhc_mix", "qk_norm_rope", "output_gate"), None),
     }
     assert [(r["mode"], r["tokens"]) for r in report["results"]] == [("eager", 24), ("compiled", 24)]
     for r in report["results"]:

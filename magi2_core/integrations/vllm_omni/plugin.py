@@ -1,7 +1,7 @@
 """The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
 
 vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
-module attributes and four methods, chosen where vllm-omni looks them up when the model is BUILT or
+module attributes and five methods, chosen where vllm-omni looks them up when the model is BUILT or
 CALLED (a name that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
@@ -14,7 +14,8 @@ CALLED (a name that was bound at import time elsewhere would not see a patch):
 - ``modeling_magi2.Magi2TransformerLayer``'s ``_branch_logits``, ``_branch_input`` and ``_connect``
   (the mHC of each branch): methods, read on every call, so layers built before the swap use them too;
 - ``modeling_magi2.Magi2Attention.project`` (the q/k norm, ``inverse_permute``, RoPE and cast of each
-  attention's input): a method, likewise.
+  attention's input) and ``Magi2Attention.output`` (the ``permute`` gather, sigmoid gate and cast of
+  its output): methods, likewise.
 
 The model module is not imported here: vLLM runs general plugins in every process, most of which
 never build MAGI-2. An import hook applies the patch when ``modeling_magi2`` is first imported (or
@@ -46,12 +47,19 @@ from magi2_core import config as m2_config
 from magi2_core import devices
 from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
+from magi2_core.integrations.vllm_omni.gate import METHODS as GATE_METHODS
+from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
 from magi2_core.integrations.vllm_omni.qk_rope import METHODS as QK_ROPE_METHODS
 from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
-from magi2_core.integrations.vllm_omni.settings import VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE
+from magi2_core.integrations.vllm_omni.settings import (
+    VLLM_OMNI,
+    VLLM_OMNI_MHC,
+    VLLM_OMNI_OUTPUT_GATE,
+    VLLM_OMNI_QK_ROPE,
+)
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolver import resolve_problem
 
@@ -106,6 +114,15 @@ _SWAPS: tuple[_Swap, ...] = (
         methods=QK_ROPE_METHODS,
         enabled_by=VLLM_OMNI_QK_ROPE.name,
     ),
+    _Swap(
+        "output_gate",
+        _MODELING,
+        "Magi2Attention",
+        _MODELING,
+        AttentionOutputMethods,
+        methods=GATE_METHODS,
+        enabled_by=VLLM_OMNI_OUTPUT_GATE.name,
+    ),
 )
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
@@ -126,6 +143,7 @@ def register() -> None:
     m2_config.fix(VLLM_OMNI.name)  # the swap (or not) is decided now: a later change is refused, not ignored
     m2_config.fix(VLLM_OMNI_MHC.name)
     m2_config.fix(VLLM_OMNI_QK_ROPE.name)
+    m2_config.fix(VLLM_OMNI_OUTPUT_GATE.name)
     if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
@@ -165,6 +183,7 @@ def unregister() -> None:
     m2_config.release(VLLM_OMNI.name)
     m2_config.release(VLLM_OMNI_MHC.name)
     m2_config.release(VLLM_OMNI_QK_ROPE.name)
+    m2_config.release(VLLM_OMNI_OUTPUT_GATE.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
         owner_name, _, method = attr.partition(".")
@@ -425,6 +444,23 @@ def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | 
             f"a typical call ({dev}, bfloat16, {t} tokens x {heads} heads of {head_dim}, {rotary} rotated, "
             f"3 modalities) resolves to provider {chosen!r} (`magi2 explain qk_norm_rope --device {dev} "
             f"--modalities 3 --tokens {t}` shows why)"
+        ), (chosen,)
+    if op == "output_gate":
+        heads, head_dim = cfg.num_heads_q, cfg.head_dim
+        chosen = resolve_problem(
+            Problem(
+                op="output_gate",
+                device_type=dev,
+                dtype="bfloat16",
+                out_dtype="bfloat16",
+                tokens=t,
+                num_heads=heads,
+                head_dim=head_dim,
+            )
+        ).chosen
+        return (
+            f"a typical call ({dev}, bfloat16, {t} tokens x {heads} heads of {head_dim}) resolves to provider "
+            f"{chosen!r} (`magi2 explain output_gate --device {dev} --tokens {t}` shows why)"
         ), (chosen,)
     problem = Problem(
         op="rmsnorm",

@@ -20,6 +20,7 @@ __all__ = [
     "SETTINGS",
     "VLLM_OMNI",
     "VLLM_OMNI_MHC",
+    "VLLM_OMNI_OUTPUT_GATE",
     "VLLM_OMNI_QK_ROPE",
     "router_bias_source",
 ]
@@ -59,6 +60,18 @@ VLLM_OMNI_QK_ROPE = Setting(
     "like MAGI2_VLLM_OMNI.",
     read="plugin load",
 )
+VLLM_OMNI_OUTPUT_GATE = Setting(
+    name="MAGI2_VLLM_OMNI_OUTPUT_GATE",
+    kind="choice",
+    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
+    default="auto",
+    help="Whether the vLLM plugin also routes each MAGI-2 attention's `output` (the `permute` gather, the "
+    "sigmoid gate and the cast before the output projection) to magi2-core's `output_gate`. `auto`: where a "
+    "typical call resolves to a fused provider (on CUDA, the Triton kernel), not where it resolves to "
+    "`reference` or `torch_native`; 1/true/yes/on: always; 0/false/no/off: never. Read once, when vLLM loads "
+    "the plugin, like MAGI2_VLLM_OMNI.",
+    read="plugin load",
+)
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
     kind="choice",
@@ -69,7 +82,7 @@ ROUTER_BIAS_SOURCE = Setting(
     "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
     "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
-SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, ROUTER_BIAS_SOURCE)
+SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, VLLM_OMNI_OUTPUT_GATE, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:
     config.declare(_setting, OWNER)
