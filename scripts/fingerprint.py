@@ -153,6 +153,15 @@ def qk_norm_rope_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
+def output_gate_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    g = _gen(device, 29)
+    return {
+        "x": _rand(g, 20, 3, 32, dtype=dtype, device=device, scale=2.0),
+        "gate": _rand(g, 20, 3, 1, dtype=dtype, device=device, scale=3.0),
+        "index": torch.randperm(20, generator=torch.Generator().manual_seed(29)).to(device),
+    }
+
+
 def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str, Any]]]:
     for name, kw in attention_cases(device):
         yield "attention", name, m2.attention, kw
@@ -172,6 +181,7 @@ def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str,
         yield "mhc_pre", tag, m2.mhc_pre, mhc_pre_inputs(device, dtype)
         yield "mhc_mix", tag, m2.mhc_mix, mhc_mix_inputs(device, dtype)
         yield "qk_norm_rope", tag, m2.qk_norm_rope, qk_norm_rope_inputs(device, dtype)
+        yield "output_gate", tag, m2.output_gate, output_gate_inputs(device, dtype)
 
 
 def fingerprints(devices: list[str]) -> dict[str, str]:

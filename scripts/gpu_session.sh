@@ -158,6 +158,13 @@ python3 -m pytest -q -p no:cacheprovider backends/triton/tests/test_qk_norm_rope
 python3 -m benchmarks.qk_norm_rope --json "$OUT/qk_norm_rope_${tag}.json" > "$OUT/qk_norm_rope.log" 2>&1
 echo "qk_norm_rope exit $?"; grep -v Warning "$OUT/qk_norm_rope.log" | tail -6
 fi
+if want output_gate; then
+step "output gate: the kernel's tests (the kit on a fresh seed among them), then fused vs vllm-omni's native form"
+python3 -m pytest -q -p no:cacheprovider backends/triton/tests/test_output_gate_kernel.py -rfEs \
+  > "$OUT/output_gate_tests.log" 2>&1; echo "output_gate tests exit $?"; tail -4 "$OUT/output_gate_tests.log"
+python3 -m benchmarks.output_gate --json "$OUT/output_gate_${tag}.json" > "$OUT/output_gate.log" 2>&1
+echo "output_gate exit $?"; grep -v Warning "$OUT/output_gate.log" | tail -6
+fi
 if want mhc_sweep; then
 step "mHC: mhc_pre's logits-kernel launches (ieee, tf32x3, bf16x3), each judged by the contract"
 python3 -m benchmarks.mhc_sweep --json "$OUT/mhc_sweep_${tag}.json" > "$OUT/mhc_sweep.log" 2>&1

@@ -1,0 +1,37 @@
+"""``benchmarks/qk_norm_rope.py --smoke`` and ``benchmarks/output_gate.py --smoke`` on the CPU (a tiny pack,
+the interpreter): each whole script runs, judges the fused result by the contract and writes the record
+the GPU run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(("script", "verdicts"), [("qk_norm_rope", 2), ("output_gate", 2)])
+def test_fused_op_benchmark_smoke_writes_every_variant(tmp_path: Path, script: str, verdicts: int) -> None:
+    out = tmp_path / f"{script}.json"
+    env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{script}", "--smoke", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == script and report["env"]["device"] == "cpu"
+    (row,) = report["rows"]
+    assert row["tokens"] == 40 and row.get("rotary_dim", 0) < row["head_dim"]
+    assert len(row["acceptance"]) == verdicts and all(": PASS" in v for v in row["acceptance"]), row["acceptance"]
+    assert set(row["results"]) == {"fused_triton", "native_eager", "native_compiled"}
+    assert all(r["p50_ms"] > 0 for r in row["results"].values())
