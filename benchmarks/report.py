@@ -822,8 +822,8 @@ def mhc_rows(d: Data) -> list[Row]:
     return rows
 
 
-def qk_norm_rope_rows(d: Data) -> list[Row]:
-    """The fused q/k norm + RoPE against vllm-omni's own form, eager and compiled (benchmarks/qk_norm_rope.py)."""
+def _fused_op_rows(d: Data, what: str, shape: Callable[[Data], str], passes: str) -> list[Row]:
+    """A fused op against vllm-omni's own form, eager and compiled (benchmarks/qk_norm_rope.py, output_gate.py)."""
     copy, env = _copy_tb_s(d), d["env"]
     rows: list[Row] = []
     for r in d["rows"]:
@@ -833,18 +833,37 @@ def qk_norm_rope_rows(d: Data) -> list[Row]:
         passed = all(": PASS" in v for v in r["acceptance"])
         rows.append(
             (
-                "q/k norm + gather + RoPE (q and k of one attention), fused Triton",
-                f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {r['rotary_dim']} rotated, "
-                f"{len(r['modality_sizes'])} modalities",
+                what,
+                shape(r),
                 f"{fused['p50_ms']:.3f} ms ("
                 + (f"{fused['tb_s_minimum_bytes'] / copy:.2f} of copy on the minimum bytes" if copy else NO_CEILINGS)
                 + ")",
                 base,
-                ("q and k pass the contract" if passed else "A CONTRACT RULE FAILED")
-                + f"; {env['device']}, {_short(env['git_commit'])}",
+                (passes if passed else "A CONTRACT RULE FAILED") + f"; {env['device']}, {_short(env['git_commit'])}",
             )
         )
     return rows
+
+
+def qk_norm_rope_rows(d: Data) -> list[Row]:
+    """The fused q/k norm + RoPE against vllm-omni's own form, eager and compiled (benchmarks/qk_norm_rope.py)."""
+    return _fused_op_rows(
+        d,
+        "q/k norm + gather + RoPE (q and k of one attention), fused Triton",
+        lambda r: f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {r['rotary_dim']} rotated, "
+        f"{len(r['modality_sizes'])} modalities",
+        "q and k pass the contract",
+    )
+
+
+def output_gate_rows(d: Data) -> list[Row]:
+    """The fused output gate against vllm-omni's own form, eager and compiled (benchmarks/output_gate.py)."""
+    return _fused_op_rows(
+        d,
+        "attention output gather + sigmoid gate, fused Triton",
+        lambda r: f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {len(r['modality_sizes'])} modalities",
+        "the kernel and upstream's eager form pass the contract",
+    )
 
 
 def mhc_sweep_rows(d: Data) -> list[Row]:
@@ -868,6 +887,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "moe_raw_h100.json": moe_raw_rows,
     "mhc_h100.json": mhc_rows,
     "qk_norm_rope_h100.json": qk_norm_rope_rows,
+    "output_gate_h100.json": output_gate_rows,
     "mhc_sweep_h100.json": mhc_sweep_rows,
     "mhc_sweep_h100_3739.json": mhc_sweep_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
