@@ -5,8 +5,10 @@
 The output gate of one attention's ``output`` at the 272p / 10 s CFG pack (29,912 tokens, 24 heads of 128,
 BF16, 3 modalities, tokens interleaved so ``permute`` is a real gather): the attention result's rows
 gathered into modality order and each head scaled by ``sigmoid`` of its gate logit. The native form is
-upstream's expression (``index_select``, ``* sigmoid(gates)``, reshape, cast), eager and under
-``torch.compile`` (what ``compile_regions`` makes of it with the plugin off). All variants alternate
+upstream's expression (``index_select``, ``* sigmoid(gates)``, reshape, cast), eager, under
+``torch.compile`` on static shapes, and under ``torch.compile(dynamic=True)``, as vllm-omni's
+``compile_regions`` compiles it with the plugin off (inductor's kernel differs: the step's breakdown
+showed the dynamic one about 4x slower). All variants alternate
 call by call, each after an L2 flush, timed with CUDA events (``benchmarks/_common.py``). Bandwidth is
 on the minimum bytes (the attention output read once and the gated rows written once in BF16, the
 logits and the index read once), also as a fraction of this device's copy bandwidth measured in the same
@@ -55,10 +57,12 @@ def bench(t: int, iters: int, device: str = "cuda") -> dict[str, Any]:
     del got, ref, theirs
 
     compiled = torch.compile(upstream_form)
+    dynamic = torch.compile(upstream_form, dynamic=True)
     fns: dict[str, Callable[[], object]] = {
         "fused_triton": lambda: m2.output_gate(o, gates, index=permute, provider="triton"),
         "native_eager": lambda: upstream_form(o, gates, permute),
         "native_compiled": lambda: compiled(o, gates, permute),
+        "native_compiled_dynamic": lambda: dynamic(o, gates, permute),
     }
     minimum = 2 * t * HEADS * HEAD_DIM * 2 + gates.numel() * 2 + permute.numel() * 8
     results = {}

@@ -850,8 +850,10 @@ def qk_norm_rope_rows(d: Data) -> list[Row]:
     return _fused_op_rows(
         d,
         "q/k norm + gather + RoPE (q and k of one attention), fused Triton",
-        lambda r: f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {r['rotary_dim']} rotated, "
-        f"{len(r['modality_sizes'])} modalities",
+        lambda r: (
+            f"[{r['tokens']}, {r['heads']}, {r['head_dim']}] bfloat16, {r['rotary_dim']} rotated, "
+            f"{len(r['modality_sizes'])} modalities"
+        ),
         "q and k pass the contract",
     )
 

@@ -15,8 +15,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize(("script", "verdicts"), [("qk_norm_rope", 2), ("output_gate", 2)])
-def test_fused_op_benchmark_smoke_writes_every_variant(tmp_path: Path, script: str, verdicts: int) -> None:
+@pytest.mark.parametrize(
+    ("script", "verdicts", "baselines"),
+    [
+        ("qk_norm_rope", 2, {"native_eager", "native_compiled"}),
+        ("output_gate", 2, {"native_eager", "native_compiled", "native_compiled_dynamic"}),
+    ],
+)
+def test_fused_op_benchmark_smoke_writes_every_variant(
+    tmp_path: Path, script: str, verdicts: int, baselines: set[str]
+) -> None:
     out = tmp_path / f"{script}.json"
     env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
     proc = subprocess.run(
@@ -33,5 +41,5 @@ def test_fused_op_benchmark_smoke_writes_every_variant(tmp_path: Path, script: s
     (row,) = report["rows"]
     assert row["tokens"] == 40 and row.get("rotary_dim", 0) < row["head_dim"]
     assert len(row["acceptance"]) == verdicts and all(": PASS" in v for v in row["acceptance"]), row["acceptance"]
-    assert set(row["results"]) == {"fused_triton", "native_eager", "native_compiled"}
+    assert set(row["results"]) == {"fused_triton", *baselines}
     assert all(r["p50_ms"] > 0 for r in row["results"].values())
