@@ -2,9 +2,8 @@
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
 :mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`, :mod:`~magi2_core.ops.mhc_pre`,
-:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`, :mod:`~magi2_core.ops.output_gate`): its
-public function, typed
-problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
+:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`, :mod:`~magi2_core.ops.output_gate`):
+its public function, typed problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
 (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
 ``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
 (:mod:`magi2_core.testing.op_cases`) and the ``explain`` fields in the CLI

@@ -25,10 +25,8 @@ class AttentionOutputMethods:
     """The replacement of vllm-omni's ``Magi2Attention.output`` (``self`` is that module)."""
 
     def output(self: Any, attention: torch.Tensor, gates: torch.Tensor, modality_dispatcher: Any) -> torch.Tensor:
+        # attention is [T, H, D] (upstream broadcasts it against the [T, H, 1] gates), read as it is
         gated = ops.output_gate(
-            attention.view(-1, self.num_heads_q, self.head_dim),
-            gates,
-            index=modality_dispatcher.permute_mapping,
-            out_dtype=self.config.params_dtype,
+            attention, gates, index=modality_dispatcher.permute_mapping, out_dtype=self.config.params_dtype
         )
         return self.linear_proj(gated.view(-1, self.q_size), modality_dispatcher)  # type: ignore[no-any-return]
