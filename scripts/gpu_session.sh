@@ -60,14 +60,7 @@ gpu_tests() {  # $1: name; rest: pytest paths. Never stops at the first failure.
   grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | head -40
   echo "$name: $(counts "$OUT/$name.xml")"
 }
-if want tests; then
-step "gpu tests (the whole GPU suite; skips listed with their reasons)"
-gpu_tests gpu_tests tests backends
-fi
-if want fa_tests; then
-step "gpu tests of the attention backends"
-gpu_tests gpu_tests_attention backends/cuda_fa4/tests backends/cuda_fa3/tests tests/test_torch_native_gpu.py
-fi
+# The kit and the fingerprints first: a minute or two that cover every op, before the suite's longer run.
 if want conformance; then
 step "conformance on cuda"
 python3 -m pytest -q -p no:cacheprovider -p magi2_core.testing.plugin --magi2-conformance --magi2-only \
@@ -79,6 +72,14 @@ step "fingerprints of every op x provider (MAGI2_FP_COMPARE=<earlier file>: comp
 python3 scripts/fingerprint.py --out "$OUT/fingerprint_$MAGI2_GIT_COMMIT.json" ${MAGI2_FP_COMPARE:+--compare "$MAGI2_FP_COMPARE"} \
   > "$OUT/fingerprint.log" 2>&1; echo "fingerprint exit $?" >> "$OUT/fingerprint.log"
 grep -vE "quarantined|took [0-9.]+ s|^  |^provid|For further" "$OUT/fingerprint.log" | tail -12
+fi
+if want tests; then
+step "gpu tests (the whole GPU suite; skips listed with their reasons)"
+gpu_tests gpu_tests tests backends
+fi
+if want fa_tests; then
+step "gpu tests of the attention backends"
+gpu_tests gpu_tests_attention backends/cuda_fa4/tests backends/cuda_fa3/tests tests/test_torch_native_gpu.py
 fi
 if want route_tests; then
 step "routing GPU tests (fused router, Triton selection provider)"
