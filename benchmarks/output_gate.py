@@ -19,16 +19,13 @@ no fractions): it keeps the script working where there is no GPU.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import magi2_core as m2
-from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
+from benchmarks._fused_op import main, time_variants
 from magi2_core.contracts import acceptance as acc
 
 HEADS, HEAD_DIM = 24, 128
@@ -65,15 +62,7 @@ def bench(t: int, iters: int, device: str = "cuda") -> dict[str, Any]:
         "native_compiled_dynamic": lambda: dynamic(o, gates, permute),
     }
     minimum = 2 * t * HEADS * HEAD_DIM * 2 + gates.numel() * 2 + permute.numel() * 8
-    results = {}
-    for name, samples in time_alternating(fns, iters, device=device).items():
-        st = stats(samples)
-        results[name] = {
-            "p10_ms": st["p10"],
-            "p50_ms": st["p50"],
-            "p90_ms": st["p90"],
-            "tb_s_minimum_bytes": minimum / (st["p50"] * 1e-3) / 1e12,
-        }
+    results = time_variants(fns, iters, minimum, device)
     return {
         "tokens": t,
         "heads": HEADS,
@@ -85,37 +74,5 @@ def bench(t: int, iters: int, device: str = "cuda") -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
-    ap.add_argument("--json", default="benchmarks/results/output_gate.json")
-    ap.add_argument("--smoke", action="store_true", help="a tiny pack on the CPU (TRITON_INTERPRET=1)")
-    args = ap.parse_args()
-    if args.smoke:
-        info = {**env_record("cpu"), "ceilings": None}
-        row = bench(min(args.tokens, 40), min(args.iters, 2), device="cpu")
-    else:
-        ceilings = measure_ceilings()
-        info = {**env_record(), "ceilings": ceilings.record()}
-        row = bench(args.tokens, args.iters)
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"benchmark": "output_gate", "env": info, "rows": [row]}, f, indent=2)
-    if args.smoke:
-        print("; ".join(row["acceptance"]))
-        return
-    copy = ceilings.copy_tb_s
-    print(
-        f"this device's copy {copy:.2f} TB/s, measured in this run; {row['tokens']} tokens; "
-        + "; ".join(row["acceptance"])
-    )
-    for name, r in row["results"].items():
-        print(
-            f"{name:16s} p50 {r['p50_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f})  "
-            f"{r['tb_s_minimum_bytes']:.2f} TB/s on the minimum bytes ({r['tb_s_minimum_bytes'] / copy:.2f} of copy)"
-        )
-
-
 if __name__ == "__main__":
-    main()
+    main("output_gate", __doc__ or "", bench, PACK_TOKENS)

@@ -25,8 +25,10 @@ __all__ = [
     "same_device",
     "tensor",
     "FLOATS",
+    "gather_index",
     "head_activations",
     "modality_sizes",
+    "out_dtype",
 ]
 
 # The activation dtypes every op takes.
@@ -176,3 +178,24 @@ def modality_sizes(op: str, value: object, tokens: int, tokens_of: str) -> tuple
             f"{list(sizes)} (sum {sum(sizes)})",
         )
     return sizes
+
+
+def out_dtype(op: str, value: torch.dtype | None, default: torch.dtype) -> torch.dtype:
+    """An op's output dtype: ``default`` (its input's) for None, else one of :data:`FLOATS`."""
+    od = default if value is None else value
+    if od not in FLOATS:
+        raise InvalidDTypeError(op, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(value))
+    return od
+
+
+def gather_index(op: str, value: object, tokens: int) -> torch.Tensor | None:
+    """A row gather's ``index``: None, or an int32/int64 ``[tokens]`` tensor (its values are not read on the
+    host, which would synchronise with a device)."""
+    if value is None:
+        return None
+    idx = tensor(op, "index", value)
+    if idx.dtype not in (torch.int32, torch.int64):
+        raise InvalidDTypeError(op, "index", "torch.int32 or torch.int64", describe(idx))
+    if tuple(idx.shape) != (tokens,):
+        raise InvalidShapeError(op, "index", f"[{tokens}] (one source row per output row)", describe(idx))
+    return idx

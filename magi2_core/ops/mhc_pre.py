@@ -232,11 +232,7 @@ def validate(
     se = _non_negative("sinkhorn_eps", sinkhorn_eps)
     if isinstance(sinkhorn_iterations, bool) or not isinstance(sinkhorn_iterations, int) or sinkhorn_iterations < 0:
         raise InvalidValueError(OP, "sinkhorn_iterations", "an int >= 0", repr(sinkhorn_iterations))
-    od = x.dtype if out_dtype is None else out_dtype
-    if od not in checks.FLOATS:
-        raise InvalidDTypeError(
-            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
-        )
+    od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=MHCPreKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, n, d, m))

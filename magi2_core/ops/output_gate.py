@@ -21,7 +21,7 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
-from magi2_core.errors import InvalidDTypeError, InvalidShapeError
+from magi2_core.errors import InvalidShapeError
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
@@ -30,7 +30,6 @@ from magi2_core.ops._spec import OpSpec, dense, forward_only
 __all__ = ["ARGS", "SPEC", "OutputGateCall", "OutputGateKernel", "OutputGateKey", "output_gate"]
 
 OP: Literal["output_gate"] = "output_gate"
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class OutputGateKey(NamedTuple):
@@ -122,19 +121,9 @@ def validate(
         raise InvalidShapeError(
             OP, "gate", f"[{t}, {h}] or [{t}, {h}, 1]: one logit per row and head", checks.describe(g)
         )
-    idx: torch.Tensor | None = None
-    if index is not None:
-        idx = checks.tensor(OP, "index", index)
-        if idx.dtype not in _INDEX_DTYPES:
-            raise InvalidDTypeError(OP, "index", "torch.int32 or torch.int64", checks.describe(idx))
-        if tuple(idx.shape) != (t,):
-            raise InvalidShapeError(OP, "index", f"[{t}] (one source row per output row)", checks.describe(idx))
+    idx = checks.gather_index(OP, index, t)
     checks.same_device(OP, "x", x, gate=g, index=idx)
-    od = x.dtype if out_dtype is None else out_dtype
-    if od not in checks.FLOATS:
-        raise InvalidDTypeError(
-            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
-        )
+    od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = OutputGateCall(x, g, idx, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=OutputGateKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, h, d))

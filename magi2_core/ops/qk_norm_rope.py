@@ -23,7 +23,7 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
-from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
@@ -33,7 +33,6 @@ __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "QKNormRopeCall", "QKNormRopeKernel", 
 
 OP: Literal["qk_norm_rope"] = "qk_norm_rope"
 DEFAULT_EPS = 1e-6
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class QKNormRopeKey(NamedTuple):
@@ -174,22 +173,12 @@ def validate(
         raise InvalidShapeError(
             OP, "rope", f"[{t}, R]: cat(sin, cos) per token, R even and 2 <= R <= {d}", checks.describe(r)
         )
-    idx: torch.Tensor | None = None
-    if index is not None:
-        idx = checks.tensor(OP, "index", index)
-        if idx.dtype not in _INDEX_DTYPES:
-            raise InvalidDTypeError(OP, "index", "torch.int32 or torch.int64", checks.describe(idx))
-        if tuple(idx.shape) != (t,):
-            raise InvalidShapeError(OP, "index", f"[{t}] (one source row per output row)", checks.describe(idx))
+    idx = checks.gather_index(OP, index, t)
     checks.same_device(OP, "x", x, weight=w, rope=r, index=idx)
     e = checks.real(OP, "eps", eps, "a finite float >= 0")
     if not math.isfinite(e) or e < 0:
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
-    od = x.dtype if out_dtype is None else out_dtype
-    if od not in checks.FLOATS:
-        raise InvalidDTypeError(
-            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
-        )
+    od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = QKNormRopeCall(x, w, r, idx, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     key = QKNormRopeKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, h, d, r.shape[1], m)

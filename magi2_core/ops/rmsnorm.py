@@ -17,7 +17,7 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
-from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
+from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
@@ -162,11 +162,7 @@ def validate(
     e = checks.real(OP, "eps", eps, "a finite float >= 0")
     if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
         raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
-    od = x.dtype if out_dtype is None else out_dtype
-    if od not in checks.FLOATS:
-        raise InvalidDTypeError(
-            OP, "out_dtype", "None, torch.float32, torch.bfloat16 or torch.float16", repr(out_dtype)
-        )
+    od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = RMSNormCall(x, w, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=RMSNormKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, d, m, p))

@@ -435,28 +435,37 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
         assert verdict, f"{branch}: {verdict}"
 
 
-def test_the_qk_rope_swap_is_automatic_only_where_a_fused_provider_serves(
-    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("op", "variable"),
+    [("qk_norm_rope", "MAGI2_VLLM_OMNI_QK_ROPE"), ("output_gate", "MAGI2_VLLM_OMNI_OUTPUT_GATE")],
+)
+def test_an_attention_method_swap_is_automatic_only_where_a_fused_provider_serves(
+    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, op: str, variable: str
 ) -> None:
-    """Unset (``auto``): on this CPU the typical call resolves to the reference, so ``project`` stays
-    vllm-omni's; where the Triton kernel serves it, it is swapped."""
+    """Unset (``auto``): on this CPU the typical call resolves to the reference, so the method stays
+    vllm-omni's; where the Triton kernel serves it, it is swapped, and put back by ``unregister``; ``0``
+    keeps it off with the others on."""
     from magi2_core.integrations.vllm_omni import plugin
 
-    monkeypatch.delenv("MAGI2_VLLM_OMNI_QK_ROPE")
+    monkeypatch.delenv(variable)
     caplog.set_level(logging.INFO, logger="magi2_core")
     integ.register()
-    assert _swapped(_mod("modeling_magi2"))["qk_norm_rope"] is False
-    said = [r.getMessage() for r in caplog.records if "qk_norm_rope left as it is" in r.getMessage()]
-    assert len(said) == 1 and "(MAGI2_VLLM_OMNI_QK_ROPE=auto)" in said[0] and "'reference'" in said[0], said
+    assert _swapped(_mod("modeling_magi2"))[op] is False
+    said = [r.getMessage() for r in caplog.records if f"{op} left as it is" in r.getMessage()]
+    assert len(said) == 1 and f"({variable}=auto)" in said[0] and "'reference'" in said[0], said
     integ.unregister()
     real = plugin._describe_provider
     monkeypatch.setattr(
-        plugin,
-        "_describe_provider",
-        lambda op, mod: ("triton here", ("triton",)) if op == "qk_norm_rope" else real(op, mod),
+        plugin, "_describe_provider", lambda name, mod: ("triton here", ("triton",)) if name == op else real(name, mod)
     )
     integ.register()
-    assert _swapped(_mod("modeling_magi2"))["qk_norm_rope"] is True
+    assert _swapped(_mod("modeling_magi2"))[op] is True
+    integ.unregister()
+    assert not any(_swapped(_mod("modeling_magi2")).values())  # every original put back
+    monkeypatch.setenv(variable, "0")
+    integ.register()
+    swapped = _swapped(_mod("modeling_magi2"))
+    assert swapped.pop(op) is False and all(swapped.values()), swapped
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -501,42 +510,6 @@ def test_project_matches_upstreams_within_the_contract(vllm_omni: Path, dtype: t
         assert a.dtype == b.dtype == dtype and a.shape == b.shape
         verdict = acc.accept_qk_norm_rope(a, b, call)
         assert verdict, f"{which}: {verdict}"
-
-
-def test_the_output_gate_swap_is_automatic_only_where_a_fused_provider_serves(
-    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Unset (``auto``): on this CPU the typical call resolves to the reference, so ``output`` stays
-    vllm-omni's; where the Triton kernel serves it, it is swapped; ``0`` keeps it off."""
-    from magi2_core.integrations.vllm_omni import plugin
-
-    monkeypatch.delenv("MAGI2_VLLM_OMNI_OUTPUT_GATE")
-    caplog.set_level(logging.INFO, logger="magi2_core")
-    integ.register()
-    assert _swapped(_mod("modeling_magi2"))["output_gate"] is False
-    said = [r.getMessage() for r in caplog.records if "output_gate left as it is" in r.getMessage()]
-    assert len(said) == 1 and "(MAGI2_VLLM_OMNI_OUTPUT_GATE=auto)" in said[0] and "'reference'" in said[0], said
-    integ.unregister()
-    real = plugin._describe_provider
-    monkeypatch.setattr(
-        plugin,
-        "_describe_provider",
-        lambda op, mod: ("triton here", ("triton",)) if op == "output_gate" else real(op, mod),
-    )
-    integ.register()
-    assert _swapped(_mod("modeling_magi2"))["output_gate"] is True
-    integ.unregister()
-    assert _mod("modeling_magi2").Magi2Attention.output is not AttentionOutputMethods.output  # put back
-    monkeypatch.setenv("MAGI2_VLLM_OMNI_OUTPUT_GATE", "0")
-    integ.register()
-    assert _swapped(_mod("modeling_magi2")) == {
-        "attention": True,
-        "moe": True,
-        "rmsnorm": True,
-        "mhc": True,
-        "qk_norm_rope": True,
-        "output_gate": False,
-    }
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
