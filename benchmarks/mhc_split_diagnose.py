@@ -119,7 +119,7 @@ def main() -> None:
     k, nl = STREAMS * WIDTH, 2 * STREAMS + STREAMS * STREAMS
     flat = x.reshape(t, k)
     bn = max(16, triton.next_power_of_2(nl))
-    pieces = kernel._split_pieces(w, phi, len(sizes), k, nl, bn)
+    pieces = kernel.split_pieces(w.view(len(sizes), k), phi, bn)
     eps = 1e-6
     # float64 truth, per modality: the projection, the sum of squares, the scale |x|·|folded|
     dots, sumsq, scale = [], [], []

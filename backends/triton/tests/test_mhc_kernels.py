@@ -130,18 +130,33 @@ def test_the_split_bf16_logits_meet_the_contract(sizes: list[int] | None, width:
         assert verdict, str(verdict)
 
 
-def test_the_split_pieces_sum_to_the_folded_weight() -> None:
-    from magi2_backend_triton.mhc_pre import _split_pieces
+def _torch_pieces(w: torch.Tensor, phi: torch.Tensor, block_n: int) -> torch.Tensor:
+    """The split in torch ops (RNE casts): what the pieces kernel must reproduce bit for bit."""
+    m, k = w.shape
+    nl = phi.shape[1]
+    folded = torch.zeros((m, k, block_n), dtype=torch.float32, device=phi.device)
+    folded[:, :, :nl] = (w.view(m, k, 1) + 1.0) * phi.view(1, k, nl)
+    hi = folded.to(torch.bfloat16)
+    rest = folded - hi.float()
+    mid = rest.to(torch.bfloat16)
+    lo = (rest - mid.float()).to(torch.bfloat16)
+    return torch.stack((hi, mid, lo), dim=1)
 
-    g = torch.Generator().manual_seed(3)
-    m, k, nl = 3, 96, 24
-    w, phi = mhc_parameters(g, m, 4, k // 4)[:2]
-    pieces = _split_pieces(w, phi, m, k, nl, 32).double()
-    folded = (w.double().view(m, k, 1) + 1.0) * phi.double().view(1, k, nl)
-    got = pieces.sum(dim=1)[:, :, :nl]
+
+@pytest.mark.parametrize(("m", "k", "nl", "block_n"), [(3, 96, 24, 32), (1, 200, 8, 16), (2, 64, 32, 32)])
+def test_the_split_pieces_are_the_torch_split_summing_to_the_fold(m: int, k: int, nl: int, block_n: int) -> None:
+    from magi2_backend_triton.mhc_pre import split_pieces
+
+    g = torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
+    w = torch.randn(m, k, generator=g) * 0.1
+    phi = torch.randn(k, nl, generator=g) * 0.02
+    phi[0, 0], phi[-1, -1] = 3.0e-30, -7.5e5  # a tiny and a large product: every piece in play
+    pieces = split_pieces(w.to(DEVICE), phi.to(DEVICE), block_n).cpu()
+    assert pieces.shape == (m, 3, k, block_n) and pieces.dtype == torch.bfloat16
+    assert torch.equal(pieces.view(torch.int16), _torch_pieces(w, phi, block_n).view(torch.int16))
+    got = pieces.double().sum(dim=1)[:, :, :nl]
     exact = ((w.view(m, k, 1) + 1.0) * phi.view(1, k, nl)).double()  # the FP32 product the pieces split
     assert torch.equal(got, exact)
-    assert (got - folded).abs().max() <= folded.abs().max() * 2**-23
     assert torch.all(pieces[:, :, :, nl:] == 0)
 
 

@@ -1,6 +1,7 @@
 """Fused ``mhc_pre`` (operators.md §5.2): the streams read once for the logits, once for the branch input.
 
-Two launches. The first reads each token's flattened ``n·D`` row once: it accumulates the FP32 sum of
+Two launches over the streams (for BF16 streams a small one before them splits the folded weight).
+The first reads each token's flattened ``n·D`` row once: it accumulates the FP32 sum of
 squares and the projection of ``x·(w[m] + 1)`` onto ``phi`` (over a tile of tokens, so each ``phi``
 tile is read once per tile, not once per token: for BF16 streams three BF16 tensor-core dots against
 the folded weight split in three exact pieces, otherwise an FP32 ``tl.dot``). The row's
@@ -224,15 +225,61 @@ def _mhc_logits_split_kernel(
     tl.store(sq_ptr + chunk.to(tl.int64) * stride_sq + rows, sumsq, mask=row_ok)
 
 
-def _split_pieces(w: torch.Tensor, phi: torch.Tensor, m: int, k: int, nl: int, block_n: int) -> torch.Tensor:
-    """``[M, 3, K, block_n]`` BF16: per modality, ``(w[m] + 1)·phi`` in FP32 as hi + mid + lo."""
-    folded = torch.zeros((m, k, block_n), dtype=torch.float32, device=phi.device)
-    folded[:, :, :nl] = (w.view(m, k, 1) + 1.0) * phi.view(1, k, nl)
-    hi = folded.to(torch.bfloat16)
-    rest = folded - hi.float()
-    mid = rest.to(torch.bfloat16)
-    lo = (rest - mid.float()).to(torch.bfloat16)
-    return torch.stack((hi, mid, lo), dim=1).contiguous()
+@triton.jit
+def _mhc_pieces_kernel(
+    w_ptr,
+    phi_ptr,
+    p_ptr,
+    NL,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RNE: tl.constexpr,
+):
+    """Program ``(modality, k block)``: ``(w[m] + 1)·phi`` in FP32 split into ``hi + mid + lo`` (each
+    the BF16 rounding of what the pieces before it leave), the columns past ``NL`` zero, written to
+    ``p_ptr`` = ``[M, 3, K, BLOCK_N]``."""
+    m = tl.program_id(0).to(tl.int64)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, BLOCK_N)
+    k_ok = ks < K
+    col_ok = cols < NL
+    w = tl.load(w_ptr + m * K + ks, mask=k_ok, other=0.0)
+    phi = tl.load(phi_ptr + ks[:, None] * NL + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+    folded = (w + 1.0)[:, None] * phi  # FP32 add, then FP32 product: the fold the reference forms
+    folded = tl.where(col_ok[None, :], folded, 0.0)
+    hi = _cast(folded, tl.bfloat16, RNE)
+    rest = folded - hi.to(tl.float32)
+    mid = _cast(rest, tl.bfloat16, RNE)
+    lo = _cast(rest - mid.to(tl.float32), tl.bfloat16, RNE)
+    out = p_ptr + m * (3 * K * BLOCK_N) + ks[:, None] * BLOCK_N + cols[None, :]
+    tl.store(out, hi, mask=k_ok[:, None])
+    tl.store(out + K * BLOCK_N, mid, mask=k_ok[:, None])
+    tl.store(out + 2 * K * BLOCK_N, lo, mask=k_ok[:, None])
+
+
+_BLOCK_K_PIECES = 64
+
+
+def split_pieces(w: torch.Tensor, phi: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``[M, 3, K, block_n]`` BF16 from contiguous FP32 ``w [M, K]`` and ``phi [K, NL]``: per modality,
+    ``(w[m] + 1)·phi`` in FP32 as hi + mid + lo, in one launch (it is formed again on every call: a
+    copy kept between calls would go stale when a parameter's storage is replaced)."""
+    m, k = w.shape
+    pieces = torch.empty((m, 3, k, block_n), dtype=torch.bfloat16, device=phi.device)
+    if m and k:
+        _mhc_pieces_kernel[(m, triton.cdiv(k, _BLOCK_K_PIECES))](
+            w,
+            phi,
+            pieces,
+            phi.shape[1],
+            K=k,
+            BLOCK_K=_BLOCK_K_PIECES,
+            BLOCK_N=block_n,
+            RNE=interpreting(),
+            num_warps=4,
+        )
+    return pieces
 
 
 @triton.jit
@@ -458,7 +505,7 @@ def _split_partials(
     t, k = flat.shape
     nl = phi.shape[1]
     block_n = max(16, triton.next_power_of_2(nl))
-    pieces = _split_pieces(w, phi, len(sizes), k, nl, block_n)
+    pieces = split_pieces(w, phi, block_n)
     parts = torch.empty((cfg.split_k, t, nl), dtype=torch.float32, device=flat.device)
     sumsq = torch.empty((cfg.split_k, t), dtype=torch.float32, device=flat.device)
     k_chunk = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
