@@ -48,12 +48,12 @@ class KernelTime:
 # Name rules, first match wins. Inductor's kernels are named after the ops they fuse.
 _NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"flash|fmha|FlashAttn|_sink_correction_kernel", "attention"),
-    (r"_route_kernel|_select_kernel|topk|TopK|bitonic|radix|[Ss]ort", "route"),
-    (
+    (  # before route: the experts' top-k combine (topk_sum_kernel) is theirs, not the router's
         r"fused_expert|gemm1_swiglu7|gemm2_weighted|_mh_moe_kernel|_count_kernel|_offsets_kernel|_scatter_kernel"
-        r"|_stable_scatter_kernel|_blocks_kernel|_lists_kernel|_chunk_counts_kernel|_chunk_scan_kernel",
+        r"|_stable_scatter_kernel|_blocks_kernel|_lists_kernel|_chunk_counts_kernel|_chunk_scan_kernel|topk_sum_kernel",
         "routed experts",
     ),
+    (r"_route_kernel|_select_kernel|topk|TopK|bitonic|radix|[Ss]ort", "route"),
     (r"_rmsnorm_kernel", "rmsnorm"),
     (r"_mhc_", "mHC kernels"),
     (r"_qk_norm_rope_kernel", "q/k norm + RoPE"),

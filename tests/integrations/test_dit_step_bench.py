@@ -63,7 +63,9 @@ def test_dit_step_smoke_writes_every_mode_and_form(vllm_omni_root: Path, tmp_pat
         (KernelTime("_sink_correction_kernel"), "attention"),
         (KernelTime("fused_expert_tma_kernel"), "routed experts"),
         (KernelTime("_mh_moe_kernel"), "routed experts"),
+        (KernelTime("topk_sum_kernel"), "routed experts"),  # the experts' combine over the top k
         (KernelTime("_route_kernel"), "route"),
+        (KernelTime("void at::native::sbtopk::gatherTopK<...>"), "route"),  # upstream's torch.topk
         (KernelTime("_rmsnorm_kernel"), "rmsnorm"),
         (KernelTime("_mhc_mix_kernel"), "mHC kernels"),
         (KernelTime("_qk_norm_rope_kernel"), "q/k norm + RoPE"),
