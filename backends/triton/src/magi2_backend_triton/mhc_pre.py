@@ -278,6 +278,8 @@ def split_pieces(w: torch.Tensor, phi: torch.Tensor, block_n: int) -> torch.Tens
             BLOCK_N=block_n,
             RNE=interpreting(),
             num_warps=4,
+            # no FMA contraction: the split must start from the rounded FP32 product, as torch forms it
+            enable_fp_fusion=False,
         )
     return pieces
 
