@@ -119,14 +119,15 @@ def main() -> None:
     k, nl = STREAMS * WIDTH, 2 * STREAMS + STREAMS * STREAMS
     flat = x.reshape(t, k)
     bn = max(16, triton.next_power_of_2(nl))
-    pieces = kernel.split_pieces(w.view(len(sizes), k), phi, bn)
+    w = w.view(len(sizes), k)  # [M, n·D], as the provider's launch receives it
+    pieces = kernel.split_pieces(w, phi, bn)
     eps = 1e-6
     # float64 truth, per modality: the projection, the sum of squares, the scale |x|·|folded|
     dots, sumsq, scale = [], [], []
     t0 = 0
     for gi, s in enumerate(sizes):
         xs = flat[t0 : t0 + s].double()
-        folded = (w.view(len(sizes), k)[gi].double() + 1.0).view(k, 1) * phi.double()
+        folded = (w[gi].double() + 1.0).view(k, 1) * phi.double()
         dots.append(xs @ folded)
         sumsq.append((xs * xs).sum(1))
         scale.append(xs.abs() @ folded.abs())

@@ -228,6 +228,7 @@ def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
     t, k = x.shape[0], x.shape[1] * x.shape[2]
     cfg = kernel.LogitsConfig(block_t, block_k, "bf16x3", num_warps, num_stages, split_k)
     at = f"{cfg}, seed {split_pack['seed']}"
+    w = w.view(len(sizes), k)  # [M, n·D], as launch_mhc_pre passes it
     first, second = (kernel._split_partials(x.reshape(t, k), w, phi, sizes, cfg) for _ in range(2))
     for name, u, v in zip(("sums", "sums of squares"), first, second, strict=True):
         rows = int((u != v).reshape(u.shape[0], t, -1).any(2).any(0).sum())
