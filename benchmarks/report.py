@@ -90,6 +90,9 @@ SUPERSEDED = {
     "dit_step_h100_740693e.json": "dit_step_h100.json",
     "dit_step_h100_e886b01.json": "dit_step_h100.json",
     "vllm_omni_stack_h100_ed501e5.json": "vllm_omni_stack_h100.json",
+    # the output gate's first run (677e54f, no dynamic-shape baseline) and the host-CPU dispatch at 9456316
+    "output_gate_h100_677e54f.json": "output_gate_h100.json",
+    "dispatch_cpu_h100host_9456316.json": "dispatch_cpu_h100host.json",
 }
 
 # Kept for the record but summarised by hand in docs/benchmarks.md (the notes say why).
@@ -112,6 +115,7 @@ HISTORY = {
     "moe_ablation_h200.json": "where the 8-warp Gluon kernel's time goes, at ec2824c",
     "moe_sweep_ws_persistent_h200.json": "the warp-specialised kernel before the table took it, at 2969713",
     "dispatch_cuda.json": "dispatch with GPU inputs on the H200 at 8a04f2b, before the mHC and q/k ops",
+    "dispatch_cuda_h100_9456316.json": "dispatch with GPU inputs on an H100 host at 9456316, before the output gate",
 }
 
 
@@ -906,6 +910,7 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
         dispatch_rows, where="the H100 host, every input on the GPU", judged=True
     ),
     "dispatch_cpu_h100host.json": functools.partial(dispatch_rows, where="the H100 host's CPU"),
+    "dispatch_cuda_h100_9456316.json": functools.partial(dispatch_rows, where="an H100 host, every input on the GPU"),
     "attention_fa4_h200.json": attention_fa4_rows,
     "block_h200.json": block_rows,
     "moe_layers_h200.json": moe_layers_rows,
