@@ -29,6 +29,12 @@ if [ -n "${MAGI2_WHEELHOUSE:-}" ]; then
   wheel=$(ls "$MAGI2_WHEELHOUSE"/vllm_omni-*.whl 2>/dev/null | head -1)
   [ -n "$wheel" ] && export MAGI2_VLLM_OMNI_WHEEL=$wheel
 fi
+# magi2-core needs pydantic, which a bare CUDA image may lack: say so before anything imports it.
+python3 -c "import pydantic" 2>/dev/null || {
+  echo "gpu_session.sh: pydantic is not importable here: set MAGI2_WHEELHOUSE to a wheelhouse made by" \
+    "scripts/gpu_wheelhouse.sh, or install pydantic" >&2
+  exit 1
+}
 python3 -m pip install -q --no-deps --no-build-isolation -e backends/reference -e backends/triton \
   -e backends/cuda_fa3 -e backends/cuda_fa4 -e backends/musa_mate -e tests/plugins/example -e . > "$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; exit 1; }
