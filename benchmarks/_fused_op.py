@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
 
-__all__ = ["main", "time_variants"]
+__all__ = ["main", "record", "time_variants"]
 
 
 def time_variants(
@@ -29,6 +29,21 @@ def time_variants(
             "tb_s_minimum_bytes": minimum_bytes / (st["p50"] * 1e-3) / 1e12,
         }
     return results
+
+
+def record(
+    tokens: int, sizes: list[int], minimum_bytes: int, verdicts: list[str], results: dict[str, Any], **shape: int
+) -> dict[str, Any]:
+    """The file's one row: the pack (tokens, ``shape``'s widths, modality sizes), the minimum bytes, the
+    contract's verdicts and each variant's timing."""
+    return {
+        "tokens": tokens,
+        **shape,
+        "modality_sizes": sizes,
+        "minimum_bytes": minimum_bytes,
+        "acceptance": verdicts,
+        "results": results,
+    }
 
 
 def main(name: str, doc: str, bench: Callable[..., dict[str, Any]], pack_tokens: int) -> None:

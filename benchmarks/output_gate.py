@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import magi2_core as m2
-from benchmarks._fused_op import main, time_variants
+from benchmarks._fused_op import main, record, time_variants
 from magi2_core.contracts import acceptance as acc
 
 HEADS, HEAD_DIM = 24, 128
@@ -63,15 +63,7 @@ def bench(t: int, iters: int, device: str = "cuda") -> dict[str, Any]:
     }
     minimum = 2 * t * HEADS * HEAD_DIM * 2 + gates.numel() * 2 + permute.numel() * 8
     results = time_variants(fns, iters, minimum, device)
-    return {
-        "tokens": t,
-        "heads": HEADS,
-        "head_dim": HEAD_DIM,
-        "modality_sizes": sizes,
-        "minimum_bytes": minimum,
-        "acceptance": verdicts,
-        "results": results,
-    }
+    return record(t, sizes, minimum, verdicts, results, heads=HEADS, head_dim=HEAD_DIM)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 from magi2_backend_reference.torch_qk_norm_rope import torch_qk_norm_rope
 
 import magi2_core as m2
-from benchmarks._fused_op import main, time_variants
+from benchmarks._fused_op import main, record, time_variants
 from magi2_core.contracts import acceptance as acc
 from magi2_core.testing import call_record
 
@@ -69,16 +69,7 @@ def bench(t: int, iters: int, device: str = "cuda") -> dict[str, Any]:
     }
     minimum = 2 * (2 * t * HEADS * HEAD_DIM * 2) + rope.numel() * 4 + index.numel() * 8
     results = time_variants(fns, iters, minimum, device)
-    return {
-        "tokens": t,
-        "heads": HEADS,
-        "head_dim": HEAD_DIM,
-        "rotary_dim": ROTARY,
-        "modality_sizes": sizes,
-        "minimum_bytes": minimum,
-        "acceptance": verdicts,
-        "results": results,
-    }
+    return record(t, sizes, minimum, verdicts, results, heads=HEADS, head_dim=HEAD_DIM, rotary_dim=ROTARY)
 
 
 if __name__ == "__main__":

@@ -158,20 +158,15 @@ if want mhc; then
 step "mHC: fused mhc_pre + mhc_mix vs vllm-omni's native form, eager and compiled"
 python3 -m benchmarks.mhc --json "$OUT/mhc_${tag}.json" ${MAGI2_VLLM_OMNI_WHEEL:+--wheel "$MAGI2_VLLM_OMNI_WHEEL"} > "$OUT/mhc.log" 2>&1; echo "mhc exit $?"; tail -12 "$OUT/mhc.log"
 fi
-if want qk_rope; then
-step "q/k norm + RoPE: the kernel's tests (the kit on a fresh seed among them), then fused vs vllm-omni's native form"
-python3 -m pytest -q -p no:cacheprovider backends/triton/tests/test_qk_norm_rope_kernel.py -rfEs \
-  > "$OUT/qk_norm_rope_tests.log" 2>&1; echo "qk_norm_rope tests exit $?"; tail -4 "$OUT/qk_norm_rope_tests.log"
-python3 -m benchmarks.qk_norm_rope --json "$OUT/qk_norm_rope_${tag}.json" > "$OUT/qk_norm_rope.log" 2>&1
-echo "qk_norm_rope exit $?"; grep -v Warning "$OUT/qk_norm_rope.log" | tail -6
-fi
-if want output_gate; then
-step "output gate: the kernel's tests (the kit on a fresh seed among them), then fused vs vllm-omni's native form"
-python3 -m pytest -q -p no:cacheprovider backends/triton/tests/test_output_gate_kernel.py -rfEs \
-  > "$OUT/output_gate_tests.log" 2>&1; echo "output_gate tests exit $?"; tail -4 "$OUT/output_gate_tests.log"
-python3 -m benchmarks.output_gate --json "$OUT/output_gate_${tag}.json" > "$OUT/output_gate.log" 2>&1
-echo "output_gate exit $?"; grep -v Warning "$OUT/output_gate.log" | tail -6
-fi
+fused_op() {  # $1: the op (its kernel tests and its benchmark share the name); $2: what the step says
+  step "$2: the kernel's tests (the kit on a fresh seed among them), then fused vs vllm-omni's native form"
+  python3 -m pytest -q -p no:cacheprovider "backends/triton/tests/test_$1_kernel.py" -rfEs \
+    > "$OUT/$1_tests.log" 2>&1; echo "$1 tests exit $?"; tail -4 "$OUT/$1_tests.log"
+  python3 -m "benchmarks.$1" --json "$OUT/$1_${tag}.json" > "$OUT/$1.log" 2>&1
+  echo "$1 exit $?"; grep -v Warning "$OUT/$1.log" | tail -6
+}
+want qk_rope && fused_op qk_norm_rope "q/k norm + RoPE"
+want output_gate && fused_op output_gate "output gate"
 if want mhc_sweep; then
 step "mHC: mhc_pre's logits-kernel launches (ieee, tf32x3, bf16x3), each judged by the contract"
 python3 -m benchmarks.mhc_sweep --json "$OUT/mhc_sweep_${tag}.json" > "$OUT/mhc_sweep.log" 2>&1

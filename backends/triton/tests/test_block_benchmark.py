@@ -7,43 +7,18 @@ that the one-shot H200 run does not die on a typo. Slow-ish (~30 s on a loaded C
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.mark.slow
-def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
+def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path, run_benchmark: Callable[..., Any]) -> None:
     out = tmp_path / "block.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the reference serves: fast
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.block",
-            "--device",
-            "cpu",
-            "--tiny",
-            "--quick",
-            "--iters",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    args = ("--device", "cpu", "--tiny", "--quick", "--iters", "1", "--out", str(out))
+    report, stdout = run_benchmark("block", *args, out=out, interpret=False)  # the reference serves: fast
     assert report["env"]["device"] == "cpu" and report["env"]["git_commit"]
     assert report["config"]["layers"] >= 4 and report["strict"] is True
     (pack,) = report["packs"].values()
@@ -71,4 +46,4 @@ def test_block_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
     assert all(r["route_contract_ok"] for r in report["route_vs_experts"])
     assert "route holds the routing contract at T=16" in report["targets"]
     assert isinstance(report["all_targets_met"], bool) and report["errors"] == {}
-    assert "targets:" in proc.stdout and "wrote" in proc.stdout
+    assert "targets:" in stdout and "wrote" in stdout

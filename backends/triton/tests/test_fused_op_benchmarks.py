@@ -4,15 +4,11 @@ the GPU run writes."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -23,20 +19,10 @@ ROOT = Path(__file__).resolve().parents[3]
     ],
 )
 def test_fused_op_benchmark_smoke_writes_every_variant(
-    tmp_path: Path, script: str, verdicts: int, baselines: set[str]
+    tmp_path: Path, run_benchmark: Callable[..., Any], script: str, verdicts: int, baselines: set[str]
 ) -> None:
     out = tmp_path / f"{script}.json"
-    env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{script}", "--smoke", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, _ = run_benchmark(script, "--smoke", "--json", str(out), out=out)
     assert report["benchmark"] == script and report["env"]["device"] == "cpu"
     (row,) = report["rows"]
     assert row["tokens"] == 40 and row.get("rotary_dim", 0) < row["head_dim"]

@@ -3,28 +3,14 @@ writes the record the GPU run writes, so that the GPU run does not die on a typo
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-def test_raw_weights_benchmark_smoke_writes_every_form(tmp_path: Path) -> None:
+def test_raw_weights_benchmark_smoke_writes_every_form(tmp_path: Path, run_benchmark: Callable[..., Any]) -> None:
     out = tmp_path / "moe_raw.json"
-    env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.moe_raw", "--smoke", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, _ = run_benchmark("moe_raw", "--smoke", "--out", str(out), out=out)
     assert report["device"] == "cpu" and report["smoke"] and report["errors"] == [] and report["git_commit"]
     (row,) = report["rows"]
     assert row["tokens"] == 9 and row["provider"] == "triton"

@@ -7,11 +7,10 @@ report's summariser, so that the one-shot H200 run does not die on a typo. ~30 s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,19 +18,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
-def test_route_profile_runs_tiny_on_cpu(tmp_path: Path) -> None:
+def test_route_profile_runs_tiny_on_cpu(tmp_path: Path, run_benchmark: Callable[..., Any]) -> None:
     out = tmp_path / "route_fused.json"
-    env = dict(os.environ) | {"TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.route_profile", "--dry-run", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, _ = run_benchmark("route_profile", "--dry-run", "--out", str(out), out=out)
     assert report["device"] == "cpu" and report["git_commit"]
     assert [(r["tokens"], r["heads"]) for r in report["rows"]] == [(9, 3), (20, 2)]
     for r in report["rows"]:
