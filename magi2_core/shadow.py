@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -175,6 +175,18 @@ def _reference_kernel(op: OpName) -> Any:
     if error is not None:
         raise RuntimeError(error)
     return kernel
+
+
+_Out = TypeVar("_Out")
+
+
+def observed(spec: OpSpec[Any, Any], provider: str, call: Any, out: _Out) -> _Out:
+    """What an op returns after its kernel: ``out``, handed to :func:`observe` first where shadow
+    verification samples (the scope's setting read here, as :func:`sampling` does)."""
+    scope = _SCOPE.get() or _process
+    if scope.rate > 0.0:
+        observe(scope, spec, provider, call, out)
+    return out
 
 
 def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out: Any) -> None:

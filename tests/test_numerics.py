@@ -5,6 +5,7 @@ device index is part of the problem."""
 
 from __future__ import annotations
 
+import copy
 import types
 
 import oracles
@@ -18,7 +19,7 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
 from magi2_core.dispatch import Dispatcher
 from magi2_core.ops.attention import SPEC as ATTENTION
-from magi2_core.ops.attention import AttentionCall, AttentionKey, AttentionSpec
+from magi2_core.ops.attention import AttentionCall, AttentionKey
 from magi2_core.ops.attention import validate as validate_attention
 from magi2_core.registry import Registry
 from magi2_core.testing.specials import ROUTE_SPECIALS, RouteSpecial, route_specials
@@ -367,14 +368,15 @@ def test_dispatcher_caches_per_device() -> None:
     ).key
     built: list[Problem] = []
 
-    class Recording(AttentionSpec):
-        def problem(self, key: AttentionKey) -> Problem:
-            problem = super().problem(key)
-            built.append(problem)
-            return problem.model_copy(update={"device_type": "cpu"})
+    def problem(key: AttentionKey) -> Problem:
+        problem = ATTENTION.problem(key)
+        built.append(problem)
+        return problem.model_copy(update={"device_type": "cpu"})
 
+    recording = copy.copy(ATTENTION)  # the op's spec, its problems recorded
+    recording.problem = problem  # type: ignore[method-assign]
     for device in (torch.device("cpu"), torch.device("cpu", 0), torch.device("cpu")):
-        disp.kernel(Recording(), base._replace(device=device), None)
+        disp.kernel(recording, base._replace(device=device), None)
     assert [p.device_index for p in built] == [None, 0]  # the third call hit the first one's entry
 
 

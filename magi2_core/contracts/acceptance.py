@@ -411,7 +411,7 @@ def accept_mhc_coefficients(actual: torch.Tensor, expected: torch.Tensor, what: 
     return Acceptance(close.ok, f"mhc_pre {what} {close.metric}", close.detail)
 
 
-def accept_mhc_mix(actual: torch.Tensor, expected: torch.Tensor, call: tuple[torch.Tensor, ...]) -> Acceptance:
+def accept_mhc_mix(actual: torch.Tensor, expected: torch.Tensor, call: tuple[Any, ...]) -> Acceptance:
     """``|a - e| <= ulp(e) + 4u·(Σ_j |residual[i, j]·streams[j]| + |post[i]·branch_output|)``: the final
     rounding, and each materialised term rounding to its neighbour (u: the streams' unit roundoff)."""
     streams, branch, post, residual = (t.cpu().double() for t in call[:4])

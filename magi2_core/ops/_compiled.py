@@ -39,11 +39,7 @@ def custom_op(
         values, provider = args.from_schema(given)
         call = args.call(validate, values, compiling=True)
         kernel, name = dispatcher().kernel(spec, call.key, provider)
-        out = spec.run(kernel, call)
-        scope = shadow.sampling()
-        if scope is not None:
-            shadow.observe(scope, spec, name, call, out)
-        return result(out)
+        return result(shadow.observed(spec, name, call, spec.run(kernel, call)))
 
     def fake_body(*given: Any) -> Any:
         return fake(dict(zip(names, given, strict=True)))

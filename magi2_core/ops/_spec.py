@@ -16,9 +16,8 @@ descriptor may name only fields that its op's key (or :data:`COMMON_FIELDS`) has
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -29,7 +28,7 @@ from magi2_core.errors import InvalidValueError
 from magi2_core.ops._args import Args
 from magi2_core.problem import COMMON_FIELDS, HEAD, OP_INT_FIELDS, OpName, Problem, features_from_mask, op_fields
 
-__all__ = ["COMMON_FIELDS", "HEAD", "CallT", "KeyT", "OpSpec", "dense", "forward_only"]
+__all__ = ["COMMON_FIELDS", "HEAD", "Accept", "CallT", "KeyT", "OpSpec", "dense", "forward_only"]
 
 CallT = TypeVar("CallT", bound=tuple[Any, ...])
 KeyT = TypeVar("KeyT", bound=tuple[Any, ...])
@@ -54,33 +53,47 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-class OpSpec(ABC, Generic[CallT, KeyT]):
+Accept = Callable[[Any, Mapping[str, torch.Tensor], Mapping[str, torch.Tensor], Any], list[Acceptance]]
+"""An op's acceptance rule: ``(problem, got, ref, call) -> [Acceptance]``, ``got`` against the reference's
+``ref`` (``problem``: the key or Problem) for the validated ``call`` that produced both (a rule may judge
+against a truth of the inputs)."""
+
+
+class OpSpec(Generic[CallT, KeyT]):
     """Everything the generic machinery needs to know about one operator.
 
     ``CallT`` is the op's validated call record (a frozen NamedTuple of normalised inputs ending in
-    ``key``; a provider's kernel receives it whole), ``KeyT`` its typed problem key.
+    ``key``; a provider's kernel receives it whole), ``KeyT`` its typed problem key (``key_type``, checked
+    against :data:`~magi2_core.problem.OP_INT_FIELDS` here). ``args``: the op's declared arguments;
+    ``validator``: its validation (``validate(*positional, **keywords, compiling=)``); ``outputs``: the
+    names of its result (one tensor, or a tuple's entries in order); ``accept``: its acceptance rule.
     """
 
-    name: ClassVar[OpName]
-    family: ClassVar[str]  # the ``use(...)`` / ``MAGI2_<FAMILY>_PROVIDER`` key that also covers this op
-    key_type: ClassVar[type[tuple[Any, ...]]]
-    kernel_protocol: ClassVar[type]  # what a provider's kernel object must look like (documentation, typing)
-    # The op's declared arguments and its validation (``validate(*positional, **keywords, compiling=)``):
-    # ``arg_names`` and ``validate_arguments`` are derived from them.
-    args: ClassVar[Args]
-    validator: ClassVar[Any]
-    arg_names: ClassVar[tuple[str, ...]]  # the public function's positional arguments, in order (derived)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if getattr(cls, "args", None) is not None:
-            cls.arg_names = cls.args.positional
-        fields = getattr(cls, "key_type", None) and cls.key_type._fields  # type: ignore[attr-defined]
-        if fields and (fields[: len(HEAD)] != HEAD or fields[len(HEAD) :] != OP_INT_FIELDS[cls.name]):
+    def __init__(
+        self,
+        args: Args,
+        key_type: type[KeyT],
+        validator: Callable[..., CallT],
+        *,
+        outputs: tuple[str, ...],
+        accept: Accept,
+    ) -> None:
+        self.name: OpName = args.op  # type: ignore[assignment]
+        fields = key_type._fields  # type: ignore[attr-defined]
+        if fields[: len(HEAD)] != HEAD or fields[len(HEAD) :] != OP_INT_FIELDS[self.name]:
             raise TypeError(
-                f"{cls.__name__}.key_type fields {fields} are not HEAD + "
-                f"magi2_core.problem.OP_INT_FIELDS[{cls.name!r}] {HEAD + OP_INT_FIELDS[cls.name]}"
+                f"{key_type.__name__} fields {fields} are not HEAD + "
+                f"magi2_core.problem.OP_INT_FIELDS[{self.name!r}] {HEAD + OP_INT_FIELDS[self.name]}"
             )
+        self.args = args
+        self.key_type = key_type
+        self.validator = validator
+        self.arg_names: tuple[str, ...] = args.positional  # the public function's positional arguments
+        self.output_names = outputs
+        self._accept = accept
+
+    def __repr__(self) -> str:
+        return f"OpSpec({self.name!r})"
 
     # -- the problem ---------------------------------------------------------------------------
     @property
@@ -126,13 +139,14 @@ class OpSpec(ABC, Generic[CallT, KeyT]):
         every provider receives the one record, ``kernel(call)``."""
         return kernel(call)
 
-    @abstractmethod
     def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        """A public or provider result as named tensors (an output not asked for is left out)."""
+        """A public or provider result as named tensors (an output not asked for, None, is left out)."""
+        if not isinstance(out, (tuple, list)):
+            return {self.output_names[0]: out}
+        return {name: t for name, t in zip(self.output_names, out, strict=True) if t is not None}
 
-    @abstractmethod
     def accept(
         self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: CallT
     ) -> list[Acceptance]:
-        """The op's acceptance rule: ``got`` against the reference's ``ref`` (``problem``: the key or Problem)
-        for the validated ``call`` that produced both (a rule may judge against a truth of the inputs)."""
+        """The op's acceptance rule (:data:`Accept`) on ``got`` against ``ref``."""
+        return self._accept(problem, got, ref, call)

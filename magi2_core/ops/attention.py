@@ -494,39 +494,23 @@ def attention(
         sinks = None
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: AttentionCall = _record(AttentionCall, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks) + b.rest)  # noqa: RUF005
-    o, lse = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, (o, lse))
+    o, lse = _shadow.observed(SPEC, b.provider, call, b.kernel(call))
     return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------------
 # the spec: what the generic machinery asks of this op
 # ---------------------------------------------------------------------------------------------
-class AttentionSpec(OpSpec[AttentionCall, AttentionKey]):
-    name = OP
-    family = "attention"
-    key_type = AttentionKey
-    kernel_protocol = AttentionKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        if not isinstance(out, tuple):
-            return {"o": out}
-        return {"o": out[0]} if out[1] is None else {"o": out[0], "lse": out[1]}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        results = [acc.accept_attention(got["o"], ref["o"])]
-        if "lse" in ref and "lse" in got:
-            results.append(acc.accept_lse(got["lse"], ref["lse"], ref["o"].dtype))
-        return results
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: AttentionCall
+) -> list[acc.Acceptance]:
+    results = [acc.accept_attention(got["o"], ref["o"])]
+    if "lse" in ref and "lse" in got:
+        results.append(acc.accept_lse(got["lse"], ref["lse"], ref["o"].dtype))
+    return results
 
 
-SPEC = AttentionSpec()
+SPEC: OpSpec[AttentionCall, AttentionKey] = OpSpec(ARGS, AttentionKey, validate, outputs=("o", "lse"), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(
     ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
 )

@@ -158,29 +158,15 @@ def mhc_mix(
     b = _bind(args, provider)
     call: MHCMixCall = _record(MHCMixCall, args + b.rest)
     out: torch.Tensor = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
-class MHCMixSpec(OpSpec[MHCMixCall, MHCMixKey]):
-    name = OP
-    family = "mhc"
-    key_type = MHCMixKey
-    kernel_protocol = MHCMixKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"streams": out}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [acc.accept_mhc_mix(got["streams"], ref["streams"], call)]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: MHCMixCall
+) -> list[acc.Acceptance]:
+    return [acc.accept_mhc_mix(got["streams"], ref["streams"], call)]
 
 
-SPEC = MHCMixSpec()
+SPEC: OpSpec[MHCMixCall, MHCMixKey] = OpSpec(ARGS, MHCMixKey, validate, outputs=("streams",), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _mhc_mix_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["streams"].new_empty(a["streams"].shape))

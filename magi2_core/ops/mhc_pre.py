@@ -304,35 +304,22 @@ def mhc_pre(
     w = norm_weight if norm_weight.dim() == 2 else norm_weight.view(b.rest[-1].num_modalities, -1)
     call: MHCPreCall = _record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
     out = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
-class MHCPreSpec(OpSpec[MHCPreCall, MHCPreKey]):
-    name = OP
-    family = "mhc"
-    key_type = MHCPreKey
-    kernel_protocol = MHCPreKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        h, post, res = out
-        return {"branch_input": h, "post": post, "residual": res}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [
-            acc.accept_mhc_branch_input(got["branch_input"], ref["branch_input"], call.streams),
-            acc.accept_mhc_coefficients(got["post"], ref["post"], "post"),
-            acc.accept_mhc_coefficients(got["residual"], ref["residual"], "residual"),
-        ]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: MHCPreCall
+) -> list[acc.Acceptance]:
+    return [
+        acc.accept_mhc_branch_input(got["branch_input"], ref["branch_input"], call.streams),
+        acc.accept_mhc_coefficients(got["post"], ref["post"], "post"),
+        acc.accept_mhc_coefficients(got["residual"], ref["residual"], "residual"),
+    ]
 
 
-SPEC = MHCPreSpec()
+SPEC: OpSpec[MHCPreCall, MHCPreKey] = OpSpec(
+    ARGS, MHCPreKey, validate, outputs=("branch_input", "post", "residual"), accept=_accept
+)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 
 

@@ -313,10 +313,7 @@ def moe_experts(
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: ExpertsCall = _record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
 def prepare_moe_weights(
@@ -359,23 +356,12 @@ def prepare_moe_weights(
     return PreparedMoEWeights.from_layout(name, layout, tuple(tensors))
 
 
-class MoEExpertsSpec(OpSpec[ExpertsCall, ExpertsKey]):
-    name = OP
-    family = "moe"
-    key_type = ExpertsKey
-    kernel_protocol = MoEExpertsKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"y": out}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: ExpertsCall
+) -> list[acc.Acceptance]:
+    return [acc.accept_moe_experts(got["y"], ref["y"], problem.intermediate)]
 
 
-SPEC = MoEExpertsSpec()
+SPEC: OpSpec[ExpertsCall, ExpertsKey] = OpSpec(ARGS, ExpertsKey, validate, outputs=("y",), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
 _moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))

@@ -236,42 +236,28 @@ def moe_route(
     b = _bind(args, provider)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: RouteCall = _record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
-    probs, idx = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, (probs, idx))
+    probs, idx = _shadow.observed(SPEC, b.provider, call, b.kernel(call))
     return probs, idx
 
 
-class MoERouteSpec(OpSpec[RouteCall, RouteKey]):
-    name = OP
-    family = "moe"
-    key_type = RouteKey
-    kernel_protocol = MoERouteKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"probs": out[0], "idx": out[1]}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: RouteCall
-    ) -> list[acc.Acceptance]:
-        # The ids are judged against the float64 truth of the inputs, not the reference's FP32 ids (a
-        # near-tie may fall either way); the weights against the reference's FP32 weights of the same ids.
-        truth = acc.route_truth(
-            call.x,
-            call.router_weight,
-            call.bias,
-            top_k=call.top_k,
-            route_scale=call.route_scale,
-            route_norm=call.route_norm,
-            score_func=call.score_func,
-        )
-        return [acc.accept_moe_route(got["probs"], got["idx"], truth)]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: RouteCall
+) -> list[acc.Acceptance]:
+    # The ids are judged against the float64 truth of the inputs, not the reference's FP32 ids (a
+    # near-tie may fall either way); the weights against the reference's FP32 weights of the same ids.
+    truth = acc.route_truth(
+        call.x,
+        call.router_weight,
+        call.bias,
+        top_k=call.top_k,
+        route_scale=call.route_scale,
+        route_norm=call.route_norm,
+        score_func=call.score_func,
+    )
+    return [acc.accept_moe_route(got["probs"], got["idx"], truth)]
 
 
-SPEC = MoERouteSpec()
+SPEC: OpSpec[RouteCall, RouteKey] = OpSpec(ARGS, RouteKey, validate, outputs=("probs", "idx"), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(
     ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
 )

@@ -163,30 +163,16 @@ def output_gate(
     b = _bind(args, provider)
     call: OutputGateCall = _record(OutputGateCall, (x, gate, index) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
-class OutputGateSpec(OpSpec[OutputGateCall, OutputGateKey]):
-    name = OP
-    family = "output_gate"
-    key_type = OutputGateKey
-    kernel_protocol = OutputGateKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"y": out}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [acc.accept_output_gate(got["y"], ref["y"], call.gate)]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: OutputGateCall
+) -> list[acc.Acceptance]:
+    return [acc.accept_output_gate(got["y"], ref["y"], call.gate)]
 
 
-SPEC = OutputGateSpec()
+SPEC: OpSpec[OutputGateCall, OutputGateKey] = OpSpec(ARGS, OutputGateKey, validate, outputs=("y",), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _output_gate_op = custom_op(
     ARGS,

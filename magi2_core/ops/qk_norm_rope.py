@@ -229,30 +229,16 @@ def qk_norm_rope(
         weight = weight.view(b.view)
     call: QKNormRopeCall = _record(QKNormRopeCall, (x, weight, rope, index) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
-class QKNormRopeSpec(OpSpec[QKNormRopeCall, QKNormRopeKey]):
-    name = OP
-    family = "qk_norm_rope"
-    key_type = QKNormRopeKey
-    kernel_protocol = QKNormRopeKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"y": out}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [acc.accept_qk_norm_rope(got["y"], ref["y"], call)]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: QKNormRopeCall
+) -> list[acc.Acceptance]:
+    return [acc.accept_qk_norm_rope(got["y"], ref["y"], call)]
 
 
-SPEC = QKNormRopeSpec()
+SPEC: OpSpec[QKNormRopeCall, QKNormRopeKey] = OpSpec(ARGS, QKNormRopeKey, validate, outputs=("y",), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _qk_norm_rope_op = custom_op(
     ARGS,

@@ -207,30 +207,16 @@ def rmsnorm(
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
     call: RMSNormCall = _record(RMSNormCall, (x, weight) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
-    scope = _shadow.sampling()
-    if scope is not None:
-        _shadow.observe(scope, SPEC, b.provider, call, out)
-    return out
+    return _shadow.observed(SPEC, b.provider, call, out)
 
 
-class RMSNormSpec(OpSpec[RMSNormCall, RMSNormKey]):
-    name = OP
-    family = "rmsnorm"
-    key_type = RMSNormKey
-    kernel_protocol = RMSNormKernel
-    args = ARGS
-    validator = staticmethod(validate)
-
-    def outputs(self, out: Any) -> dict[str, torch.Tensor]:
-        return {"y": out}
-
-    def accept(
-        self, problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: Any
-    ) -> list[acc.Acceptance]:
-        return [acc.accept_rmsnorm(got["y"], ref["y"])]
+def _accept(
+    problem: Any, got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], call: RMSNormCall
+) -> list[acc.Acceptance]:
+    return [acc.accept_rmsnorm(got["y"], ref["y"])]
 
 
-SPEC = RMSNormSpec()
+SPEC: OpSpec[RMSNormCall, RMSNormKey] = OpSpec(ARGS, RMSNormKey, validate, outputs=("y",), accept=_accept)
 _bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
 _rmsnorm_op = custom_op(
     ARGS,
