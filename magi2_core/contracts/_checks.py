@@ -129,6 +129,14 @@ def real(op: str, arg: str, value: object, expected: str) -> float:
         raise InvalidValueError(op, arg, expected, repr(value)) from None
 
 
+def non_negative(op: str, arg: str, value: object) -> float:
+    """``value`` as a finite Python float >= 0 (an eps: 0 is allowed, an all-zero row then gives 0/0)."""
+    v = real(op, arg, value, "a finite float >= 0")
+    if not math.isfinite(v) or v < 0:
+        raise InvalidValueError(op, arg, "a finite float >= 0", repr(value))
+    return v
+
+
 def rank(op: str, arg: str, t: torch.Tensor, ranks: Iterable[int], layout: str) -> None:
     allowed = tuple(ranks)
     if t.dim() not in allowed:

@@ -30,7 +30,21 @@ import torch
 
 from magi2_core.problem import FEATURE_BIT, Feature
 
-__all__ = ["INTS", "OPTIONAL_TENSOR", "REQUIRED", "SCALAR", "TENSOR", "VALUE", "Arg", "Args", "Pack"]
+__all__ = [
+    "INTS",
+    "OPTIONAL_TENSOR",
+    "REQUIRED",
+    "SCALAR",
+    "TENSOR",
+    "VALUE",
+    "Arg",
+    "Args",
+    "Pack",
+    "eps_arg",
+    "index_arg",
+    "modality_sizes_arg",
+    "out_dtype_arg",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 REQUIRED: Any = inspect.Parameter.empty  # an argument without a default (positional in the public function)
@@ -60,6 +74,33 @@ class Arg:
     feature: Feature | None = None  # asked for when the validated value is set (not None, not false or zero)
     resolve: Callable[[Any], Any] | None = None  # what ``None`` means, resolved before validation
     positional: bool = False  # positional or keyword although it has a default (else keyword-only)
+
+
+# Rows that several ops declare alike (each op gives its own docstring line).
+def _int_list(sizes: Sequence[int] | None) -> list[int] | None:
+    return None if sizes is None else list(sizes)
+
+
+def eps_arg(doc: str, default: float) -> Arg:
+    """A norm's ``eps: float``."""
+    return Arg("eps", "float", doc, default, schema=float, to_schema=float)
+
+
+def modality_sizes_arg(doc: str) -> Arg:
+    """``modality_sizes: Sequence[int] | None``: host-side ints, keyed by value; a list for the custom op."""
+    return Arg(
+        "modality_sizes", "Sequence[int] | None", doc, None, schema=list[int] | None, to_schema=_int_list, layout=INTS
+    )
+
+
+def index_arg(doc: str) -> Arg:
+    """``index: torch.Tensor | None``: an optional row gather on the input's device."""
+    return Arg("index", "torch.Tensor | None", doc, None, schema=torch.Tensor | None, layout=OPTIONAL_TENSOR)
+
+
+def out_dtype_arg(doc: str = "the output dtype (None: x's dtype).") -> Arg:
+    """``out_dtype: torch.dtype | None``."""
+    return Arg("out_dtype", "torch.dtype | None", doc, None, schema=torch.dtype | None, layout=VALUE)
 
 
 @dataclass(frozen=True)

@@ -14,24 +14,31 @@ import torch
 
 from magi2_core import shadow
 from magi2_core.dispatch import dispatcher
-from magi2_core.ops._args import Args
+from magi2_core.ops._spec import OpSpec, dense
 
-__all__ = ["custom_op"]
+__all__ = ["custom_op", "fake_like"]
 
 
-def custom_op(
-    args: Args,
-    spec: Any,
-    validate: Callable[..., Any],
-    returns: Any,
-    result: Callable[[Any], Any],
-    fake: Callable[[Mapping[str, Any]], Any],
-) -> Any:
-    """Register ``magi2::<op>`` for the op declared by ``args``.
+def _dense_all(out: Any) -> Any:
+    return tuple(dense(t) for t in out) if isinstance(out, (tuple, list)) else dense(out)
 
-    ``returns`` is the custom op's Python return type, ``result`` what it makes of the kernel's output,
-    ``fake`` its output from the arguments by name (what the traced graph sees).
-    """
+
+def fake_like(name: str) -> Callable[[Mapping[str, Any]], torch.Tensor]:
+    """The fake of an op whose one output has argument ``name``'s shape, in ``out_dtype`` where the op has
+    one and it is set, else in ``name``'s dtype."""
+
+    def fake(a: Mapping[str, Any]) -> torch.Tensor:
+        t: torch.Tensor = a[name]
+        return t.new_empty(t.shape, dtype=a.get("out_dtype") or t.dtype)
+
+    return fake
+
+
+def custom_op(spec: OpSpec[Any, Any], returns: Any, fake: Callable[[Mapping[str, Any]], Any]) -> Any:
+    """Register ``magi2::<op>`` for ``spec``'s op: its schema from the declared arguments, ``returns`` the
+    custom op's Python return type (a tensor or a tuple of them, each made contiguous as :func:`dense`
+    says), ``fake`` its output from the arguments by name (what the traced graph sees)."""
+    args, validate = spec.args, spec.validator
     signature = args.schema_signature(returns)
     names = list(signature.parameters)
 
@@ -39,7 +46,7 @@ def custom_op(
         values, provider = args.from_schema(given)
         call = args.call(validate, values, compiling=True)
         kernel, name = dispatcher().kernel(spec, call.key, provider)
-        return result(shadow.observed(spec, name, call, spec.run(kernel, call)))
+        return _dense_all(shadow.observed(spec, name, call, spec.run(kernel, call)))
 
     def fake_body(*given: Any) -> Any:
         return fake(dict(zip(names, given, strict=True)))

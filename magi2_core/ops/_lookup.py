@@ -9,34 +9,50 @@ so that the hot path pays for no loop over the declaration and no call but the l
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from magi2_core.contracts._checks import device_value_checks
 from magi2_core.dispatch import dispatcher
-from magi2_core.ops._args import Args
+from magi2_core.ops._spec import OpSpec
 from magi2_core.overrides import context_token
 
-__all__ = ["cache_lookup"]
+__all__ = ["Layout", "cache_lookup", "keep_scalars"]
+
+
+class Layout(NamedTuple):
+    """What a repeated call layout reuses, for an op that keeps nothing but its kernel and scalar fields."""
+
+    kernel: Any
+    provider: str
+    rest: tuple[Any, ...]  # the validated call's fields after its tensors (scalars and the key)
+
+
+def keep_scalars(tensors: int) -> Callable[[Any, str, Any, tuple[Any, ...]], Layout]:
+    """The ``make`` of :func:`cache_lookup` for such an op, whose call record leads with ``tensors`` tensors."""
+
+    def make(kernel: Any, name: str, call: Any, args: tuple[Any, ...]) -> Layout:
+        return Layout(kernel, name, call[tensors:])
+
+    return make
 
 
 def cache_lookup(
-    declared: Args,
-    spec: Any,
-    validate: Callable[..., Any],
+    spec: OpSpec[Any, Any],
     make: Callable[[Any, str, Any, tuple[Any, ...]], Any],
     *,
     value_checked: bool = False,
     recheck: tuple[str, Callable[[Any, Any], None]] | None = None,
 ) -> Callable[..., Any]:
-    """``bind(args, provider)``: what a public call with the declared arguments ``args`` (a tuple, in
+    """``bind(args, provider)``: what a public call with ``spec``'s declared arguments ``args`` (a tuple, in
     declaration order) reuses of its call layout, found in the dispatcher's cache, or made and kept.
 
-    On a miss: ``validate`` (which raises on a bad argument), the kernel resolved for ``spec``, and
+    On a miss: the spec's validation (which raises on a bad argument), the kernel resolved for it, and
     ``make(kernel, provider_name, call, args)``, kept where the layout may be (:meth:`Args.cacheable`; and,
     when ``value_checked``, not while device value checks are on: every call is then checked in full).
     ``recheck`` ``(name, check)``: on a hit whose ``recheck`` field is set, ``check(hit, <argument name>)``
     (a host tensor's values, checked on every call).
     """
+    declared, validate = spec.args, spec.validator
     names = ", ".join(declared.names)
     items = ", ".join(a.layout.replace("{}", a.name) for a in declared.rows)
     lines = [

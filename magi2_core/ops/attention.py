@@ -26,7 +26,7 @@ from magi2_core.kernel import SinkRescale
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import OpSpec, forward_only
 from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = [
@@ -511,17 +511,12 @@ def _accept(
 
 
 SPEC: OpSpec[AttentionCall, AttentionKey] = OpSpec(ARGS, AttentionKey, validate, outputs=("o", "lse"), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(
-    ARGS, SPEC, validate, _make, value_checked=True, recheck=("sinks", _recheck)
-)
-_attention_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    tuple[torch.Tensor, torch.Tensor],
-    lambda out: (dense(out[0]), dense(out[1])),
-    lambda a: (
-        a["q"].new_empty(a["q"].shape),
-        a["q"].new_empty((a["q"].shape[1], a["q"].shape[0]), dtype=torch.float32),
-    ),
-)
+_bind: Callable[..., _Layout] = cache_lookup(SPEC, _make, value_checked=True, recheck=("sinks", _recheck))
+
+
+def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    q = a["q"]
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+custom_op(SPEC, tuple[torch.Tensor, torch.Tensor], _fake)

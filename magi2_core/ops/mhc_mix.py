@@ -17,9 +17,9 @@ from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
 from magi2_core.ops._args import TENSOR, Arg, Args
-from magi2_core.ops._compiled import custom_op
-from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._compiled import custom_op, fake_like
+from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
+from magi2_core.ops._spec import OpSpec, forward_only
 
 __all__ = ["ARGS", "SPEC", "MHCMixCall", "MHCMixKernel", "MHCMixKey", "mhc_mix", "validate"]
 
@@ -119,17 +119,6 @@ def validate(streams: object, branch_output: object, post: object, residual: obj
     )
 
 
-class _Layout(NamedTuple):
-    kernel: Any
-    provider: str
-    rest: tuple[Any, ...]  # the validated call's fields after its tensors (the key)
-
-
-def _make(kernel: Any, name: str, call: MHCMixCall, args: tuple[Any, ...]) -> _Layout:
-    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Layout(kernel, name, call[_TENSORS:])
-
-
 @ARGS.public
 def mhc_mix(
     streams: torch.Tensor,
@@ -168,5 +157,5 @@ def _accept(
 
 
 SPEC: OpSpec[MHCMixCall, MHCMixKey] = OpSpec(ARGS, MHCMixKey, validate, outputs=("streams",), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
-_mhc_mix_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["streams"].new_empty(a["streams"].shape))
+_bind: Callable[..., Layout] = cache_lookup(SPEC, keep_scalars(_TENSORS))
+custom_op(SPEC, torch.Tensor, fake_like("streams"))

@@ -9,7 +9,6 @@ coefficients and the branch input in the streams' dtype, post and residual once 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -19,10 +18,10 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg
 from magi2_core.ops._compiled import custom_op
-from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
+from magi2_core.ops._spec import OpSpec, forward_only
 
 __all__ = [
     "ARGS",
@@ -82,10 +81,6 @@ class MHCPreCall(NamedTuple):
     key: MHCPreKey
 
 
-def _list(sizes: Sequence[int] | None) -> list[int] | None:
-    return None if sizes is None else list(sizes)
-
-
 # The arguments of :func:`mhc_pre` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
 ARGS = Args(
     OP,
@@ -118,16 +113,8 @@ ARGS = Args(
         Arg("bias_pre", "torch.Tensor", "``[n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
         Arg("bias_post", "torch.Tensor", "", schema=torch.Tensor, layout=TENSOR),
         Arg("bias_res", "torch.Tensor", "``[n, n]`` FP32.", schema=torch.Tensor, layout=TENSOR),
-        Arg("eps", "float", "the norm's eps, a finite float >= 0.", DEFAULT_EPS, schema=float, to_schema=float),
-        Arg(
-            "modality_sizes",
-            "Sequence[int] | None",
-            "host-side ints, the M contiguous token groups' sizes (None: M = 1).",
-            None,
-            schema=list[int] | None,
-            to_schema=_list,
-            layout=INTS,
-        ),
+        eps_arg("the norm's eps, a finite float >= 0.", DEFAULT_EPS),
+        modality_sizes_arg("host-side ints, the M contiguous token groups' sizes (None: M = 1)."),
         Arg(
             "sinkhorn_iterations",
             "int",
@@ -137,14 +124,7 @@ ARGS = Args(
             to_schema=int,
         ),
         Arg("sinkhorn_eps", "float", "the eps of its divisions.", DEFAULT_SINKHORN_EPS, schema=float, to_schema=float),
-        Arg(
-            "out_dtype",
-            "torch.dtype | None",
-            "the post and residual coefficients' dtype (None: the streams' dtype, as upstream).",
-            None,
-            schema=torch.dtype | None,
-            layout=VALUE,
-        ),
+        out_dtype_arg("the post and residual coefficients' dtype (None: the streams' dtype, as upstream)."),
     ),
 )
 _TENSORS = 9  # the leading tensor fields of MHCPreCall; a cache hit reuses the fields after them
@@ -169,13 +149,6 @@ def _fp32_param(name: str, value: object, shape: tuple[int, ...] | None, layout:
     if shape is not None and tuple(t.shape) != shape:
         raise InvalidShapeError(OP, name, layout, checks.describe(t))
     return t
-
-
-def _non_negative(name: str, value: object) -> float:
-    v = checks.real(OP, name, value, "a finite float >= 0")
-    if not math.isfinite(v) or v < 0:
-        raise InvalidValueError(OP, name, "a finite float >= 0", repr(value))
-    return v
 
 
 def validate(
@@ -228,25 +201,14 @@ def validate(
     b_res = _fp32_param("bias_res", bias_res, (n, n), f"[{n}, {n}]")
     params = (w, p, a_pre, a_post, a_res, b_pre, b_post, b_res)
     checks.same_device(OP, "streams", x, **dict(zip(_PARAMS, params, strict=True)))
-    e = _non_negative("eps", eps)
-    se = _non_negative("sinkhorn_eps", sinkhorn_eps)
+    e = checks.non_negative(OP, "eps", eps)
+    se = checks.non_negative(OP, "sinkhorn_eps", sinkhorn_eps)
     if isinstance(sinkhorn_iterations, bool) or not isinstance(sinkhorn_iterations, int) or sinkhorn_iterations < 0:
         raise InvalidValueError(OP, "sinkhorn_iterations", "an int >= 0", repr(sinkhorn_iterations))
     od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
     return call._replace(key=MHCPreKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, n, d, m))
-
-
-class _Layout(NamedTuple):
-    kernel: Any
-    provider: str
-    rest: tuple[Any, ...]  # the validated call's fields after its tensors
-
-
-def _make(kernel: Any, name: str, call: MHCPreCall, args: tuple[Any, ...]) -> _Layout:
-    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Layout(kernel, name, call[_TENSORS:])
 
 
 @ARGS.public
@@ -320,7 +282,7 @@ def _accept(
 SPEC: OpSpec[MHCPreCall, MHCPreKey] = OpSpec(
     ARGS, MHCPreKey, validate, outputs=("branch_input", "post", "residual"), accept=_accept
 )
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
+_bind: Callable[..., Layout] = cache_lookup(SPEC, keep_scalars(_TENSORS))
 
 
 def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -333,11 +295,4 @@ def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     )
 
 
-_mhc_pre_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    lambda out: (dense(out[0]), dense(out[1]), dense(out[2])),
-    _fake,
-)
+custom_op(SPEC, tuple[torch.Tensor, torch.Tensor, torch.Tensor], _fake)

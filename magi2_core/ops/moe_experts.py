@@ -19,9 +19,9 @@ from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
 from magi2_core.ops._args import TENSOR, VALUE, Arg, Args, Pack
-from magi2_core.ops._compiled import custom_op
+from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import OpSpec, forward_only
 from magi2_core.problem import Feature, Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolver import resolve_problem
@@ -363,5 +363,5 @@ def _accept(
 
 
 SPEC: OpSpec[ExpertsCall, ExpertsKey] = OpSpec(ARGS, ExpertsKey, validate, outputs=("y",), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make, value_checked=True, recheck=("idx", _recheck))
-_moe_experts_op = custom_op(ARGS, SPEC, validate, torch.Tensor, dense, lambda a: a["x"].new_empty(a["x"].shape))
+_bind: Callable[..., _Layout] = cache_lookup(SPEC, _make, value_checked=True, recheck=("idx", _recheck))
+custom_op(SPEC, torch.Tensor, fake_like("x"))

@@ -28,7 +28,7 @@ from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import OpSpec, forward_only
 from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = ["ARGS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
@@ -258,17 +258,12 @@ def _accept(
 
 
 SPEC: OpSpec[RouteCall, RouteKey] = OpSpec(ARGS, RouteKey, validate, outputs=("probs", "idx"), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(
-    ARGS, SPEC, validate, _make, value_checked=True, recheck=("bias", _recheck)
-)
-_moe_route_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    tuple[torch.Tensor, torch.Tensor],
-    lambda out: (dense(out[0]), dense(out[1])),
-    lambda a: (
-        a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.float32),
-        a["x"].new_empty((a["x"].shape[1], a["x"].shape[0], a["top_k"]), dtype=torch.int64),
-    ),
-)
+_bind: Callable[..., _Layout] = cache_lookup(SPEC, _make, value_checked=True, recheck=("bias", _recheck))
+
+
+def _fake(a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, k = a["x"].shape[0], a["x"].shape[1], a["top_k"]
+    return a["x"].new_empty((h, t, k), dtype=torch.float32), a["x"].new_empty((h, t, k), dtype=torch.int64)
+
+
+custom_op(SPEC, tuple[torch.Tensor, torch.Tensor], _fake)

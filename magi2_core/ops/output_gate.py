@@ -22,10 +22,10 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
-from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
-from magi2_core.ops._compiled import custom_op
-from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._args import TENSOR, Arg, Args, index_arg, out_dtype_arg
+from magi2_core.ops._compiled import custom_op, fake_like
+from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
+from magi2_core.ops._spec import OpSpec, forward_only
 
 __all__ = ["ARGS", "SPEC", "OutputGateCall", "OutputGateKernel", "OutputGateKey", "output_gate"]
 
@@ -74,23 +74,11 @@ ARGS = Args(
             schema=torch.Tensor,
             layout=TENSOR,
         ),
-        Arg(
-            "index",
-            "torch.Tensor | None",
+        index_arg(
             "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
-            "``permute``); values in [0, T), not checked on the host (that would sync). None: row t.",
-            None,
-            schema=torch.Tensor | None,
-            layout=OPTIONAL_TENSOR,
+            "``permute``); values in [0, T), not checked on the host (that would sync). None: row t."
         ),
-        Arg(
-            "out_dtype",
-            "torch.dtype | None",
-            "the output dtype (None: x's dtype).",
-            None,
-            schema=torch.dtype | None,
-            layout=VALUE,
-        ),
+        out_dtype_arg(),
     ),
 )
 _TENSORS = 3  # the leading tensor fields of OutputGateCall; a cache hit reuses the fields after them
@@ -129,17 +117,6 @@ def validate(
     return call._replace(key=OutputGateKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, h, d))
 
 
-class _Layout(NamedTuple):
-    kernel: Any
-    provider: str
-    rest: tuple[Any, ...]  # the validated call's fields after its tensors (out_dtype and the key)
-
-
-def _make(kernel: Any, name: str, call: OutputGateCall, args: tuple[Any, ...]) -> _Layout:
-    """What a repeated call of this layout reuses (``args``: the declared arguments)."""
-    return _Layout(kernel, name, call[_TENSORS:])
-
-
 @ARGS.public
 def output_gate(
     x: torch.Tensor,
@@ -173,12 +150,5 @@ def _accept(
 
 
 SPEC: OpSpec[OutputGateCall, OutputGateKey] = OpSpec(ARGS, OutputGateKey, validate, outputs=("y",), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
-_output_gate_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    torch.Tensor,
-    dense,
-    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
-)
+_bind: Callable[..., Layout] = cache_lookup(SPEC, keep_scalars(_TENSORS))
+custom_op(SPEC, torch.Tensor, fake_like("x"))

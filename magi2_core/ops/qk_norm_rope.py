@@ -14,7 +14,6 @@ it (``rope.tensor_split(2, -1)`` is ``sin, cos``), indexed by the output token.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -23,11 +22,11 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
-from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.ops._args import INTS, OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
-from magi2_core.ops._compiled import custom_op
+from magi2_core.errors import InvalidShapeError
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, index_arg, modality_sizes_arg, out_dtype_arg
+from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import OpSpec, forward_only
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "QKNormRopeCall", "QKNormRopeKernel", "QKNormRopeKey", "qk_norm_rope"]
 
@@ -64,10 +63,6 @@ class QKNormRopeCall(NamedTuple):
     key: QKNormRopeKey
 
 
-def _list(sizes: Sequence[int] | None) -> list[int] | None:
-    return None if sizes is None else list(sizes)
-
-
 # The arguments of :func:`qk_norm_rope` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
 ARGS = Args(
     OP,
@@ -96,35 +91,15 @@ ARGS = Args(
             schema=torch.Tensor,
             layout=TENSOR,
         ),
-        Arg(
-            "eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float
+        eps_arg("a finite float >= 0 added to the mean square.", DEFAULT_EPS),
+        modality_sizes_arg(
+            "host-side ints, the sizes of the M contiguous groups of x's rows, summing to T (None: M = 1)."
         ),
-        Arg(
-            "modality_sizes",
-            "Sequence[int] | None",
-            "host-side ints, the sizes of the M contiguous groups of x's rows, summing to T (None: M = 1).",
-            None,
-            schema=list[int] | None,
-            to_schema=_list,
-            layout=INTS,
-        ),
-        Arg(
-            "index",
-            "torch.Tensor | None",
+        index_arg(
             "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
-            "``inverse_permute``); values in [0, T), not checked on the host (that would sync). None: row t.",
-            None,
-            schema=torch.Tensor | None,
-            layout=OPTIONAL_TENSOR,
+            "``inverse_permute``); values in [0, T), not checked on the host (that would sync). None: row t."
         ),
-        Arg(
-            "out_dtype",
-            "torch.dtype | None",
-            "the output dtype (None: x's dtype).",
-            None,
-            schema=torch.dtype | None,
-            layout=VALUE,
-        ),
+        out_dtype_arg(),
     ),
 )
 _TENSORS = 4  # the leading tensor fields of QKNormRopeCall; a cache hit reuses the fields after them
@@ -175,9 +150,7 @@ def validate(
         )
     idx = checks.gather_index(OP, index, t)
     checks.same_device(OP, "x", x, weight=w, rope=r, index=idx)
-    e = checks.real(OP, "eps", eps, "a finite float >= 0")
-    if not math.isfinite(e) or e < 0:
-        raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
+    e = checks.non_negative(OP, "eps", eps)
     od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = QKNormRopeCall(x, w, r, idx, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
@@ -239,12 +212,5 @@ def _accept(
 
 
 SPEC: OpSpec[QKNormRopeCall, QKNormRopeKey] = OpSpec(ARGS, QKNormRopeKey, validate, outputs=("y",), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
-_qk_norm_rope_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    torch.Tensor,
-    dense,
-    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
-)
+_bind: Callable[..., _Layout] = cache_lookup(SPEC, _make)
+custom_op(SPEC, torch.Tensor, fake_like("x"))

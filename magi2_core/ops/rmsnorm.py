@@ -8,7 +8,6 @@ needs ``x.shape[-2] == P``. The output is cast once to ``out_dtype or x.dtype``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -17,11 +16,11 @@ import torch
 from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
-from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.ops._args import INTS, TENSOR, VALUE, Arg, Args
-from magi2_core.ops._compiled import custom_op
+from magi2_core.errors import InvalidShapeError
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg
+from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
-from magi2_core.ops._spec import OpSpec, dense, forward_only
+from magi2_core.ops._spec import OpSpec, forward_only
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
 
@@ -58,10 +57,6 @@ class RMSNormCall(NamedTuple):
     key: RMSNormKey
 
 
-def _list(sizes: Sequence[int] | None) -> list[int] | None:
-    return None if sizes is None else list(sizes)
-
-
 # The arguments of :func:`rmsnorm` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
 ARGS = Args(
     OP,
@@ -83,26 +78,11 @@ ARGS = Args(
             schema=torch.Tensor,
             layout=TENSOR,
         ),
-        Arg(
-            "eps", "float", "a finite float >= 0 added to the mean square.", DEFAULT_EPS, schema=float, to_schema=float
+        eps_arg("a finite float >= 0 added to the mean square.", DEFAULT_EPS),
+        modality_sizes_arg(
+            "host-side ints, the sizes of the M contiguous token groups, summing to T (None: one modality, M = 1)."
         ),
-        Arg(
-            "modality_sizes",
-            "Sequence[int] | None",
-            "host-side ints, the sizes of the M contiguous token groups, summing to T (None: one modality, M = 1).",
-            None,
-            schema=list[int] | None,
-            to_schema=_list,
-            layout=INTS,
-        ),
-        Arg(
-            "out_dtype",
-            "torch.dtype | None",
-            "the output dtype (None: x's dtype).",
-            None,
-            schema=torch.dtype | None,
-            layout=VALUE,
-        ),
+        out_dtype_arg(),
     ),
 )
 _TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
@@ -159,9 +139,7 @@ def validate(
     p = w.shape[1]
     if p != 1 and (x.dim() < 3 or x.shape[-2] != p):
         raise InvalidShapeError(OP, "x", f"[tokens, ..., {p}, {d}] to match weight's {p} patterns", checks.describe(x))
-    e = checks.real(OP, "eps", eps, "a finite float >= 0")
-    if not math.isfinite(e) or e < 0:  # eps = 0 is allowed: an all-zero row is then 0/0 = NaN, by definition
-        raise InvalidValueError(OP, "eps", "a finite float >= 0", repr(eps))
+    e = checks.non_negative(OP, "eps", eps)
     od = checks.out_dtype(OP, out_dtype, x.dtype)
     call = RMSNormCall(x, w, e, sizes, od, None)  # type: ignore[arg-type]
     mask = ARGS.features(call, compiling)
@@ -217,12 +195,5 @@ def _accept(
 
 
 SPEC: OpSpec[RMSNormCall, RMSNormKey] = OpSpec(ARGS, RMSNormKey, validate, outputs=("y",), accept=_accept)
-_bind: Callable[..., _Layout] = cache_lookup(ARGS, SPEC, validate, _make)
-_rmsnorm_op = custom_op(
-    ARGS,
-    SPEC,
-    validate,
-    torch.Tensor,
-    dense,
-    lambda a: a["x"].new_empty(a["x"].shape, dtype=a["out_dtype"] or a["x"].dtype),
-)
+_bind: Callable[..., _Layout] = cache_lookup(SPEC, _make)
+custom_op(SPEC, torch.Tensor, fake_like("x"))
