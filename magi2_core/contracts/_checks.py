@@ -129,6 +129,22 @@ def real(op: str, arg: str, value: object, expected: str) -> float:
         raise InvalidValueError(op, arg, expected, repr(value)) from None
 
 
+def float_input(op: str, arg: str, value: object) -> torch.Tensor:
+    """An op's main input: a tensor with data (not meta), of a float dtype the ops serve."""
+    t = tensor(op, arg, value)
+    with_data(op, arg, t)
+    dtype_in(op, arg, t, FLOATS)
+    return t
+
+
+def rows_3d(op: str, arg: str, t: torch.Tensor, layout: str, min_last: int = 1) -> tuple[int, int, int]:
+    """``t``'s ``[T, A, B]`` sizes, with ``A >= 1`` and ``B >= min_last`` (``layout`` says so to the user)."""
+    if t.dim() != 3 or t.shape[1] < 1 or t.shape[2] < min_last:
+        raise InvalidShapeError(op, arg, layout, describe(t))
+    a, b, c = t.shape
+    return a, b, c
+
+
 def non_negative(op: str, arg: str, value: object) -> float:
     """``value`` as a finite Python float >= 0 (an eps: 0 is allowed, an all-zero row then gives 0/0)."""
     v = real(op, arg, value, "a finite float >= 0")

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from magi2_core import config
 from magi2_core.problem import FEATURE_BIT, Feature
 
 __all__ = [
@@ -43,7 +44,9 @@ __all__ = [
     "eps_arg",
     "index_arg",
     "modality_sizes_arg",
+    "deterministic_arg",
     "out_dtype_arg",
+    "record",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,6 +79,9 @@ class Arg:
     positional: bool = False  # positional or keyword although it has a default (else keyword-only)
 
 
+record = tuple.__new__  # builds a call record (a NamedTuple) from a tuple without its Python __new__: the hot path
+
+
 # Rows that several ops declare alike (each op gives its own docstring line).
 def _int_list(sizes: Sequence[int] | None) -> list[int] | None:
     return None if sizes is None else list(sizes)
@@ -96,6 +102,24 @@ def modality_sizes_arg(doc: str) -> Arg:
 def index_arg(doc: str) -> Arg:
     """``index: torch.Tensor | None``: an optional row gather on the input's device."""
     return Arg("index", "torch.Tensor | None", doc, None, schema=torch.Tensor | None, layout=OPTIONAL_TENSOR)
+
+
+def _deterministic(value: bool | None) -> bool:
+    return config.get("MAGI2_DETERMINISTIC") if value is None else value
+
+
+def deterministic_arg() -> Arg:
+    """``deterministic: bool | None``: the feature, ``None`` meaning ``MAGI2_DETERMINISTIC``."""
+    return Arg(
+        "deterministic",
+        "bool | None",
+        "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
+        None,
+        schema=bool,
+        layout=VALUE,
+        feature=Feature.DETERMINISTIC,
+        resolve=_deterministic,
+    )
 
 
 def out_dtype_arg(doc: str = "the output dtype (None: x's dtype).") -> Arg:

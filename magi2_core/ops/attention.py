@@ -23,7 +23,7 @@ from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.kernel import SinkRescale
-from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args, deterministic_arg, record
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -85,10 +85,6 @@ class AttentionCall(NamedTuple):
     deterministic: bool
     return_lse: bool
     key: AttentionKey
-
-
-def _deterministic(value: bool | None) -> bool:
-    return config.get("MAGI2_DETERMINISTIC") if value is None else value
 
 
 # Prefix sums enter the call layout by value where validation reads their values (host ones, or device
@@ -159,16 +155,7 @@ ARGS = Args(
             layout=OPTIONAL_TENSOR,
             feature=Feature.SINKS,
         ),
-        Arg(
-            "deterministic",
-            "bool | None",
-            "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
-            None,
-            schema=bool,
-            layout=VALUE,
-            feature=Feature.DETERMINISTIC,
-            resolve=_deterministic,
-        ),
+        deterministic_arg(),
         Arg(
             "return_lse",
             "bool",
@@ -191,7 +178,6 @@ ARGS = Args(
 )
 _SINKS_AT = ARGS.names.index("sinks")
 _TENSORS = 6  # the leading tensor fields of AttentionCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class AttentionKernel(Protocol):
@@ -493,7 +479,7 @@ def attention(
     if b.drop_sinks:
         sinks = None
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
-    call: AttentionCall = _record(AttentionCall, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks) + b.rest)  # noqa: RUF005
+    call: AttentionCall = record(AttentionCall, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks) + b.rest)  # noqa: RUF005
     o, lse = _shadow.observed(SPEC, b.provider, call, b.kernel(call))
     return (o, lse) if return_lse else o
 

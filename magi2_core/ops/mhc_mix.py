@@ -16,7 +16,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
-from magi2_core.ops._args import TENSOR, Arg, Args
+from magi2_core.ops._args import TENSOR, Arg, Args, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -78,7 +78,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 4  # the leading tensor fields of MHCMixCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MHCMixKernel(Protocol):
@@ -91,12 +90,8 @@ class MHCMixKernel(Protocol):
 
 def validate(streams: object, branch_output: object, post: object, residual: object, *, compiling: bool) -> MHCMixCall:
     """Check every argument (raising an input error that names it)."""
-    x = checks.tensor(OP, "streams", streams)
-    checks.with_data(OP, "streams", x)
-    checks.dtype_in(OP, "streams", x, checks.FLOATS)
-    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", checks.describe(x))
-    t, n, d = x.shape
+    x = checks.float_input(OP, "streams", streams)
+    t, n, d = checks.rows_3d(OP, "streams", x, "[tokens, n, D] with n >= 1 streams of width D >= 1")
     y = checks.tensor(OP, "branch_output", branch_output)
     if y.dtype != x.dtype:
         raise InvalidDTypeError(
@@ -145,7 +140,7 @@ def mhc_mix(
         y: torch.Tensor = ARGS.compiled(args, provider)
         return y
     b = _bind(args, provider)
-    call: MHCMixCall = _record(MHCMixCall, args + b.rest)
+    call: MHCMixCall = record(MHCMixCall, args + b.rest)
     out: torch.Tensor = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

@@ -18,7 +18,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg, record
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -128,7 +128,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 9  # the leading tensor fields of MHCPreCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MHCPreKernel(Protocol):
@@ -170,12 +169,8 @@ def validate(
     compiling: bool,
 ) -> MHCPreCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = checks.tensor(OP, "streams", streams)
-    checks.with_data(OP, "streams", x)
-    checks.dtype_in(OP, "streams", x, checks.FLOATS)
-    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-        raise InvalidShapeError(OP, "streams", "[tokens, n, D] with n >= 1 streams of width D >= 1", checks.describe(x))
-    t, n, d = x.shape
+    x = checks.float_input(OP, "streams", streams)
+    t, n, d = checks.rows_3d(OP, "streams", x, "[tokens, n, D] with n >= 1 streams of width D >= 1")
     sizes = checks.modality_sizes(OP, modality_sizes, t, "streams.shape[0]")
     m = 1 if sizes is None else len(sizes)
     w = _fp32_param("norm_weight", norm_weight, None, "")
@@ -264,7 +259,7 @@ def mhc_pre(
         return out
     b = _bind(args, provider)
     w = norm_weight if norm_weight.dim() == 2 else norm_weight.view(b.rest[-1].num_modalities, -1)
-    call: MHCPreCall = _record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
+    call: MHCPreCall = record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
     out = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

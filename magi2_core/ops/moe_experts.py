@@ -18,11 +18,11 @@ from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
 from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
-from magi2_core.ops._args import TENSOR, VALUE, Arg, Args, Pack
+from magi2_core.ops._args import TENSOR, Arg, Args, Pack, deterministic_arg, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
-from magi2_core.problem import Feature, Problem
+from magi2_core.problem import Problem
 from magi2_core.registry import get_registry
 from magi2_core.resolver import resolve_problem
 
@@ -93,10 +93,6 @@ def _unpack(weights: list[torch.Tensor], layout: str) -> tuple[torch.Tensor, tor
     return checkpoint_views(layout, tuple(weights))
 
 
-def _deterministic(value: bool | None) -> bool:
-    return config.get("MAGI2_DETERMINISTIC") if value is None else value
-
-
 # The arguments of :func:`moe_experts` (without ``provider``), declared once: see :mod:`magi2_core.ops._args`.
 # The three weights (or one PreparedMoEWeights in w_gate's place) reach the custom op as a tensor list and
 # its layout name; validation receives their checkpoint-layout views.
@@ -144,21 +140,11 @@ ARGS = Args(
             layout=TENSOR,
             positional=True,
         ),
-        Arg(
-            "deterministic",
-            "bool | None",
-            "ask for a bit-reproducible provider (None: ``MAGI2_DETERMINISTIC``).",
-            None,
-            schema=bool,
-            layout=VALUE,
-            feature=Feature.DETERMINISTIC,
-            resolve=_deterministic,
-        ),
+        deterministic_arg(),
     ),
     Pack(("w_gate", "w_up", "w_down"), (("weights", list[torch.Tensor]), ("layout", str)), _pack, _unpack),
 )
 _TENSORS = 6  # the leading tensor fields of ExpertsCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MoEExpertsKernel(Protocol):
@@ -311,7 +297,7 @@ def moe_experts(
         return y
     b = _bind((x, probs, idx, wg, wu, wd, det), provider)  # the weights as checkpoint-layout views
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
-    call: ExpertsCall = _record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
+    call: ExpertsCall = record(ExpertsCall, (x, probs, idx, wg, wu, wd) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

@@ -25,7 +25,7 @@ from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
-from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args
+from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args, record
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -122,7 +122,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 3  # the leading tensor fields of RouteCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class MoERouteKernel(Protocol):
@@ -235,7 +234,7 @@ def moe_route(
         return probs, idx
     b = _bind(args, provider)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
-    call: RouteCall = _record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
+    call: RouteCall = record(RouteCall, (x, router_weight, bias) + b.rest)  # noqa: RUF005
     probs, idx = _shadow.observed(SPEC, b.provider, call, b.kernel(call))
     return probs, idx
 

@@ -22,7 +22,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
-from magi2_core.ops._args import TENSOR, Arg, Args, index_arg, out_dtype_arg
+from magi2_core.ops._args import TENSOR, Arg, Args, index_arg, out_dtype_arg, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -82,7 +82,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 3  # the leading tensor fields of OutputGateCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class OutputGateKernel(Protocol):
@@ -97,12 +96,8 @@ def validate(
     x: object, gate: object, *, index: object, out_dtype: torch.dtype | None, compiling: bool
 ) -> OutputGateCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = checks.tensor(OP, "x", x)
-    checks.with_data(OP, "x", x)
-    checks.dtype_in(OP, "x", x, checks.FLOATS)
-    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-        raise InvalidShapeError(OP, "x", "[tokens, heads H >= 1, head dim D >= 1]", checks.describe(x))
-    t, h, d = x.shape
+    x = checks.float_input(OP, "x", x)
+    t, h, d = checks.rows_3d(OP, "x", x, "[tokens, heads H >= 1, head dim D >= 1]")
     g = checks.tensor(OP, "gate", gate)
     checks.dtype_in(OP, "gate", g, checks.FLOATS)
     if tuple(g.shape) not in ((t, h), (t, h, 1)):
@@ -138,7 +133,7 @@ def output_gate(
         y: torch.Tensor = ARGS.compiled(args, provider)
         return y
     b = _bind(args, provider)
-    call: OutputGateCall = _record(OutputGateCall, (x, gate, index) + b.rest)  # noqa: RUF005
+    call: OutputGateCall = record(OutputGateCall, (x, gate, index) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

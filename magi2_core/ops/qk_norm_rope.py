@@ -23,7 +23,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
-from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, index_arg, modality_sizes_arg, out_dtype_arg
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, index_arg, modality_sizes_arg, out_dtype_arg, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -103,7 +103,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 4  # the leading tensor fields of QKNormRopeCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class QKNormRopeKernel(Protocol):
@@ -126,12 +125,8 @@ def validate(
     compiling: bool,
 ) -> QKNormRopeCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = checks.tensor(OP, "x", x)
-    checks.with_data(OP, "x", x)
-    checks.dtype_in(OP, "x", x, checks.FLOATS)
-    if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] < 2:
-        raise InvalidShapeError(OP, "x", "[tokens, heads H >= 1, head dim D >= 2]", checks.describe(x))
-    t, h, d = x.shape
+    x = checks.float_input(OP, "x", x)
+    t, h, d = checks.rows_3d(OP, "x", x, "[tokens, heads H >= 1, head dim D >= 2]", 2)
     w = checks.tensor(OP, "weight", weight)
     checks.dtype_in(OP, "weight", w, checks.FLOATS)
     sizes = checks.modality_sizes(OP, modality_sizes, t, "x.shape[0]")
@@ -200,7 +195,7 @@ def qk_norm_rope(
     b = _bind(args, provider)
     if b.view is not None:
         weight = weight.view(b.view)
-    call: QKNormRopeCall = _record(QKNormRopeCall, (x, weight, rope, index) + b.rest)  # noqa: RUF005
+    call: QKNormRopeCall = record(QKNormRopeCall, (x, weight, rope, index) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

@@ -17,7 +17,7 @@ from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
-from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg
+from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg, out_dtype_arg, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
@@ -86,7 +86,6 @@ ARGS = Args(
     ),
 )
 _TENSORS = 2  # the leading tensor fields of RMSNormCall; a cache hit reuses the fields after them
-_record = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__ (the hot path)
 
 
 class RMSNormKernel(Protocol):
@@ -115,9 +114,7 @@ def validate(
     compiling: bool,
 ) -> RMSNormCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
-    x = checks.tensor(OP, "x", x)
-    checks.with_data(OP, "x", x)
-    checks.dtype_in(OP, "x", x, checks.FLOATS)
+    x = checks.float_input(OP, "x", x)
     if x.dim() < 2:
         raise InvalidShapeError(OP, "x", "[tokens, D] or [tokens, ..., patterns, D] (at least 2-D)", checks.describe(x))
     t, d = x.shape[0], x.shape[-1]
@@ -183,7 +180,7 @@ def rmsnorm(
     if b.view is not None:
         weight = weight.view(b.view)
     # one record per call, built without the NamedTuple's Python __new__ (concatenation: faster than *)
-    call: RMSNormCall = _record(RMSNormCall, (x, weight) + b.rest)  # noqa: RUF005
+    call: RMSNormCall = record(RMSNormCall, (x, weight) + b.rest)  # noqa: RUF005
     out: torch.Tensor = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 
