@@ -41,10 +41,10 @@ __all__ = [
     "Arg",
     "Args",
     "Pack",
+    "deterministic_arg",
     "eps_arg",
     "index_arg",
     "modality_sizes_arg",
-    "deterministic_arg",
     "out_dtype_arg",
     "record",
 ]
