@@ -33,6 +33,7 @@ from .align import (
     align_routes_stable,
     expert_lists_device,
     flat_route_experts,
+    kernel_operands,
     route_capacity,
 )
 from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_gluon_ws
@@ -369,19 +370,7 @@ def _launch_one_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | Expe
     tile, bufs, x = launch.single, _rows(routes), ops.x
     assert tile is not None
     fused_expert_kernel[(bufs.capacity // tile.block_m,)](
-        x,
-        ops.wg,
-        ops.wu,
-        ops.w_down,
-        ops.probs,
-        ops.routed,
-        bufs.sorted_ids,
-        bufs.expert_ids,
-        bufs.num_padded,
-        x.shape[0],
-        ops.routed.shape[0],
-        x.stride(0),
-        x.stride(1),
+        *kernel_operands(x, (ops.wg, ops.wu, ops.w_down), ops.probs, ops.routed, bufs),
         *ops.w_strides,
         D=x.shape[2],
         INTER=ops.w_down.shape[1],

@@ -32,7 +32,7 @@ from torch import Tensor
 from magi2_core.backend import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
-from .align import ExpertLists, RouteBuffers
+from .align import ExpertLists, RouteBuffers, kernel_operands
 from .tiles import SliceTile
 
 _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
@@ -176,20 +176,9 @@ def launch_fused_gluon(
     docstring says why).
     """
     kernels = _checked_kernels(x, w13, tile, "gluon")
-    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
+    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, bufs)
     kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
-        x,
-        w13_desc,
-        wd_desc,
-        probs_flat,
-        routed,
-        bufs.sorted_ids,
-        bufs.expert_ids,
-        bufs.num_padded,
-        x.shape[0],
-        routed.shape[0],
-        x.stride(0),
-        x.stride(1),
+        *operands,
         **_meta(x, w13, topk, tile),
         num_warps=tile.num_warps,
         launch_pdl=pdl,
@@ -209,20 +198,9 @@ def launch_fused_gluon_routed(
 ) -> None:
     """Fill ``routed`` [R, d], one program per flat expert walking its route list in row blocks."""
     kernels = _checked_kernels(x, w13, tile, "gluon_routed")
-    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
+    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, lists)
     kernels.fused_expert_gluon_routed_kernel[(w13.shape[0],)](
-        x,
-        w13_desc,
-        wd_desc,
-        probs_flat,
-        routed,
-        lists.lists,
-        lists.counts,
-        lists.stride,
-        x.shape[0],
-        routed.shape[0],
-        x.stride(0),
-        x.stride(1),
+        *operands,
         **_meta(x, w13, topk, tile),
         num_warps=tile.num_warps,
         launch_pdl=True,  # reads the lists and counts only after griddepcontrol.wait: safe after any kernel
@@ -245,21 +223,10 @@ def launch_fused_gluon_ws(
     SM, walking the aligned row blocks (the count of real ones is read on the device). ``pdl`` as in
     `launch_fused_gluon`."""
     kernels = _checked_kernels(x, w13, tile, "gluon_ws")
-    w13_desc, wd_desc = _descriptors(x, w13, w_down, tile)
+    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, bufs)
     grid = min(bufs.capacity // tile.block_m, _sm_count(x.device))
     kernels.fused_expert_gluon_ws_kernel[(grid,)](
-        x,
-        w13_desc,
-        wd_desc,
-        probs_flat,
-        routed,
-        bufs.sorted_ids,
-        bufs.expert_ids,
-        bufs.num_padded,
-        x.shape[0],
-        routed.shape[0],
-        x.stride(0),
-        x.stride(1),
+        *operands,
         **_meta(x, w13, topk, tile),
         CONSUMER_REGS=_WS_CONSUMER_REGS,
         num_warps=4,  # the first consumer; the kernel adds the second and the loader warp

@@ -17,7 +17,7 @@ from torch import Tensor
 from magi2_core.backend import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
-from .align import RouteBuffers
+from .align import RouteBuffers, kernel_operands
 from .kernels_tma import fused_expert_tma_kernel
 from .tiles import SliceTile
 
@@ -73,25 +73,14 @@ def launch_fused_tma(
     reason = tma_unsupported_reason(x.device)
     if reason is not None:
         raise InvalidValueError("moe_experts", "plan.variant", "'one_kernel' here", f"'tma' ({reason})")
-    num_tokens, _, d = x.shape
+    d = x.shape[2]
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     bi = tile.block_i
     w13_desc = TensorDescriptor.from_tensor(w13.reshape(num_experts * two_inter, d), [2 * bi, d])
     wd_desc = TensorDescriptor.from_tensor(w_down.reshape(num_experts * inter, d), [bi, d])
     fused_expert_tma_kernel[(bufs.capacity // tile.block_m,)](
-        x,
-        w13_desc,
-        wd_desc,
-        probs_flat,
-        routed,
-        bufs.sorted_ids,
-        bufs.expert_ids,
-        bufs.num_padded,
-        num_tokens,
-        routed.shape[0],
-        x.stride(0),
-        x.stride(1),
+        *kernel_operands(x, (w13_desc, wd_desc), probs_flat, routed, bufs),
         D=d,
         INTER=inter,
         TOPK=topk,
