@@ -1,5 +1,6 @@
-"""What the fused-op benchmarks share (``qk_norm_rope.py``, ``output_gate.py``): timing each variant on the
-minimum bytes, and the command line that writes the record and prints it against the device's copy."""
+"""What the fused-op benchmarks share (``mhc.py``, ``qk_norm_rope.py``, ``output_gate.py``): timing each
+variant on the minimum bytes, and the command line that writes the record and prints it against the
+device's copy."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
@@ -46,21 +48,25 @@ def record(
     }
 
 
-def main(name: str, doc: str, bench: Callable[..., dict[str, Any]], pack_tokens: int) -> None:
-    """``--iters/--tokens/--json/--smoke``; ``bench(tokens, iters, device=...)`` gives the file's one row."""
+def main(name: str, doc: str, bench: Callable[..., dict[str, Any]], pack_tokens: int, *, wheel: bool = False) -> None:
+    """``--iters/--tokens/--json/--smoke`` (and ``--wheel`` where ``wheel``: vllm-omni's own path as a
+    baseline); ``bench(tokens, iters, device=...[, wheel=...])`` gives the file's one row."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=pack_tokens)
     ap.add_argument("--json", default=f"benchmarks/results/{name}.json")
     ap.add_argument("--smoke", action="store_true", help="a tiny pack on the CPU (TRITON_INTERPRET=1)")
+    if wheel:
+        ap.add_argument("--wheel", type=Path, help="vllm-omni 0.30.0 wheel or unpacked directory: its path too")
     args = ap.parse_args()
+    extra = {"wheel": args.wheel} if wheel else {}
     if args.smoke:
         info = {**env_record("cpu"), "ceilings": None}
-        row = bench(min(args.tokens, 40), min(args.iters, 2), device="cpu")
+        row = bench(min(args.tokens, 40), min(args.iters, 2), device="cpu", **extra)
     else:
         ceilings = measure_ceilings()
         info = {**env_record(), "ceilings": ceilings.record()}
-        row = bench(args.tokens, args.iters)
+        row = bench(args.tokens, args.iters, **extra)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"benchmark": name, "env": info, "rows": [row]}, f, indent=2)
@@ -73,7 +79,9 @@ def main(name: str, doc: str, bench: Callable[..., dict[str, Any]], pack_tokens:
         + "; ".join(row["acceptance"])
     )
     for variant, r in row["results"].items():
+        design = r.get("tb_s_design_bytes")
+        on_design = "" if design is None else f"{design:.2f} TB/s on the design's bytes ({design / copy:.2f} of copy), "
         print(
-            f"{variant:24s} p50 {r['p50_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f})  "
+            f"{variant:24s} p50 {r['p50_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f})  {on_design}"
             f"{r['tb_s_minimum_bytes']:.2f} TB/s on the minimum bytes ({r['tb_s_minimum_bytes'] / copy:.2f} of copy)"
         )

@@ -1,6 +1,6 @@
 """Fused mHC (Triton ``mhc_pre`` + ``mhc_mix``) vs vllm-omni 0.30.0's native form, eager and compiled.
 
-    python -m benchmarks.mhc [--iters N] [--tokens T] [--json PATH] [--wheel VLLM_OMNI_WHEEL_OR_DIR]
+    python -m benchmarks.mhc [--iters N] [--tokens T] [--json PATH] [--wheel VLLM_OMNI_WHEEL_OR_DIR] [--smoke]
 
 One branch's mHC at the 272p / 10 s CFG pack (29,912 tokens, 4 streams of 3072, BF16, 3 modalities):
 ``mhc_pre`` then ``mhc_mix`` (the branch itself is left out: its output is a fixed tensor). The native
@@ -20,9 +20,6 @@ fused outputs are judged against the float64 reference by the contract's rules (
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +29,7 @@ import torch
 from magi2_backend_reference.torch_mhc import torch_mhc_mix, torch_mhc_pre
 
 import magi2_core as m2
-from benchmarks._common import env_record, measure_ceilings, stats, time_alternating
+from benchmarks._fused_op import main, record, time_variants
 from magi2_core.contracts import acceptance as acc
 from magi2_core.testing import call_record
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
@@ -86,12 +83,12 @@ def vllm_omni_variants(
     return {"vllm_omni_eager": branch, "vllm_omni_compiled": compiled}
 
 
-def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
+def bench(t: int, iters: int, device: str = "cuda", wheel: Path | None = None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     sizes = _sizes(t)
-    x = mhc_streams(g, t, STREAMS, WIDTH, torch.bfloat16).cuda()
-    params = tuple(p.cuda() for p in mhc_parameters(g, len(sizes), STREAMS, WIDTH))
-    y = torch.randn(t, WIDTH, generator=g).to(torch.bfloat16).cuda()
+    x = mhc_streams(g, t, STREAMS, WIDTH, torch.bfloat16).to(device)
+    params = tuple(p.to(device) for p in mhc_parameters(g, len(sizes), STREAMS, WIDTH))
+    y = torch.randn(t, WIDTH, generator=g).to(torch.bfloat16).to(device)
 
     def fused() -> torch.Tensor:
         _h, post, res = m2.mhc_pre(x, *params, modality_sizes=sizes, provider="triton")
@@ -114,16 +111,9 @@ def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
         str(acc.accept_mhc_coefficients(got[2], ref[2], "residual")),
     ]
     mix_call = call_record("mhc_mix", x, y, ref[1], ref[2])
-    verdicts.append(
-        str(
-            acc.accept_mhc_mix(
-                m2.mhc_mix(x, y, ref[1], ref[2], provider="triton"),
-                m2.mhc_mix(x, y, ref[1], ref[2], provider="reference"),
-                mix_call,
-            )
-        )
-    )
-    del got, ref
+    mixed = m2.mhc_mix(x, y, ref[1], ref[2], provider="triton")
+    verdicts.append(str(acc.accept_mhc_mix(mixed, m2.mhc_mix(x, y, ref[1], ref[2], provider="reference"), mix_call)))
+    del got, ref, mixed
 
     s = x.numel() * 2
     design = 3 * s + s + 2 * y.numel() * 2  # pre reads twice, mix reads once and writes; h written, y read
@@ -138,56 +128,11 @@ def bench(t: int, iters: int, wheel: Path | None = None) -> dict[str, Any]:
         own = acc.accept_mhc_mix(fused(), upstream["vllm_omni_eager"](), mix_call)  # the reference's coefficients
         verdicts.append(f"vllm-omni's own mix vs the fused: {own}")
         fns.update(upstream)
-    ms = time_alternating(fns, iters)
-    results = {}
-    for name, samples in ms.items():
-        st = stats(samples)
-        results[name] = {
-            "p10_ms": st["p10"],
-            "p50_ms": st["p50"],
-            "p90_ms": st["p90"],
-            "tb_s_design_bytes": design / (st["p50"] * 1e-3) / 1e12,
-            "tb_s_minimum_bytes": minimum / (st["p50"] * 1e-3) / 1e12,
-        }
-    return {
-        "tokens": t,
-        "streams": STREAMS,
-        "width": WIDTH,
-        "modality_sizes": sizes,
-        "design_bytes": design,
-        "minimum_bytes": minimum,
-        "acceptance": verdicts,
-        "results": results,
-    }
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
-    ap.add_argument("--json", default="benchmarks/results/mhc.json")
-    ap.add_argument(
-        "--wheel", type=Path, help="vllm-omni 0.30.0 wheel or unpacked directory: its own path as a baseline"
-    )
-    args = ap.parse_args()
-    ceilings = measure_ceilings()
-    info = {**env_record(), "ceilings": ceilings.record()}
-    row = bench(args.tokens, args.iters, args.wheel)
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"benchmark": "mhc", "env": info, "rows": [row]}, f, indent=2)
-    copy = ceilings.copy_tb_s
-    print(
-        f"this device's copy {copy:.2f} TB/s, measured in this run; {row['tokens']} tokens x {STREAMS} x {WIDTH}; "
-        + "; ".join(row["acceptance"])
-    )
-    for name, r in row["results"].items():
-        print(
-            f"{name:16s} p50 {r['p50_ms']:.3f} ms  {r['tb_s_design_bytes']:.2f} TB/s on the design's bytes "
-            f"({r['tb_s_design_bytes'] / copy:.2f} of this device's copy), {r['tb_s_minimum_bytes'] / copy:.2f} on "
-            "the minimum"
-        )
+    results = time_variants(fns, iters, minimum, device)
+    for r in results.values():
+        r["tb_s_design_bytes"] = design / (r["p50_ms"] * 1e-3) / 1e12
+    return {**record(t, sizes, minimum, verdicts, results, streams=STREAMS, width=WIDTH), "design_bytes": design}
 
 
 if __name__ == "__main__":
-    main()
+    main("mhc", __doc__ or "", bench, PACK_TOKENS, wheel=True)
