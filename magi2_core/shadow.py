@@ -131,7 +131,7 @@ def shadow(rate: float = 1.0, *, raise_on_mismatch: bool = False, seed: int | No
 
 
 def sampling() -> _Scope | None:
-    """The setting in force here when it samples anything, else None (what the ops ask after each call)."""
+    """The setting in force here when it samples anything, else None (:func:`observed` reads the same, inline)."""
     scope = _SCOPE.get() or _process
     return scope if scope.rate > 0.0 else None
 
@@ -190,7 +190,7 @@ def observed(spec: OpSpec[Any, Any], provider: str, call: Any, out: _Out) -> _Ou
 
 
 def observe(scope: _Scope, spec: OpSpec[Any, Any], provider: str, call: Any, out: Any) -> None:
-    """Called by an op after its kernel ran, with the :func:`sampling` setting: maybe re-run and compare.
+    """Called by :func:`observed` after an op's kernel ran, with the :func:`sampling` setting: maybe re-run and compare.
 
     ``call`` is the op's validated call, ``out`` what ``provider``'s kernel returned. Runs under
     ``torch.no_grad``; never modifies ``out``.
