@@ -59,7 +59,9 @@ class MHCPreKey(NamedTuple):
 class MHCPreCall(NamedTuple):
     """One validated ``mhc_pre`` call: what a provider receives, whole and frozen.
 
-    ``streams`` is ``[T, n, D]``; ``norm_weight`` ``[M, n·D]`` FP32 (a flat parameter viewed so); ``phi``
+    ``streams`` is ``[T, n, D]``; ``norm_weight`` FP32 as the caller passed it, flat ``[M·n·D]`` or
+    ``[M, n·D]`` (modality-major either way; ``key.num_modalities`` is M: a provider that wants rows
+    reshapes it, and one that reads it by pointer needs no view, which the hot path would pay for); ``phi``
     ``[n·D, 2n + n²]`` FP32 (columns: pre, post, residual row-major); the alphas are one-element FP32
     tensors, ``bias_pre`` and ``bias_post`` ``[n]``, ``bias_res`` ``[n, n]``, all FP32.
     """
@@ -181,7 +183,6 @@ def validate(
             f"[{m}·{n * d}] (flat, modality-major) or [{m}, {n * d}]: {m} modalities of the flattened stream width n·D",
             checks.describe(w),
         )
-    w = w.view(m, n * d)
     nl = 2 * n + n * n
     p = _fp32_param("phi", phi, (n * d, nl), f"[{n * d}, {nl}]: n·D rows, 2n + n² columns (pre, post, residual)")
     a_pre, a_post, a_res = (
@@ -258,8 +259,7 @@ def mhc_pre(
         out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = ARGS.compiled(args, provider)
         return out
     b = _bind(args, provider)
-    w = norm_weight if norm_weight.dim() == 2 else norm_weight.view(b.rest[-1].num_modalities, -1)
-    call: MHCPreCall = record(MHCPreCall, (streams, w, *tensors[2:]) + b.rest)  # noqa: RUF005
+    call: MHCPreCall = record(MHCPreCall, tensors + b.rest)
     out = b.kernel(call)
     return _shadow.observed(SPEC, b.provider, call, out)
 

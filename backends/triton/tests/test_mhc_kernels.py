@@ -50,6 +50,10 @@ def test_more_modality_groups_than_one_launch_serves(dtype: torch.dtype) -> None
         acc.accept_mhc_coefficients(got[2], ref[2], "residual"),
     ):
         assert verdict, str(verdict)
+    # the kernels read the weight by modality offset: passed as [M, n·D] rows it gives the same bits
+    rows = (args[0], args[1].view(len(sizes), -1), *args[2:])
+    for a, b in zip(_pre(rows, "triton", modality_sizes=sizes, out_dtype=torch.float32), got, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_nonfinite_tokens_and_a_nan_residual_bias_match_the_reference() -> None:
@@ -143,15 +147,19 @@ def _torch_pieces(w: torch.Tensor, phi: torch.Tensor, block_n: int) -> torch.Ten
     return torch.stack((hi, mid, lo), dim=1)
 
 
-@pytest.mark.parametrize(("m", "k", "nl", "block_n"), [(3, 96, 24, 32), (1, 200, 8, 16), (2, 64, 32, 32)])
-def test_the_split_pieces_are_the_torch_split_summing_to_the_fold(m: int, k: int, nl: int, block_n: int) -> None:
+@pytest.mark.parametrize(
+    ("m", "k", "nl", "block_n", "flat"), [(3, 96, 24, 32, True), (1, 200, 8, 16, False), (2, 64, 32, 32, False)]
+)
+def test_the_split_pieces_are_the_torch_split_summing_to_the_fold(
+    m: int, k: int, nl: int, block_n: int, flat: bool
+) -> None:
     from magi2_backend_triton.mhc_pre import split_pieces
 
     g = torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
     w = torch.randn(m, k, generator=g) * 0.1
     phi = torch.randn(k, nl, generator=g) * 0.02
     phi[0, 0], phi[-1, -1] = 3.0e-30, -7.5e5  # a tiny and a large product: every piece in play
-    pieces = split_pieces(w.to(DEVICE), phi.to(DEVICE), block_n).cpu()
+    pieces = split_pieces((w.reshape(-1) if flat else w).to(DEVICE), phi.to(DEVICE), block_n).cpu()
     assert pieces.shape == (m, 3, k, block_n) and pieces.dtype == torch.bfloat16
     assert torch.equal(pieces.view(torch.int16), _torch_pieces(w, phi, block_n).view(torch.int16))
     got = pieces.double().sum(dim=1)[:, :, :nl]
@@ -228,7 +236,6 @@ def test_the_split_bf16_logits_are_exact_and_repeatable_at_the_pack(
     t, k = x.shape[0], x.shape[1] * x.shape[2]
     cfg = kernel.LogitsConfig(block_t, block_k, "bf16x3", num_warps, num_stages, split_k)
     at = f"{cfg}, seed {split_pack['seed']}"
-    w = w.view(len(sizes), k)  # [M, n·D], as launch_mhc_pre passes it
     first, second = (kernel._split_partials(x.reshape(t, k), w, phi, sizes, cfg) for _ in range(2))
     for name, u, v in zip(("sums", "sums of squares"), first, second, strict=True):
         rows = int((u != v).reshape(u.shape[0], t, -1).any(2).any(0).sum())

@@ -33,11 +33,12 @@ def mhc_logits(
     eps: float,
     modality_sizes: Sequence[int] | None,
 ) -> torch.Tensor:
-    """``rmsnorm(streams.view(T, n·D)) @ phi`` in float64: ``[T, 2n + n²]`` (``norm_weight``: ``[M, n·D]``)."""
+    """``rmsnorm(streams.view(T, n·D)) @ phi`` in float64: ``[T, 2n + n²]`` (``norm_weight``: ``[M·n·D]`` or
+    ``[M, n·D]``)."""
     t, n, d = streams.shape
     x = streams.double().reshape(t, n * d)
     normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
-    scale = (norm_weight + 1).double()  # w + 1 formed in the FP32 parameter's dtype, as upstream
+    scale = (norm_weight.reshape(-1, n * d) + 1).double()  # w + 1 in the FP32 parameter's dtype, as upstream
     if modality_sizes is None:
         per_token = scale[0].expand(t, -1)
     else:

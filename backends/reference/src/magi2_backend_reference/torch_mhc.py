@@ -22,7 +22,7 @@ def torch_mhc_pre(call: MHCPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.T
     t, n, d = x.shape
     flat = x.float().reshape(t, n * d)
     normed = flat * torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + call.eps)
-    scale = call.norm_weight + 1.0
+    scale = call.norm_weight.reshape(-1, n * d) + 1.0
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
     normed = torch.cat([part * scale[m] for m, part in enumerate(torch.split(normed, sizes, dim=0))], dim=0)
     l_pre, l_post, l_res = torch.split(normed @ call.phi, [n, n, n * n], dim=-1)

@@ -262,10 +262,11 @@ _BLOCK_K_PIECES = 64
 
 
 def split_pieces(w: torch.Tensor, phi: torch.Tensor, block_n: int) -> torch.Tensor:
-    """``[M, 3, K, block_n]`` BF16 from contiguous FP32 ``w [M, K]`` and ``phi [K, NL]``: per modality,
-    ``(w[m] + 1)·phi`` in FP32 as hi + mid + lo, in one launch (it is formed again on every call: a
-    copy kept between calls would go stale when a parameter's storage is replaced)."""
-    m, k = w.shape
+    """``[M, 3, K, block_n]`` BF16 from contiguous FP32 ``w`` (``[M·K]`` or ``[M, K]``) and ``phi [K, NL]``:
+    per modality, ``(w[m] + 1)·phi`` in FP32 as hi + mid + lo, in one launch (it is formed again on
+    every call: a copy kept between calls would go stale when a parameter's storage is replaced)."""
+    k = phi.shape[0]
+    m = w.numel() // k if k else 0
     pieces = torch.empty((m, 3, k, block_n), dtype=torch.bfloat16, device=phi.device)
     if m and k:
         _mhc_pieces_kernel[(m, triton.cdiv(k, _BLOCK_K_PIECES))](
@@ -406,7 +407,7 @@ def launch_mhc_pre(
         return h, post, res
     k, nl = n * d, 2 * n + n * n
     flat = x.reshape(t, k)  # a view for [T, n, D] with contiguous rows; a copy otherwise
-    w = call.norm_weight.contiguous()
+    w = call.norm_weight.contiguous()  # flat [M·n·D] or [M, n·D]: modality m's scale starts at m·n·D
     phi = call.phi.contiguous()
     sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
     cfg = logits_config
@@ -476,13 +477,13 @@ def _fp32_logits(
             bounds += [0] * (_MOD_PER_LAUNCH - 1 - len(bounds))
             _mhc_logits_kernel[(triton.cdiv(t1 - t0, cfg.block_t),)](
                 flat[t0:t1],
-                w[g0:],
+                w if g0 == 0 else w.reshape(-1)[g0 * k :],  # contiguous: modality g0's scale onward
                 phi,
                 logits[t0:t1],
                 t1 - t0,
                 nl,
                 flat.stride(0),
-                w.stride(0),
+                k,
                 bounds[0],
                 bounds[1],
                 bounds[2],
