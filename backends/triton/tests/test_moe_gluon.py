@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from collections.abc import Callable
 
 import pytest
@@ -104,15 +105,19 @@ def test_dependent_launch_follows_the_alignment_that_ran(
     # The row-block kernels read the padded count before griddepcontrol.wait: programmatic dependent
     # launch is safe right after an alignment's scatter kernel only (the atomic and the stable
     # kernels end with one), never after the torch statement of the stable alignment.
-    from magi2_backend_triton.moe import fused
+    from magi2_backend_triton.moe import fused, gluon
 
     seen: list[tuple[str, bool]] = []
+
+    class Kernel:  # records its launch's launch_pdl in place of launching
+        def __getitem__(self, grid: object) -> Callable[..., None]:
+            return lambda *a, launch_pdl, **k: seen.append(("pdl", launch_pdl))
+
+    kernels = types.SimpleNamespace(fused_expert_gluon_kernel=Kernel(), fused_expert_gluon_ws_kernel=Kernel())
     monkeypatch.setattr(fused, "_align", lambda *a: seen.append(("align", a[-1] == alignment)))
-    monkeypatch.setattr(
-        fused,
-        "launch_fused_gluon_ws" if variant == "gluon_ws" else "launch_fused_gluon",
-        lambda *a, pdl, **k: seen.append(("pdl", pdl)),
-    )
+    monkeypatch.setattr(gluon, "_checked_kernels", lambda *a: kernels)
+    monkeypatch.setattr(gluon, "_descriptors", lambda *a: ("w13 descriptor", "down descriptor"))
+    monkeypatch.setattr(gluon, "_sm_count", lambda device: 132)
     x, probs, idx, wg, wu, wd = make_moe(7, 2, 3, 128, 96, 2)
     run_fused(x, probs, idx, wg, wu, wd, state=MoEState(), plan=gluon_plan(variant, TILE128, alignment))
     assert seen == [("align", True), ("pdl", pdl)]

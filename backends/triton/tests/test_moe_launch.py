@@ -15,6 +15,7 @@ import pytest
 import torch
 from magi2_backend_triton.moe import fused, gluon, kernels, kernels_tma, tma
 from magi2_backend_triton.moe.align import ExpertLists, RouteBuffers
+from magi2_backend_triton.moe.operands import Operands
 from magi2_backend_triton.moe.tiles import Launch, SliceTile
 
 T, HEADS, D, INTER, EXPERTS, TOPK = 8, 2, 32, 96, 4, 2
@@ -79,7 +80,7 @@ def test_every_launcher_passes_each_operand_to_its_parameter(recorders: dict[str
     bufs = RouteBuffers.allocate(64, 16, EXPERTS, torch.device("cpu"))
     lists = ExpertLists.allocate(EXPERTS, T * TOPK, torch.device("cpu"))
     w_strides = (w13.stride(0), w13.stride(2), 2 * w13.stride(1))
-    ops = fused.Kernels(x, w13, w13[:, 1:, :], w13, wd, w_strides, probs, routed, TOPK, False, False)
+    ops = Operands(x, w13, w13[:, 1:, :], w13, wd, w_strides, probs, routed, TOPK, False, False)
     for variant in ("gluon", "gluon_ws", "tma", "one_kernel"):
         fused._LAUNCHERS[variant](ops, Launch(variant, "atomic", TILE, None, True, True), bufs)
     fused._LAUNCHERS["gluon_routed"](ops, Launch("gluon_routed", "lists", TILE, None, True, True), lists)

@@ -391,17 +391,3 @@ def expert_lists_device(idx: Tensor, num_local_experts: int, lists: ExpertLists)
             PDL=_pdl(idx.device),
         )
     return lists
-
-
-def kernel_operands(
-    x: Tensor, weights: tuple[object, ...], probs: Tensor, routed: Tensor, routes: RouteBuffers | ExpertLists
-) -> tuple[object, ...]:
-    """The runtime arguments of a one-kernel expert kernel (one_kernel, tma, gluon, gluon_ws, gluon_routed),
-    in the order they all take: x, its ``weights`` (tensors or descriptors), the route weights, the
-    per-route output, the routes (row blocks: sorted ids, expert per block, padded count; lists: lists,
-    counts, stride), then T, R and x's token and head strides."""
-    if isinstance(routes, RouteBuffers):
-        read: tuple[object, ...] = (routes.sorted_ids, routes.expert_ids, routes.num_padded)
-    else:
-        read = (routes.lists, routes.counts, routes.stride)
-    return (x, *weights, probs, routed, *read, x.shape[0], routed.shape[0], x.stride(0), x.stride(1))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import triton
@@ -33,15 +32,15 @@ from .align import (
     align_routes_stable,
     expert_lists_device,
     flat_route_experts,
-    kernel_operands,
     route_capacity,
 )
-from .gluon import launch_fused_gluon, launch_fused_gluon_routed, launch_fused_gluon_ws
+from .gluon import launch_gluon, launch_gluon_routed
 from .kernels import fused_expert_kernel, gemm1_swiglu7_kernel, gemm2_weighted_kernel, topk_sum_kernel
+from .operands import Operands, kernel_operands, row_blocks
 from .pack import interleaved_bank, pack_w13
 from .plan import device_id, plan_for, plan_reason, rows_for, without_bank
-from .tiles import TENSOR_DESCRIPTORS, VARIANTS, Alignment, Launch, SliceTile, Variant, launch_of
-from .tma import launch_fused_tma
+from .tiles import TENSOR_DESCRIPTORS, VARIANTS, Alignment, GemmTile, Launch, Variant, launch_of
+from .tma import launch_tma
 
 
 class MoEState:
@@ -310,67 +309,17 @@ def run_fused(
         else:
             routes = state.route_buffers(num_routes, num_experts, block_m, x.device)
         _align(idx, num_experts // heads, routes, launch.align)
-    kernels = Kernels(x, wg, wu, w13, w_down, w_strides, probs_flat, routed, topk, upcast, rne)
-    inter = _LAUNCHERS[launch.variant](kernels, launch, routes)
+    ops = Operands(x, wg, wu, w13, w_down, w_strides, probs_flat, routed, topk, upcast, rne)
+    inter = _LAUNCHERS[launch.variant](ops, launch, routes)
     _topk_sum(routed, y, heads, num_tokens, d, topk, rne)
     return FusedRun(y, inter, routed, routes if isinstance(routes, RouteBuffers) else None, plan)
 
 
-class Kernels(NamedTuple):
-    """What every variant's launcher reads: the operands as the kernels take them (``w13``, the packed
-    bank, or None for raw gate/up in ``wg``/``wu`` with ``w_strides``) and the numeric flags."""
-
-    x: Tensor
-    wg: Tensor
-    wu: Tensor
-    w13: Tensor | None
-    w_down: Tensor
-    w_strides: tuple[int, int, int]
-    probs: Tensor
-    routed: Tensor
-    topk: int
-    upcast: bool
-    rne: bool
-
-
-def _bank(ops: Kernels, launch: Launch) -> tuple[Tensor, SliceTile]:
-    """The packed bank and slice tile that the descriptor variants need (the plan guarantees both)."""
-    assert ops.w13 is not None and launch.single is not None, launch
-    return ops.w13, launch.single
-
-
-def _rows(routes: RouteBuffers | ExpertLists) -> RouteBuffers:
-    assert isinstance(routes, RouteBuffers), "this variant reads row-block aligned routes"
-    return routes
-
-
-def _launch_gluon_routed(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
-    assert isinstance(routes, ExpertLists), "gluon_routed reads per-expert route lists"
-    w13, tile = _bank(ops, launch)
-    launch_fused_gluon_routed(ops.x, w13, ops.w_down, ops.probs, ops.routed, routes, topk=ops.topk, tile=tile)
-
-
-def _launch_gluon(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
-    w13, tile = _bank(ops, launch)
-    launcher = launch_fused_gluon_ws if launch.variant == "gluon_ws" else launch_fused_gluon
-    # Dependent launch only right after an alignment's scatter kernel (gluon.py says why).
-    pdl = launch.align != "stable_torch"
-    launcher(ops.x, w13, ops.w_down, ops.probs, ops.routed, _rows(routes), topk=ops.topk, tile=tile, pdl=pdl)
-
-
-def _launch_tma(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
-    w13, tile = _bank(ops, launch)
-    bufs = _rows(routes)
-    launch_fused_tma(
-        ops.x, w13, ops.w_down, ops.probs, ops.routed, bufs, topk=ops.topk, tile=tile, upcast=ops.upcast, rne=ops.rne
-    )
-
-
-def _launch_one_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
-    tile, bufs, x = launch.single, _rows(routes), ops.x
+def _launch_one_kernel(ops: Operands, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    tile, bufs, x = launch.single, row_blocks(routes), ops.x
     assert tile is not None
     fused_expert_kernel[(bufs.capacity // tile.block_m,)](
-        *kernel_operands(x, (ops.wg, ops.wu, ops.w_down), ops.probs, ops.routed, bufs),
+        *kernel_operands(ops, (ops.wg, ops.wu, ops.w_down), bufs),
         *ops.w_strides,
         D=x.shape[2],
         INTER=ops.w_down.shape[1],
@@ -385,10 +334,10 @@ def _launch_one_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | Expe
     )
 
 
-def _launch_two_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | ExpertLists) -> Tensor:
+def _launch_two_kernel(ops: Operands, launch: Launch, routes: RouteBuffers | ExpertLists) -> Tensor:
     assert launch.gemms is not None
     t1, t2 = launch.gemms
-    bufs, x = _rows(routes), ops.x
+    bufs, x = row_blocks(routes), ops.x
     d, inter_dim, num_routes = x.shape[2], ops.w_down.shape[1], ops.routed.shape[0]
     num_blocks_m = bufs.capacity // launch.block_m
     inter = torch.empty((bufs.capacity, inter_dim), dtype=x.dtype, device=x.device)
@@ -406,17 +355,8 @@ def _launch_two_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | Expe
         x.stride(0),
         x.stride(1),
         *ops.w_strides,
-        D=d,
-        INTER=inter_dim,
         TOPK=ops.topk,
-        BLOCK_M=t1.block_m,
-        BLOCK_N=t1.block_n,
-        BLOCK_K=t1.block_k,
-        GROUP_M=t1.group_m,
-        UPCAST_DOT=ops.upcast,
-        EXPLICIT_RNE=ops.rne,
-        num_warps=t1.num_warps,
-        num_stages=t1.num_stages,
+        **_gemm_meta(ops, t1, d, inter_dim),
     )
     gemm2_weighted_kernel[(num_blocks_m * triton.cdiv(d, t2.block_n),)](
         inter,
@@ -428,29 +368,36 @@ def _launch_two_kernel(ops: Kernels, launch: Launch, routes: RouteBuffers | Expe
         bufs.num_padded,
         num_routes,
         num_blocks_m,
-        D=d,
-        INTER=inter_dim,
-        BLOCK_M=t2.block_m,
-        BLOCK_N=t2.block_n,
-        BLOCK_K=t2.block_k,
-        GROUP_M=t2.group_m,
-        UPCAST_DOT=ops.upcast,
-        EXPLICIT_RNE=ops.rne,
-        num_warps=t2.num_warps,
-        num_stages=t2.num_stages,
+        **_gemm_meta(ops, t2, d, inter_dim),
     )
     return inter
 
 
+def _gemm_meta(ops: Operands, tile: GemmTile, d: int, inter_dim: int) -> dict[str, int | bool]:
+    """The compile-time arguments and launch sizes both GEMMs of the two-kernel path take."""
+    return {
+        "D": d,
+        "INTER": inter_dim,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n,
+        "BLOCK_K": tile.block_k,
+        "GROUP_M": tile.group_m,
+        "UPCAST_DOT": ops.upcast,
+        "EXPLICIT_RNE": ops.rne,
+        "num_warps": tile.num_warps,
+        "num_stages": tile.num_stages,
+    }
+
+
 # The variants' launchers (tiles.py names the variants, plan.py says which can serve a call): the plan
 # picks a row, this table runs it; two_kernel returns its intermediate, which FusedRun keeps.
-_LAUNCHERS: dict[Variant, Callable[[Kernels, Launch, RouteBuffers | ExpertLists], Tensor | None]] = {
+_LAUNCHERS: dict[Variant, Callable[[Operands, Launch, RouteBuffers | ExpertLists], Tensor | None]] = {
     "two_kernel": _launch_two_kernel,
     "one_kernel": _launch_one_kernel,
-    "tma": _launch_tma,
-    "gluon": _launch_gluon,
-    "gluon_ws": _launch_gluon,
-    "gluon_routed": _launch_gluon_routed,
+    "tma": launch_tma,
+    "gluon": launch_gluon,
+    "gluon_ws": launch_gluon,
+    "gluon_routed": launch_gluon_routed,
 }
 assert set(_LAUNCHERS) == set(VARIANTS), "every variant of tiles.py has a launcher"
 

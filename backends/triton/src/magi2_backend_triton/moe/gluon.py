@@ -9,9 +9,9 @@ Programmatic dependent launch: a kernel so launched may start before the previou
 stream ends, and sees that kernel's writes only after `griddepcontrol.wait`. The row-block kernels
 read their block's expert and the padded count *before* that wait (to start the weight copies
 early), which is safe only when the previous kernel is the alignment's scatter: it triggers its
-dependents, and the kernels that wrote those two had finished before it started. After the stable
-(deterministic) alignment the last kernel writes the padded count itself, so the caller asks for a
-plain launch (``pdl=False``). The per-expert kernel reads its lists only after the wait.
+dependents, and the kernels that wrote those two had finished before it started. After the torch
+statement of the stable alignment (``stable_torch``) the last kernel writes the padded count itself,
+so that launch is plain (`dependent_launch`). The per-expert kernel reads its lists only after the wait.
 
 The kernel module imports `triton.experimental.gluon`, which older Tritons (and the interpreter)
 lack, so it is imported on first use and every reason it cannot run is a value
@@ -32,8 +32,9 @@ from torch import Tensor
 from magi2_core.backend import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
-from .align import ExpertLists, RouteBuffers, kernel_operands
-from .tiles import SliceTile
+from .align import ExpertLists, RouteBuffers
+from .operands import Operands, bank, kernel_operands, row_blocks
+from .tiles import Launch, SliceTile
 
 _SHARED_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 # Registers per thread of the warp-specialised kernel's consumers: a [64, d] FP32 accumulator is
@@ -157,78 +158,48 @@ def _meta(x: Tensor, w13: Tensor, topk: int, tile: SliceTile) -> dict[str, int]:
     }
 
 
-def launch_fused_gluon(
-    x: Tensor,
-    w13: Tensor,
-    w_down: Tensor,
-    probs_flat: Tensor,
-    routed: Tensor,
-    bufs: RouteBuffers,
-    *,
-    topk: int,
-    tile: SliceTile,
-    pdl: bool = True,
-) -> None:
-    """Fill ``routed`` [R, d] with the per-route outputs, one program per aligned row block.
-
-    ``w13`` is the [F, 2I, d] packed bank. ``pdl``: launch with programmatic dependent launch, only
-    when the kernel before this one is the alignment's scatter (`align_routes_device`; the module
-    docstring says why).
-    """
-    kernels = _checked_kernels(x, w13, tile, "gluon")
-    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, bufs)
-    kernels.fused_expert_gluon_kernel[(bufs.capacity // tile.block_m,)](
-        *operands,
-        **_meta(x, w13, topk, tile),
-        num_warps=tile.num_warps,
-        launch_pdl=pdl,
-    )
+def dependent_launch(launch: Launch) -> bool:
+    """Whether the row-block kernels launch with programmatic dependent launch: only right after an
+    alignment's scatter kernel (the atomic and the stable kernels end with one; the torch statement of
+    the stable alignment does not: the module docstring says why)."""
+    return launch.align != "stable_torch"
 
 
-def launch_fused_gluon_routed(
-    x: Tensor,
-    w13: Tensor,
-    w_down: Tensor,
-    probs_flat: Tensor,
-    routed: Tensor,
-    lists: ExpertLists,
-    *,
-    topk: int,
-    tile: SliceTile,
-) -> None:
-    """Fill ``routed`` [R, d], one program per flat expert walking its route list in row blocks."""
-    kernels = _checked_kernels(x, w13, tile, "gluon_routed")
-    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, lists)
+def launch_gluon(ops: Operands, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    """Fill ``ops.routed`` [R, d] with the per-route outputs: ``gluon``, one program per aligned row
+    block, or ``gluon_ws``, one persistent warp-specialised program (loader warp, two consumers) per
+    SM walking the aligned row blocks (the count of real ones is read on the device)."""
+    w13, tile = bank(ops, launch)
+    bufs = row_blocks(routes)
+    x = ops.x
+    kernels = _checked_kernels(x, w13, tile, launch.variant)
+    operands = kernel_operands(ops, _descriptors(x, w13, ops.w_down, tile), bufs)
+    blocks = bufs.capacity // tile.block_m
+    if launch.variant == "gluon_ws":
+        kernels.fused_expert_gluon_ws_kernel[(min(blocks, _sm_count(x.device)),)](
+            *operands,
+            **_meta(x, w13, ops.topk, tile),
+            CONSUMER_REGS=_WS_CONSUMER_REGS,
+            num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
+            launch_pdl=dependent_launch(launch),
+        )
+    else:
+        kernels.fused_expert_gluon_kernel[(blocks,)](
+            *operands,
+            **_meta(x, w13, ops.topk, tile),
+            num_warps=tile.num_warps,
+            launch_pdl=dependent_launch(launch),
+        )
+
+
+def launch_gluon_routed(ops: Operands, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    """Fill ``ops.routed`` [R, d], one program per flat expert walking its route list in row blocks."""
+    assert isinstance(routes, ExpertLists), "gluon_routed reads per-expert route lists"
+    w13, tile = bank(ops, launch)
+    kernels = _checked_kernels(ops.x, w13, tile, "gluon_routed")
     kernels.fused_expert_gluon_routed_kernel[(w13.shape[0],)](
-        *operands,
-        **_meta(x, w13, topk, tile),
+        *kernel_operands(ops, _descriptors(ops.x, w13, ops.w_down, tile), routes),
+        **_meta(ops.x, w13, ops.topk, tile),
         num_warps=tile.num_warps,
         launch_pdl=True,  # reads the lists and counts only after griddepcontrol.wait: safe after any kernel
-    )
-
-
-def launch_fused_gluon_ws(
-    x: Tensor,
-    w13: Tensor,
-    w_down: Tensor,
-    probs_flat: Tensor,
-    routed: Tensor,
-    bufs: RouteBuffers,
-    *,
-    topk: int,
-    tile: SliceTile,
-    pdl: bool = True,
-) -> None:
-    """Fill ``routed`` [R, d]: one persistent warp-specialised program (loader warp, two consumers) per
-    SM, walking the aligned row blocks (the count of real ones is read on the device). ``pdl`` as in
-    `launch_fused_gluon`."""
-    kernels = _checked_kernels(x, w13, tile, "gluon_ws")
-    operands = kernel_operands(x, _descriptors(x, w13, w_down, tile), probs_flat, routed, bufs)
-    grid = min(bufs.capacity // tile.block_m, _sm_count(x.device))
-    kernels.fused_expert_gluon_ws_kernel[(grid,)](
-        *operands,
-        **_meta(x, w13, topk, tile),
-        CONSUMER_REGS=_WS_CONSUMER_REGS,
-        num_warps=4,  # the first consumer; the kernel adds the second and the loader warp
-        launch_pdl=pdl,
     )

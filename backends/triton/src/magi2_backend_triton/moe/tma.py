@@ -12,14 +12,14 @@ import functools
 
 import torch
 import triton
-from torch import Tensor
 
 from magi2_core.backend import InvalidValueError
 
 from ..interpret import interpreting as _interpreting
-from .align import RouteBuffers, kernel_operands
+from .align import ExpertLists, RouteBuffers
 from .kernels_tma import fused_expert_tma_kernel
-from .tiles import SliceTile
+from .operands import Operands, bank, kernel_operands, row_blocks
+from .tiles import Launch
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -56,20 +56,12 @@ def tma_unsupported_reason(device: torch.device) -> str | None:
     return tma_device_reason(device.type, _capability(device) if cuda else None)
 
 
-def launch_fused_tma(
-    x: Tensor,
-    w13: Tensor,
-    w_down: Tensor,
-    probs_flat: Tensor,
-    routed: Tensor,
-    bufs: RouteBuffers,
-    *,
-    topk: int,
-    tile: SliceTile,
-    upcast: bool,
-    rne: bool,
-) -> None:
-    """Fill ``routed`` [R, d] with the per-route outputs; ``w13`` is the [F, 2I, d] packed bank."""
+def launch_tma(ops: Operands, launch: Launch, routes: RouteBuffers | ExpertLists) -> None:
+    """Fill ``ops.routed`` [R, d] with the per-route outputs, weight slices through descriptors of the
+    packed [F, 2I, d] bank."""
+    w13, tile = bank(ops, launch)
+    bufs = row_blocks(routes)
+    x = ops.x
     reason = tma_unsupported_reason(x.device)
     if reason is not None:
         raise InvalidValueError("moe_experts", "plan.variant", "'one_kernel' here", f"'tma' ({reason})")
@@ -78,16 +70,16 @@ def launch_fused_tma(
     inter = two_inter // 2
     bi = tile.block_i
     w13_desc = TensorDescriptor.from_tensor(w13.reshape(num_experts * two_inter, d), [2 * bi, d])
-    wd_desc = TensorDescriptor.from_tensor(w_down.reshape(num_experts * inter, d), [bi, d])
+    wd_desc = TensorDescriptor.from_tensor(ops.w_down.reshape(num_experts * inter, d), [bi, d])
     fused_expert_tma_kernel[(bufs.capacity // tile.block_m,)](
-        *kernel_operands(x, (w13_desc, wd_desc), probs_flat, routed, bufs),
+        *kernel_operands(ops, (w13_desc, wd_desc), bufs),
         D=d,
         INTER=inter,
-        TOPK=topk,
+        TOPK=ops.topk,
         BLOCK_M=tile.block_m,
         BLOCK_I=bi,
-        UPCAST_DOT=upcast,
-        EXPLICIT_RNE=rne,
+        UPCAST_DOT=ops.upcast,
+        EXPLICIT_RNE=ops.rne,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
