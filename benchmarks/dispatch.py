@@ -26,7 +26,8 @@ _METHOD = (
     "registered for the measurement; added = public - direct (validation + cached resolution + plumbing); "
     "moe_experts with host expert ids scans the ids' values on every call (a range check: one aminmax and "
     "two reads), device ids are not value-checked per call; attention's host prefix sums are keyed by value, "
-    "device ones (max_seqlen_* given) by shape"
+    "device ones (max_seqlen_* given) by shape; added_inference_us: the same under torch.inference_mode "
+    "(how vllm-omni runs MAGI-2), where no input's requires_grad is read"
 )
 
 
@@ -55,7 +56,8 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['op']:>10}: resolve {r['resolve_us']:.2f} us  public {r['public_us']:.2f} us  "
-            f"direct {r['direct_us']:.2f} us  added {r['added_us']:.2f} us"
+            f"direct {r['direct_us']:.2f} us  added {r['added_us']:.2f} us "
+            f"({r['added_inference_us']:.2f} us under inference_mode)"
         )
     print(f"wrote {out}")
 

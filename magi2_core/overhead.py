@@ -5,6 +5,8 @@ measurement, so that kernel time (and its cache effects) cannot hide or inflate 
 the op call with ``provider=`` naming the no-op, ``direct`` the no-op called by hand with the call
 record a provider receives (built once, beforehand), ``added`` their difference (validation + cached
 resolution + building the record). ``resolve`` times the cached resolution of the call's typed key alone.
+``added_inference_us`` is ``added`` under ``torch.inference_mode``, as vllm-omni runs MAGI-2: the public
+call then skips the check that no input requires grad.
 
 ``device`` places every input there and makes the no-op serve that device type. ``"cuda"`` is the
 serving path: prefix sums and expert ids on the GPU, so that (with ``max_seqlen_*`` given) no value
@@ -199,4 +201,14 @@ def _row(
     r = _per_call_us(resolve, iters)
     p = _per_call_us(public, iters)
     d = _per_call_us(direct, iters)
-    return {"op": op, "resolve_us": r, "public_us": p, "direct_us": d, "added_us": p - d}
+    with torch.inference_mode():  # how vllm-omni runs MAGI-2: no autograd checks of the inputs
+        p_inf = _per_call_us(public, iters)
+        d_inf = _per_call_us(direct, iters)
+    return {
+        "op": op,
+        "resolve_us": r,
+        "public_us": p,
+        "direct_us": d,
+        "added_us": p - d,
+        "added_inference_us": p_inf - d_inf,
+    }

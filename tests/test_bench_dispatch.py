@@ -22,6 +22,7 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         assert r["public_us"] > 0 and r["direct_us"] > 0 and r["resolve_us"] > 0, r
         assert r["added_us"] == pytest.approx(r["public_us"] - r["direct_us"]), r
+        assert r["added_inference_us"] > 0, r  # the public call under inference_mode still validates
     assert not [p for op in OPS for p in m2.get_registry().state().providers[op] if p.name == NOOP_PROVIDER]
 
 
@@ -54,7 +55,16 @@ def test_the_script_records_the_inputs_device_and_the_per_call_id_scan(
 
     def fake(iters: int, device: str) -> list[dict[str, Any]]:
         seen.append(device)
-        return [{"op": "attention", "resolve_us": 1.0, "public_us": 3.0, "direct_us": 1.0, "added_us": 2.0}]
+        return [
+            {
+                "op": "attention",
+                "resolve_us": 1.0,
+                "public_us": 3.0,
+                "direct_us": 1.0,
+                "added_us": 2.0,
+                "added_inference_us": 1.5,
+            }
+        ]
 
     monkeypatch.setattr(dispatch_script, "dispatch_overhead", fake)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")

@@ -39,9 +39,13 @@ def overhead(
         Column("public call us"),
         Column("direct provider us"),
         Column("added us"),
+        Column("added, inference_mode us"),
     )
     cells = [
-        [r["op"], f"{r['resolve_us']:.2f}", f"{r['public_us']:.2f}", f"{r['direct_us']:.2f}", f"{r['added_us']:.2f}"]
+        [
+            r["op"],
+            *(f"{r[k]:.2f}" for k in ("resolve_us", "public_us", "direct_us", "added_us", "added_inference_us")),
+        ]
         for r in rows
     ]
     say(
