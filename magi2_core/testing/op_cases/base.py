@@ -15,7 +15,7 @@ from magi2_core.capability import Capability
 from magi2_core.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case
 
-__all__ = ["OpCases"]
+__all__ = ["OpCases", "out_dtypes"]
 
 
 class OpCases(ABC):
@@ -43,3 +43,12 @@ class OpCases(ABC):
     def invalid_calls(self, dtype: torch.dtype, other: torch.dtype, g: torch.Generator) -> dict[str, Call]:
         """Calls the op must reject with an input error, by what is wrong with them (``other``: a
         floating dtype that is not ``dtype``)."""
+
+
+def out_dtypes(cap: Capability, dtype: str) -> list[str | None]:
+    """The ``out_dtype`` values the cases of an op with an out dtype try for inputs of ``dtype``:
+    ``None`` (the input's dtype) where ``cap`` claims it, then every other claimed out dtype (FP32 where
+    the descriptor does not restrict them)."""
+    claimed = cap.out_dtypes if cap.out_dtypes is not None else ("float32",)
+    outs: list[str | None] = [None] if cap.out_dtypes is None or dtype in cap.out_dtypes else []
+    return outs + [o for o in claimed if o != dtype]

@@ -12,7 +12,7 @@ import torch
 from magi2_core.capability import Capability
 from magi2_core.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case, clamp, dtype_of, make_case, randn
-from magi2_core.testing.op_cases.base import OpCases
+from magi2_core.testing.op_cases.base import OpCases, out_dtypes
 
 __all__ = ["CASES", "mhc_parameters", "mhc_streams"]
 
@@ -63,8 +63,7 @@ class MHCPreCases(OpCases):
 
     def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
         for dtype in cap.dtypes:
-            outs: list[str | None] = [None] if cap.out_dtypes is None or dtype in cap.out_dtypes else []
-            outs += [o for o in (cap.out_dtypes or ("float32",)) if o != dtype]
+            outs = out_dtypes(cap, dtype)
             for name, layout in _LAYOUTS.items():
                 n = clamp(layout["streams"], cap, "num_streams")
                 label = name if n == layout["streams"] else f"{name}-as-n{n}"

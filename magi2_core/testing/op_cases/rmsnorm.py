@@ -11,7 +11,7 @@ import torch
 from magi2_core.capability import Capability
 from magi2_core.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case, dtype_of, make_case, randn
-from magi2_core.testing.op_cases.base import OpCases
+from magi2_core.testing.op_cases.base import OpCases, out_dtypes
 
 __all__ = ["CASES"]
 
@@ -34,11 +34,7 @@ class RMSNormCases(OpCases):
 
     def cases(self, cap: Capability, device: str, max_tokens: int) -> Iterator[Case]:
         for dtype in cap.dtypes:
-            outs: list[str | None] = [None]
-            claimed = cap.out_dtypes if cap.out_dtypes is not None else ("float32",)
-            outs += [o for o in claimed if o != dtype]
-            if cap.out_dtypes is not None and dtype not in cap.out_dtypes:
-                outs.remove(None)  # the default out dtype (x's) is not claimed
+            outs = out_dtypes(cap, dtype)
             for name, layout in _NORM_LAYOUTS.items():
                 for out in outs:
                     params = {"flat": False, "eps": 1e-6, "weight_dtype": "float32", "out_dtype": out} | layout
