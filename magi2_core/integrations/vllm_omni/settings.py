@@ -36,41 +36,42 @@ VLLM_OMNI = Setting(
     "(the swap happens then, before any model is built).",
     read="plugin load",
 )
-VLLM_OMNI_MHC = Setting(
-    name="MAGI2_VLLM_OMNI_MHC",
-    kind="choice",
-    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
-    default="auto",
-    help="Whether the vLLM plugin also routes each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and "
-    "`_connect`) to magi2-core's `mhc_pre` / `mhc_mix`. `auto`: where a typical call resolves to a fused "
-    "provider (on CUDA, the Triton mHC), not where it resolves to `reference` or `torch_native`, which run "
-    "vllm-omni's own math with no gain (a CPU; a MUSA GPU today); 1/true/yes/on: always; 0/false/no/off: "
-    "never. Read once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
-    read="plugin load",
+
+
+def _swap(name: str, what: str, ops: str, fused: str, why_not: str = "") -> Setting:
+    """An ``auto`` / on / off switch of one more swap the plugin makes (each read once, at plugin load)."""
+    return Setting(
+        name=name,
+        kind="choice",
+        choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
+        default="auto",
+        help=f"Whether the vLLM plugin also routes {what} to magi2-core's {ops}. `auto`: where a typical call "
+        f"resolves to a fused provider (on CUDA, {fused}), not where it resolves to `reference` or "
+        f"`torch_native`{why_not}; 1/true/yes/on: always; 0/false/no/off: never. Read once, when vLLM loads "
+        "the plugin, like MAGI2_VLLM_OMNI.",
+        read="plugin load",
+    )
+
+
+VLLM_OMNI_MHC = _swap(
+    "MAGI2_VLLM_OMNI_MHC",
+    "each MAGI-2 layer's mHC (its `_branch_logits`, `_branch_input` and `_connect`)",
+    "`mhc_pre` / `mhc_mix`",
+    "the Triton mHC",
+    ", which run vllm-omni's own math with no gain (a CPU; a MUSA GPU today)",
 )
-VLLM_OMNI_QK_ROPE = Setting(
-    name="MAGI2_VLLM_OMNI_QK_ROPE",
-    kind="choice",
-    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
-    default="auto",
-    help="Whether the vLLM plugin also routes the q/k tail of each MAGI-2 attention's `project` (the per-head "
-    "norm, `inverse_permute`, RoPE and the cast) to magi2-core's `qk_norm_rope`. `auto`: where a typical call "
-    "resolves to a fused provider (on CUDA, the Triton kernel), not where it resolves to `reference` or "
-    "`torch_native`; 1/true/yes/on: always; 0/false/no/off: never. Read once, when vLLM loads the plugin, "
-    "like MAGI2_VLLM_OMNI.",
-    read="plugin load",
+VLLM_OMNI_QK_ROPE = _swap(
+    "MAGI2_VLLM_OMNI_QK_ROPE",
+    "the q/k tail of each MAGI-2 attention's `project` (the per-head norm, `inverse_permute`, RoPE and the cast)",
+    "`qk_norm_rope`",
+    "the Triton kernel",
 )
-VLLM_OMNI_OUTPUT_GATE = Setting(
-    name="MAGI2_VLLM_OMNI_OUTPUT_GATE",
-    kind="choice",
-    choices=("auto", *config.TRUE_WORDS, *config.FALSE_WORDS),
-    default="auto",
-    help="Whether the vLLM plugin also routes each MAGI-2 attention's `output` (the `permute` gather, the "
-    "sigmoid gate and the cast before the output projection) to magi2-core's `output_gate`. `auto`: where a "
-    "typical call resolves to a fused provider (on CUDA, the Triton kernel), not where it resolves to "
-    "`reference` or `torch_native`; 1/true/yes/on: always; 0/false/no/off: never. Read once, when vLLM loads "
-    "the plugin, like MAGI2_VLLM_OMNI.",
-    read="plugin load",
+VLLM_OMNI_OUTPUT_GATE = _swap(
+    "MAGI2_VLLM_OMNI_OUTPUT_GATE",
+    "each MAGI-2 attention's `output` (the `permute` gather, the sigmoid gate and the cast before the output "
+    "projection)",
+    "`output_gate`",
+    "the Triton kernel",
 )
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
