@@ -101,6 +101,12 @@ def test_strided_streams_and_coefficients(dtype: torch.dtype) -> None:
     got_pre, ref_pre = _pre(args, "triton"), _pre(args, "reference")
     verdict = acc.accept_mhc_branch_input(got_pre[0], ref_pre[0], x.cpu())
     assert verdict, str(verdict)
+    # a flat norm weight with a stride of 2 (every other element of a wider tensor): read as its values
+    strided = torch.zeros(2 * args[1].numel(), device=DEVICE)
+    strided[::2] = args[1]
+    for provider, want in (("triton", got_pre), ("reference", ref_pre)):
+        for a, b in zip(_pre((x, strided[::2], *args[2:]), provider), want, strict=True):
+            assert torch.equal(a, b), provider
 
 
 @pytest.mark.parametrize(
