@@ -271,7 +271,7 @@ DISPATCH_TARGET_US = 5.0  # added per call, judged where serving runs: every inp
 def dispatch_rows(d: Data, where: str = "", judged: bool = False) -> list[Row]:
     by_op = {r["op"]: r for r in d["rows"]}
     over = [op for op, r in by_op.items() if r["added_us"] > DISPATCH_TARGET_US]
-    # Files from 1ac679a on also time the calls under torch.inference_mode (how vllm-omni serves).
+    # Files from 6d338da on also time the calls under torch.inference_mode (how vllm-omni serves).
     served = [op for op, r in by_op.items() if r.get("added_inference_us", r["added_us"]) > DISPATCH_TARGET_US]
     inference = all("added_inference_us" in r for r in by_op.values())
     verdict = (
