@@ -7,7 +7,8 @@ matrix product from cuBLAS, by the shapes of the aten op that launched it: the m
 width (``K = streams x hidden``), the attention gate writes one logit per head (``N = heads``), the
 shared experts' GEMMs have their intermediate width on one side; every other product is a dense
 GEMM. What no rule names is "other", and the largest kernels of every category are kept by name so
-that a reader can check the sorting.
+that a reader can check the sorting, and by where they came from (the launching aten op and its input
+shapes), so that a copy or a product can be traced to the code that asked for it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GemmWidths", "KernelTime", "breakdown", "category", "kernels_from_trace", "profile_call"]
+__all__ = ["GemmWidths", "KernelTime", "breakdown", "category", "kernels_from_trace", "profile_call", "source"]
 
 
 @dataclass(frozen=True)
@@ -96,22 +97,35 @@ def breakdown(kernels: Iterable[KernelTime], widths: GemmWidths, *, top: int = 6
     ms: dict[str, float] = defaultdict(float)
     launches: dict[str, int] = defaultdict(int)
     by_name: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    by_source: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for k in kernels:
         cat = category(k, widths)
         ms[cat] += k.us / 1e3
         launches[cat] += 1
         by_name[cat][k.name[:120]] += k.us / 1e3
+        by_source[cat][source(k)] += k.us / 1e3
     total = sum(ms.values())
     rows = {
         cat: {
             "ms": round(v, 4),
             "share": round(v / total, 4) if total else 0.0,
             "launches": launches[cat],
-            "top_kernels": {n: round(t, 4) for n, t in sorted(by_name[cat].items(), key=lambda x: -x[1])[:top]},
+            "top_kernels": _largest(by_name[cat], top),
+            "top_sources": _largest(by_source[cat], top),
         }
         for cat, v in sorted(ms.items(), key=lambda x: -x[1])
     }
     return {"kernel_ms": round(total, 4), "launches": sum(launches.values()), "categories": rows}
+
+
+def source(k: KernelTime) -> str:
+    """Where a kernel came from: its name, the aten op that launched it and that op's input shapes."""
+    shapes = " ".join(str(list(s)) for s in k.shapes[:3])
+    return f"{k.name[:60]} <- {k.op or 'no aten op'}{' ' + shapes if shapes else ''}"
+
+
+def _largest(ms: dict[str, float], top: int) -> dict[str, float]:
+    return {n: round(t, 4) for n, t in sorted(ms.items(), key=lambda x: -x[1])[:top]}
 
 
 def _enclosing_op(

@@ -21,7 +21,9 @@ off and on alternating (benchmarks/_common). Before timing, both outputs are che
 their relative L2 difference is recorded (the swapped operators round differently; a flipped route
 makes it larger). magi2-core runs in strict mode: a GPU call served by its slow reference raises.
 A variant that cannot run (a compile failure) is recorded with its error, the others still run, and
-the exit status is 1.
+the exit status is 1. On a GPU, one more call of each variant per mode runs under the torch profiler:
+its kernels sorted into the layer's operators (``benchmarks/_breakdown.py``), divided by L, under
+``breakdown``.
 
 Needs torch and Triton; no vLLM. ``--smoke`` runs a tiny configuration on the CPU, compiled with
 ``backend="eager"`` (dynamo's capture, no inductor), to check the script.
@@ -46,6 +48,7 @@ from torch import nn
 
 import magi2_core as m2
 from benchmarks import _vllm_stubs as stubs
+from benchmarks._breakdown import GemmWidths, breakdown, profile_call
 from benchmarks._common import env_record, stats, time_alternating
 
 PKG = "vllm_omni.diffusion.models.magi2"
@@ -286,6 +289,24 @@ def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
     }
 
 
+def layer_breakdown(variant: Variant, pack: Pack, cfg: Any, layers: int) -> dict[str, Any]:
+    """One block call under the profiler: kernel ms per operator, per layer (block / ``layers``)."""
+    moe = cfg.moe
+    widths = GemmWidths(
+        hidden=cfg.hidden_size,
+        streams=cfg.mhc.num_streams,
+        heads_q=cfg.num_heads_q,
+        shared_intermediate=(moe.shared_expert_intermediate_size, moe.modality_shared_expert_intermediate_size),
+    )
+    rows = breakdown(profile_call(lambda: variant(pack)), widths)
+    per_layer = {"kernel_ms_per_layer": round(rows["kernel_ms"] / layers, 4), "launches": rows["launches"]}
+    for row in rows["categories"].values():
+        row["ms_per_layer"] = round(row.pop("ms") / layers, 4)
+        row["top_kernels"] = {n: round(t / layers, 4) for n, t in row["top_kernels"].items()}
+        row["top_sources"] = {n: round(t / layers, 4) for n, t in row["top_sources"].items()}
+    return {**per_layer, "categories": rows["categories"]}
+
+
 def bench_pack(off: Variant, on: Variant, pack: Pack, layers: int, iters: int, dev: str) -> dict[str, Any]:
     want, got = off(pack), on(pack)
     finite = bool(torch.isfinite(want).all() and torch.isfinite(got).all())
@@ -335,6 +356,7 @@ def run(
         "method": "model.block on one pack, per layer = block time / L; CUDA events, L2 flushed before each "
         "call, plugin off/on alternating (benchmarks/_common); eager first, then compile_regions on both",
         "results": [],
+        "breakdown": [],
         "errors": [],
     }
     with torch.inference_mode():
@@ -357,6 +379,12 @@ def run(
                     print(f"T={t} {mode}: FAILED {type(exc).__name__}: {exc}", flush=True)
                     continue
                 report["results"].append(result)
+                if dev != "cpu":
+                    for plugin, variant in (("off", off), ("on", on)):
+                        rows = layer_breakdown(variant, pack, cfg, layers)
+                        report["breakdown"].append({"tokens": t, "mode": mode, "plugin": plugin, **rows})
+                        top = ", ".join(f"{c} {r['ms_per_layer']:.3f}" for c, r in rows["categories"].items())
+                        print(f"T={t} {mode} plugin {plugin}: kernel ms/layer {rows['kernel_ms_per_layer']}: {top}")
                 per = result["ms_per_layer"]
                 print(
                     f"T={t} {mode}: ms/layer off {per['off']['p50']:.3f} on {per['on']['p50']:.3f}, speed-up "

@@ -91,7 +91,7 @@ def test_breakdown_sorts_kernels_into_the_layers_operators(kernel: KernelTime, w
 def test_breakdown_sums_and_shares() -> None:
     rows = breakdown(
         [
-            KernelTime("_rmsnorm_kernel", 300.0),
+            KernelTime("_rmsnorm_kernel", 300.0, "aten::empty", ((8, 64),)),
             KernelTime("_rmsnorm_kernel", 100.0),
             KernelTime("fused_expert_kernel", 600.0),
         ],
@@ -104,6 +104,7 @@ def test_breakdown_sums_and_shares() -> None:
         "share": 0.4,
         "launches": 2,
         "top_kernels": {"_rmsnorm_kernel": 0.4},
+        "top_sources": {"_rmsnorm_kernel <- aten::empty [8, 64]": 0.3, "_rmsnorm_kernel <- no aten op": 0.1},
     }
 
 
