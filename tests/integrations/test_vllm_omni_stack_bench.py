@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import vllm_omni_stack as stack
 
 
@@ -26,3 +28,23 @@ def test_stack_benchmark_smoke_writes_every_variant(vllm_omni_root: Path, tmp_pa
     for r in report["results"]:
         assert r["finite"] and 0 < r["rel_l2_on_vs_off"] < 0.1  # BF16: the swapped ops round differently
         assert r["speedup"] == r["ms_per_layer"]["off"]["p50"] / r["ms_per_layer"]["on"]["p50"] > 0
+    assert report["breakdown"] == []  # profiled on a GPU only
+
+
+def test_layer_breakdown_divides_one_block_call_by_its_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks._breakdown import KernelTime
+
+    kernels = [
+        KernelTime("_rmsnorm_kernel", 300.0, "aten::empty", ((8, 64),)),
+        KernelTime("Memcpy DtoD (Device -> Device)", 500.0, "aten::copy_", ((8, 64), (8, 64))),
+    ]
+    monkeypatch.setattr(stack, "profile_call", lambda fn: kernels)
+    moe = SimpleNamespace(shared_expert_intermediate_size=16, modality_shared_expert_intermediate_size=16)
+    cfg = SimpleNamespace(hidden_size=64, mhc=SimpleNamespace(num_streams=2), num_heads_q=4, moe=moe)
+    rows = stack.layer_breakdown(lambda pack: None, None, cfg, layers=2)
+    assert rows["kernel_ms_per_layer"] == 0.4 and rows["launches"] == 2
+    copies = rows["categories"]["torch elementwise and copies"]
+    assert copies["ms_per_layer"] == 0.25 and copies["share"] == 0.625
+    assert copies["top_sources"] == {"Memcpy DtoD (Device -> Device) <- aten::copy_ [8, 64] [8, 64]": 0.25}
