@@ -35,6 +35,17 @@ class GemmWidths:
     heads_q: int  # attention heads: the gate projection's output width (24)
     shared_intermediate: tuple[int, ...]  # the shared experts' intermediate widths (1280)
 
+    @classmethod
+    def of(cls, cfg: Any) -> GemmWidths:
+        """The widths of a vllm-omni ``Magi2PreviewConfig``."""
+        moe = cfg.moe
+        return cls(
+            hidden=cfg.hidden_size,
+            streams=cfg.mhc.num_streams,
+            heads_q=cfg.num_heads_q,
+            shared_intermediate=(moe.shared_expert_intermediate_size, moe.modality_shared_expert_intermediate_size),
+        )
+
 
 @dataclass(frozen=True)
 class KernelTime:

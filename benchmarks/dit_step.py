@@ -760,13 +760,7 @@ def _whole_model(
     off, on = Variant(off_m, theirs), Variant(on_m, integ.packed_attention_with_sink)
     binput = block_input(off_m, packed, dev)
     report.put("providers", providers(on_m, cfg, binput))
-    moe = cfg.moe
-    widths = GemmWidths(
-        hidden=cfg.hidden_size,
-        streams=cfg.mhc.num_streams,
-        heads_q=cfg.num_heads_q,
-        shared_intermediate=(moe.shared_expert_intermediate_size, moe.modality_shared_expert_intermediate_size),
-    )
+    widths = GemmWidths.of(cfg)
     if check_fidelity:
         fidelity(report, off, on, cfg, dev, smoke)
     _modes(off, on, packed, binput, report, modes=modes, iters=iters, dev=dev, smoke=smoke, widths=widths)

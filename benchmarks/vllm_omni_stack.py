@@ -291,14 +291,7 @@ def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
 
 def layer_breakdown(variant: Variant, pack: Pack, cfg: Any, layers: int) -> dict[str, Any]:
     """One block call under the profiler: kernel ms per operator, per layer (block / ``layers``)."""
-    moe = cfg.moe
-    widths = GemmWidths(
-        hidden=cfg.hidden_size,
-        streams=cfg.mhc.num_streams,
-        heads_q=cfg.num_heads_q,
-        shared_intermediate=(moe.shared_expert_intermediate_size, moe.modality_shared_expert_intermediate_size),
-    )
-    rows = breakdown(profile_call(lambda: variant(pack)), widths)
+    rows = breakdown(profile_call(lambda: variant(pack)), GemmWidths.of(cfg))
     per_layer = {"kernel_ms_per_layer": round(rows["kernel_ms"] / layers, 4), "launches": rows["launches"]}
     for row in rows["categories"].values():
         row["ms_per_layer"] = round(row.pop("ms") / layers, 4)
