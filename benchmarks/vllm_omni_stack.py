@@ -290,14 +290,11 @@ def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
 
 
 def layer_breakdown(variant: Variant, pack: Pack, cfg: Any, layers: int) -> dict[str, Any]:
-    """One block call under the profiler: kernel ms per operator, per layer (block / ``layers``)."""
-    rows = breakdown(profile_call(lambda: variant(pack)), GemmWidths.of(cfg))
-    per_layer = {"kernel_ms_per_layer": round(rows["kernel_ms"] / layers, 4), "launches": rows["launches"]}
-    for row in rows["categories"].values():
-        row["ms_per_layer"] = round(row.pop("ms") / layers, 4)
-        row["top_kernels"] = {n: round(t / layers, 4) for n, t in row["top_kernels"].items()}
-        row["top_sources"] = {n: round(t / layers, 4) for n, t in row["top_sources"].items()}
-    return {**per_layer, "categories": rows["categories"]}
+    """One block call under the profiler, sorted by operator, every time divided by ``layers`` (each
+    kernel's, before the sums): ``kernel_ms`` and the categories' ``ms`` are per layer, ``launches``
+    those of the whole block call."""
+    kernels = [dataclasses.replace(k, us=k.us / layers) for k in profile_call(lambda: variant(pack))]
+    return {"per_layer_of": layers, **breakdown(kernels, GemmWidths.of(cfg))}
 
 
 def bench_pack(off: Variant, on: Variant, pack: Pack, layers: int, iters: int, dev: str) -> dict[str, Any]:
@@ -376,8 +373,8 @@ def run(
                     for plugin, variant in (("off", off), ("on", on)):
                         rows = layer_breakdown(variant, pack, cfg, layers)
                         report["breakdown"].append({"tokens": t, "mode": mode, "plugin": plugin, **rows})
-                        top = ", ".join(f"{c} {r['ms_per_layer']:.3f}" for c, r in rows["categories"].items())
-                        print(f"T={t} {mode} plugin {plugin}: kernel ms/layer {rows['kernel_ms_per_layer']}: {top}")
+                        top = ", ".join(f"{c} {r['ms']:.3f}" for c, r in rows["categories"].items())
+                        print(f"T={t} {mode} plugin {plugin}: kernel ms/layer {rows['kernel_ms']}: {top}")
                 per = result["ms_per_layer"]
                 print(
                     f"T={t} {mode}: ms/layer off {per['off']['p50']:.3f} on {per['on']['p50']:.3f}, speed-up "

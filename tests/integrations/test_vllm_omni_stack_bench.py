@@ -44,7 +44,8 @@ def test_layer_breakdown_divides_one_block_call_by_its_layers(monkeypatch: pytes
     moe = SimpleNamespace(shared_expert_intermediate_size=16, modality_shared_expert_intermediate_size=16)
     cfg = SimpleNamespace(hidden_size=64, mhc=SimpleNamespace(num_streams=2), num_heads_q=4, moe=moe)
     rows = stack.layer_breakdown(lambda pack: None, None, cfg, layers=2)
-    assert rows["kernel_ms_per_layer"] == 0.4 and rows["launches"] == 2
+    assert rows["per_layer_of"] == 2 and rows["kernel_ms"] == 0.4 and rows["launches"] == 2
     copies = rows["categories"]["torch elementwise and copies"]
-    assert copies["ms_per_layer"] == 0.25 and copies["share"] == 0.625
+    assert copies["ms"] == 0.25 and copies["share"] == 0.625 and copies["launches"] == 1
+    assert copies["top_kernels"] == {"Memcpy DtoD (Device -> Device)": 0.25}
     assert copies["top_sources"] == {"Memcpy DtoD (Device -> Device) <- aten::copy_ [8, 64] [8, 64]": 0.25}
