@@ -65,7 +65,10 @@ def test_demo_json_reports_each_op_against_the_oracle() -> None:
     result = runner.invoke(app, ["demo", "--json", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    assert [r["op"] for r in rows] == ["rmsnorm", "attention", "moe_route", "moe_experts"]
+    ops = ["mhc_pre", "rmsnorm", "qk_norm_rope", "qk_norm_rope", "attention", "output_gate", "mhc_mix"]
+    ops += ["mhc_pre", "rmsnorm", "moe_route", "moe_experts", "mhc_mix"]
+    assert [r["op"] for r in rows] == ops
+    assert {r["provider"] for r in rows} == {"reference"}
     for r in rows:
         assert r["rel_l2_err"] < 1e-5, r  # FP32 on the CPU reference vs the float64 oracle
 

@@ -1,4 +1,4 @@
-"""``magi2 demo``: a small MAGI-2 block on the best device, with provider, error and time per op."""
+"""``magi2 demo``: one MAGI-2 layer on the best device, with provider, error and time per op call."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def demo(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
-    """Run rmsnorm -> attention (one sink) -> routed MoE and report each op against a float64 oracle."""
+    """Run one toy-width MAGI-2 layer (every op) and report each call against a float64 oracle."""
     import torch
 
     from magi2_core.demo import best_device, run_demo
@@ -52,6 +52,7 @@ def demo(
         return
     columns = (
         Column("op"),
+        Column("branch"),
         Column("provider"),
         Column("dtype"),
         Column("max |err|"),
@@ -59,7 +60,7 @@ def demo(
         Column("median ms"),
     )
     rows = [
-        [r.op, r.provider, r.dtype, f"{r.max_abs_err:.3g}", f"{r.rel_l2_err:.3g}", f"{r.median_ms:.2f}"]
+        [r.op, r.branch, r.provider, r.dtype, f"{r.max_abs_err:.3g}", f"{r.rel_l2_err:.3g}", f"{r.median_ms:.2f}"]
         for r in reports
     ]
     say(render(f"magi2 demo on {dev} (errors vs a float64 oracle)", columns, rows, width=terminal_width(), wide=wide))
