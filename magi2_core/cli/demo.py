@@ -38,7 +38,7 @@ def demo(
             dev = torch.device(device)
         except RuntimeError:
             usage_error("demo", f"--device {device!r} is not a torch device, such as cpu or cuda:0", json_out=json_out)
-    status = console.status(f"running the MAGI-2 demo block on {dev}...") if not json_out else nullcontext()
+    status = console.status(f"running one MAGI-2 layer on {dev}...") if not json_out else nullcontext()
     # On a terminal the progress prints above the spinner (through its console); piped, on stderr.
     progress = console if console.is_terminal else err_console
     with status:
