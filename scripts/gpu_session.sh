@@ -112,7 +112,7 @@ echo "dit_step exit $?"; tail -40 "$OUT/dit_step${MAGI2_DIT_SUFFIX:-}.log"
 fi
 if want demo; then
 step "demo"
-python3 -m magi2_core.cli demo --device cuda --wide 2>&1 | tail -18
+python3 -m magi2_core.cli demo --device cuda --wide 2>&1 | tail -30
 fi
 if want norm; then
 step "rmsnorm + sink benchmarks (final default tiles)"
@@ -143,7 +143,7 @@ if want cli; then
 step "CLI on the GPU machine"
 ( time python3 -m magi2_core.cli --help > /dev/null ) 2>&1 | grep real
 python3 -m magi2_core.cli env > "$OUT/env.txt" 2>&1; head -40 "$OUT/env.txt"
-python3 -m magi2_core.cli demo --device cuda --wide 2>&1 | tail -18
+python3 -m magi2_core.cli demo --device cuda --wide 2>&1 | tail -30
 fi
 if want dispatch; then
 step "dispatch overhead against a no-op provider, on this host's CPU and with GPU inputs"
