@@ -164,21 +164,23 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
 
 def upstream_methods(modeling: Any) -> dict[tuple[str, str], Any]:
     """vllm-omni's own methods that the plugin may swap (the layer's mHC, the attention's ``project`` and
-    ``output``), by (class name, method name), read before the plugin registers."""
+    ``output``, the MoE layer's shared experts), by (class name, method name), read before the plugin
+    registers."""
     from magi2_core.integrations.vllm_omni.gate import METHODS as OUTPUT
     from magi2_core.integrations.vllm_omni.mhc import METHODS
     from magi2_core.integrations.vllm_omni.qk_rope import METHODS as PROJECT
+    from magi2_core.integrations.vllm_omni.shared_experts import METHODS as SHARED
 
-    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT + OUTPUT}
+    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT + OUTPUT, "Magi2MultiHeadMoELayer": SHARED}
     return {(cls, name): getattr(getattr(modeling, cls), name) for cls, names in owners.items() for name in names}
 
 
 def keep_upstream_methods(model: nn.Module, methods: dict[tuple[str, str], Any]) -> set[str]:
     """Bind vllm-omni's own methods on ``model``'s modules where the plugin swapped them on the class.
 
-    A method swap (mHC, q/k RoPE, output gate) replaces methods on vllm-omni's class, which a model built before the
-    plugin ran shares; bound on the instances, plugin off keeps upstream's. Returns the classes whose
-    methods had been swapped.
+    A method swap (mHC, q/k RoPE, output gate, shared experts) replaces methods on vllm-omni's class,
+    which a model built before the plugin ran shares; bound on the instances, plugin off keeps
+    upstream's. Returns the classes whose methods had been swapped.
     """
     swapped: set[str] = set()
     for module in model.modules():

@@ -100,9 +100,10 @@ step "vllm-omni integration GPU tests (real vllm-omni modules from the wheel)"
 gpu_tests gpu_tests_integration tests/integrations
 fi
 if want vllm_stack; then
-step "vllm-omni MAGI-2 layer stack, plugin off vs on (MAGI2_STACK_ARGS: extra arguments)"
+step "vllm-omni MAGI-2 layer stack, plugin off vs on (MAGI2_STACK_ARGS: extra arguments; MAGI2_STACK_SUFFIX: file names)"
 python3 -m benchmarks.vllm_omni_stack --wheel "${MAGI2_VLLM_OMNI_WHEEL:?no vllm-omni wheel in the wheelhouse}" \
-  --out "$OUT/vllm_omni_stack_${tag}.json" ${MAGI2_STACK_ARGS:-} > "$OUT/vllm_stack.log" 2>&1; tail -30 "$OUT/vllm_stack.log"
+  --out "$OUT/vllm_omni_stack_${tag}${MAGI2_STACK_SUFFIX:-}.json" ${MAGI2_STACK_ARGS:-} \
+  > "$OUT/vllm_stack${MAGI2_STACK_SUFFIX:-}.log" 2>&1; tail -30 "$OUT/vllm_stack${MAGI2_STACK_SUFFIX:-}.log"
 fi
 if want dit_step; then
 step "the whole MAGI-2 DiT step, plugin off vs on, eager / compiled / graph (MAGI2_DIT_ARGS: extra arguments)"

@@ -35,6 +35,7 @@ from magi2_core.integrations.vllm_omni import plugin
 from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
 from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
+from magi2_core.integrations.vllm_omni.shared_experts import SharedExpertsMethods
 
 PKG = "vllm_omni.diffusion.models.magi2"
 DIST = Path(__file__).parents[1] / "distributed"
@@ -77,6 +78,7 @@ def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
         "mhc": False,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     said = [r.getMessage() for r in caplog.records if "mhc left as it is" in r.getMessage()]
     assert len(said) == 1 and "(MAGI2_VLLM_OMNI_MHC=auto)" in said[0] and "'reference'" in said[0], said
@@ -116,6 +118,7 @@ def test_the_mhc_swap_is_left_off_when_asked(
         "mhc": False,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     assert any("mhc left as it is (MAGI2_VLLM_OMNI_MHC=0)" in r.getMessage() for r in caplog.records)
 
@@ -128,6 +131,7 @@ def _swapped(modeling: ModuleType) -> dict[str, bool]:
         "mhc": all(getattr(modeling.Magi2TransformerLayer, m) is getattr(MHCLayerMethods, m) for m in METHODS),
         "qk_norm_rope": modeling.Magi2Attention.project is AttentionProjectMethods.project,
         "output_gate": modeling.Magi2Attention.output is AttentionOutputMethods.output,
+        "shared_experts": modeling.Magi2MultiHeadMoELayer._shared_experts is SharedExpertsMethods._shared_experts,
     }
 
 
@@ -203,7 +207,7 @@ def test_absent_vllm_omni_is_silent(caplog: pytest.LogCaptureFixture) -> None:
 
 
 @pytest.mark.parametrize("import_first", [False, True], ids=["hook", "already-imported"])
-def test_plugin_swaps_the_five_operators(
+def test_plugin_swaps_the_operators_and_the_shared_experts(
     vllm_omni: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, import_first: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="magi2_core")
@@ -222,11 +226,13 @@ def test_plugin_swaps_the_five_operators(
         "mhc": True,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     info = [r.getMessage() for r in _records(caplog) if r.levelno == logging.INFO]
-    assert len(info) == 6, info
-    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope", "output_gate"), info, strict=True):
+    assert len(info) == 7, info
+    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope", "output_gate"), info, strict=False):
         assert f"MAGI-2 {op} " in text and "resolves" in text and "'reference'" in text, text
+    assert "MAGI-2 shared_experts " in info[6] and "bit for bit" in info[6], info[6]
     model = modeling.Magi2PreviewTransformer(_small_config())
     kinds = {type(m) for m in model.modules()}
     assert integ.Magi2MultiHeadMoE in kinds and integ.MultiModalityRMSNorm in kinds
@@ -250,7 +256,7 @@ def test_register_is_idempotent_and_unregister_restores(vllm_omni: Path, caplog:
     modeling = _mod("modeling_magi2")
     integ.register()
     assert all(_swapped(modeling).values())
-    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 6
+    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 7
     integ.unregister()
     assert not any(_swapped(modeling).values())
     assert modeling.Magi2MultiHeadMoE is _mod("mh_moe").Magi2MultiHeadMoE
@@ -338,6 +344,7 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(vllm_omni: Path, ca
         "mhc": True,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     assert modeling.MultiModalityRMSNorm is TheirNorm
     warnings = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
@@ -363,6 +370,7 @@ def test_a_changed_call_signature_is_left_alone(vllm_omni: Path, caplog: pytest.
         "mhc": True,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     (warning,) = [r.getMessage() for r in _records(caplog) if r.levelno == logging.WARNING]
     assert "window" in warning and "signature" in warning
@@ -386,6 +394,7 @@ def test_an_mhc_method_replaced_by_someone_else_is_left_alone(
         "mhc": False,
         "qk_norm_rope": True,
         "output_gate": True,
+        "shared_experts": True,
     }
     assert modeling.Magi2TransformerLayer._connect is _connect
     assert modeling.Magi2TransformerLayer._branch_logits.__module__ == f"{PKG}.modeling_magi2"  # all or none
@@ -433,6 +442,65 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
             assert verdict, f"{branch}: {verdict}"
         verdict = acc.accept_mhc_mix(got_out, want_out, call_record("mhc_mix", streams, output, post, res))
         assert verdict, f"{branch}: {verdict}"
+
+
+def _shared_experts_case(dtype: torch.dtype, sizes: tuple[int, int, int]) -> tuple[Any, torch.Tensor, Any]:
+    """A real MoE layer of the small config with random weights, its normalized input in modality order
+    (``sizes`` tokens per modality) and the dispatcher of that order."""
+    modeling, layers = _mod("modeling_magi2"), _mod("layers")
+    moe_layer = modeling.Magi2PreviewTransformer(_small_config(dtype)).block.layers[1].mlp
+    assert type(moe_layer).__name__ == "Magi2MultiHeadMoELayer"
+    moe_layer.load_state_dict(_random_checkpoint(moe_layer, seed=sum(sizes), scale=0.4))
+    modality = torch.cat([torch.full((n,), m) for m, n in enumerate(sizes)])
+    dispatcher = layers.ModalityDispatcher(modality, 3)
+    g = torch.Generator().manual_seed(len(modality))
+    normalized = (torch.randn(len(modality), 64, generator=g, dtype=torch.float64) * 3).to(dtype)
+    return moe_layer, normalized, dispatcher
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("sizes", [(17, 5, 3), (0, 9, 1)], ids=["three-groups", "an-empty-group"])
+@torch.no_grad()
+def test_shared_experts_are_upstreams_bit_for_bit(
+    vllm_omni: Path, dtype: torch.dtype, sizes: tuple[int, int, int]
+) -> None:
+    """The shared experts with SwiGLU7 applied to each half equal vllm-omni's concatenated form exactly,
+    on inputs large enough (x3) that both clamps of SwiGLU7 are reached."""
+    upstream = _mod("modeling_magi2").Magi2MultiHeadMoELayer._shared_experts
+    moe_layer, normalized, dispatcher = _shared_experts_case(dtype, sizes)
+    want = upstream(moe_layer, normalized, dispatcher)
+    got = SharedExpertsMethods._shared_experts(moe_layer, normalized, dispatcher)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+    fc1 = moe_layer.shared_expert_fc1(normalized).float()
+    assert (fc1[:, ::2] > 7).any() and (fc1[:, 1::2].abs() > 7).any()  # the clamps were exercised
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@torch.no_grad()
+def test_compiled_shared_experts_are_compiled_upstreams_bit_for_bit(vllm_omni: Path, device: str) -> None:
+    """Compiled by inductor, both forms still give the same bits: the per-element operations are the same
+    (on a GPU inductor writes Triton kernels, on the CPU C++)."""
+    torch._dynamo.reset()
+    upstream = _mod("modeling_magi2").Magi2MultiHeadMoELayer._shared_experts
+    moe_layer, normalized, dispatcher = _shared_experts_case(torch.bfloat16, (21, 6, 4))
+    moe_layer, normalized = moe_layer.to(device), normalized.to(device)
+    dispatcher = _mod("layers").ModalityDispatcher(dispatcher.modality_mapping.to(device), 3)
+    want = torch.compile(upstream, fullgraph=True)(moe_layer, normalized, dispatcher)
+    got = torch.compile(SharedExpertsMethods._shared_experts, fullgraph=True)(moe_layer, normalized, dispatcher)
+    assert torch.equal(got, want)
+
+
+def test_shared_experts_swap_is_left_off_when_asked(
+    vllm_omni: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="magi2_core")
+    monkeypatch.setenv("MAGI2_VLLM_OMNI_SHARED_EXPERTS", "0")
+    integ.register()
+    swapped = _swapped(_mod("modeling_magi2"))
+    assert not swapped.pop("shared_experts") and all(swapped.values())
+    said = "shared_experts left as it is (MAGI2_VLLM_OMNI_SHARED_EXPERTS=0)"
+    assert any(said in r.getMessage() for r in _records(caplog))
 
 
 @pytest.mark.parametrize(
@@ -592,7 +660,7 @@ def test_plugin_lines_reach_vllms_log_handlers(vllm_omni: Path, monkeypatch: pyt
     integ.register()
     _mod("modeling_magi2")
     assert ours.handlers == [handler] and ours.level == logging.INFO
-    assert len([line for line in lines if "now runs on magi2-core" in line]) == 6
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 7
 
 
 # ---------------------------------------------------------------------------------------------

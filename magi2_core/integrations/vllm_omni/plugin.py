@@ -1,7 +1,7 @@
 """The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
 
 vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
-module attributes and five methods, chosen where vllm-omni looks them up when the model is BUILT or
+module attributes and six methods, chosen where vllm-omni looks them up when the model is BUILT or
 CALLED (a name that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
@@ -15,7 +15,9 @@ CALLED (a name that was bound at import time elsewhere would not see a patch):
   (the mHC of each branch): methods, read on every call, so layers built before the swap use them too;
 - ``modeling_magi2.Magi2Attention.project`` (the q/k norm, ``inverse_permute``, RoPE and cast of each
   attention's input) and ``Magi2Attention.output`` (the ``permute`` gather, sigmoid gate and cast of
-  its output): methods, likewise.
+  its output): methods, likewise;
+- ``modeling_magi2.Magi2MultiHeadMoELayer._shared_experts``: the same math without the concatenation
+  around SwiGLU7 (no operator: a layer-level change, see ``shared_experts``), a method likewise.
 
 The model module is not imported here: vLLM runs general plugins in every process, most of which
 never build MAGI-2. An import hook applies the patch when ``modeling_magi2`` is first imported (or
@@ -55,11 +57,15 @@ from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
 from magi2_core.integrations.vllm_omni.qk_rope import METHODS as QK_ROPE_METHODS
 from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 from magi2_core.integrations.vllm_omni.settings import (
+    PLUGIN_LOAD,
     VLLM_OMNI,
     VLLM_OMNI_MHC,
     VLLM_OMNI_OUTPUT_GATE,
     VLLM_OMNI_QK_ROPE,
+    VLLM_OMNI_SHARED_EXPERTS,
 )
+from magi2_core.integrations.vllm_omni.shared_experts import METHODS as SHARED_EXPERTS_METHODS
+from magi2_core.integrations.vllm_omni.shared_experts import SharedExpertsMethods
 from magi2_core.problem import Feature, Problem
 from magi2_core.resolver import resolve_problem
 
@@ -123,7 +129,21 @@ _SWAPS: tuple[_Swap, ...] = (
         methods=GATE_METHODS,
         enabled_by=VLLM_OMNI_OUTPUT_GATE.name,
     ),
+    _Swap(
+        "shared_experts",
+        _MODELING,
+        "Magi2MultiHeadMoELayer",
+        _MODELING,
+        SharedExpertsMethods,
+        methods=SHARED_EXPERTS_METHODS,
+        enabled_by=VLLM_OMNI_SHARED_EXPERTS.name,
+    ),
 )
+# Swaps that call no operator (torch code rearranged): no provider to resolve, the same result everywhere.
+_NO_OPERATOR = {
+    "shared_experts": "vllm-omni's own GEMMs and SwiGLU7, with the activation applied to each expert's half "
+    "(no concatenation, no copy; the same result bit for bit)",
+}
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
 _GAINS_NOTHING = frozenset({"reference", "torch_native"})
@@ -140,10 +160,8 @@ def register() -> None:
     if importlib.util.find_spec("vllm_omni") is None:
         return
     _share_vllm_log_handlers()
-    m2_config.fix(VLLM_OMNI.name)  # the swap (or not) is decided now: a later change is refused, not ignored
-    m2_config.fix(VLLM_OMNI_MHC.name)
-    m2_config.fix(VLLM_OMNI_QK_ROPE.name)
-    m2_config.fix(VLLM_OMNI_OUTPUT_GATE.name)
+    for setting in PLUGIN_LOAD:  # the swaps (or not) are decided now: a later change is refused, not ignored
+        m2_config.fix(setting.name)
     if not m2_config.get(VLLM_OMNI.name):
         logger.info("magi2-core: MAGI2_VLLM_OMNI=0, vllm-omni's MAGI-2 operators are left as they are")
         return
@@ -180,10 +198,8 @@ def unregister() -> None:
     no longer recognises their MoE layers, so load them before unregistering.
     """
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchOnImport)]
-    m2_config.release(VLLM_OMNI.name)
-    m2_config.release(VLLM_OMNI_MHC.name)
-    m2_config.release(VLLM_OMNI_QK_ROPE.name)
-    m2_config.release(VLLM_OMNI_OUTPUT_GATE.name)
+    for setting in PLUGIN_LOAD:
+        m2_config.release(setting.name)
     for (module_name, attr), original in list(_ORIGINALS.items()):
         module = sys.modules.get(module_name)
         owner_name, _, method = attr.partition(".")
@@ -263,7 +279,7 @@ def _is_ours(owner: object, method: str) -> bool:
 
 def _patch(modeling: ModuleType) -> None:
     for swap in _SWAPS:
-        mode = "on" if swap.enabled_by is None else _switch(str(m2_config.get(swap.enabled_by)))
+        mode = "on" if swap.enabled_by is None else _switch(m2_config.get(swap.enabled_by))
         if mode == "off":
             logger.info("magi2-core: vllm-omni MAGI-2 %s left as it is (%s=0)", swap.op, swap.enabled_by)
             continue
@@ -276,13 +292,15 @@ def _patch(modeling: ModuleType) -> None:
             logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: %s", swap.op, problem)
             continue
         try:
-            served_by, chosen = _describe_provider(swap.op, modeling)
+            served_by, chosen = (
+                (_NO_OPERATOR[swap.op], ()) if swap.op in _NO_OPERATOR else _describe_provider(swap.op, modeling)
+            )
         except ResolutionError as exc:
             logger.warning(
                 "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
             )
             continue
-        if mode == "auto" and set(chosen) <= _GAINS_NOTHING:
+        if mode == "auto" and chosen and set(chosen) <= _GAINS_NOTHING:
             logger.info(
                 "magi2-core: vllm-omni MAGI-2 %s left as it is (%s=auto): %s, which computes vllm-omni's own form "
                 "with no gain; %s=1 swaps it in anyway",
@@ -361,8 +379,10 @@ def _device_type() -> str:
     return "cpu"
 
 
-def _switch(value: str) -> str:
-    """``on``, ``off`` or ``auto`` for a value of a swap's setting (validated by its choices)."""
+def _switch(value: object) -> str:
+    """``on``, ``off`` or ``auto`` for a value of a swap's setting (a boolean, or one of its choices)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return "off" if value in m2_config.FALSE_WORDS else "on" if value in m2_config.TRUE_WORDS else "auto"
 
 

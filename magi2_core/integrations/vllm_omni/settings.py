@@ -16,12 +16,14 @@ from magi2_core.backend_spec import Setting
 
 __all__ = [
     "OWNER",
+    "PLUGIN_LOAD",
     "ROUTER_BIAS_SOURCE",
     "SETTINGS",
     "VLLM_OMNI",
     "VLLM_OMNI_MHC",
     "VLLM_OMNI_OUTPUT_GATE",
     "VLLM_OMNI_QK_ROPE",
+    "VLLM_OMNI_SHARED_EXPERTS",
     "router_bias_source",
 ]
 
@@ -73,6 +75,16 @@ VLLM_OMNI_OUTPUT_GATE = _swap(
     "`output_gate`",
     "the Triton kernel",
 )
+VLLM_OMNI_SHARED_EXPERTS = Setting(
+    name="MAGI2_VLLM_OMNI_SHARED_EXPERTS",
+    kind="boolean",
+    default=True,
+    help="Whether the vLLM plugin also replaces each MAGI-2 MoE layer's `_shared_experts` by the same math "
+    "without the concatenation around its SwiGLU7 (the activation applied to each expert's half; bit for bit "
+    "vllm-omni's result, no operator involved, so on everywhere by default); 0 keeps vllm-omni's form. Read "
+    "once, when vLLM loads the plugin, like MAGI2_VLLM_OMNI.",
+    read="plugin load",
+)
 ROUTER_BIAS_SOURCE = Setting(
     name="MAGI2_ROUTER_BIAS_SOURCE",
     kind="choice",
@@ -83,7 +95,9 @@ ROUTER_BIAS_SOURCE = Setting(
     "forward of a MoE layer, as vllm-omni reads it, so a change takes effect at the next forward with the "
     "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
-SETTINGS = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, VLLM_OMNI_OUTPUT_GATE, ROUTER_BIAS_SOURCE)
+# The switches of the swaps, read once when vLLM loads the plugin (and fixed then).
+PLUGIN_LOAD = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, VLLM_OMNI_OUTPUT_GATE, VLLM_OMNI_SHARED_EXPERTS)
+SETTINGS = (*PLUGIN_LOAD, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:
     config.declare(_setting, OWNER)
