@@ -83,7 +83,7 @@ _TYPICAL_TOKENS = 14601
 
 @dataclass(frozen=True)
 class _Swap:
-    op: str
+    op: str  # what the log lines name: the operator it routes to, or a key of _NO_OPERATOR
     module: str  # where the attribute is looked up at build/call time
     attr: str
     origin: str  # the upstream module that defines the original
