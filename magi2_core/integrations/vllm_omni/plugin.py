@@ -83,7 +83,7 @@ _TYPICAL_TOKENS = 14601
 
 @dataclass(frozen=True)
 class _Swap:
-    op: str  # what the log lines name: the operator it routes to, or a key of _NO_OPERATOR
+    op: str  # what the log lines name: the operator it routes to (or, for ``no_operator``, the change)
     module: str  # where the attribute is looked up at build/call time
     attr: str
     origin: str  # the upstream module that defines the original
@@ -94,6 +94,9 @@ class _Swap:
     methods: tuple[str, ...] = ()
     # When set, this setting (read at plugin load) decides the swap: off, on, or auto (see _GAINS_NOTHING)
     enabled_by: str | None = None
+    # When set, the swap calls no operator (torch code rearranged, the same result everywhere): what the
+    # log line says in place of the providers a typical call resolves to
+    no_operator: str | None = None
 
 
 _SWAPS: tuple[_Swap, ...] = (
@@ -137,13 +140,10 @@ _SWAPS: tuple[_Swap, ...] = (
         SharedExpertsMethods,
         methods=SHARED_EXPERTS_METHODS,
         enabled_by=VLLM_OMNI_SHARED_EXPERTS.name,
+        no_operator="vllm-omni's own GEMMs and SwiGLU7, with the activation applied to each expert's half "
+        "(no concatenation, no copy; the same result bit for bit)",
     ),
 )
-# Swaps that call no operator (torch code rearranged): no provider to resolve, the same result everywhere.
-_NO_OPERATOR = {
-    "shared_experts": "vllm-omni's own GEMMs and SwiGLU7, with the activation applied to each expert's half "
-    "(no concatenation, no copy; the same result bit for bit)",
-}
 # Providers that compute what vllm-omni's own code computes, in its form (the float64 oracle, upstream's
 # torch code): an "auto" swap that would resolve only to these is left out, since it cannot be faster.
 _GAINS_NOTHING = frozenset({"reference", "torch_native"})
@@ -292,9 +292,7 @@ def _patch(modeling: ModuleType) -> None:
             logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: %s", swap.op, problem)
             continue
         try:
-            served_by, chosen = (
-                (_NO_OPERATOR[swap.op], ()) if swap.op in _NO_OPERATOR else _describe_provider(swap.op, modeling)
-            )
+            served_by, chosen = (swap.no_operator, ()) if swap.no_operator else _describe_provider(swap.op, modeling)
         except ResolutionError as exc:
             logger.warning(
                 "magi2-core: vllm-omni MAGI-2 %s left as it is: no provider serves it here\n%s", swap.op, exc
