@@ -1,6 +1,6 @@
 """The fused ``mhc_pre``'s logits kernel over launch configurations, at the 272p / 10 s pack.
 
-    python -m benchmarks.mhc_sweep [--tokens T] [--iters N] [--json PATH]
+    python -m benchmarks.mhc_sweep [--tokens T] [--modalities 1|3] [--iters N] [--json PATH]
 
 The logits kernel reads each token's flattened ``n·D`` row once (the sum of squares and the FP32
 projection onto ``phi``); it is the part of ``mhc_pre`` whose speed depends on its tiles and on the
@@ -54,12 +54,19 @@ CANDIDATES = (
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--tokens", type=int, default=PACK_TOKENS)
+    ap.add_argument(
+        "--modalities",
+        type=int,
+        choices=(1, 3),
+        default=3,
+        help="3: the pack's video, audio and text groups; 1: one group (the MoE layers' mHC norm)",
+    )
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", default="benchmarks/results/mhc_sweep.json")
     ap.add_argument("--precision", choices=kernel._PRECISIONS, help="only this precision's launches (and the default)")
     a = ap.parse_args()
     g = torch.Generator().manual_seed(0)
-    t, sizes = a.tokens, _sizes(a.tokens)
+    t, sizes = a.tokens, (_sizes(a.tokens) if a.modalities == 3 else [a.tokens])
     x = mhc_streams(g, t, STREAMS, WIDTH, torch.bfloat16).cuda()
     params = tuple(p.cuda() for p in mhc_parameters(g, len(sizes), STREAMS, WIDTH))
     call = call_record("mhc_pre", x, *params, modality_sizes=sizes)
@@ -118,6 +125,7 @@ def main() -> None:
                 "benchmark": "mhc_sweep",
                 "env": {**env_record(), "ceilings": ceilings.record()},
                 "tokens": t,
+                "modality_sizes": sizes,
                 "default": dataclasses.asdict(kernel.LOGITS),
                 "moved_bytes": moved,
                 "rows": rows,
@@ -126,7 +134,8 @@ def main() -> None:
             indent=2,
         )
     print(
-        f"this device's copy {copy:.2f} TB/s, measured in this run; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}; "
+        f"this device's copy {copy:.2f} TB/s, measured in this run; mhc_pre on {t} tokens x {STREAMS} x {WIDTH}, "
+        f"modality groups {sizes}; "
         f"default {kernel.LOGITS}"
     )
     for r in rows:
