@@ -21,6 +21,7 @@ __all__ = [
     # the operators
     "attention",
     "mhc_mix",
+    "mhc_mix_pre",
     "mhc_pre",
     "moe_experts",
     "moe_route",

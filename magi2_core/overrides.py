@@ -39,6 +39,7 @@ FAMILY: dict[OpName, str] = {
     "rmsnorm": "rmsnorm",
     "mhc_pre": "mhc",
     "mhc_mix": "mhc",
+    "mhc_mix_pre": "mhc",
     "qk_norm_rope": "qk_norm_rope",
     "output_gate": "output_gate",
 }
@@ -53,6 +54,7 @@ KEYS: tuple[str, ...] = (
     "mhc",
     "mhc_pre",
     "mhc_mix",
+    "mhc_mix_pre",
     "qk_norm_rope",
     "output_gate",
 )
