@@ -36,12 +36,9 @@ from magi2_core.testing.op_cases.mhc_pre import mhc_parameters, mhc_streams
 
 LAYER_TOKENS = 14601
 CANDIDATES = (
-    MixPreConfig(block_t=64, block_d=32, num_warps=4, num_stages=2, split_d=1),
-    MixPreConfig(block_t=64, block_d=32, num_warps=4, num_stages=3, split_d=2),
-    MixPreConfig(block_t=64, block_d=64, num_warps=8, num_stages=2, split_d=1),
-    MixPreConfig(block_t=128, block_d=32, num_warps=8, num_stages=2, split_d=1),
-    MixPreConfig(block_t=128, block_d=32, num_warps=8, num_stages=3, split_d=2),
     MixPreConfig(block_t=32, block_d=64, num_warps=4, num_stages=2, split_d=1),
+    MixPreConfig(block_t=128, block_d=64, num_warps=8, num_stages=2, split_d=1),
+    MixPreConfig(block_t=64, block_d=64, num_warps=4, num_stages=3, split_d=2),
 )
 
 

@@ -37,18 +37,18 @@ __all__ = ["MIX_PRE", "MixPreConfig", "launch_mhc_mix_pre"]
 @dataclass(frozen=True)
 class MixPreConfig:
     """The fused kernel's launch: tokens per tile (``tl.dot`` needs at least 16), stream channels per step
-    (the dots' K step is ``n`` times it, padded to a power of two), warps, pipeline stages and the chunks
-    the stream width is split into (each writes its own partial logits, summed in order afterwards)."""
+    (the dots' K step; at least 16), warps, pipeline stages and the chunks the stream width is split into
+    (each writes its own partial logits, summed in order afterwards)."""
 
     block_t: int = 64
-    block_d: int = 32
+    block_d: int = 64
     num_warps: int = 4
     num_stages: int = 2
     split_d: int = 1
 
     def __post_init__(self) -> None:
-        if self.block_t < 16 or self.block_t & (self.block_t - 1) or self.block_d & (self.block_d - 1):
-            raise ValueError(f"MixPreConfig: block_t (>= 16) and block_d must be powers of two, got {self}")
+        if not all(v >= 16 and v & (v - 1) == 0 for v in (self.block_t, self.block_d)):
+            raise ValueError(f"MixPreConfig: block_t and block_d must be powers of two >= 16, got {self}")
         if self.split_d < 1:
             raise ValueError(f"MixPreConfig: split_d must be >= 1, got {self}")
 
@@ -85,7 +85,6 @@ def _mhc_mix_logits_kernel(
     c2,
     c3,
     N: tl.constexpr,
-    NP: tl.constexpr,
     D: tl.constexpr,
     D_CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -96,7 +95,9 @@ def _mhc_mix_logits_kernel(
 ):
     """Program ``(tile, chunk)``: the tile's group and rows as in ``mhc_pre``'s split logits kernel; the
     chunk's channels of all ``N`` new streams written to ``o_ptr``, its unscaled logit sums to
-    ``part[chunk]`` and its sums of squares to ``sq[chunk]`` (``pc_ptr`` = ``[groups, 3, N·D, BLOCK_N]``)."""
+    ``part[chunk]`` and its sums of squares to ``sq[chunk]`` (``pc_ptr`` = ``[groups, 3, N·D, BLOCK_N]``).
+    Each output stream is a 2-D ``[BLOCK_T, BLOCK_D]`` tile: formed from the ``N`` input streams' tiles
+    (read again for each output stream: from L1 after the first), stored, and fed to the dots."""
     tile = tl.program_id(0)
     chunk = tl.program_id(1)
     g = (tile >= c1).to(tl.int32) + (tile >= c2).to(tl.int32) + (tile >= c3).to(tl.int32)
@@ -105,10 +106,6 @@ def _mhc_mix_logits_kernel(
     end = tl.where(g == 0, o1, tl.where(g == 1, o2, tl.where(g == 2, o3, T)))
     rows = start.to(tl.int64) + (tile - first_tile).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < end
-    i = tl.arange(0, NP)
-    i_ok = i < N
-    ti = row_ok[:, None] & i_ok[None, :]
-    post = tl.load(p_ptr + rows[:, None] * stride_pt + i[None, :] * stride_pn, mask=ti, other=0.0).to(tl.float32)
     cols = tl.arange(0, BLOCK_N)
     pieces = pc_ptr + g.to(tl.int64) * (3 * N * D * BLOCK_N)
     acc_hi = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
@@ -119,35 +116,31 @@ def _mhc_mix_logits_kernel(
         cs = chunk * D_CHUNK + d0 + tl.arange(0, BLOCK_D)
         c_ok = cs < D
         tc = row_ok[:, None] & c_ok[None, :]
-        mixed = tl.zeros((BLOCK_T, NP, BLOCK_D), tl.float32)
-        for j in tl.static_range(N):
-            xj = tl.load(x_ptr + rows[:, None] * stride_xt + j * stride_xn + cs[None, :], mask=tc, other=0.0)
-            rj = tl.load(r_ptr + rows[:, None] * stride_rt + i[None, :] * stride_ri + j * stride_rj, mask=ti, other=0.0)
-            mixed += rj.to(tl.float32)[:, :, None] * xj.to(tl.float32)[:, None, :]
         y = tl.load(y_ptr + rows[:, None] * stride_yt + cs[None, :], mask=tc, other=0.0).to(tl.float32)
-        new = _rounded(mixed, tl.bfloat16, RNE) + _rounded(post[:, :, None] * y[:, None, :], tl.bfloat16, RNE)
-        ok = ti[:, :, None] & c_ok[None, None, :]
-        new = _cast(tl.where(ok, new, 0.0), tl.bfloat16, RNE)  # padding zero: an inf times a zero pad is NaN
-        tl.store(o_ptr + rows[:, None, None] * (N * D) + i[None, :, None] * D + cs[None, None, :], new, mask=ok)
-        nf = new.to(tl.float32)
-        sumsq += tl.sum(tl.sum(nf * nf, axis=2), axis=1)
-        # the dots over this step's N·BLOCK_D flattened channels: row i·D + c of the split weight
-        ks = tl.reshape(i[:, None] * D + cs[None, :], (NP * BLOCK_D,))
-        k_ok = tl.reshape(i_ok[:, None] & c_ok[None, :], (NP * BLOCK_D,))
-        piece = pieces + ks[:, None] * BLOCK_N + cols[None, :]
-        hi = tl.load(piece, mask=k_ok[:, None], other=0.0)
-        mid = tl.load(piece + N * D * BLOCK_N, mask=k_ok[:, None], other=0.0)
-        lo = tl.load(piece + 2 * N * D * BLOCK_N, mask=k_ok[:, None], other=0.0)
-        if UPCAST:  # the interpreter multiplies the raw bits of BF16 dot operands: hand it FP32 values
-            a = tl.reshape(nf, (BLOCK_T, NP * BLOCK_D))
-            acc_hi += tl.dot(a, hi.to(tl.float32), input_precision="ieee")
-            acc_mid += tl.dot(a, mid.to(tl.float32), input_precision="ieee")
-            acc_lo += tl.dot(a, lo.to(tl.float32), input_precision="ieee")
-        else:
-            a = tl.reshape(new, (BLOCK_T, NP * BLOCK_D))
-            acc_hi = tl.dot(a, hi, acc_hi)
-            acc_mid = tl.dot(a, mid, acc_mid)
-            acc_lo = tl.dot(a, lo, acc_lo)
+        for i in tl.static_range(N):
+            mixed = tl.zeros((BLOCK_T, BLOCK_D), tl.float32)
+            for j in tl.static_range(N):
+                xj = tl.load(x_ptr + rows[:, None] * stride_xt + j * stride_xn + cs[None, :], mask=tc, other=0.0)
+                rij = tl.load(r_ptr + rows * stride_rt + i * stride_ri + j * stride_rj, mask=row_ok, other=0.0)
+                mixed += rij.to(tl.float32)[:, None] * xj.to(tl.float32)
+            pi = tl.load(p_ptr + rows * stride_pt + i * stride_pn, mask=row_ok, other=0.0).to(tl.float32)
+            new = _rounded(mixed, tl.bfloat16, RNE) + _rounded(pi[:, None] * y, tl.bfloat16, RNE)
+            new = _cast(tl.where(tc, new, 0.0), tl.bfloat16, RNE)  # masked lanes zero for the dots
+            tl.store(o_ptr + rows[:, None] * (N * D) + i * D + cs[None, :], new, mask=tc)
+            nf = new.to(tl.float32)
+            sumsq += tl.sum(nf * nf, axis=1)
+            piece = pieces + (i * D + cs)[:, None] * BLOCK_N + cols[None, :]  # rows i·D + c of the split weight
+            hi = tl.load(piece, mask=c_ok[:, None], other=0.0)
+            mid = tl.load(piece + N * D * BLOCK_N, mask=c_ok[:, None], other=0.0)
+            lo = tl.load(piece + 2 * N * D * BLOCK_N, mask=c_ok[:, None], other=0.0)
+            if UPCAST:  # the interpreter multiplies the raw bits of BF16 dot operands: hand it FP32 values
+                acc_hi += tl.dot(nf, hi.to(tl.float32), input_precision="ieee")
+                acc_mid += tl.dot(nf, mid.to(tl.float32), input_precision="ieee")
+                acc_lo += tl.dot(nf, lo.to(tl.float32), input_precision="ieee")
+            else:
+                acc_hi = tl.dot(new, hi, acc_hi)
+                acc_mid = tl.dot(new, mid, acc_mid)
+                acc_lo = tl.dot(new, lo, acc_lo)
     acc = (acc_lo + acc_mid) + acc_hi
     out = part_ptr + chunk.to(tl.int64) * stride_part + rows[:, None] * NL + cols[None, :]
     tl.store(out, acc, mask=row_ok[:, None] & (cols < NL)[None, :])
@@ -210,7 +203,6 @@ def launch_mhc_mix_pre(
                 *starts,
                 *tiles[:-1],
                 N=n,
-                NP=triton.next_power_of_2(n),
                 D=d,
                 D_CHUNK=d_chunk,
                 BLOCK_T=cfg.block_t,
