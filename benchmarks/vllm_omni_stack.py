@@ -163,19 +163,15 @@ def build_variants(cfg: Any, dev: str) -> tuple[Variant, Variant]:
 
 
 def upstream_methods(modeling: Any) -> dict[tuple[str, str], Any]:
-    """vllm-omni's own methods that the plugin may swap (the layer's mHC and its ``_mlp_input``, the
-    attention's ``project`` and ``output``, the MoE layer's shared experts), by (class name, method name),
-    read before the plugin registers."""
+    """vllm-omni's own methods that the plugin may swap (the layer's mHC, the attention's ``project`` and
+    ``output``, the MoE layer's shared experts), by (class name, method name), read before the plugin
+    registers."""
     from magi2_core.integrations.vllm_omni.gate import METHODS as OUTPUT
-    from magi2_core.integrations.vllm_omni.mhc import FUSED_METHODS, METHODS
+    from magi2_core.integrations.vllm_omni.mhc import METHODS
     from magi2_core.integrations.vllm_omni.qk_rope import METHODS as PROJECT
     from magi2_core.integrations.vllm_omni.shared_experts import METHODS as SHARED
 
-    owners = {
-        "Magi2TransformerLayer": METHODS + FUSED_METHODS,
-        "Magi2Attention": PROJECT + OUTPUT,
-        "Magi2MultiHeadMoELayer": SHARED,
-    }
+    owners = {"Magi2TransformerLayer": METHODS, "Magi2Attention": PROJECT + OUTPUT, "Magi2MultiHeadMoELayer": SHARED}
     return {(cls, name): getattr(getattr(modeling, cls), name) for cls, names in owners.items() for name in names}
 
 
@@ -274,10 +270,10 @@ def output_gate_provider(layer: nn.Module, pack: Any) -> str | None:
 
 def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
     """What the layer's mHC calls resolve to when the plugin swapped them in (else: nothing)."""
-    from magi2_core.integrations.vllm_omni.mhc import MHCFusedMethods, MHCLayerMethods
+    from magi2_core.integrations.vllm_omni.mhc import MHCLayerMethods
 
     if type(layer)._branch_logits is not MHCLayerMethods._branch_logits:
-        return {"mhc_pre": None, "mhc_mix": None, "mhc_mix_pre": None}
+        return {"mhc_pre": None, "mhc_mix": None}
     streams = pack.hidden.view(pack.hidden.shape[0], layer.config.mhc.num_streams, -1)
     args = (
         streams,
@@ -289,12 +285,9 @@ def mhc_providers(layer: nn.Module, pack: Any) -> dict[str, str | None]:
     )
     sizes = list(pack.dispatcher.group_size_cpu) if layer.mhc_norm.num_modality > 1 else None
     branch_input, post, residual = m2.mhc_pre(*args, modality_sizes=sizes)
-    fused = type(layer)._mlp_input is MHCFusedMethods._mlp_input
-    mix_pre = (streams, branch_input, post, residual, *args[1:])
     return {
         "mhc_pre": m2.resolve("mhc_pre", *args, modality_sizes=sizes).chosen,
         "mhc_mix": m2.resolve("mhc_mix", streams, branch_input, post, residual).chosen,
-        "mhc_mix_pre": m2.resolve("mhc_mix_pre", *mix_pre, modality_sizes=sizes).chosen if fused else None,
     }
 
 

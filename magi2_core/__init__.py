@@ -21,7 +21,6 @@ __all__ = [
     # the operators
     "attention",
     "mhc_mix",
-    "mhc_mix_pre",
     "mhc_pre",
     "moe_experts",
     "moe_route",

@@ -27,7 +27,6 @@ from magi2_core.moe_weights import PreparedMoEWeights
 from magi2_core.ops import (
     attention,
     mhc_mix,
-    mhc_mix_pre,
     mhc_pre,
     moe_experts,
     moe_route,

@@ -52,8 +52,6 @@ if TYPE_CHECKING:
     from magi2_core.ops.attention import validate as validate_attention
     from magi2_core.ops.mhc_mix import MHCMixCall, MHCMixKernel
     from magi2_core.ops.mhc_mix import validate as validate_mhc_mix
-    from magi2_core.ops.mhc_mix_pre import MHCMixPreCall, MHCMixPreKernel
-    from magi2_core.ops.mhc_mix_pre import validate as validate_mhc_mix_pre
     from magi2_core.ops.mhc_pre import MHCPreCall, MHCPreKernel
     from magi2_core.ops.mhc_pre import validate as validate_mhc_pre
     from magi2_core.ops.moe_experts import ExpertsCall, MoEExpertsKernel
@@ -112,9 +110,6 @@ _HOME: dict[str, tuple[str, str]] = {
     "MHCMixCall": ("magi2_core.ops.mhc_mix", "MHCMixCall"),
     "MHCMixKernel": ("magi2_core.ops.mhc_mix", "MHCMixKernel"),
     "validate_mhc_mix": ("magi2_core.ops.mhc_mix", "validate"),
-    "MHCMixPreCall": ("magi2_core.ops.mhc_mix_pre", "MHCMixPreCall"),
-    "MHCMixPreKernel": ("magi2_core.ops.mhc_mix_pre", "MHCMixPreKernel"),
-    "validate_mhc_mix_pre": ("magi2_core.ops.mhc_mix_pre", "validate"),
     "QKNormRopeCall": ("magi2_core.ops.qk_norm_rope", "QKNormRopeCall"),
     "QKNormRopeKernel": ("magi2_core.ops.qk_norm_rope", "QKNormRopeKernel"),
     "validate_qk_norm_rope": ("magi2_core.ops.qk_norm_rope", "validate"),
@@ -169,8 +164,6 @@ __all__ = [
     "InvalidValueError",
     "MHCMixCall",
     "MHCMixKernel",
-    "MHCMixPreCall",
-    "MHCMixPreKernel",
     "MHCPreCall",
     "MHCPreKernel",
     "MoEExpertsKernel",
@@ -213,7 +206,6 @@ __all__ = [
     "swiglu7",
     "validate_attention",
     "validate_mhc_mix",
-    "validate_mhc_mix_pre",
     "validate_mhc_pre",
     "validate_moe_experts",
     "validate_moe_route",

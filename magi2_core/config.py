@@ -270,10 +270,9 @@ _PROVIDER_KEYS = (
     ("moe_route", "`moe_route` (beats `MAGI2_MOE_PROVIDER`)"),
     ("moe_experts", "`moe_experts` (beats `MAGI2_MOE_PROVIDER`)"),
     ("rmsnorm", "RMSNorm"),
-    ("mhc", "mHC (`mhc_pre`, `mhc_mix` and `mhc_mix_pre`, where a provider of that name exists)"),
+    ("mhc", "mHC (`mhc_pre` and `mhc_mix`, where a provider of that name exists)"),
     ("mhc_pre", "`mhc_pre` (beats `MAGI2_MHC_PROVIDER`)"),
     ("mhc_mix", "`mhc_mix` (beats `MAGI2_MHC_PROVIDER`)"),
-    ("mhc_mix_pre", "`mhc_mix_pre` (beats `MAGI2_MHC_PROVIDER`)"),
     ("qk_norm_rope", "`qk_norm_rope` (the q/k norm, gather and RoPE)"),
     ("output_gate", "`output_gate` (attention's output gather and sigmoid gate)"),
 )

@@ -52,10 +52,6 @@ def _noop_mhc_pre(call: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor, to
     return call[0], call[0], call[0]
 
 
-def _noop_mhc_mix_pre(call: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return call[0], call[0], call[0], call[0]
-
-
 def _noop_tensor(call: tuple[Any, ...]) -> torch.Tensor:
     x: torch.Tensor = call[0]
     return x
@@ -68,7 +64,6 @@ _KERNELS: dict[str, Callable[..., Any]] = {
     "rmsnorm": _noop_tensor,
     "mhc_pre": _noop_mhc_pre,
     "mhc_mix": _noop_tensor,
-    "mhc_mix_pre": _noop_mhc_mix_pre,
     "qk_norm_rope": _noop_tensor,
     "output_gate": _noop_tensor,
 }
@@ -178,12 +173,6 @@ def dispatch_overhead(iters: int = 20000, device: str = "cpu") -> list[dict[str,
             lambda: m2.mhc_mix(streams, branch, post, res, provider=p),
             _noop_tensor,
             (streams, branch, post, res),
-            {},
-        ),
-        "mhc_mix_pre": (
-            lambda: m2.mhc_mix_pre(streams, branch, post, res, mw, phi, a, a, a, bn, bn, bnn, provider=p),
-            _noop_mhc_mix_pre,
-            (streams, branch, post, res, mw, phi, a, a, a, bn, bn, bnn),
             {},
         ),
         "qk_norm_rope": (lambda: m2.qk_norm_rope(q, wq, rope, provider=p), _noop_tensor, (q, wq, rope), {}),

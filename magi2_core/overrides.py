@@ -39,7 +39,6 @@ FAMILY: dict[OpName, str] = {
     "rmsnorm": "rmsnorm",
     "mhc_pre": "mhc",
     "mhc_mix": "mhc",
-    "mhc_mix_pre": "mhc",
     "qk_norm_rope": "qk_norm_rope",
     "output_gate": "output_gate",
 }
@@ -54,7 +53,6 @@ KEYS: tuple[str, ...] = (
     "mhc",
     "mhc_pre",
     "mhc_mix",
-    "mhc_mix_pre",
     "qk_norm_rope",
     "output_gate",
 )

@@ -29,15 +29,7 @@ __all__ = [
 ]
 
 OpName = Literal[
-    "attention",
-    "moe_route",
-    "moe_experts",
-    "rmsnorm",
-    "mhc_pre",
-    "mhc_mix",
-    "mhc_mix_pre",
-    "qk_norm_rope",
-    "output_gate",
+    "attention", "moe_route", "moe_experts", "rmsnorm", "mhc_pre", "mhc_mix", "qk_norm_rope", "output_gate"
 ]
 OPS: tuple[OpName, ...] = (
     "attention",
@@ -46,7 +38,6 @@ OPS: tuple[OpName, ...] = (
     "rmsnorm",
     "mhc_pre",
     "mhc_mix",
-    "mhc_mix_pre",
     "qk_norm_rope",
     "output_gate",
 )
@@ -146,7 +137,6 @@ OP_INT_FIELDS: dict[OpName, tuple[str, ...]] = {
     "rmsnorm": ("tokens", "width", "num_modalities", "num_patterns"),
     "mhc_pre": ("tokens", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("tokens", "num_streams", "hidden"),
-    "mhc_mix_pre": ("tokens", "num_streams", "hidden", "num_modalities"),
     "qk_norm_rope": ("tokens", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
     "output_gate": ("tokens", "num_heads", "head_dim"),
 }
@@ -159,12 +149,11 @@ OP_FEATURES: dict[OpName, frozenset[Feature]] = {
     "rmsnorm": _EVERY_OP,
     "mhc_pre": _EVERY_OP,
     "mhc_mix": _EVERY_OP,
-    "mhc_mix_pre": _EVERY_OP,
     "qk_norm_rope": _EVERY_OP,
     "output_gate": _EVERY_OP,
 }
 OUT_DTYPE_OPS: frozenset[OpName] = frozenset(
-    {"rmsnorm", "mhc_pre", "mhc_mix_pre", "qk_norm_rope", "output_gate"}
+    {"rmsnorm", "mhc_pre", "qk_norm_rope", "output_gate"}
 )  # the ops whose problem has an out_dtype
 
 

@@ -141,12 +141,6 @@ def mhc_mix_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def mhc_mix_pre_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
-    pre = mhc_pre_inputs(device, dtype)
-    mix = mhc_mix_inputs(device, dtype)
-    return mix | {k: v for k, v in pre.items() if k != "streams"}
-
-
 def qk_norm_rope_inputs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     g = _gen(device, 23)
     angles = _rand(g, 20, 12, dtype=torch.float32, device=device, scale=3.0)
@@ -186,7 +180,6 @@ def cases(device: str) -> Iterator[tuple[str, str, Callable[..., Any], dict[str,
         yield "rmsnorm", tag, m2.rmsnorm, rmsnorm_inputs(device, dtype)
         yield "mhc_pre", tag, m2.mhc_pre, mhc_pre_inputs(device, dtype)
         yield "mhc_mix", tag, m2.mhc_mix, mhc_mix_inputs(device, dtype)
-        yield "mhc_mix_pre", tag, m2.mhc_mix_pre, mhc_mix_pre_inputs(device, dtype)
         yield "qk_norm_rope", tag, m2.qk_norm_rope, qk_norm_rope_inputs(device, dtype)
         yield "output_gate", tag, m2.output_gate, output_gate_inputs(device, dtype)
 

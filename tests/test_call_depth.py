@@ -85,9 +85,6 @@ def _calls() -> dict[str, Callable[[str], object]]:
         "rmsnorm": lambda p: m2.rmsnorm(xn, wn, modality_sizes=[2, 4], provider=p),
         "mhc_pre": lambda p: m2.mhc_pre(streams, mw, phi, a, a, a, bn, bn, bnn, modality_sizes=[2, 4], provider=p),
         "mhc_mix": lambda p: m2.mhc_mix(streams, branch, post, res, provider=p),
-        "mhc_mix_pre": lambda p: m2.mhc_mix_pre(
-            streams, branch, post, res, mw, phi, a, a, a, bn, bn, bnn, modality_sizes=[2, 4], provider=p
-        ),
         "qk_norm_rope": lambda p: m2.qk_norm_rope(
             q, wn[:, 0, :16], k[:, 0, :8], modality_sizes=[7, 5], index=cu[:1].long().expand(12), provider=p
         ),

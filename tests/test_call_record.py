@@ -18,7 +18,6 @@ from magi2_core.capability import Capability
 from magi2_core.ops import SPECS
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.mhc_mix import MHCMixCall
-from magi2_core.ops.mhc_mix_pre import MHCMixPreCall
 from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.moe_route import RouteCall
@@ -37,7 +36,6 @@ RECORDS = {
     "rmsnorm": RMSNormCall,
     "mhc_pre": MHCPreCall,
     "mhc_mix": MHCMixCall,
-    "mhc_mix_pre": MHCMixPreCall,
     "qk_norm_rope": QKNormRopeCall,
     "output_gate": OutputGateCall,
 }
@@ -105,11 +103,6 @@ def _calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, A
             {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32},
         ),
         "mhc_mix": (m2.mhc_mix, (x, x[:, 0], probs[0], torch.rand(6, 2, 2, generator=g)), {}),
-        "mhc_mix_pre": (
-            m2.mhc_mix_pre,
-            (x, x[:, 0], probs[0], torch.rand(6, 2, 2, generator=g), *mhc_parameters(g, 2, 2, 8)),
-            {"modality_sizes": [2, 4], "sinkhorn_iterations": 3, "out_dtype": torch.float32},
-        ),
         "qk_norm_rope": (  # a flat weight: viewed [2, 8]
             m2.qk_norm_rope,
             (x, torch.randn(2 * 8, generator=g), torch.randn(6, 4, generator=g)),

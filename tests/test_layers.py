@@ -80,7 +80,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "magi2_core.ops.rmsnorm",
             "magi2_core.ops.mhc_pre",
             "magi2_core.ops.mhc_mix",
-            "magi2_core.ops.mhc_mix_pre",
             "magi2_core.ops.qk_norm_rope",
             "magi2_core.ops.output_gate",
             "magi2_core.nn",

@@ -31,10 +31,6 @@ SCHEMAS = {
     "SymInt sinkhorn_iterations, float sinkhorn_eps, ScalarType? out_dtype, str? provider) -> (Tensor, Tensor, Tensor)",
     "mhc_mix": "magi2::mhc_mix(Tensor streams, Tensor branch_output, Tensor post, Tensor residual, str? provider) "
     "-> Tensor",
-    "mhc_mix_pre": "magi2::mhc_mix_pre(Tensor streams, Tensor branch_output, Tensor post, Tensor residual, "
-    "Tensor norm_weight, Tensor phi, Tensor alpha_pre, Tensor alpha_post, Tensor alpha_res, Tensor bias_pre, "
-    "Tensor bias_post, Tensor bias_res, float eps, SymInt[]? modality_sizes, SymInt sinkhorn_iterations, "
-    "float sinkhorn_eps, ScalarType? out_dtype, str? provider) -> (Tensor, Tensor, Tensor, Tensor)",
     "qk_norm_rope": "magi2::qk_norm_rope(Tensor x, Tensor weight, Tensor rope, float eps, SymInt[]? modality_sizes, "
     "Tensor? index, ScalarType? out_dtype, str? provider) -> Tensor",
     "output_gate": "magi2::output_gate(Tensor x, Tensor gate, Tensor? index, ScalarType? out_dtype, str? provider) "

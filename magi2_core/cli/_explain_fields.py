@@ -147,7 +147,6 @@ EXPLAIN_FIELDS: dict[OpName, ExplainFields] = {
     "rmsnorm": _rmsnorm,
     "mhc_pre": _mhc_pre,
     "mhc_mix": _mhc_mix,
-    "mhc_mix_pre": _mhc_pre,
     "qk_norm_rope": _qk_norm_rope,
     "output_gate": _output_gate,
 }

@@ -30,8 +30,7 @@ def explain(
     op: Annotated[
         str,
         typer.Argument(
-            help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix | mhc_mix_pre | qk_norm_rope | "
-            "output_gate",
+            help="attention | moe_route | moe_experts | rmsnorm | mhc_pre | mhc_mix | qk_norm_rope | output_gate",
             callback=_known_op,
         ),
     ],
@@ -62,8 +61,7 @@ def explain(
     out_dtype: Annotated[
         str | None,
         typer.Option(
-            help="RMSNorm, qk_norm_rope and output_gate output dtype, mhc_pre / mhc_mix_pre coefficient dtype "
-            "(default: = dtype)"
+            help="RMSNorm, qk_norm_rope and output_gate output dtype, mhc_pre coefficient dtype (default: = dtype)"
         ),
     ] = None,
     streams: Annotated[int, typer.Option(help="mHC streams n")] = 4,

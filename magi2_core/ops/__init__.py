@@ -2,8 +2,7 @@
 
 Each operator has one home (:mod:`~magi2_core.ops.attention`, :mod:`~magi2_core.ops.moe_route`,
 :mod:`~magi2_core.ops.moe_experts`, :mod:`~magi2_core.ops.rmsnorm`, :mod:`~magi2_core.ops.mhc_pre`,
-:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.mhc_mix_pre`, :mod:`~magi2_core.ops.qk_norm_rope`,
-:mod:`~magi2_core.ops.output_gate`):
+:mod:`~magi2_core.ops.mhc_mix`, :mod:`~magi2_core.ops.qk_norm_rope`, :mod:`~magi2_core.ops.output_gate`):
 its public function, typed problem key, validation, kernel Protocol, ``torch.compile`` fake and acceptance rule
 (:class:`~magi2_core.ops._spec.OpSpec`). The resolver, shadow verification, the conformance kit and
 ``magi2 explain`` loop over :data:`SPECS`; the conformance cases live in the kit
@@ -28,8 +27,6 @@ from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import attention
 from magi2_core.ops.mhc_mix import SPEC as MHC_MIX
 from magi2_core.ops.mhc_mix import mhc_mix
-from magi2_core.ops.mhc_mix_pre import SPEC as MHC_MIX_PRE
-from magi2_core.ops.mhc_mix_pre import mhc_mix_pre
 from magi2_core.ops.mhc_pre import SPEC as MHC_PRE
 from magi2_core.ops.mhc_pre import mhc_pre
 from magi2_core.ops.moe_experts import SPEC as MOE_EXPERTS
@@ -51,7 +48,6 @@ __all__ = [
     "attention",
     "dispatcher",
     "mhc_mix",
-    "mhc_mix_pre",
     "mhc_pre",
     "moe_experts",
     "moe_route",
@@ -63,8 +59,7 @@ __all__ = [
 ]
 
 SPECS: dict[OpName, OpSpec[Any, Any]] = {
-    s.name: s
-    for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, MHC_MIX_PRE, QK_NORM_ROPE, OUTPUT_GATE)
+    s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, QK_NORM_ROPE, OUTPUT_GATE)
 }
 assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
 

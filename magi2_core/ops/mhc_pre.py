@@ -32,7 +32,6 @@ __all__ = [
     "MHCPreCall",
     "MHCPreKernel",
     "MHCPreKey",
-    "checked_parameters",
     "mhc_pre",
     "validate",
 ]
@@ -142,14 +141,14 @@ class MHCPreKernel(Protocol):
         ...
 
 
-def _fp32_param(op: str, name: str, value: object, shape: tuple[int, ...] | None, layout: str) -> torch.Tensor:
-    t = checks.tensor(op, name, value)
+def _fp32_param(name: str, value: object, shape: tuple[int, ...] | None, layout: str) -> torch.Tensor:
+    t = checks.tensor(OP, name, value)
     if t.dtype != torch.float32:
         raise InvalidDTypeError(
-            op, name, "a float32 tensor (the mHC parameters are FP32, as in the checkpoint)", checks.describe(t)
+            OP, name, "a float32 tensor (the mHC parameters are FP32, as in the checkpoint)", checks.describe(t)
         )
     if shape is not None and tuple(t.shape) != shape:
-        raise InvalidShapeError(op, name, layout, checks.describe(t))
+        raise InvalidShapeError(OP, name, layout, checks.describe(t))
     return t
 
 
@@ -173,83 +172,39 @@ def validate(
 ) -> MHCPreCall:
     """Check every argument (raising an input error that names it) and normalise the inputs."""
     x = checks.float_input(OP, "streams", streams)
-    checks.rows_3d(OP, "streams", x, "[tokens, n, D] with n >= 1 streams of width D >= 1")
-    rest = checked_parameters(
-        OP,
-        x,
-        norm_weight,
-        phi,
-        alpha_pre,
-        alpha_post,
-        alpha_res,
-        bias_pre,
-        bias_post,
-        bias_res,
-        eps=eps,
-        modality_sizes=modality_sizes,
-        sinkhorn_iterations=sinkhorn_iterations,
-        sinkhorn_eps=sinkhorn_eps,
-        out_dtype=out_dtype,
-    )
-    call = MHCPreCall._make((x, *rest, None))  # the key follows, from the checked call
-    t, n, d = x.shape
-    m = 1 if call.modality_sizes is None else len(call.modality_sizes)
-    mask = ARGS.features(call, compiling)
-    od = call.out_dtype
-    return call._replace(key=MHCPreKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, n, d, m))
-
-
-def checked_parameters(
-    op: str,
-    x: torch.Tensor,
-    norm_weight: object,
-    phi: object,
-    alpha_pre: object,
-    alpha_post: object,
-    alpha_res: object,
-    bias_pre: object,
-    bias_post: object,
-    bias_res: object,
-    *,
-    eps: float,
-    modality_sizes: object,
-    sinkhorn_iterations: int,
-    sinkhorn_eps: float,
-    out_dtype: torch.dtype | None,
-) -> tuple[Any, ...]:
-    """The fields of an ``mhc_pre`` call after its streams and before its key, checked against the
-    checked ``[T, n, D]`` streams ``x`` (an error names ``op``: ``mhc_mix_pre`` checks them too)."""
-    t, n, d = x.shape
-    sizes = checks.modality_sizes(op, modality_sizes, t, "streams.shape[0]")
+    t, n, d = checks.rows_3d(OP, "streams", x, "[tokens, n, D] with n >= 1 streams of width D >= 1")
+    sizes = checks.modality_sizes(OP, modality_sizes, t, "streams.shape[0]")
     m = 1 if sizes is None else len(sizes)
-    w = _fp32_param(op, "norm_weight", norm_weight, None, "")
+    w = _fp32_param("norm_weight", norm_weight, None, "")
     if tuple(w.shape) not in ((m * n * d,), (m, n * d)):
         raise InvalidShapeError(
-            op,
+            OP,
             "norm_weight",
             f"[{m}·{n * d}] (flat, modality-major) or [{m}, {n * d}]: {m} modalities of the flattened stream width n·D",
             checks.describe(w),
         )
     nl = 2 * n + n * n
-    p = _fp32_param(op, "phi", phi, (n * d, nl), f"[{n * d}, {nl}]: n·D rows, 2n + n² columns (pre, post, residual)")
+    p = _fp32_param("phi", phi, (n * d, nl), f"[{n * d}, {nl}]: n·D rows, 2n + n² columns (pre, post, residual)")
     a_pre, a_post, a_res = (
-        _fp32_param(op, name, v, None, "")
+        _fp32_param(name, v, None, "")
         for name, v in (("alpha_pre", alpha_pre), ("alpha_post", alpha_post), ("alpha_res", alpha_res))
     )
     for name, a in (("alpha_pre", a_pre), ("alpha_post", a_post), ("alpha_res", a_res)):
         if a.numel() != 1:
-            raise InvalidShapeError(op, name, "a one-element tensor (a scalar, or shape [1])", checks.describe(a))
-    b_pre = _fp32_param(op, "bias_pre", bias_pre, (n,), f"[{n}]")
-    b_post = _fp32_param(op, "bias_post", bias_post, (n,), f"[{n}]")
-    b_res = _fp32_param(op, "bias_res", bias_res, (n, n), f"[{n}, {n}]")
+            raise InvalidShapeError(OP, name, "a one-element tensor (a scalar, or shape [1])", checks.describe(a))
+    b_pre = _fp32_param("bias_pre", bias_pre, (n,), f"[{n}]")
+    b_post = _fp32_param("bias_post", bias_post, (n,), f"[{n}]")
+    b_res = _fp32_param("bias_res", bias_res, (n, n), f"[{n}, {n}]")
     params = (w, p, a_pre, a_post, a_res, b_pre, b_post, b_res)
-    checks.same_device(op, "streams", x, **dict(zip(_PARAMS, params, strict=True)))
-    e = checks.non_negative(op, "eps", eps)
-    se = checks.non_negative(op, "sinkhorn_eps", sinkhorn_eps)
+    checks.same_device(OP, "streams", x, **dict(zip(_PARAMS, params, strict=True)))
+    e = checks.non_negative(OP, "eps", eps)
+    se = checks.non_negative(OP, "sinkhorn_eps", sinkhorn_eps)
     if isinstance(sinkhorn_iterations, bool) or not isinstance(sinkhorn_iterations, int) or sinkhorn_iterations < 0:
-        raise InvalidValueError(op, "sinkhorn_iterations", "an int >= 0", repr(sinkhorn_iterations))
-    od = checks.out_dtype(op, out_dtype, x.dtype)
-    return (*params, e, sizes, sinkhorn_iterations, se, od)
+        raise InvalidValueError(OP, "sinkhorn_iterations", "an int >= 0", repr(sinkhorn_iterations))
+    od = checks.out_dtype(OP, out_dtype, x.dtype)
+    call = MHCPreCall(x, w, p, a_pre, a_post, a_res, b_pre, b_post, b_res, e, sizes, sinkhorn_iterations, se, od, None)  # type: ignore[arg-type]
+    mask = ARGS.features(call, compiling)
+    return call._replace(key=MHCPreKey(x.device, checks.dtype_name(x.dtype), checks.dtype_name(od), mask, t, n, d, m))
 
 
 @ARGS.public

@@ -1,7 +1,7 @@
 """The call record a provider receives, built from the public op's arguments: for a backend's own tests.
 
 A provider's kernel object is called with one validated, frozen record (``AttentionCall``,
-``RouteCall``, ``ExpertsCall``, ``RMSNormCall``, ``MHCPreCall``, ``MHCMixCall``, ``MHCMixPreCall``, ``QKNormRopeCall``,
+``RouteCall``, ``ExpertsCall``, ``RMSNormCall``, ``MHCPreCall``, ``MHCMixCall``, ``QKNormRopeCall``,
 ``OutputGateCall``).
 :func:`call_record` builds the record that the op would pass for ``op(*args, **kwargs)``, so that a test
 can call a kernel object directly, without registering it:
@@ -15,7 +15,6 @@ from typing import Any, Literal, overload
 from magi2_core.ops import SPECS
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.mhc_mix import MHCMixCall
-from magi2_core.ops.mhc_mix_pre import MHCMixPreCall
 from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.moe_route import RouteCall
@@ -38,8 +37,6 @@ def call_record(op: Literal["rmsnorm"], *args: Any, **kwargs: Any) -> RMSNormCal
 def call_record(op: Literal["mhc_pre"], *args: Any, **kwargs: Any) -> MHCPreCall: ...
 @overload
 def call_record(op: Literal["mhc_mix"], *args: Any, **kwargs: Any) -> MHCMixCall: ...
-@overload
-def call_record(op: Literal["mhc_mix_pre"], *args: Any, **kwargs: Any) -> MHCMixPreCall: ...
 @overload
 def call_record(op: Literal["qk_norm_rope"], *args: Any, **kwargs: Any) -> QKNormRopeCall: ...
 @overload

@@ -34,7 +34,6 @@ CLASS_FIELDS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("dtype", "out_dtype", "width", "num_modalities", "num_patterns"),
     "mhc_pre": ("dtype", "out_dtype", "num_streams", "hidden", "num_modalities"),
     "mhc_mix": ("dtype", "num_streams", "hidden"),
-    "mhc_mix_pre": ("dtype", "out_dtype", "num_streams", "hidden", "num_modalities"),
     "qk_norm_rope": ("dtype", "out_dtype", "num_heads", "head_dim", "rotary_dim", "num_modalities"),
     "output_gate": ("dtype", "out_dtype", "num_heads", "head_dim"),
 }
@@ -45,7 +44,6 @@ ORDERED: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("tokens",),
     "mhc_pre": ("tokens",),
     "mhc_mix": ("tokens",),
-    "mhc_mix_pre": ("tokens",),
     "qk_norm_rope": ("tokens",),
     "output_gate": ("tokens",),
 }

@@ -33,7 +33,7 @@ from magi2_core.errors import ConfigError
 from magi2_core.integrations import vllm_omni as integ
 from magi2_core.integrations.vllm_omni import plugin
 from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
-from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCFusedMethods, MHCLayerMethods
+from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.qk_rope import AttentionProjectMethods
 from magi2_core.integrations.vllm_omni.shared_experts import SharedExpertsMethods
 
@@ -47,16 +47,11 @@ def _mod(name: str) -> ModuleType:
 
 @pytest.fixture(autouse=True)
 def _mhc_swap_on() -> Iterator[None]:
-    """On a CPU the mHC (and its fused step), q/k RoPE and output-gate swaps are left out unless asked for
-    (``auto``: the reference serves them here); these tests ask for all four and check them with the others,
-    except where a test sets a variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
+    """On a CPU the mHC, q/k RoPE and output-gate swaps are left out unless asked for (``auto``: the
+    reference serves them here); these tests ask for all three and check them with the others, except where
+    a test sets a variable. (Not through ``monkeypatch``: that would move the test's own monkeypatch
     teardown after the ``vllm_omni`` fixture's.)"""
-    names = (
-        "MAGI2_VLLM_OMNI_MHC",
-        "MAGI2_VLLM_OMNI_MHC_FUSED",
-        "MAGI2_VLLM_OMNI_QK_ROPE",
-        "MAGI2_VLLM_OMNI_OUTPUT_GATE",
-    )
+    names = ("MAGI2_VLLM_OMNI_MHC", "MAGI2_VLLM_OMNI_QK_ROPE", "MAGI2_VLLM_OMNI_OUTPUT_GATE")
     before = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, "1"))
     yield
@@ -81,7 +76,6 @@ def test_the_mhc_swap_is_automatic_only_where_a_fused_provider_serves(
         "moe": True,
         "rmsnorm": True,
         "mhc": False,
-        "mhc_mix_pre": False,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
@@ -122,7 +116,6 @@ def test_the_mhc_swap_is_left_off_when_asked(
         "moe": True,
         "rmsnorm": True,
         "mhc": False,
-        "mhc_mix_pre": False,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
@@ -136,7 +129,6 @@ def _swapped(modeling: ModuleType) -> dict[str, bool]:
         "moe": modeling.Magi2MultiHeadMoE is integ.Magi2MultiHeadMoE,
         "rmsnorm": modeling.MultiModalityRMSNorm is integ.MultiModalityRMSNorm,
         "mhc": all(getattr(modeling.Magi2TransformerLayer, m) is getattr(MHCLayerMethods, m) for m in METHODS),
-        "mhc_mix_pre": modeling.Magi2TransformerLayer._mlp_input is MHCFusedMethods._mlp_input,
         "qk_norm_rope": modeling.Magi2Attention.project is AttentionProjectMethods.project,
         "output_gate": modeling.Magi2Attention.output is AttentionOutputMethods.output,
         "shared_experts": modeling.Magi2MultiHeadMoELayer._shared_experts is SharedExpertsMethods._shared_experts,
@@ -232,17 +224,15 @@ def test_plugin_swaps_the_operators_and_the_shared_experts(
         "moe": True,
         "rmsnorm": True,
         "mhc": True,
-        "mhc_mix_pre": True,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
     }
     info = [r.getMessage() for r in _records(caplog) if r.levelno == logging.INFO]
-    assert len(info) == 8, info
-    ops = ("attention", "moe", "rmsnorm", "mhc", "mhc_mix_pre", "qk_norm_rope", "output_gate")
-    for op, text in zip(ops, info[:7], strict=True):
+    assert len(info) == 7, info
+    for op, text in zip(("attention", "moe", "rmsnorm", "mhc", "qk_norm_rope", "output_gate"), info[:6], strict=True):
         assert f"MAGI-2 {op} " in text and "resolves" in text and "'reference'" in text, text
-    assert "MAGI-2 shared_experts " in info[7] and "bit for bit" in info[7], info[7]
+    assert "MAGI-2 shared_experts " in info[6] and "bit for bit" in info[6], info[6]
     model = modeling.Magi2PreviewTransformer(_small_config())
     kinds = {type(m) for m in model.modules()}
     assert integ.Magi2MultiHeadMoE in kinds and integ.MultiModalityRMSNorm in kinds
@@ -266,7 +256,7 @@ def test_register_is_idempotent_and_unregister_restores(vllm_omni: Path, caplog:
     modeling = _mod("modeling_magi2")
     integ.register()
     assert all(_swapped(modeling).values())
-    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 8
+    assert len([r for r in _records(caplog) if r.levelno == logging.INFO]) == 7
     integ.unregister()
     assert not any(_swapped(modeling).values())
     assert modeling.Magi2MultiHeadMoE is _mod("mh_moe").Magi2MultiHeadMoE
@@ -352,7 +342,6 @@ def test_an_attribute_replaced_by_someone_else_is_left_alone(vllm_omni: Path, ca
         "moe": True,
         "rmsnorm": False,
         "mhc": True,
-        "mhc_mix_pre": True,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
@@ -379,7 +368,6 @@ def test_a_changed_call_signature_is_left_alone(vllm_omni: Path, caplog: pytest.
         "moe": True,
         "rmsnorm": True,
         "mhc": True,
-        "mhc_mix_pre": True,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
@@ -404,7 +392,6 @@ def test_an_mhc_method_replaced_by_someone_else_is_left_alone(
         "moe": True,
         "rmsnorm": True,
         "mhc": False,
-        "mhc_mix_pre": False,
         "qk_norm_rope": True,
         "output_gate": True,
         "shared_experts": True,
@@ -455,47 +442,6 @@ def test_mhc_methods_match_upstreams_within_the_contract(vllm_omni: Path, dtype:
             assert verdict, f"{branch}: {verdict}"
         verdict = acc.accept_mhc_mix(got_out, want_out, call_record("mhc_mix", streams, output, post, res))
         assert verdict, f"{branch}: {verdict}"
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("modalities", [3, 1])
-@torch.no_grad()
-def test_fused_mlp_input_is_the_mhc_methods_in_turn(vllm_omni: Path, dtype: torch.dtype, modalities: int) -> None:
-    """A real layer's ``_mlp_input`` with the fused step gives what the swapped mHC methods give one after
-    the other, as upstream's ``_mlp_input`` calls them, bit for bit where the reference serves both."""
-    modeling, layers = _mod("modeling_magi2"), _mod("layers")
-    integ.register()
-    cfg = _small_config(dtype)
-    layer = modeling.Magi2PreviewTransformer(cfg).block.layers[0 if modalities == 3 else 1]
-    layer.load_state_dict(_random_checkpoint(layer, seed=17, scale=0.3))
-    assert layer.mhc_norm.num_modality == modalities
-    assert modeling.Magi2TransformerLayer._mlp_input is MHCFusedMethods._mlp_input
-    t = 23
-    dispatcher = layers.ModalityDispatcher(_coords_and_modalities(t)[1].clamp(max=2), 3)
-    g = torch.Generator().manual_seed(4)
-    streams = torch.randn(t, cfg.mhc.num_streams, cfg.hidden_size, generator=g, dtype=torch.float64).to(dtype)
-    heads = cfg.num_heads_q
-    attention = torch.randn(t, heads, cfg.head_dim, generator=g, dtype=torch.float64).to(dtype)
-    gates = torch.randn(t, heads, 1, generator=g, dtype=torch.float64).to(dtype)
-    attn_logits = MHCLayerMethods._branch_logits(layer, streams, "attn", dispatcher)
-    got = layer._mlp_input(streams, attention, gates, attn_logits, dispatcher)
-    output = layer.attention.output(attention, gates, dispatcher)
-    mixed = MHCLayerMethods._connect(layer, streams, output, "attn", attn_logits)
-    mlp_logits = MHCLayerMethods._branch_logits(layer, mixed, "mlp", dispatcher)
-    assert torch.equal(got[0], mixed)
-    assert all(torch.equal(a, b) for a, b in zip(got[1], mlp_logits, strict=True))
-    assert torch.equal(got[2], mlp_logits[0])
-
-
-def test_fused_mlp_input_is_left_off_when_asked(
-    vllm_omni: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("MAGI2_VLLM_OMNI_MHC_FUSED", "0")
-    caplog.set_level(logging.INFO, logger="magi2_core")
-    integ.register()
-    swapped = _swapped(_mod("modeling_magi2"))
-    assert swapped["mhc"] and not swapped["mhc_mix_pre"]
-    assert any("mhc_mix_pre left as it is (MAGI2_VLLM_OMNI_MHC_FUSED=0)" in r.getMessage() for r in caplog.records)
 
 
 def _shared_experts_case(dtype: torch.dtype, sizes: tuple[int, int, int]) -> tuple[Any, torch.Tensor, Any]:
@@ -714,7 +660,7 @@ def test_plugin_lines_reach_vllms_log_handlers(vllm_omni: Path, monkeypatch: pyt
     integ.register()
     _mod("modeling_magi2")
     assert ours.handlers == [handler] and ours.level == logging.INFO
-    assert len([line for line in lines if "now runs on magi2-core" in line]) == 8
+    assert len([line for line in lines if "now runs on magi2-core" in line]) == 7
 
 
 # ---------------------------------------------------------------------------------------------

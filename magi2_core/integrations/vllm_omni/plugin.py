@@ -1,7 +1,7 @@
 """The vLLM general plugin: route vllm-omni's MAGI-2 operators to magi2-core.
 
 vllm-omni 0.30 offers no hook for swapping MAGI-2's layer classes, so the plugin replaces three
-module attributes and seven methods, chosen where vllm-omni looks them up when the model is BUILT or
+module attributes and six methods, chosen where vllm-omni looks them up when the model is BUILT or
 CALLED (a name that was bound at import time elsewhere would not see a patch):
 
 - ``modeling_magi2.Magi2MultiHeadMoE``: read when each MoE layer is constructed and by
@@ -13,8 +13,6 @@ CALLED (a name that was bound at import time elsewhere would not see a patch):
   after its own head exchange;
 - ``modeling_magi2.Magi2TransformerLayer``'s ``_branch_logits``, ``_branch_input`` and ``_connect``
   (the mHC of each branch): methods, read on every call, so layers built before the swap use them too;
-  and, over those, its ``_mlp_input``, with the attention branch's mix and the MLP branch's mHC input as
-  one ``mhc_mix_pre`` call;
 - ``modeling_magi2.Magi2Attention.project`` (the q/k norm, ``inverse_permute``, RoPE and cast of each
   attention's input) and ``Magi2Attention.output`` (the ``permute`` gather, sigmoid gate and cast of
   its output): methods, likewise;
@@ -53,7 +51,7 @@ from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
 from magi2_core.integrations.vllm_omni.gate import METHODS as GATE_METHODS
 from magi2_core.integrations.vllm_omni.gate import AttentionOutputMethods
-from magi2_core.integrations.vllm_omni.mhc import FUSED_METHODS, METHODS, MHCFusedMethods, MHCLayerMethods
+from magi2_core.integrations.vllm_omni.mhc import METHODS, MHCLayerMethods
 from magi2_core.integrations.vllm_omni.moe import Magi2MultiHeadMoE
 from magi2_core.integrations.vllm_omni.norm import MultiModalityRMSNorm
 from magi2_core.integrations.vllm_omni.qk_rope import METHODS as QK_ROPE_METHODS
@@ -62,7 +60,6 @@ from magi2_core.integrations.vllm_omni.settings import (
     PLUGIN_LOAD,
     VLLM_OMNI,
     VLLM_OMNI_MHC,
-    VLLM_OMNI_MHC_FUSED,
     VLLM_OMNI_OUTPUT_GATE,
     VLLM_OMNI_QK_ROPE,
     VLLM_OMNI_SHARED_EXPERTS,
@@ -100,8 +97,6 @@ class _Swap:
     # When set, the swap calls no operator (torch code rearranged, the same result everywhere): what the
     # log line says in place of the providers a typical call resolves to
     no_operator: str | None = None
-    # When set, the ``op`` of a swap that must be in place first (this one reads what that one returns)
-    requires: str | None = None
 
 
 _SWAPS: tuple[_Swap, ...] = (
@@ -118,16 +113,6 @@ _SWAPS: tuple[_Swap, ...] = (
         MHCLayerMethods,
         methods=METHODS,
         enabled_by=VLLM_OMNI_MHC.name,
-    ),
-    _Swap(
-        "mhc_mix_pre",
-        _MODELING,
-        "Magi2TransformerLayer",
-        _MODELING,
-        MHCFusedMethods,
-        methods=FUSED_METHODS,
-        enabled_by=VLLM_OMNI_MHC_FUSED.name,
-        requires="mhc",
     ),
     _Swap(
         "qk_norm_rope",
@@ -293,7 +278,6 @@ def _is_ours(owner: object, method: str) -> bool:
 
 
 def _patch(modeling: ModuleType) -> None:
-    in_place: set[str] = set()  # the swaps in place after this call, by op
     for swap in _SWAPS:
         mode = "on" if swap.enabled_by is None else _switch(m2_config.get(swap.enabled_by))
         if mode == "off":
@@ -302,15 +286,7 @@ def _patch(modeling: ModuleType) -> None:
         module = modeling if swap.module == modeling.__name__ else importlib.import_module(swap.module)
         current = getattr(module, swap.attr, None)
         if current is swap.replacement or (swap.methods and _is_ours(current, swap.methods[0])):
-            in_place.add(swap.op)
             continue  # already swapped in this process
-        if swap.requires is not None and swap.requires not in in_place:
-            logger.info(
-                "magi2-core: vllm-omni MAGI-2 %s left as it is: it needs the %s swap, which is not in place",
-                swap.op,
-                swap.requires,
-            )
-            continue
         problem = _guard(swap, current)
         if problem is not None:
             logger.warning("magi2-core: vllm-omni MAGI-2 %s left as it is: %s", swap.op, problem)
@@ -341,7 +317,6 @@ def _patch(modeling: ModuleType) -> None:
             if swap.stands_in:
                 swap.replacement.stands_in_for = (current,)  # type: ignore[attr-defined]
             setattr(module, swap.attr, swap.replacement)
-        in_place.add(swap.op)
         logger.info(
             "magi2-core: vllm-omni MAGI-2 %s (%s.%s%s) now runs on magi2-core; %s",
             swap.op,
@@ -467,25 +442,6 @@ def _describe_provider(op: str, modeling: ModuleType) -> tuple[str, tuple[str | 
             f"mhc_pre to provider {pre!r} and mhc_mix to {mix!r} "
             f"(`magi2 explain mhc_pre --device {dev} --modalities 3 --tokens {t}` shows why)"
         ), (pre, mix)
-    if op == "mhc_mix_pre":
-        streams, hidden = cfg.mhc.num_streams, cfg.hidden_size
-        chosen = resolve_problem(
-            Problem(
-                op="mhc_mix_pre",
-                device_type=dev,
-                dtype="bfloat16",
-                out_dtype="bfloat16",
-                tokens=t,
-                num_streams=streams,
-                hidden=hidden,
-                num_modalities=3,
-            )
-        ).chosen
-        return (
-            f"a typical call ({dev}, bfloat16, {t} tokens x {streams} streams x {hidden}, 3 modalities) resolves "
-            f"to provider {chosen!r} (`magi2 explain mhc_mix_pre --device {dev} --modalities 3 --tokens {t}` "
-            "shows why)"
-        ), (chosen,)
     if op == "qk_norm_rope":
         heads, head_dim = cfg.num_heads_q, cfg.head_dim
         rotary = 6 * (head_dim // 8)  # ElementWiseFourierEmbed: sin and cos of 3 coordinates x head_dim/8 bands

@@ -21,7 +21,6 @@ __all__ = [
     "SETTINGS",
     "VLLM_OMNI",
     "VLLM_OMNI_MHC",
-    "VLLM_OMNI_MHC_FUSED",
     "VLLM_OMNI_OUTPUT_GATE",
     "VLLM_OMNI_QK_ROPE",
     "VLLM_OMNI_SHARED_EXPERTS",
@@ -63,13 +62,6 @@ VLLM_OMNI_MHC = _swap(
     "the Triton mHC",
     ", which run vllm-omni's own math with no gain (a CPU; a MUSA GPU today)",
 )
-VLLM_OMNI_MHC_FUSED = _swap(
-    "MAGI2_VLLM_OMNI_MHC_FUSED",
-    "the attention branch's mix and the MLP branch's mHC input of each MAGI-2 layer as one call (its "
-    "`_mlp_input`; only where MAGI2_VLLM_OMNI_MHC swapped the mHC in)",
-    "`mhc_mix_pre`",
-    "the Triton kernel",
-)
 VLLM_OMNI_QK_ROPE = _swap(
     "MAGI2_VLLM_OMNI_QK_ROPE",
     "the q/k tail of each MAGI-2 attention's `project` (the per-head norm, `inverse_permute`, RoPE and the cast)",
@@ -104,14 +96,7 @@ ROUTER_BIAS_SOURCE = Setting(
     "plugin on or off; a value that is neither raises `ConfigError` there (vllm-omni would take it as `ema`).",
 )
 # The switches of the swaps, read once when vLLM loads the plugin (and fixed then).
-PLUGIN_LOAD = (
-    VLLM_OMNI,
-    VLLM_OMNI_MHC,
-    VLLM_OMNI_MHC_FUSED,
-    VLLM_OMNI_QK_ROPE,
-    VLLM_OMNI_OUTPUT_GATE,
-    VLLM_OMNI_SHARED_EXPERTS,
-)
+PLUGIN_LOAD = (VLLM_OMNI, VLLM_OMNI_MHC, VLLM_OMNI_QK_ROPE, VLLM_OMNI_OUTPUT_GATE, VLLM_OMNI_SHARED_EXPERTS)
 SETTINGS = (*PLUGIN_LOAD, ROUTER_BIAS_SOURCE)
 
 for _setting in SETTINGS:

@@ -20,7 +20,6 @@ from magi2_core.testing.cases import Case
 from magi2_core.testing.op_cases import (
     attention,
     mhc_mix,
-    mhc_mix_pre,
     mhc_pre,
     moe_experts,
     moe_route,
@@ -41,7 +40,6 @@ CASES: dict[OpName, OpCases] = {
         rmsnorm.CASES,
         mhc_pre.CASES,
         mhc_mix.CASES,
-        mhc_mix_pre.CASES,
         qk_norm_rope.CASES,
         output_gate.CASES,
     )

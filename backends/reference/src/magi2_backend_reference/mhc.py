@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from magi2_core.backend import MHCMixCall, MHCMixPreCall, MHCPreCall
+    from magi2_core.backend import MHCMixCall, MHCPreCall
 
-__all__ = ["mhc_logits", "reference_mhc_mix", "reference_mhc_mix_pre", "reference_mhc_pre", "sinkhorn"]
+__all__ = ["mhc_logits", "reference_mhc_mix", "reference_mhc_pre", "sinkhorn"]
 
 
 def sinkhorn(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
@@ -74,10 +74,3 @@ def reference_mhc_mix(call: MHCMixCall) -> torch.Tensor:
     mixed = torch.einsum("tij,tjc->tic", call.residual.double(), x.double()).to(x.dtype)
     branch = (call.post.double().unsqueeze(-1) * call.branch_output.double().unsqueeze(1)).to(x.dtype)
     return (mixed.double() + branch.double()).to(x.dtype)
-
-
-@torch.no_grad()
-def reference_mhc_mix_pre(call: MHCMixPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``reference`` provider of ``mhc_mix_pre``: ``mhc_mix``'s reference, then ``mhc_pre``'s of its result."""
-    new = reference_mhc_mix(call.mix_call())
-    return (new, *reference_mhc_pre(call.pre_call(new)))

@@ -11,9 +11,9 @@ import torch
 from magi2_backend_reference.mhc import sinkhorn
 
 if TYPE_CHECKING:
-    from magi2_core.backend import MHCMixCall, MHCMixPreCall, MHCPreCall
+    from magi2_core.backend import MHCMixCall, MHCPreCall
 
-__all__ = ["torch_mhc_mix", "torch_mhc_mix_pre", "torch_mhc_pre"]
+__all__ = ["torch_mhc_mix", "torch_mhc_pre"]
 
 
 @torch.no_grad()
@@ -48,10 +48,3 @@ def torch_mhc_mix(call: MHCMixCall) -> torch.Tensor:
     branch = torch.einsum("tn,tc->tnc", post, call.branch_output)
     mixed = torch.einsum("tij,tjc->tic", res, x)
     return mixed + branch
-
-
-@torch.no_grad()
-def torch_mhc_mix_pre(call: MHCMixPreCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """vllm-omni's ``_mlp_input`` order: the attention branch's mix, then the MLP branch's ``mhc_pre``."""
-    new = torch_mhc_mix(call.mix_call())
-    return (new, *torch_mhc_pre(call.pre_call(new)))

@@ -39,7 +39,7 @@ from magi2_backend_triton.interpret import interpreting
 if TYPE_CHECKING:
     from magi2_core.backend import MHCPreCall
 
-__all__ = ["LOGITS", "LOGITS_FP32", "LogitsConfig", "launch_apply", "launch_mhc_pre", "split_pieces"]
+__all__ = ["LOGITS", "LOGITS_FP32", "LogitsConfig", "launch_mhc_pre"]
 
 _MOD_PER_LAUNCH = 4
 
@@ -399,36 +399,27 @@ def launch_mhc_pre(
     """Run both kernels for a validated call; returns ``(branch_input, post, residual)``."""
     x = call.streams if call.streams.stride(2) == 1 else call.streams.contiguous()
     t, n, d = x.shape
-    if t == 0:
-        return launch_apply(call, x, None, None, 0)
-    k, nl = n * d, 2 * n + n * n
-    flat = x.reshape(t, k)  # a view for [T, n, D] with contiguous rows; a copy otherwise
-    w = call.norm_weight.contiguous()  # flat [M·n·D] or [M, n·D]: modality m's scale starts at m·n·D
-    phi = call.phi.contiguous()
-    sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
-    cfg = logits_config
-    if cfg.precision == "bf16x3" and x.dtype == torch.bfloat16:
-        logits, sumsq = _split_partials(flat, w, phi, sizes, cfg)
-        return launch_apply(call, x, logits, sumsq, cfg.split_k)
-    fp32 = LOGITS_FP32 if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
-    logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
-    _fp32_logits(flat, w, phi, logits, sizes, float(call.eps), fp32)
-    return launch_apply(call, x, logits, logits, 0)  # the logits come scaled: no sums of squares to read
-
-
-def launch_apply(
-    call: MHCPreCall, x: torch.Tensor, logits: torch.Tensor | None, sumsq: torch.Tensor | None, parts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The second launch: ``(branch_input, post, residual)`` of the streams ``x`` (``call.streams`` with
-    unit channel stride) from their logits, as stored (``parts`` 0) or as ``parts`` chunks of unscaled
-    sums ``[parts, T, 2n + n²]`` with their sums of squares ``[parts, T]``; ``call`` gives the rest."""
-    t, n, d = x.shape
     od = call.out_dtype
     h = torch.empty((t, d), dtype=x.dtype, device=x.device)
     post = torch.empty((t, n), dtype=od, device=x.device)
     res = torch.empty((t, n, n), dtype=od, device=x.device)
     if t == 0:
         return h, post, res
+    k, nl = n * d, 2 * n + n * n
+    flat = x.reshape(t, k)  # a view for [T, n, D] with contiguous rows; a copy otherwise
+    w = call.norm_weight.contiguous()  # flat [M·n·D] or [M, n·D]: modality m's scale starts at m·n·D
+    phi = call.phi.contiguous()
+    sizes = [t] if call.modality_sizes is None else list(call.modality_sizes)
+    cfg = logits_config
+    eps = float(call.eps)
+    if cfg.precision == "bf16x3" and x.dtype == torch.bfloat16:
+        logits, sumsq = _split_partials(flat, w, phi, sizes, cfg)
+        parts = cfg.split_k
+    else:
+        fp32 = LOGITS_FP32 if cfg.precision == "bf16x3" else cfg  # other dtypes: not exact in BF16
+        logits = torch.empty((t, nl), dtype=torch.float32, device=x.device)
+        _fp32_logits(flat, w, phi, logits, sizes, eps, fp32)
+        sumsq, parts = logits, 0  # the logits come scaled: no sums of squares to read
     interp = interpreting()
     _mhc_apply_kernel[(triton.cdiv(t, _BLOCK_T_APPLY),)](
         x,
@@ -446,15 +437,15 @@ def launch_apply(
         t,
         x.stride(0),
         x.stride(1),
-        1.0 / math.sqrt(n * d),
-        float(call.eps),
+        1.0 / math.sqrt(k),
+        eps,
         float(call.sinkhorn_eps),
         PARTS=parts,
         D=d,
         ITERATIONS=call.sinkhorn_iterations,
         N=n,
         NP=triton.next_power_of_2(n),
-        NL=2 * n + n * n,
+        NL=nl,
         X_DTYPE=_TL_DTYPE[x.dtype],
         OUT_DTYPE=_TL_DTYPE[od],
         X_RNE=interp and x.dtype == torch.bfloat16,

@@ -123,21 +123,6 @@ def providers() -> tuple[Capability, ...]:
             priority=20,
             description="one pass: the residual mix and the post x branch term in FP32, each rounded, summed",
         ),
-        Capability(
-            op="mhc_mix_pre",
-            name="triton",
-            impl=f"{_PKG}:triton_mhc_mix_pre",
-            version=__version__,
-            device_types=no_musa,
-            dtypes=("float32", "bfloat16", "float16"),
-            out_dtypes=("float32", "bfloat16", "float16"),
-            ranges=(IntRange(field="num_streams", min=1, max=8),),
-            features=frozenset({Feature.DETERMINISTIC, Feature.COMPILING}),
-            priority=20,
-            description="BF16 streams: one pass writes the new streams and forms the next branch's logits from "
-            "them (three exact BF16 tensor-core products), then mhc_pre's second launch; other dtypes: the "
-            "mhc_mix and mhc_pre kernels in turn",
-        ),
         # Not on MUSA: not run under Triton-MUSA. Head dims up to 256 (the release has 128) keep a row in
         # one tile.
         Capability(

@@ -14,7 +14,6 @@ import triton
 
 from magi2_backend_triton.interpret import interpreting
 from magi2_backend_triton.mhc_mix import launch_mhc_mix
-from magi2_backend_triton.mhc_mix_pre import launch_mhc_mix_pre
 from magi2_backend_triton.mhc_pre import launch_mhc_pre
 from magi2_backend_triton.moe import plan as moe_plan
 from magi2_backend_triton.moe.fused import fused_moe_experts, run_plan
@@ -32,7 +31,6 @@ __all__ = [
     "TritonRMSNorm",
     "TritonRecordKernel",
     "triton_mhc_mix",
-    "triton_mhc_mix_pre",
     "triton_mhc_pre",
     "described_reasons",
     "device_reasons",
@@ -146,8 +144,7 @@ class TritonRMSNorm:
 
 class TritonRecordKernel:
     """A fused kernel's provider object that takes the op's call record whole (``launch``:
-    :func:`launch_mhc_pre`, :func:`launch_mhc_mix`, :func:`launch_mhc_mix_pre`, :func:`launch_qk_norm_rope` or
-    :func:`launch_output_gate`)."""
+    :func:`launch_mhc_pre`, :func:`launch_mhc_mix`, :func:`launch_qk_norm_rope` or :func:`launch_output_gate`)."""
 
     def __init__(self, launch: Callable[[Any], Any]) -> None:
         self._launch = launch
@@ -164,7 +161,6 @@ class TritonRecordKernel:
 
 triton_mhc_pre = TritonRecordKernel(launch_mhc_pre)
 triton_mhc_mix = TritonRecordKernel(launch_mhc_mix)
-triton_mhc_mix_pre = TritonRecordKernel(launch_mhc_mix_pre)
 triton_qk_norm_rope = TritonRecordKernel(launch_qk_norm_rope)
 triton_output_gate = TritonRecordKernel(launch_output_gate)
 triton_moe_experts = TritonMoEExperts()
