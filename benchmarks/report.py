@@ -107,6 +107,11 @@ SUPERSEDED = {
     "output_gate_h100_822c45d.json": "output_gate_h100.json",
     "dispatch_cuda_h100_915066e.json": "dispatch_cuda_h100.json",
     "dispatch_cpu_h100host_915066e.json": "dispatch_cpu_h100host.json",
+    # 899c9a4's runs of the layer and the two fused ops, measured again at a27c0ad (the layer with the
+    # shared-experts swap); docs/benchmarks.md keeps their numbers
+    "vllm_omni_stack_h100_899c9a4.json": "vllm_omni_stack_h100.json",
+    "mhc_h100_899c9a4.json": "mhc_h100.json",
+    "qk_norm_rope_h100_899c9a4.json": "qk_norm_rope_h100.json",
 }
 
 # Kept for the record but summarised by hand in docs/benchmarks.md (the notes say why).
@@ -116,6 +121,12 @@ DIAGNOSES = {
     "mhc_split_diagnose_h100_62da1f1.json": "the split-BF16 kernel taken apart (docs/benchmarks.md, mHC)",
     "mhc_split_diagnose_h100_eb9bbc1.json": "the split-BF16 kernel taken apart (docs/benchmarks.md, mHC)",
     "mhc_split_diagnose_h100_6f22255.json": "the split-BF16 kernel taken apart (docs/benchmarks.md, mHC)",
+    "vllm_omni_stack_h100_shared_off_a27c0ad.json": "the layer with the shared-experts swap off, beside "
+    "vllm_omni_stack_h100.json (docs/benchmarks.md, the shared experts)",
+    "mhc_mix_pre_h100_1be90fa.json": "a fused mhc_mix + mhc_pre kernel, 3-D tiles (reverted; docs/benchmarks.md)",
+    "mhc_mix_pre_h100_9639df8.json": "a fused mhc_mix + mhc_pre kernel, 2-D tiles (reverted; docs/benchmarks.md)",
+    "vllm_omni_stack_h100_1be90fa_fused_off.json": "the layer at 1be90fa without the fused mhc_mix_pre swap",
+    "vllm_omni_stack_h100_1be90fa_fused_on.json": "the layer at 1be90fa with the fused mhc_mix_pre swap (reverted)",
 }
 
 
@@ -900,6 +911,12 @@ def output_gate_rows(d: Data) -> list[Row]:
     )
 
 
+def _groups(d: Data) -> str:
+    """``, N modality groups`` where the sweep's file records them (files before 7f8ae67 do not)."""
+    sizes = d.get("modality_sizes")
+    return "" if sizes is None else f", {len(sizes)} modality group" + ("" if len(sizes) == 1 else "s")
+
+
 def mhc_sweep_rows(d: Data) -> list[Row]:
     """mhc_pre's logits-kernel launches: the fastest passing one against the default of that run."""
     env, timed = d["env"], [r for r in d["rows"] if "p50_ms" in r]
@@ -908,7 +925,7 @@ def mhc_sweep_rows(d: Data) -> list[Row]:
     return [
         (
             "mhc_pre, logits-kernel launches (benchmarks/mhc_sweep.py)",
-            f"{d['tokens']} tokens x 4 x 3072, {len(timed)} launches",
+            f"{d['tokens']} tokens x 4 x 3072{_groups(d)}, {len(timed)} launches",
             f"fastest passing: {best['name']} {best['p50_ms']:.2f} ms ({best['of_copy']:.2f} of copy)",
             f"the run's default {default['name']} {default['p50_ms']:.2f} ms",
             f"{sum(r['pass'] for r in timed)} of {len(timed)} pass the contract; "
@@ -924,6 +941,8 @@ SUMMARISERS: dict[str, Callable[[Data], list[Row]]] = {
     "output_gate_h100.json": output_gate_rows,
     "mhc_sweep_h100.json": mhc_sweep_rows,
     "mhc_sweep_h100_3739.json": mhc_sweep_rows,
+    "mhc_sweep_h100_14601.json": mhc_sweep_rows,
+    "mhc_sweep_h100_14601_one_group.json": mhc_sweep_rows,
     "rmsnorm_h200.json": rmsnorm_rows,
     "sink_correction_h200.json": sink_rows,
     "rmsnorm_h100.json": rmsnorm_rows,
