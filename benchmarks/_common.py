@@ -19,7 +19,7 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,16 @@ def time_loop(
             torch.cuda.synchronize()
             out[name].append(start.elapsed_time(end) / loop)
     return out
+
+
+def in_run_order(modes: Sequence[str], order: Sequence[str]) -> list[str]:
+    """The requested ``modes`` in the benchmark's ``order``, each once. vllm-omni's ``compile_regions``
+    compiles a model's modules in place and for good, so an eager mode timed after a compiled one would
+    time the compiled model under the eager label."""
+    unknown = sorted(set(modes) - set(order))
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}: expected some of {list(order)}")
+    return [m for m in order if m in modes]
 
 
 def graphed(fn: Callable[[], object], device: str = "cuda") -> Callable[[], object]:

@@ -76,7 +76,7 @@ from torch import nn
 import magi2_core as m2
 from benchmarks import _vllm_stubs as stubs
 from benchmarks._breakdown import GemmWidths, breakdown, profile_call
-from benchmarks._common import env_record, graphed, measure_ceilings, stats, time_alternating
+from benchmarks._common import env_record, graphed, in_run_order, measure_ceilings, stats, time_alternating
 from benchmarks._step_flops import matmul_floor_s, step_work
 from benchmarks.vllm_omni_stack import (
     GPU_COMPILE,
@@ -89,7 +89,7 @@ from benchmarks.vllm_omni_stack import (
 
 BANK_NAMES = ("W_gate", "W_up", "W_down")
 TEXT_TOKENS = 370
-MODES = ("eager", "compiled", "graph")
+MODES = ("eager", "compiled", "graph")  # in run order: compile_regions compiles the model in place
 GIB = 2**30
 
 
@@ -455,7 +455,7 @@ def _modes(
 ) -> None:
     compile_args = SMOKE_COMPILE if smoke else GPU_COMPILE
     compiled = False
-    for mode in modes:
+    for mode in in_run_order(modes, MODES):
         if mode in ("compiled", "graph") and not compiled:
             torch._dynamo.reset()
             for v in (off, on):
@@ -883,7 +883,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--banks", type=int, default=1, help="distinct MoE banks the 36 MoE layers share (default 1)")
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS, help="text tokens per CFG branch")
     p.add_argument("--iters", type=int, help="timed calls per variant (default 5; smoke: 2; 0: profile only)")
-    p.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="timed modes (none: skip timing)")
+    p.add_argument(
+        "--modes",
+        nargs="*",
+        choices=MODES,
+        default=list(MODES),
+        help="timed modes, run in this order whatever the order given (none: skip timing)",
+    )
     p.add_argument("--no-fidelity", action="store_true", help="skip the per-layer check against the FP32 oracle")
     p.add_argument("--no-distinct-banks", action="store_true", help="skip the 4-layer distinct-banks check")
     p.add_argument("--no-ep4", action="store_true", help="skip the EP4 rank-memory allocation")

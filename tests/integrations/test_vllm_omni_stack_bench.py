@@ -13,7 +13,9 @@ from benchmarks import vllm_omni_stack as stack
 
 def test_stack_benchmark_smoke_writes_every_variant(vllm_omni_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "stack.json"
+    # compile_regions compiles in place: the modes run eager first, whatever the order given
     argv = ["--wheel", str(vllm_omni_root), "--smoke", "--layers", "2", "--tokens", "24", "--iters", "1"]
+    argv += ["--modes", "compiled", "eager"]
     assert stack.main([*argv, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["errors"] == []
