@@ -89,6 +89,8 @@ SUPERSEDED = {
     # e886b01 without graph or fidelity; docs/benchmarks.md keeps their numbers
     "dit_step_h100_740693e.json": "dit_step_h100.json",
     "dit_step_h100_e886b01.json": "dit_step_h100.json",
+    # the step at 822c45d (compiled only), measured again at f748040 in every mode
+    "dit_step_h100_822c45d.json": "dit_step_h100.json",
     "vllm_omni_stack_h100_ed501e5.json": "vllm_omni_stack_h100.json",
     # the output gate's first run (677e54f, no dynamic-shape baseline) and the host-CPU dispatch at 9456316
     "output_gate_h100_677e54f.json": "output_gate_h100.json",
