@@ -51,3 +51,16 @@ def test_layer_breakdown_divides_one_block_call_by_its_layers(monkeypatch: pytes
     assert copies["ms"] == 0.25 and copies["share"] == 0.625 and copies["launches"] == 1
     assert copies["top_kernels"] == {"Memcpy DtoD (Device -> Device)": 0.25}
     assert copies["top_sources"] == {"Memcpy DtoD (Device -> Device) <- aten::copy_ [8, 64] [8, 64]": 0.25}
+
+
+def test_modes_run_in_the_benchmarks_order_once_and_unknown_ones_are_refused() -> None:
+    from benchmarks._common import in_run_order
+
+    assert in_run_order(["graph", "compiled", "eager", "compiled"], ("eager", "compiled", "graph")) == [
+        "eager",
+        "compiled",
+        "graph",
+    ]
+    assert in_run_order(["compiled"], stack.MODES) == ["compiled"]
+    with pytest.raises(ValueError, match=r"unknown modes \['graph'\]"):
+        in_run_order(["graph", "eager"], stack.MODES)
