@@ -118,6 +118,8 @@ SUPERSEDED = {
 
 # Kept for the record but summarised by hand in docs/benchmarks.md (the notes say why).
 DIAGNOSES = {
+    "moe_ws_wide_h100_46eae00.json": "the 64-wide-slice MoE prototype against gluon_ws, bit-equal and 7% slower "
+    "(docs/moe-notes.md; the prototype's code is in git at 46eae00)",
     "mhc_sweep_h100_62da1f1.json": "the split-BF16 logits kernel's first sweep, 11 of its 24 launches racing",
     "mhc_sweep_h100_bf16x3_eb9bbc1.json": "the split-BF16 kernel with separate accumulators, 3 launches racing",
     "mhc_split_diagnose_h100_62da1f1.json": "the split-BF16 kernel taken apart (docs/benchmarks.md, mHC)",
