@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from magi2_core import config
-from magi2_core.devices import cuda_available, musa_available
+from magi2_core.model.devices import cuda_available, musa_available
 
 
 def _magi2_env() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Helpers every benchmark shares: timing, L2 flush, statistics and the environment record.
 
-The timing harness is ``magi2_core.timing``, the one ``magi2 tune`` uses (warm-up, rotating
+The timing harness is ``magi2_core.tools.timing``, the one ``magi2 tune`` uses (warm-up, rotating
 alternation, an L2 flush before every call, one pair of device events per call, nearest-rank
 p10/p50/p90): its names are re-exported here. This module adds the loop timing (back-to-back calls),
 CUDA-graph capture, the environment record of a result file and the device's ceilings.
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from magi2_core.timing import FLUSH_BYTES, Timer, flush_l2, measure, percentile, stats, time_alternating
+from magi2_core.tools.timing import FLUSH_BYTES, Timer, flush_l2, measure, percentile, stats, time_alternating
 
 __all__ = [
     "COPY_BYTES",
@@ -196,7 +196,7 @@ def measure_ceilings(device: str = "cuda") -> Ceilings:
     how = (
         f"copy: {COPY_BYTES / 2**30:g} GiB read + written by one device-to-device copy, over the p50 of "
         f"{CEILING_ITERS} calls; matmul: {MATMUL_N}^3 BF16 torch.mm, 2*{MATMUL_N}^3 FLOP over the p50 of "
-        f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.timing)"
+        f"{CEILING_ITERS} calls; each call after an L2 flush, timed by device events (magi2_core.tools.timing)"
     )
     return Ceilings(measure_copy_tbs(device=device), measure_matmul_tflops(device=device), how)
 

@@ -27,7 +27,7 @@ import torch
 
 import magi2_core as m2
 from benchmarks._common import Ceilings, env_record, measure_ceilings, stats, time_alternating, time_loop
-from magi2_core.registry import get_registry
+from magi2_core.selection.registry import get_registry
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 

@@ -19,7 +19,7 @@ import torch
 
 import magi2_core
 from benchmarks._common import git_commit
-from magi2_core.overhead import DEVICES, dispatch_overhead
+from magi2_core.tools.overhead import DEVICES, dispatch_overhead
 
 _METHOD = (
     "best of 5 repeats of N back-to-back calls, tiny tensors on the inputs' device, against a no-op provider "

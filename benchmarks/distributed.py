@@ -63,7 +63,7 @@ TINY = Shapes(12, 16, 8, 2, 32, 24, 4, 16, (30, 18))
 
 def ensure_backends() -> None:
     """Register in-tree backends that are importable but not pip-installed (no entry points)."""
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
 
     reg = get_registry()
     for module, name, op, provider in (

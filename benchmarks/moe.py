@@ -35,7 +35,7 @@ from torch import Tensor
 
 from benchmarks import _common
 from benchmarks._moe_native import grouped_mm_moe_experts, grouped_mm_syncs_host, loop_moe_experts
-from magi2_core.plan import Plan
+from magi2_core.model.plan import Plan
 
 D, I, E, K = 256, 1280, 256, 6  # noqa: E741  # the names of docs/operators.md §3
 DEV = "cuda"

@@ -55,7 +55,7 @@ def candidates(base: Any, variants: list[str], align: str) -> dict[str, Any]:
     are 128. ``align``: the alignment of the aligned kernels (the per-expert kernel reads route lists).
     (The warp-specialised and persistent TMA schedules this sweep once timed gave no gain and left the
     package, docs/moe-notes.md; git history keeps them.)"""
-    from magi2_core.plan import Plan
+    from magi2_core.model.plan import Plan
 
     out = {"base": base}
     if base.variant == "two_kernel":

@@ -1,7 +1,7 @@
 """Does the active profile pick the fastest? The resolved call against every eligible provider, per grid point.
 
 For each point of the grid (``magi2 tune``'s default, or ``--shapes FILE``), in one alternating run of
-the harness (``magi2_core.timing``, the one ``magi2 tune`` uses): the resolved call (no
+the harness (``magi2_core.tools.timing``, the one ``magi2 tune`` uses): the resolved call (no
 ``provider=``, so the active profile decides: choose it with ``MAGI2_PROFILE``), every eligible
 provider forced by ``provider=``, and, for a provider that runs explicit plans (the Triton MoE),
 every plan candidate and the plan the profile resolves to, through ``run_plan``.
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import env_record
-from magi2_core.timing import measure
+from magi2_core.tools.timing import measure
 from magi2_core.tuning.grid import Shape, default_grid, load_shapes, select_ops
 from magi2_core.tuning.measure import REFERENCE, PlanRunner, plan_fns, plan_key, prepare, working
 

@@ -4,10 +4,8 @@ New public names are imported here and listed in ``__all__`` of ``magi2_core/__i
 """
 
 # ruff: noqa: F401
-from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
-from magi2_core.capability import Capability, Condition, IntRange, Rule
 from magi2_core.config import reload_config
-from magi2_core.dispatch import set_device_value_checks, set_strict
+from magi2_core.contracts.moe_weights import PreparedMoEWeights
 from magi2_core.errors import (
     ConfigChangeError,
     ConfigError,
@@ -23,7 +21,9 @@ from magi2_core.errors import (
     StrictModeError,
     UnknownProviderError,
 )
-from magi2_core.moe_weights import PreparedMoEWeights
+from magi2_core.model.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
+from magi2_core.model.capability import Capability, Condition, IntRange, Rule
+from magi2_core.model.problem import Feature, Problem
 from magi2_core.ops import (
     attention,
     mhc_mix,
@@ -36,7 +36,7 @@ from magi2_core.ops import (
     resolve,
     rmsnorm,
 )
-from magi2_core.overrides import use
-from magi2_core.problem import Feature, Problem
 from magi2_core.reasons import Resolution
-from magi2_core.registry import get_registry
+from magi2_core.selection.dispatch import set_device_value_checks, set_strict
+from magi2_core.selection.overrides import use
+from magi2_core.selection.registry import get_registry

@@ -35,10 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from magi2_core import config
-    from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec
-    from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
     from magi2_core.contracts.moe import SWIGLU_ALPHA, SWIGLU_LIMIT, ScoreFunc, router_scores, swiglu7
-    from magi2_core.devices import absent_device, musa_installed
     from magi2_core.errors import (
         ConfigError,
         InvalidDeviceError,
@@ -46,7 +43,13 @@ if TYPE_CHECKING:
         InvalidShapeError,
         InvalidValueError,
     )
-    from magi2_core.kernel import Checkable, CheckableOn, CheckedOn, Planned, PlannedOn, SinkRescale
+    from magi2_core.model.backend_spec import BackendSpec, Setting, SinkCorrectionSpec
+    from magi2_core.model.capability import Capability, Condition, IntRange, Provenance, Rule
+    from magi2_core.model.devices import absent_device, musa_installed
+    from magi2_core.model.kernel import Checkable, CheckableOn, CheckedOn, Planned, PlannedOn, SinkRescale
+    from magi2_core.model.plan import Plan
+    from magi2_core.model.problem import Feature, Problem, with_routes_per_expert
+    from magi2_core.model.virtual_device import VirtualDevice
     from magi2_core.ops import attention, resolve
     from magi2_core.ops.attention import AttentionCall, AttentionKernel
     from magi2_core.ops.attention import validate as validate_attention
@@ -64,21 +67,18 @@ if TYPE_CHECKING:
     from magi2_core.ops.qk_norm_rope import validate as validate_qk_norm_rope
     from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKernel
     from magi2_core.ops.rmsnorm import validate as validate_rmsnorm
-    from magi2_core.plan import Plan
-    from magi2_core.problem import Feature, Problem, with_routes_per_expert
     from magi2_core.profiles import DeviceKey, PlanRow, PlanRows, plan_rows, profile_of
     from magi2_core.reasons import Reason, ReasonCode
     from magi2_core.sink_correction.choice import SinkCorrection, sink_correction_for
     from magi2_core.sink_correction.reference import sink_correction
-    from magi2_core.virtual_device import VirtualDevice
 
 # Each name's home: (module, attribute).
 _HOME: dict[str, tuple[str, str]] = {
-    "Capability": ("magi2_core.capability", "Capability"),
-    "Condition": ("magi2_core.capability", "Condition"),
-    "IntRange": ("magi2_core.capability", "IntRange"),
-    "Provenance": ("magi2_core.capability", "Provenance"),
-    "Rule": ("magi2_core.capability", "Rule"),
+    "Capability": ("magi2_core.model.capability", "Capability"),
+    "Condition": ("magi2_core.model.capability", "Condition"),
+    "IntRange": ("magi2_core.model.capability", "IntRange"),
+    "Provenance": ("magi2_core.model.capability", "Provenance"),
+    "Rule": ("magi2_core.model.capability", "Rule"),
     "SWIGLU_ALPHA": ("magi2_core.contracts.moe", "SWIGLU_ALPHA"),
     "SWIGLU_LIMIT": ("magi2_core.contracts.moe", "SWIGLU_LIMIT"),
     "ScoreFunc": ("magi2_core.contracts.moe", "ScoreFunc"),
@@ -89,9 +89,9 @@ _HOME: dict[str, tuple[str, str]] = {
     "InvalidDeviceError": ("magi2_core.errors", "InvalidDeviceError"),
     "InvalidShapeError": ("magi2_core.errors", "InvalidShapeError"),
     "InvalidValueError": ("magi2_core.errors", "InvalidValueError"),
-    "BackendSpec": ("magi2_core.backend_spec", "BackendSpec"),
-    "SinkCorrectionSpec": ("magi2_core.backend_spec", "SinkCorrectionSpec"),
-    "Setting": ("magi2_core.backend_spec", "Setting"),
+    "BackendSpec": ("magi2_core.model.backend_spec", "BackendSpec"),
+    "SinkCorrectionSpec": ("magi2_core.model.backend_spec", "SinkCorrectionSpec"),
+    "Setting": ("magi2_core.model.backend_spec", "Setting"),
     "AttentionCall": ("magi2_core.ops.attention", "AttentionCall"),
     "AttentionKernel": ("magi2_core.ops.attention", "AttentionKernel"),
     "validate_attention": ("magi2_core.ops.attention", "validate"),
@@ -118,24 +118,24 @@ _HOME: dict[str, tuple[str, str]] = {
     "validate_output_gate": ("magi2_core.ops.output_gate", "validate"),
     "attention": ("magi2_core.ops", "attention"),
     "resolve": ("magi2_core.ops", "resolve"),
-    "Plan": ("magi2_core.plan", "Plan"),
-    "absent_device": ("magi2_core.devices", "absent_device"),
-    "musa_installed": ("magi2_core.devices", "musa_installed"),
-    "Feature": ("magi2_core.problem", "Feature"),
-    "Problem": ("magi2_core.problem", "Problem"),
-    "with_routes_per_expert": ("magi2_core.problem", "with_routes_per_expert"),
+    "Plan": ("magi2_core.model.plan", "Plan"),
+    "absent_device": ("magi2_core.model.devices", "absent_device"),
+    "musa_installed": ("magi2_core.model.devices", "musa_installed"),
+    "Feature": ("magi2_core.model.problem", "Feature"),
+    "Problem": ("magi2_core.model.problem", "Problem"),
+    "with_routes_per_expert": ("magi2_core.model.problem", "with_routes_per_expert"),
     "DeviceKey": ("magi2_core.profiles", "DeviceKey"),
     "profile_of": ("magi2_core.profiles", "profile_of"),
     "PlanRow": ("magi2_core.profiles", "PlanRow"),
     "PlanRows": ("magi2_core.profiles", "PlanRows"),
     "plan_rows": ("magi2_core.profiles", "plan_rows"),
-    "Checkable": ("magi2_core.kernel", "Checkable"),
-    "Planned": ("magi2_core.kernel", "Planned"),
-    "CheckableOn": ("magi2_core.kernel", "CheckableOn"),
-    "CheckedOn": ("magi2_core.kernel", "CheckedOn"),
-    "PlannedOn": ("magi2_core.kernel", "PlannedOn"),
-    "VirtualDevice": ("magi2_core.virtual_device", "VirtualDevice"),
-    "SinkRescale": ("magi2_core.kernel", "SinkRescale"),
+    "Checkable": ("magi2_core.model.kernel", "Checkable"),
+    "Planned": ("magi2_core.model.kernel", "Planned"),
+    "CheckableOn": ("magi2_core.model.kernel", "CheckableOn"),
+    "CheckedOn": ("magi2_core.model.kernel", "CheckedOn"),
+    "PlannedOn": ("magi2_core.model.kernel", "PlannedOn"),
+    "VirtualDevice": ("magi2_core.model.virtual_device", "VirtualDevice"),
+    "SinkRescale": ("magi2_core.model.kernel", "SinkRescale"),
     "Reason": ("magi2_core.reasons", "Reason"),
     "ReasonCode": ("magi2_core.reasons", "ReasonCode"),
     "SinkCorrection": ("magi2_core.sink_correction.choice", "SinkCorrection"),

@@ -20,7 +20,7 @@ variable, the value and what is accepted. An empty value counts as unset unless 
 otherwise.
 
 The core's own variables are declared below. A backend declares the variables it reads as
-:class:`~magi2_core.backend_spec.Setting` entries of its ``BackendSpec``: the registry adds
+:class:`~magi2_core.model.backend_spec.Setting` entries of its ``BackendSpec``: the registry adds
 them (:func:`declare`), owned by the backend, while the backend is loaded, and removes them
 (:func:`withdraw`) when it goes.
 A part of magi2-core that is not always imported (the vllm-omni integration) declares its own the
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from magi2_core.errors import ConfigChangeError, ConfigError
 
 if TYPE_CHECKING:
-    from magi2_core.backend_spec import Setting
+    from magi2_core.model.backend_spec import Setting
 
 __all__ = [
     "BACKEND_LOAD",

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from magi2_core import ops
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
+from magi2_core.contracts.moe_weights import CHECKPOINT, PreparedMoEWeights
 
 __all__ = ["MultiModalityRMSNorm", "PackedAttentionWithSinks", "HeadRoutedMoE"]
 

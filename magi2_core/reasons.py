@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from magi2_core.problem import Problem
-from magi2_core.virtual_device import VirtualDevice
+from magi2_core.model.problem import Problem
+from magi2_core.model.virtual_device import VirtualDevice
 
 __all__ = [
     "Candidate",

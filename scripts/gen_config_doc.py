@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from magi2_core import config
-from magi2_core.backend_spec import BackendSpec
 from magi2_core.config import Variable
 from magi2_core.integrations.vllm_omni import settings as vllm_omni_settings
-from magi2_core.registry import ENTRY_POINT_GROUP
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.selection.registry import ENTRY_POINT_GROUP
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "configuration.md"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from magi2_core.problem import Feature, Problem, with_routes_per_expert
+from magi2_core.model.problem import Feature, Problem, with_routes_per_expert
 from magi2_core.profiles.model import PlanRow
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import torch
 
 from benchmarks import _common
 from benchmarks._common import env_record, percentile, stats, time_alternating, time_loop
-from magi2_core.timing import Reading
+from magi2_core.tools.timing import Reading
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -13,8 +13,8 @@ import torch
 import magi2_core as m2
 from benchmarks import dispatch as dispatch_script
 from magi2_core.errors import InvalidDeviceError
-from magi2_core.overhead import NOOP_PROVIDER, dispatch_overhead
-from magi2_core.problem import OPS
+from magi2_core.model.problem import OPS
+from magi2_core.tools.overhead import NOOP_PROVIDER, dispatch_overhead
 
 
 def _check_rows(rows: list[dict[str, Any]]) -> None:

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.capability import Capability
 from magi2_core.contracts import _checks
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OPS, Feature
 from magi2_core.ops import dispatcher
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.mhc_pre import MHCPreCall
 from magi2_core.ops.moe_route import RouteCall
-from magi2_core.problem import OPS, Feature
 from magi2_core.testing import magi2_frames_at, registered_backend
 
 MAX_DEPTH = 5

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import shadow
-from magi2_core.capability import Capability
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OPS, Feature
 from magi2_core.ops import SPECS
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.mhc_mix import MHCMixCall
@@ -24,7 +24,7 @@ from magi2_core.ops.moe_route import RouteCall
 from magi2_core.ops.output_gate import OutputGateCall
 from magi2_core.ops.qk_norm_rope import QKNormRopeCall
 from magi2_core.ops.rmsnorm import RMSNormCall
-from magi2_core.problem import OPS, Feature
+from magi2_core.selection import shadow
 from magi2_core.testing import call_record, registered_backend
 from magi2_core.testing.op_cases.mhc_pre import mhc_parameters
 

@@ -199,7 +199,7 @@ def test_check_failure_hint_reruns_that_case_alone_and_piped_output_has_a_line_p
 
 
 def test_backends_lists_features_only_for_the_ops_they_belong_to() -> None:
-    from magi2_core.problem import OP_FEATURES
+    from magi2_core.model.problem import OP_FEATURES
 
     data = json.loads(runner.invoke(app, ["backends", "--json"]).stdout)
     ref = next(b for b in data["backends"] if b["entry_point"] == "reference")
@@ -215,7 +215,7 @@ def test_backends_lists_features_only_for_the_ops_they_belong_to() -> None:
 def test_backends_hides_a_feature_a_descriptor_declares_for_another_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """A third-party descriptor may declare every feature; the table shows those of its op alone."""
     from magi2_core.backend import Feature
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
 
     real = get_registry().backends()
     ref = next(b for b in real if b.entry_point == "reference")

@@ -111,7 +111,7 @@ def test_check_with_nothing_runnable_here_is_rejected() -> None:
 
 
 def test_explain_accepts_a_device_type_that_only_a_plugin_declares() -> None:
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
 
     declared = (p.capability.device_types for op in get_registry().state().providers.values() for p in op)
     if not any("fpga" in device_types for device_types in declared):

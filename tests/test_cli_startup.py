@@ -36,7 +36,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
             code = exc.code or 0
         else:
             code = 0
-        heavy = sorted(m for m in ("torch", "magi2_core.ops", "magi2_core.registry") if m in sys.modules)
+        heavy = sorted(m for m in ("torch", "magi2_core.ops", "magi2_core.selection.registry") if m in sys.modules)
         print("HEAVY:" + ",".join(heavy))
         sys.exit(code)
         """

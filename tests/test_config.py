@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import config, shadow
+from magi2_core import config
 from magi2_core.contracts._checks import device_value_checks
-from magi2_core.registry import Registry
+from magi2_core.selection import shadow
+from magi2_core.selection.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

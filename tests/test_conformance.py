@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
-from magi2_core.problem import Feature
+from magi2_core.model.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.model.problem import Feature
 from magi2_core.testing import registered_backend, rehost, run_kit
 from magi2_core.testing import runner as kit_runner
 from magi2_core.testing.inputs import build_call

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 import magi2_core as m2
-from magi2_core.backend_spec import BackendSpec
-from magi2_core.capability import Capability, Condition, IntRange, Provenance, Rule
 from magi2_core.cli import app
-from magi2_core.registry import Registry
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.model.capability import Capability, Condition, IntRange, Provenance, Rule
+from magi2_core.selection.registry import Registry
 from magi2_core.testing import InProcessBackend
 
 _RULE = Rule(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from magi2_core.capability import Capability
-from magi2_core.problem import Feature
-from magi2_core.registry import get_registry
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature
+from magi2_core.selection.registry import get_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]

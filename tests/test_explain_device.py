@@ -17,14 +17,14 @@ from typer.testing import CliRunner
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, Problem
 from magi2_core.cli import app
-from magi2_core.devices import absent_device, cuda_available, device_identity
+from magi2_core.model.devices import absent_device, cuda_available, device_identity
+from magi2_core.model.virtual_device import VirtualDevice
 from magi2_core.profiles import active_profile, reset_profiles, shipped_profiles
 from magi2_core.profiles.described import describe_device
 from magi2_core.reasons import Reason, ReasonCode
-from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.registry import Registry, get_registry
+from magi2_core.selection.resolver import resolve_problem
 from magi2_core.testing import InProcessBackend
-from magi2_core.virtual_device import VirtualDevice
 
 runner = CliRunner()
 H100 = "NVIDIA H100 80GB HBM3"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from magi2_core.problem import Problem
+from magi2_core.model.problem import Problem
 
 ROOT = Path(__file__).resolve().parent.parent
 

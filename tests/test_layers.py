@@ -24,72 +24,37 @@ CORE = "magi2_core"
 # package above it ("pkg.*": the package and everything in it). A new module must be placed here.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
-        "errors and configuration",
+        "the data model, errors and configuration",
         (
             "magi2_core._version",
             "magi2_core.errors",
             "magi2_core.config",
-            "magi2_core.problem",
-            "magi2_core.capability",
-            "magi2_core.virtual_device",
             "magi2_core.reasons",
             "magi2_core.resolution",
-            "magi2_core.plan",
-            "magi2_core.kernel",
-            "magi2_core.backend_spec",
             "magi2_core.hookspecs",
-            "magi2_core.devices",
-            "magi2_core.overrides",
-            "magi2_core.strict",
+            "magi2_core.model.*",
             "magi2_core.profiles.*",
-            "magi2_core.timing",
         ),
     ),
     (
         "contracts: math and checks",
-        (
-            "magi2_core.contracts.*",
-            "magi2_core.moe_weights",
-            "magi2_core.sink_correction",
-            "magi2_core.sink_correction.reference",
-        ),
+        ("magi2_core.contracts.*", "magi2_core.sink_correction", "magi2_core.sink_correction.reference"),
     ),
     ("op specs", ("magi2_core.ops._spec", "magi2_core.ops._args")),
-    (
-        "registry and resolver",
-        (
-            "magi2_core.registry",
-            "magi2_core.resolver",
-            "magi2_core.sink_correction.choice",
-            "magi2_core.shadow",
-            "magi2_core.dispatch",
-        ),
-    ),
+    ("selection: registry, resolver, dispatch", ("magi2_core.selection.*", "magi2_core.sink_correction.choice")),
     (
         "operators and the public API",
         (
             "magi2_core",
             "magi2_core._api",
             "magi2_core.backend",
-            "magi2_core.ops",
-            "magi2_core.ops._compiled",
-            "magi2_core.ops._lookup",
-            "magi2_core.ops.attention",
-            "magi2_core.ops.moe_route",
-            "magi2_core.ops.moe_experts",
-            "magi2_core.ops.rmsnorm",
-            "magi2_core.ops.mhc_pre",
-            "magi2_core.ops.mhc_mix",
-            "magi2_core.ops.qk_norm_rope",
-            "magi2_core.ops.output_gate",
+            "magi2_core.ops.*",
             "magi2_core.nn",
             "magi2_core.distributed.*",
             "magi2_core.integrations.*",
-            "magi2_core.demo",
-            "magi2_core.overhead",
-            "magi2_core.report",
         ),
     ),
+    ("tools: the demo, the environment report, overhead and timing", ("magi2_core.tools.*",)),
     ("the conformance kit", ("magi2_core.testing.*",)),
     ("magi2 tune: measuring a device, writing its profile", ("magi2_core.tuning.*",)),
     ("the command line", ("magi2_core.cli.*",)),
@@ -102,7 +67,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     "public name is used (`magi2 --help`, the auto-loaded pytest plugin)",
     ("magi2_core.config", "magi2_core.profiles.model"): "pydantic's profile models load only when MAGI2_PROFILE "
     "names a file",
-    ("magi2_core.profiles.active", "magi2_core.devices"): "torch loads only when a device's profile is selected",
+    ("magi2_core.profiles.active", "magi2_core.model.devices"): "torch loads only when a device's profile is selected",
     ("magi2_core.testing.plugin", "magi2_core.testing.op_cases"): "the pytest plugin is loaded by every pytest "
     "run; the kit only by runs that use it",
     ("magi2_core.testing.plugin", "magi2_core.testing.runner"): "the pytest plugin is loaded by every pytest run; "
@@ -235,8 +200,8 @@ MODULES, EDGES = imports(ROOT, CORE)
 def test_the_walk_sees_every_kind_of_import() -> None:
     """The walk itself: module level, TYPE_CHECKING and function-level imports, relative ones resolved."""
     seen = {(e.source, e.target, e.lazy) for e in EDGES}
-    assert ("magi2_core.ops._lookup", "magi2_core.dispatch", False) in seen  # module level
-    assert ("magi2_core.dispatch", "magi2_core.ops._spec", False) in seen  # under TYPE_CHECKING
+    assert ("magi2_core.ops._lookup", "magi2_core.selection.dispatch", False) in seen  # module level
+    assert ("magi2_core.selection.dispatch", "magi2_core.ops._spec", False) in seen  # under TYPE_CHECKING
     assert ("magi2_core.config", "magi2_core.profiles.model", True) in seen  # inside a function
     assert cycles([Import("a", "b", 1, False), Import("b", "c", 2, True), Import("c", "a", 3, False)]) == [
         ["a", "b", "c"]
@@ -362,7 +327,7 @@ def test_every_backend_facade_name_is_its_home_object() -> None:
 def test_the_process_registry_hands_its_profile_fragments_to_the_profiles() -> None:
     """Profiles sit below the registry: they get the backends' fragments by injection, not by import."""
     from magi2_core.profiles import active
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
 
     source = active._backend_fragments
     assert source is not None and tuple(source()) == get_registry().state().profiles
@@ -378,9 +343,9 @@ def test_the_documented_old_name_of_reasons_still_imports() -> None:
 
 
 def test_the_documented_old_name_of_backend_spec_still_imports() -> None:
-    """docs/api.md named magi2_core.hookspecs.hookimpl: the module stays an alias of magi2_core.backend_spec."""
-    import magi2_core.backend_spec as spec
+    """docs/api.md named magi2_core.hookspecs.hookimpl: the module stays an alias of magi2_core.model.backend_spec."""
     import magi2_core.hookspecs as old
+    import magi2_core.model.backend_spec as spec
 
     assert old.__all__ == spec.__all__
     assert all(getattr(old, name) is getattr(spec, name) for name in spec.__all__)

@@ -14,14 +14,14 @@ import torch
 
 import magi2_core as m2
 from magi2_core import Capability, Condition, Problem, Rule
-from magi2_core.capability import Provenance
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.acceptance import accept_moe_route, route_truth
-from magi2_core.dispatch import Dispatcher
+from magi2_core.model.capability import Provenance
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionCall, AttentionKey
 from magi2_core.ops.attention import validate as validate_attention
-from magi2_core.registry import Registry
+from magi2_core.selection.dispatch import Dispatcher
+from magi2_core.selection.registry import Registry
 from magi2_core.testing.specials import ROUTE_SPECIALS, RouteSpecial, route_specials
 
 INF = float("inf")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
+from magi2_core.contracts.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.ops import SPECS, dispatcher
 from magi2_core.ops._args import TENSOR, Arg, Args
-from magi2_core.overrides import context_token
+from magi2_core.selection.overrides import context_token
 
 DECLARED = {op: spec for op, spec in SPECS.items() if spec.args is not None}
 PUBLIC = {op: getattr(m2, op) for op in SPECS}

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Problem, devices
-from magi2_core.dispatch import Dispatcher
+from magi2_core import BackendSpec, Capability, Problem
 from magi2_core.errors import ConfigError, ProfileError
+from magi2_core.model import devices
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM_SPEC
 from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey
 from magi2_core.profiles import (
@@ -29,8 +29,9 @@ from magi2_core.profiles import (
     shipped_profiles,
     user_profile_dir,
 )
-from magi2_core.registry import Registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.dispatch import Dispatcher
+from magi2_core.selection.registry import Registry
+from magi2_core.selection.resolver import resolve_problem
 from magi2_core.testing import InProcessBackend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import torch
 
 import magi2_core as m2
 from magi2_core import BackendSpec, Capability, config
-from magi2_core.registry import Registry
+from magi2_core.selection.registry import Registry
 
 
 def _plugin(name: str, *caps: Capability, core_api: str = ">=2.0,<3") -> types.ModuleType:
@@ -201,7 +201,7 @@ def test_a_plugin_whose_import_hangs_is_quarantined_after_the_documented_limit()
         pytest.skip("tests/plugins/broken is not installed (pip install -e tests/plugins/broken)")
     code = (
         "import time, torch, magi2_core as m2\n"
-        "from magi2_core.registry import Registry\n"
+        "from magi2_core.selection.registry import Registry\n"
         "start = time.perf_counter(); reg = Registry(); reg.backends()\n"
         "print(time.perf_counter() - start)\n"
         "print({q.entry_point: q.reason for q in reg.quarantined()}['broken_hang'])\n"
@@ -239,7 +239,7 @@ def test_a_plugin_that_asks_for_the_registry_while_it_is_imported_sees_it_so_far
 def test_slow_backend_warning_says_how_to_drop_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from magi2_core import registry
+    from magi2_core.selection import registry
 
     monkeypatch.setattr(registry, "SLOW_LOAD_S", -1.0)  # every load counts as slow
     reg = Registry(discover=False)

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule, overrides
-from magi2_core.capability import Provenance
-from magi2_core.dispatch import Dispatcher
+from magi2_core import BackendSpec, Capability, Condition, Feature, IntRange, Problem, Rule
 from magi2_core.errors import NoEligibleProviderError, ProviderNotEligibleError, UnknownProviderError
+from magi2_core.model.capability import Provenance
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM_SPEC
 from magi2_core.ops.rmsnorm import RMSNormCall, RMSNormKey
 from magi2_core.reasons import Reason, ReasonCode, Verdict
-from magi2_core.registry import Registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection import overrides
+from magi2_core.selection.dispatch import Dispatcher
+from magi2_core.selection.registry import Registry
+from magi2_core.selection.resolver import resolve_problem
 
 TOY = "magi2_toy_kernels"
 

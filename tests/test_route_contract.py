@@ -13,10 +13,10 @@ import pytest
 import torch
 from magi2_backend_reference.moe import exact_moe_route, reference_moe_route
 
-from magi2_core.capability import Capability
 from magi2_core.contracts.acceptance import ROUTE_GAP, accept_moe_route, route_truth, tally_route_ids
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature
 from magi2_core.ops.moe_route import RouteCall
-from magi2_core.problem import Feature
 from magi2_core.testing import registered_backend, run_kit
 from magi2_core.testing.route import plant_near_ties
 

@@ -152,7 +152,7 @@ def _profiles(device: str) -> list[str | None]:
 def _experts(
     device_type: str, tokens: int, heads: int, dtype: str, det: bool, hidden: int = 256, intermediate: int = 1280
 ) -> Any:
-    from magi2_core.problem import Feature, Problem
+    from magi2_core.model.problem import Feature, Problem
 
     return Problem(
         op="moe_experts",
@@ -192,7 +192,7 @@ def _as_on_device(interpreting: bool) -> Iterator[None]:
 def _profile(which: str | None, tuned: str, device: dict[str, Any]) -> Iterator[Any]:
     """The described device under ``which`` (see :func:`_profiles`)."""
     import magi2_core as m2
-    from magi2_core.virtual_device import VirtualDevice
+    from magi2_core.model.virtual_device import VirtualDevice
 
     saved = os.environ.pop("MAGI2_PROFILE", None)
     given = None
@@ -214,7 +214,7 @@ def _profile(which: str | None, tuned: str, device: dict[str, Any]) -> Iterator[
 
 def _others(device_type: str) -> list[Any]:
     """The attention, moe_route and rmsnorm calls of `magi2 tune`'s default grid, as problems."""
-    from magi2_core.problem import Feature, Problem
+    from magi2_core.model.problem import Feature, Problem
     from magi2_core.tuning.grid import AttentionShape, NormShape, RouteShape, default_grid
 
     out = []
@@ -270,7 +270,7 @@ def _others(device_type: str) -> list[Any]:
 
 
 def _tune_experts(device_type: str) -> list[Any]:
-    from magi2_core.problem import Feature, Problem
+    from magi2_core.model.problem import Feature, Problem
     from magi2_core.tuning.grid import ExpertsShape, default_grid
 
     return [
@@ -297,8 +297,8 @@ def record(tuned: str) -> dict[str, Any]:
     from magi2_backend_triton.providers import triton_moe_experts
 
     from magi2_core.errors import NoEligibleProviderError
-    from magi2_core.registry import Registry
-    from magi2_core.resolver import resolve_problem
+    from magi2_core.selection.registry import Registry
+    from magi2_core.selection.resolver import resolve_problem
 
     whys: list[str] = []
     plans: list[list[Any]] = []
@@ -378,7 +378,7 @@ def _index(table: list[Any], item: Any) -> int:
 
 
 def _deterministic(problem: Any) -> bool:
-    from magi2_core.problem import Feature
+    from magi2_core.model.problem import Feature
 
     return Feature.DETERMINISTIC in problem.features
 

@@ -22,8 +22,8 @@ import pytest
 
 import magi2_core as m2
 from magi2_core import config
-from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
-from magi2_core.registry import Registry
+from magi2_core.model.backend_spec import BackendSpec, Setting, SinkCorrectionSpec, hookimpl
+from magi2_core.selection.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 OWNER = "magi2-backend-toy"
@@ -320,7 +320,7 @@ def test_an_entry_point_naming_a_module_that_defines_the_function_still_loads(mo
     made before the entry points named the function keeps working until it is reinstalled)."""
     from importlib.metadata import EntryPoint
 
-    from magi2_core import registry
+    from magi2_core.selection import registry
 
     module = types.ModuleType("magi2_toy_module_plugin")
     module.magi2_backend = _backend("magi2-backend-module-form")  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import shadow
+from magi2_core.selection import shadow
 
 BACKEND = "bad_example_shadow"
 

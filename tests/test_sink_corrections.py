@@ -11,10 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 import magi2_core as m2
-from magi2_core import registry
-from magi2_core.backend_spec import BackendSpec, Setting, SinkCorrectionSpec
 from magi2_core.cli import app
-from magi2_core.registry import Registry
+from magi2_core.model.backend_spec import BackendSpec, Setting, SinkCorrectionSpec
+from magi2_core.selection import registry
+from magi2_core.selection.registry import Registry
 from magi2_core.sink_correction.choice import sink_correction_for
 from magi2_core.sink_correction.reference import apply_sink_correction, sink_correction
 

@@ -10,7 +10,7 @@ import torch
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
-from magi2_core.kernel import SinkRescale
+from magi2_core.model.kernel import SinkRescale
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits

@@ -17,14 +17,15 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Problem, strict
-from magi2_core import dispatch as _dispatch
-from magi2_core.dispatch import Dispatcher
+from magi2_core import BackendSpec, Capability, Problem
 from magi2_core.errors import ResolutionError, StrictModeError
 from magi2_core.ops.moe_route import SPEC as MOE_ROUTE
 from magi2_core.ops.moe_route import RouteCall, RouteKey
 from magi2_core.reasons import Reason, ReasonCode
-from magi2_core.registry import Registry
+from magi2_core.selection import dispatch as _dispatch
+from magi2_core.selection import strict
+from magi2_core.selection.dispatch import Dispatcher
+from magi2_core.selection.registry import Registry
 
 MOD = "magi2_strict_toy"
 

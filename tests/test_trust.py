@@ -16,11 +16,12 @@ import torch
 from magi2_backend_reference.rmsnorm import reference_rmsnorm
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Condition, Rule, registry
-from magi2_core.capability import Provenance
+from magi2_core import BackendSpec, Capability, Condition, Rule
+from magi2_core.model.capability import Provenance
 from magi2_core.ops.rmsnorm import RMSNormCall
-from magi2_core.registry import REFERENCE_DIST, Registry
-from magi2_core.shadow import _reference_kernel
+from magi2_core.selection import registry
+from magi2_core.selection.registry import REFERENCE_DIST, Registry
+from magi2_core.selection.shadow import _reference_kernel
 from magi2_core.testing import registered_backend
 from magi2_core.testing.register import InProcessBackend
 

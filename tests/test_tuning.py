@@ -14,16 +14,17 @@ import torch
 from typer.testing import CliRunner
 
 import magi2_core as m2
-from magi2_core import BackendSpec, Capability, Feature, timing
+from magi2_core import BackendSpec, Capability, Feature
 from magi2_core.cli import app
 from magi2_core.errors import InvalidValueError
+from magi2_core.model.plan import Plan
+from magi2_core.model.problem import Problem
 from magi2_core.ops.moe_experts import ExpertsCall
 from magi2_core.ops.rmsnorm import RMSNormCall
-from magi2_core.plan import Plan
-from magi2_core.problem import Problem
 from magi2_core.profiles import DeviceKey, load_profile, reset_profiles
-from magi2_core.registry import get_registry
+from magi2_core.selection.registry import get_registry
 from magi2_core.testing import InProcessBackend
+from magi2_core.tools import timing
 from magi2_core.tuning import tune
 from magi2_core.tuning.grid import (
     AttentionShape,
@@ -466,9 +467,9 @@ def test_cli_tune_refuses_what_it_cannot_do(args: list[str], message: str, tmp_p
 
 
 def test_cli_tune_on_a_machine_without_musa_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import magi2_core.devices
+    import magi2_core.model.devices
 
-    monkeypatch.setattr(magi2_core.devices, "musa_available", lambda: False)
+    monkeypatch.setattr(magi2_core.model.devices, "musa_available", lambda: False)
     result = _cli(["tune", "--device", "musa"])
     assert result.exit_code == 2 and "no usable MUSA device" in " ".join(result.output.split()), result.output
 

@@ -1,4 +1,4 @@
-"""The :class:`~magi2_core.problem.Problem` fields that ``magi2 explain``'s options describe, per op.
+"""The :class:`~magi2_core.model.problem.Problem` fields that ``magi2 explain``'s options describe, per op.
 
 Each function takes the command's options (a mapping by option name) and the features asked for so
 far (it adds the ones its options imply), and returns the op's integer problem fields; it raises
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from magi2_core.contracts import _checks as checks
-from magi2_core.problem import Feature, OpName
+from magi2_core.model.problem import Feature, OpName
 
 __all__ = ["EXPLAIN_FIELDS", "ExplainError", "ExplainFields"]
 

@@ -11,8 +11,8 @@ from magi2_core.cli._output import print_json, say, terminal_width
 from magi2_core.cli._table import WIDE_HELP, Column, render
 
 if TYPE_CHECKING:
-    from magi2_core.registry import LoadedBackend
-    from magi2_core.report import ProviderStatus
+    from magi2_core.selection.registry import LoadedBackend
+    from magi2_core.tools.report import ProviderStatus
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # Narrowest last: on a narrow terminal the rules go first, then the features (--wide keeps them).
@@ -47,7 +47,7 @@ def _sink_corrections(device_types: list[str]) -> dict[str, dict[str, str]]:
     For a device type this host lacks, what would be tried, in order, without importing a kernel for it
     (describing stays cheap: the Triton correction imports Triton)."""
     from magi2_core.errors import ConfigError
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
     from magi2_core.sink_correction.choice import TORCH, sink_correction_for
 
     state = get_registry().state()
@@ -75,9 +75,9 @@ def backends(
     wide: Annotated[bool, typer.Option("--wide", help=WIDE_HELP)] = False,
 ) -> None:
     """List installed backends, their providers and whether each can run here; quarantined plugins with the reason."""
-    from magi2_core.problem import OP_FEATURES
-    from magi2_core.registry import get_registry
-    from magi2_core.report import present_device_types, provider_status
+    from magi2_core.model.problem import OP_FEATURES
+    from magi2_core.selection.registry import get_registry
+    from magi2_core.tools.report import present_device_types, provider_status
 
     reg = get_registry()
     loaded = reg.backends()

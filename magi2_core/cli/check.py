@@ -79,10 +79,10 @@ def check(
     """Run the conformance kit: generated cases per provider, compared with the reference provider."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from magi2_core.problem import OPS
-    from magi2_core.report import present_device_types
+    from magi2_core.model.problem import OPS
     from magi2_core.testing.op_cases import DEFAULT_MAX_TOKENS
     from magi2_core.testing.runner import plan, run_kit
+    from magi2_core.tools.report import present_device_types
 
     unknown_ops = [o for o in op or () if o not in OPS]
     if unknown_ops:

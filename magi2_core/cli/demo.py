@@ -20,8 +20,8 @@ def demo(
     """Run one toy-width MAGI-2 layer (every op) and report each call against a float64 oracle."""
     import torch
 
-    from magi2_core.demo import best_device, run_demo
-    from magi2_core.report import present_device_types
+    from magi2_core.tools.demo import best_device, run_demo
+    from magi2_core.tools.report import present_device_types
 
     if device is None:
         dev = best_device()

@@ -20,7 +20,7 @@ def env(
 ) -> None:
     """Report versions (core, backends, torch, Triton, CUDA, driver, GPU, MUSA, FA3/FA4/MATE builds) and which
     providers are usable here, and why not."""
-    from magi2_core.report import environment_report
+    from magi2_core.tools.report import environment_report
 
     report = environment_report()
     if json_out:

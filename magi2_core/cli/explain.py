@@ -9,14 +9,14 @@ import typer
 from magi2_core.cli._output import print_json, say, usage_error
 
 if TYPE_CHECKING:
-    from magi2_core.plan import Plan
-    from magi2_core.problem import Problem
-    from magi2_core.virtual_device import VirtualDevice
+    from magi2_core.model.plan import Plan
+    from magi2_core.model.problem import Problem
+    from magi2_core.model.virtual_device import VirtualDevice
 
 
 def _known_op(op: str) -> str:
     """Refuse an unknown op while the arguments are parsed, before torch is imported."""
-    from magi2_core.problem import OPS  # pydantic only
+    from magi2_core.model.problem import OPS  # pydantic only
 
     if op not in OPS:
         raise typer.BadParameter(f"unknown op {op!r}; choose one of {', '.join(OPS)}")
@@ -96,11 +96,11 @@ def explain(
     """Show which provider a call would get and why every other candidate was or was not chosen."""
     from magi2_core.cli._explain_fields import EXPLAIN_FIELDS, ExplainError
     from magi2_core.errors import ResolutionError
+    from magi2_core.model.problem import OPS, Feature, Problem
     from magi2_core.ops import SPECS
-    from magi2_core.problem import OPS, Feature, Problem
     from magi2_core.profiles.described import describe_device
-    from magi2_core.report import present_device_types
-    from magi2_core.resolver import resolve_problem
+    from magi2_core.selection.resolver import resolve_problem
+    from magi2_core.tools.report import present_device_types
 
     def reject(message: str) -> NoReturn:
         usage_error("explain", message, json_out=json_out)
@@ -199,8 +199,8 @@ def explain(
 def _plan(problem: Problem, chosen: str | None, described: VirtualDevice | None) -> Plan | None:
     """The chosen provider's plan for ``problem`` (on the ``described`` device, if any) when its kernel
     object is :class:`Planned` (:class:`PlannedOn`), else None."""
-    from magi2_core.kernel import Planned, PlannedOn
-    from magi2_core.registry import get_registry
+    from magi2_core.model.kernel import Planned, PlannedOn
+    from magi2_core.selection.registry import get_registry
 
     loaded = get_registry().provider(problem.op, chosen) if chosen else None
     kernel = loaded.load()[0] if loaded is not None else None
@@ -213,7 +213,7 @@ def _known_device_types() -> set[str]:
     """Device types torch knows, plus any that an installed provider declares (a plugin's own device)."""
     import torch
 
-    from magi2_core.registry import get_registry
+    from magi2_core.selection.registry import get_registry
 
     providers = get_registry().state().providers.values()
     declared = {d for op in providers for p in op for d in p.capability.device_types if d != "*"}

@@ -22,7 +22,7 @@ def overhead(
         usage_error("overhead", f"--iters must be at least 1; got {iters}", json_out=json_out)
     import torch
 
-    from magi2_core.overhead import DEVICES, dispatch_overhead
+    from magi2_core.tools.overhead import DEVICES, dispatch_overhead
 
     if device not in DEVICES:
         usage_error("overhead", f"--device must be one of {', '.join(DEVICES)}; got {device!r}", json_out=json_out)

@@ -55,7 +55,7 @@ def tune(
 ) -> None:
     """Measure every eligible provider (and the MoE plan's kernels, tiles and alignments) over a grid of
     production shapes on this machine, and write a device profile that prefers the fastest."""
-    from magi2_core.problem import OPS
+    from magi2_core.model.problem import OPS
 
     def reject(message: str) -> NoReturn:
         usage_error("tune", message, json_out=json_out)
@@ -119,7 +119,7 @@ def tune(
 def _check_device(device: str, reject: Callable[[str], NoReturn]) -> None:
     import torch
 
-    from magi2_core.devices import cuda_available, musa_available
+    from magi2_core.model.devices import cuda_available, musa_available
 
     kind = device.split(":")[0]
     if kind == "cpu":
@@ -151,7 +151,7 @@ def _measure(
 ) -> TuneRun:
     from rich import progress as rp
 
-    from magi2_core import timing
+    from magi2_core.tools import timing
     from magi2_core.tuning import tune as run_tune
 
     command = " ".join(["magi2", *sys.argv[1:]]) if "tune" in sys.argv[1:] else "magi2 tune"
@@ -188,7 +188,7 @@ def _measure(
 
 
 def _show(device: str, json_out: bool) -> None:
-    import magi2_core.registry  # noqa: F401  (hands the backends' profile fragments to the profiles)
+    import magi2_core.selection.registry  # noqa: F401  (hands the backends' profile fragments to the profiles)
     from magi2_core.profiles import active_profile, every_plan_rows
 
     loaded = active_profile(device)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from magi2_core.distributed._a2a import ShardPlan, exchange_token_counts, group_rank_world
 from magi2_core.errors import InvalidShapeError
-from magi2_core.kernel import SinkRescale
+from magi2_core.model.kernel import SinkRescale
 from magi2_core.ops import attention
 
 __all__ = ["UlyssesPlans", "ulysses_attention", "ulysses_plans"]

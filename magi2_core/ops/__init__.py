@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from magi2_core.dispatch import dispatcher
 from magi2_core.errors import InvalidValueError
+from magi2_core.model.problem import OPS, OpName
 from magi2_core.ops._spec import OpSpec
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import attention
@@ -39,9 +39,9 @@ from magi2_core.ops.qk_norm_rope import SPEC as QK_NORM_ROPE
 from magi2_core.ops.qk_norm_rope import qk_norm_rope
 from magi2_core.ops.rmsnorm import SPEC as RMSNORM
 from magi2_core.ops.rmsnorm import rmsnorm
-from magi2_core.problem import OPS, OpName
 from magi2_core.reasons import Resolution
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.dispatch import dispatcher
+from magi2_core.selection.resolver import resolve_problem
 
 __all__ = [
     "SPECS",
@@ -61,7 +61,7 @@ __all__ = [
 SPECS: dict[OpName, OpSpec[Any, Any]] = {
     s.name: s for s in (ATTENTION, MOE_ROUTE, MOE_EXPERTS, RMSNORM, MHC_PRE, MHC_MIX, QK_NORM_ROPE, OUTPUT_GATE)
 }
-assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.problem.OPS"
+assert tuple(SPECS) == OPS, "one spec per operator, in the order of magi2_core.model.problem.OPS"
 
 
 def resolve(op: str, *args: Any, **kwargs: Any) -> Resolution:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from magi2_core import config
-from magi2_core.problem import FEATURE_BIT, Feature
+from magi2_core.model.problem import FEATURE_BIT, Feature
 
 __all__ = [
     "INTS",

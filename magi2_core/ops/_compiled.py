@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from magi2_core import shadow
-from magi2_core.dispatch import dispatcher
 from magi2_core.ops._spec import OpSpec, dense
+from magi2_core.selection import shadow
+from magi2_core.selection.dispatch import dispatcher
 
 __all__ = ["custom_op", "fake_like"]
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from magi2_core.contracts._checks import device_value_checks
-from magi2_core.dispatch import dispatcher
 from magi2_core.ops._spec import OpSpec
-from magi2_core.overrides import context_token
+from magi2_core.selection.dispatch import dispatcher
+from magi2_core.selection.overrides import context_token
 
 __all__ = ["Layout", "cache_lookup", "keep_scalars"]
 

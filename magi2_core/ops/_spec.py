@@ -5,12 +5,12 @@ public function and its docstring, the typed problem key, validation, the kernel
 ``torch.compile`` fake and the acceptance rule. The resolver, shadow verification, the conformance
 kit and ``magi2 explain`` are loops over :data:`magi2_core.ops.SPECS` that call the methods below
 and never switch on the op's name. The op's integer problem fields are data in
-:data:`magi2_core.problem.OP_INT_FIELDS` (the registry and the profiles check descriptors against
+:data:`magi2_core.model.problem.OP_INT_FIELDS` (the registry and the profiles check descriptors against
 them without importing the ops); a spec's key type is checked against them when it is defined.
 
 The typed problem key of an op is a ``NamedTuple`` whose first four fields are :data:`HEAD` (device,
 dtype, out_dtype, feature mask) and whose other fields are the op's integer problem fields, by their
-:class:`~magi2_core.problem.Problem` names: the dispatcher buckets those by name, and a capability
+:class:`~magi2_core.model.problem.Problem` names: the dispatcher buckets those by name, and a capability
 descriptor may name only fields that its op's key (or :data:`COMMON_FIELDS`) has.
 """
 
@@ -21,12 +21,12 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from magi2_core.capability import Capability, descriptor_errors
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts.acceptance import Acceptance
 from magi2_core.errors import InvalidValueError
+from magi2_core.model.capability import Capability, descriptor_errors
+from magi2_core.model.problem import COMMON_FIELDS, HEAD, OP_INT_FIELDS, OpName, Problem, features_from_mask, op_fields
 from magi2_core.ops._args import Args
-from magi2_core.problem import COMMON_FIELDS, HEAD, OP_INT_FIELDS, OpName, Problem, features_from_mask, op_fields
 
 __all__ = ["COMMON_FIELDS", "HEAD", "Accept", "CallT", "KeyT", "OpSpec", "dense", "forward_only"]
 
@@ -64,7 +64,7 @@ class OpSpec(Generic[CallT, KeyT]):
 
     ``CallT`` is the op's validated call record (a frozen NamedTuple of normalised inputs ending in
     ``key``; a provider's kernel receives it whole), ``KeyT`` its typed problem key (``key_type``, checked
-    against :data:`~magi2_core.problem.OP_INT_FIELDS` here). ``args``: the op's declared arguments;
+    against :data:`~magi2_core.model.problem.OP_INT_FIELDS` here). ``args``: the op's declared arguments;
     ``validator``: its validation (``validate(*positional, **keywords, compiling=)``); ``outputs``: the
     names of its result (one tensor, or a tuple's entries in order); ``accept``: its acceptance rule.
     """
@@ -83,7 +83,7 @@ class OpSpec(Generic[CallT, KeyT]):
         if fields[: len(HEAD)] != HEAD or fields[len(HEAD) :] != OP_INT_FIELDS[self.name]:
             raise TypeError(
                 f"{key_type.__name__} fields {fields} are not HEAD + "
-                f"magi2_core.problem.OP_INT_FIELDS[{self.name!r}] {HEAD + OP_INT_FIELDS[self.name]}"
+                f"magi2_core.model.problem.OP_INT_FIELDS[{self.name!r}] {HEAD + OP_INT_FIELDS[self.name]}"
             )
         self.args = args
         self.key_type = key_type
@@ -111,7 +111,7 @@ class OpSpec(Generic[CallT, KeyT]):
         return "out_dtype" in self.fields
 
     def descriptor_errors(self, cap: Capability) -> list[str]:
-        """Why ``cap`` cannot be a descriptor of this op (:func:`~magi2_core.capability.descriptor_errors`)."""
+        """Why ``cap`` cannot be a descriptor of this op (:func:`~magi2_core.model.capability.descriptor_errors`)."""
         return descriptor_errors(cap)
 
     def problem(self, key: KeyT) -> Problem:

@@ -18,16 +18,16 @@ from typing import Any, Literal, NamedTuple, Protocol, overload
 import torch
 
 from magi2_core import config
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDeviceError, InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.kernel import SinkRescale
+from magi2_core.model.kernel import SinkRescale
+from magi2_core.model.problem import FEATURE_BIT, Feature
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args, deterministic_arg, record
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
-from magi2_core.problem import FEATURE_BIT, Feature
+from magi2_core.selection import shadow as _shadow
 
 __all__ = [
     "ACTIVATION_DTYPES",

@@ -12,7 +12,6 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError
@@ -20,6 +19,7 @@ from magi2_core.ops._args import TENSOR, Arg, Args, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import Layout, cache_lookup, keep_scalars
 from magi2_core.ops._spec import OpSpec, forward_only
+from magi2_core.selection import shadow as _shadow
 
 __all__ = ["ARGS", "SPEC", "MHCMixCall", "MHCMixKernel", "MHCMixKey", "mhc_mix", "validate"]
 

@@ -2,7 +2,7 @@
 
 Experts: ``w_gate``/``w_up`` ``[Hl·E, d, I]``, ``w_down`` ``[Hl·E, I, d]``; probs FP32 ``[Hl, T, K]``,
 idx ``[Hl, T, K]`` per-head expert ids in ``[0, E)``. :func:`prepare_moe_weights` lays one layer's
-weights out once, at load time, for the provider that serves them (see :mod:`magi2_core.moe_weights`).
+weights out once, at load time, for the provider that serves them (see :mod:`magi2_core.contracts.moe_weights`).
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from magi2_core import config
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
+from magi2_core.contracts.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
 from magi2_core.errors import InvalidDTypeError, InvalidShapeError, InvalidValueError
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights, check_weights, checkpoint_views
+from magi2_core.model.problem import Problem
 from magi2_core.ops._args import TENSOR, Arg, Args, Pack, deterministic_arg, record
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
-from magi2_core.problem import Problem
-from magi2_core.registry import get_registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection import shadow as _shadow
+from magi2_core.selection.registry import get_registry
+from magi2_core.selection.resolver import resolve_problem
 
 __all__ = [
     "ARGS",
@@ -127,8 +127,8 @@ ARGS = Args(
             "torch.Tensor | PreparedMoEWeights",
             "``[Hl·E, d, I]``, x's dtype and device, head-major (rows "
             "``h·E .. h·E+E-1`` are head h's experts). Or, in ``w_gate``'s place, one "
-            ":class:`~magi2_core.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`, with ``w_up`` and "
-            "``w_down`` left out.",
+            ":class:`~magi2_core.contracts.moe_weights.PreparedMoEWeights` from :func:`prepare_moe_weights`, "
+            "with ``w_up`` and ``w_down`` left out.",
             layout=TENSOR,
         ),
         Arg("w_up", "torch.Tensor | None", "", None, layout=TENSOR, positional=True),
@@ -159,7 +159,7 @@ class MoEExpertsKernel(Protocol):
 class MoEWeightPreparer(Protocol):
     """Optional on a ``moe_experts`` kernel object: lay one layer's weights out once, at load time.
 
-    Returns ``(layout, tensors)`` for a layout named in :mod:`magi2_core.moe_weights`. Without this
+    Returns ``(layout, tensors)`` for a layout named in :mod:`magi2_core.contracts.moe_weights`. Without this
     method the weights stay in checkpoint layout (the identity preparation). The kernel then receives
     the checkpoint-layout views of the prepared tensors and may recognise its own layout from their
     strides; a provider must serve any layout correctly, even one it did not prepare.
@@ -318,7 +318,7 @@ def prepare_moe_weights(
         provider: prepare for this provider instead of the one resolution picks.
 
     Returns:
-        A :class:`~magi2_core.moe_weights.PreparedMoEWeights` (the provider's layout, its tensors on
+        A :class:`~magi2_core.contracts.moe_weights.PreparedMoEWeights` (the provider's layout, its tensors on
         the weights' device): pass it as ``moe_experts(x, probs, idx, prepared)``.
     """
     wg, wu, wd = check_weights(w_gate, w_up, w_down)

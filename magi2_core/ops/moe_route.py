@@ -20,16 +20,16 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.contracts.moe import ScoreFunc
 from magi2_core.errors import InvalidShapeError, InvalidValueError
+from magi2_core.model.problem import FEATURE_BIT, Feature
 from magi2_core.ops._args import OPTIONAL_TENSOR, TENSOR, VALUE, Arg, Args, record
 from magi2_core.ops._compiled import custom_op
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
-from magi2_core.problem import FEATURE_BIT, Feature
+from magi2_core.selection import shadow as _shadow
 
 __all__ = ["ARGS", "SPEC", "MoERouteKernel", "RouteCall", "RouteKey", "moe_route", "validate"]
 

@@ -19,7 +19,6 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
@@ -27,6 +26,7 @@ from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, index_arg, modality
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
+from magi2_core.selection import shadow as _shadow
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "QKNormRopeCall", "QKNormRopeKernel", "QKNormRopeKey", "qk_norm_rope"]
 

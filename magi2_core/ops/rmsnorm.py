@@ -13,7 +13,6 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
-from magi2_core import shadow as _shadow
 from magi2_core.contracts import _checks as checks
 from magi2_core.contracts import acceptance as acc
 from magi2_core.errors import InvalidShapeError
@@ -21,6 +20,7 @@ from magi2_core.ops._args import TENSOR, Arg, Args, eps_arg, modality_sizes_arg,
 from magi2_core.ops._compiled import custom_op, fake_like
 from magi2_core.ops._lookup import cache_lookup
 from magi2_core.ops._spec import OpSpec, forward_only
+from magi2_core.selection import shadow as _shadow
 
 __all__ = ["ARGS", "DEFAULT_EPS", "SPEC", "RMSNormCall", "RMSNormKernel", "RMSNormKey", "rmsnorm", "validate"]
 

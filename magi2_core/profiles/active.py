@@ -9,7 +9,7 @@ and capability: the generic fragments (no device name) that backends ship, and o
 the descriptors' priorities decide.
 
 Files are parsed once; the device's name and capability are read once per device
-(:func:`magi2_core.devices.device_identity`); the selection is cached per device and per set of
+(:func:`magi2_core.model.devices.device_identity`); the selection is cached per device and per set of
 backend fragments. :func:`magi2_core.reload_config` drops every cache.
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from magi2_core import config
-from magi2_core.capability import Provenance
 from magi2_core.errors import ConfigError, ProfileError
-from magi2_core.problem import OpName, Problem
+from magi2_core.model.capability import Provenance
+from magi2_core.model.problem import OpName, Problem
 from magi2_core.profiles.model import (
     FORMAT,
     VERSION,
@@ -161,7 +161,7 @@ _files: dict[str, Profile] = {}
 _active: dict[tuple[Any, ...], LoadedProfile] = {}
 _bounds: dict[tuple[Any, ...], dict[str, tuple[int, ...]]] = {}
 # Where active_profile() finds the backends' fragments by default: set by the process registry
-# (magi2_core.registry hands over its own, so that this module never imports the registry).
+# (magi2_core.selection.registry hands over its own, so that this module never imports the registry).
 _backend_fragments: Callable[[], Sequence[Fragment]] | None = None
 
 
@@ -425,7 +425,7 @@ def active_profile(device: Any = "cpu", backends: Sequence[Fragment] | None = No
 
 def profile_for(device_type: str, device_index: int | None, backends: Sequence[Fragment]) -> LoadedProfile:
     """:func:`active_profile` for a device given as type and index, with the backends' fragments."""
-    from magi2_core.devices import device_identity
+    from magi2_core.model.devices import device_identity
 
     kind, index = device_type, device_index
     key = (tuple(f.origin for f in backends), kind, index)

@@ -1,4 +1,4 @@
-"""Describing a device for explain (:class:`~magi2_core.virtual_device.VirtualDevice`) from what the caller knows.
+"""Describing a device for explain (:class:`~magi2_core.model.virtual_device.VirtualDevice`) from what the caller knows.
 
 The capability of a named device comes, in this order, from the caller, from a user, shipped or backend
 profile that names the device, or from :data:`KNOWN_CAPABILITIES`; otherwise :func:`describe_device`
@@ -13,11 +13,11 @@ import os
 from collections.abc import Sequence
 
 from magi2_core import config
-from magi2_core.devices import device_identity
 from magi2_core.errors import ProfileError
+from magi2_core.model.devices import device_identity
+from magi2_core.model.virtual_device import VirtualDevice
 from magi2_core.profiles.active import GENERIC, Fragment, backend_fragments, shipped_profiles, user_profiles
 from magi2_core.profiles.model import load_profile
-from magi2_core.virtual_device import VirtualDevice
 
 __all__ = ["KNOWN_CAPABILITIES", "describe_device"]
 

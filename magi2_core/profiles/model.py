@@ -2,8 +2,8 @@
 
 A profile says, for one device, which eligible provider to prefer per op and region of the problem
 space (``preferences``) and which plan a provider should run (``plans``, opaque to the core), each
-row with its ``why`` and its provenance. Conditions are :class:`~magi2_core.capability.Condition`
-values, evaluated on the call's :class:`~magi2_core.problem.Problem`; rows are tried in file order
+row with its ``why`` and its provenance. Conditions are :class:`~magi2_core.model.capability.Condition`
+values, evaluated on the call's :class:`~magi2_core.model.problem.Problem`; rows are tried in file order
 and the first whose conditions all hold wins. The format is described in ``docs/profiles.md``.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 
-from magi2_core.capability import Condition, Provenance
 from magi2_core.errors import ProfileError
-from magi2_core.problem import INT_FIELDS, OpName, Problem, op_fields
+from magi2_core.model.capability import Condition, Provenance
+from magi2_core.model.problem import INT_FIELDS, OpName, Problem, op_fields
 
 __all__ = ["FORMAT", "VERSION", "PlanRow", "Preference", "Profile", "ProfileDevice", "load_profile", "parse_profile"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from magi2_core import config
 from magi2_core.errors import ProfileError
-from magi2_core.problem import OpName
+from magi2_core.model.problem import OpName
 from magi2_core.profiles.active import (
     DeviceKey,
     Fragment,

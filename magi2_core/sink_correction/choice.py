@@ -6,11 +6,11 @@ torch's varlen) get the kernel's LSE and fold the sinks in afterwards
 ask :func:`sink_correction_for` for the correction of their device type and call its ``apply``.
 
 Backends contribute corrections in their spec (``BackendSpec.sink_corrections``) as
-:class:`~magi2_core.backend_spec.SinkCorrectionSpec` descriptors; the core's torch correction
+:class:`~magi2_core.model.backend_spec.SinkCorrectionSpec` descriptors; the core's torch correction
 (:func:`magi2_core.sink_correction.reference.apply_sink_correction`, named ``"torch"``) serves every device type. For a
 device type the choice is, in order:
 
-1. the name that a backend's setting forces for it (a :class:`~magi2_core.backend_spec.Setting` with
+1. the name that a backend's setting forces for it (a :class:`~magi2_core.model.backend_spec.Setting` with
    ``forces_sink_correction_on``, collected in ``RegistryState.forced_by``: magi2-backend-musa-mate's
    ``MAGI2_MATE_SINK_CORRECTION`` on MUSA, where the fused Triton kernel is opt-in until it has run on
    the hardware); a name that no backend contributes, or whose kernel does not import, is a
@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from magi2_core import config
 from magi2_core.errors import ConfigError
-from magi2_core.registry import TORCH_SINK_CORRECTION, get_registry
+from magi2_core.selection.registry import TORCH_SINK_CORRECTION, get_registry
 
 if TYPE_CHECKING:
     import torch
 
-    from magi2_core.backend_spec import SinkCorrectionSpec
-    from magi2_core.kernel import SinkRescale
+    from magi2_core.model.backend_spec import SinkCorrectionSpec
+    from magi2_core.model.kernel import SinkRescale
 
 __all__ = ["TORCH", "SinkCorrection", "SinkCorrectionFn", "sink_correction_for", "torch_correction"]
 

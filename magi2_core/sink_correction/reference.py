@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from magi2_core.kernel import SinkRescale
+from magi2_core.model.kernel import SinkRescale
 
 __all__ = ["apply_sink_correction", "sink_correction", "sink_scale"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import OpName
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OpName
 
 __all__ = ["Call", "Case", "boundary_lengths", "clamp", "dtype_of", "make_case", "prefix_sums", "randn"]
 

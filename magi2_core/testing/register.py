@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from magi2_core.backend_spec import BackendSpec
-from magi2_core.capability import Capability
-from magi2_core.problem import OpName
-from magi2_core.registry import get_registry
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OpName
+from magi2_core.selection.registry import get_registry
 
 __all__ = ["InProcessBackend", "registered_backend", "rehost"]
 

@@ -26,13 +26,13 @@ from typing import Any, Literal
 import torch
 
 import magi2_core as m2
-from magi2_core.capability import Capability
-from magi2_core.dispatch import set_device_value_checks
 from magi2_core.errors import InvalidInputError, ProviderNotEligibleError, ResolutionError
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OPS, Feature, OpName, Problem
 from magi2_core.ops import SPECS
-from magi2_core.problem import OPS, Feature, OpName, Problem
-from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import resolve_problem, static_reasons
+from magi2_core.selection.dispatch import set_device_value_checks
+from magi2_core.selection.registry import Registry, get_registry
+from magi2_core.selection.resolver import resolve_problem, static_reasons
 from magi2_core.testing.cases import Case
 from magi2_core.testing.inputs import ARG_NAMES, Call, build_call, invalid_calls
 from magi2_core.testing.op_cases import CASES, DEFAULT_MAX_TOKENS, generate_cases

@@ -2,7 +2,7 @@
 
 - :mod:`~magi2_core.tuning.grid`: the default production grid and ``--shapes FILE``;
 - :mod:`~magi2_core.tuning.measure`: one point, every eligible provider and plan, through the one
-  harness (:mod:`magi2_core.timing`);
+  harness (:mod:`magi2_core.tools.timing`);
 - :mod:`~magi2_core.tuning.regions`: winners to profile rows (geometric-mean cuts, upper bounds);
 - :mod:`~magi2_core.tuning.write`: the profile file, with provenance;
 - :mod:`~magi2_core.tuning.session`: resumable runs (``<out>.partial``);

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 import magi2_core as m2
 from magi2_core.errors import InvalidValueError
-from magi2_core.problem import OpName
+from magi2_core.model.problem import OpName
 
 __all__ = [
     "DEFAULT_GRID",

@@ -4,9 +4,9 @@ For a point, the inputs are built on the device and the call is resolved (that d
 not trusted). Every installed provider of the op is then forced in turn (``provider=``): those that
 can serve the call are its *eligible* providers. The eager ``reference`` is never timed: it exists to
 be exact, not fast, and at production sizes it needs memory and time no measurement should spend.
-A provider whose kernel object is :class:`~magi2_core.kernel.Planned` and can run a given plan
+A provider whose kernel object is :class:`~magi2_core.model.kernel.Planned` and can run a given plan
 (``run_plan``) has each of its plan candidates timed as well, through that entry (same inputs).
-Everything of one point is timed in one alternating run of the harness (:mod:`magi2_core.timing`).
+Everything of one point is timed in one alternating run of the harness (:mod:`magi2_core.tools.timing`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict
 
 import magi2_core as m2
 from magi2_core.errors import ResolutionError
-from magi2_core.plan import Plan
-from magi2_core.problem import Problem
-from magi2_core.registry import get_registry
-from magi2_core.timing import Timer, measure
+from magi2_core.model.plan import Plan
+from magi2_core.model.problem import Problem
+from magi2_core.selection.registry import get_registry
+from magi2_core.tools.timing import Timer, measure
 from magi2_core.tuning.grid import Built, Shape
 
 __all__ = [
@@ -44,7 +44,7 @@ REFERENCE = "reference"  # never timed (module docstring)
 
 @runtime_checkable
 class PlanRunner(Protocol):
-    """A :class:`~magi2_core.kernel.Planned` kernel object that also runs a call with an explicit plan
+    """A :class:`~magi2_core.model.kernel.Planned` kernel object that also runs a call with an explicit plan
     (the Triton MoE's ``run_plan``, taking the op's arguments after the plan)."""
 
     def plan(self, problem: Problem) -> Plan: ...

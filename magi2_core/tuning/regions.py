@@ -20,8 +20,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from magi2_core.capability import Condition
-from magi2_core.problem import OpName, with_routes_per_expert
+from magi2_core.model.capability import Condition
+from magi2_core.model.problem import OpName, with_routes_per_expert
 from magi2_core.profiles.model import PlanRow, Preference
 from magi2_core.tuning.measure import PointResult, plan_key
 

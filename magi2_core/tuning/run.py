@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from magi2_core.devices import device_identity
-from magi2_core.problem import OPS, OpName
+from magi2_core.model.devices import device_identity
+from magi2_core.model.problem import OPS, OpName
 from magi2_core.profiles.active import DeviceKey, active_profile
 from magi2_core.profiles.model import Profile
-from magi2_core.timing import Timer
+from magi2_core.tools.timing import Timer
 from magi2_core.tuning.grid import Shape
 from magi2_core.tuning.measure import PointResult, measure_point
 from magi2_core.tuning.session import Session

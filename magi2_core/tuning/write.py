@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from magi2_core._version import __version__
-from magi2_core.capability import Provenance
-from magi2_core.problem import OpName
+from magi2_core.model.capability import Provenance
+from magi2_core.model.problem import OpName
 from magi2_core.profiles.active import DeviceKey, LoadedProfile, installed_version, user_profile_dir
 from magi2_core.profiles.model import FORMAT, VERSION, PlanRow, Preference, Profile, ProfileDevice, loads_profile
 from magi2_core.tuning.measure import PointResult

@@ -8,9 +8,9 @@ import torch
 from magi2_backend_reference.attention import exact_attention, reference_attention
 from magi2_backend_reference.rmsnorm import reference_rmsnorm_fp32
 
+from magi2_core.model.problem import Problem
 from magi2_core.ops.attention import AttentionCall
 from magi2_core.ops.rmsnorm import RMSNormCall
-from magi2_core.problem import Problem
 from magi2_core.reasons import Reason, ReasonCode
 
 

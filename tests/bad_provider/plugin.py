@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from magi2_core.backend_spec import BackendSpec
-from magi2_core.capability import Capability
-from magi2_core.problem import Feature
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature
 
 _ATTN_FEATURES = frozenset({Feature.SINKS, Feature.GQA, Feature.LSE, Feature.SOFTCAP})
 

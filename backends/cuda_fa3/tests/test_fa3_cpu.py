@@ -20,14 +20,14 @@ from magi2_backend_reference.attention import reference_attention
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
-from magi2_core.problem import Feature, Problem
+from magi2_core.model.problem import Feature, Problem
+from magi2_core.model.virtual_device import VirtualDevice
 from magi2_core.profiles import shipped_profiles
 from magi2_core.reasons import ReasonCode
 from magi2_core.sink_correction.choice import sink_correction_for, torch_correction
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
-from magi2_core.virtual_device import VirtualDevice
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo

@@ -16,12 +16,12 @@ from magi2_backend_cuda_fa3.discovery import FoundBuild
 from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
-from magi2_core import devices
-from magi2_core.problem import Feature, Problem
+from magi2_core.model import devices
+from magi2_core.model.problem import Feature, Problem
 from magi2_core.profiles import reset_profiles
 from magi2_core.reasons import Resolution
-from magi2_core.registry import Registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.registry import Registry
+from magi2_core.selection.resolver import resolve_problem
 from magi2_core.testing import InProcessBackend
 
 HOST = "fake_fa3_profile_host"

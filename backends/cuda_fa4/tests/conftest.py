@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from magi2_core.registry import get_registry
+from magi2_core.selection.registry import get_registry
 
 
 @pytest.fixture

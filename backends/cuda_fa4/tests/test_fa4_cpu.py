@@ -29,18 +29,18 @@ from magi2_backend_reference.attention import reference_attention
 from magi2_backend_reference.plugin import PROVIDERS as REFERENCE_PROVIDERS
 
 import magi2_core as m2
-from magi2_core import devices
 from magi2_core.contracts.acceptance import accept_attention, accept_lse
-from magi2_core.problem import Feature, Problem
+from magi2_core.model import devices
+from magi2_core.model.problem import Feature, Problem
+from magi2_core.model.virtual_device import VirtualDevice
 from magi2_core.profiles import Profile, reset_profiles, shipped_profiles
 from magi2_core.reasons import ReasonCode
-from magi2_core.registry import Registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.registry import Registry
+from magi2_core.selection.resolver import resolve_problem
 from magi2_core.sink_correction.choice import torch_correction
 from magi2_core.sink_correction.reference import sink_correction
 from magi2_core.testing import InProcessBackend, call_record
 from magi2_core.testing.specials import SINK_KINDS, sink_logits
-from magi2_core.virtual_device import VirtualDevice
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))  # the float64 oracles live with the core tests of this monorepo

@@ -26,8 +26,8 @@ from magi2_backend_musa_mate import mate_abi
 from magi2_backend_reference.attention import exact_attention
 
 from magi2_core import config
-from magi2_core.backend_spec import BackendSpec, SinkCorrectionSpec
-from magi2_core.registry import get_registry
+from magi2_core.model.backend_spec import BackendSpec, SinkCorrectionSpec
+from magi2_core.selection.registry import get_registry
 
 _COMMON_HEAD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q", "seqused_k")
 _FA3_TAIL = ("q_descale", "k_descale", "v_descale", "window_size")

@@ -16,7 +16,7 @@ from magi2_backend_musa_mate.provider import mate_attention
 from musa_fakes import MusaWorld
 
 import magi2_core as m2
-from magi2_core.problem import Problem
+from magi2_core.model.problem import Problem
 from magi2_core.reasons import ReasonCode
 
 _TORCHADA_ENV = ("SGLANG_MOE_CONFIG_DIR", "VLLM_TUNED_CONFIG_FOLDER")
@@ -110,8 +110,8 @@ def test_fresh_process_never_imports_torchada_mate_or_torch_musa() -> None:
         sys.meta_path.insert(0, Spy())
         import torch
         import magi2_core as m2
-        from magi2_core.problem import Problem
-        from magi2_core.resolver import resolve_problem
+        from magi2_core.model.problem import Problem
+        from magi2_core.selection.resolver import resolve_problem
         q = torch.randn(40, 4, 64).to(torch.bfloat16)
         kv = torch.randn(40, 2, 64).to(torch.bfloat16)
         cu = torch.tensor([0, 40], dtype=torch.int32)

@@ -15,10 +15,10 @@ from magi2_backend_reference.attention import reference_attention
 from musa_fakes import CORE_GENERATIONS, LSE_FLAG, FakeTritonSinks, FakeVarlen, MusaWorld, varlen_case
 
 import magi2_core as m2
-from magi2_core import registry
 from magi2_core.contracts.acceptance import accept_attention, accept_lse, within_ulps
-from magi2_core.problem import Feature, Problem
+from magi2_core.model.problem import Feature, Problem
 from magi2_core.reasons import ReasonCode
+from magi2_core.selection import registry
 from magi2_core.sink_correction.reference import sink_correction, sink_scale
 from magi2_core.testing import call_record
 from magi2_core.testing.specials import SINK_KINDS, SinkKind, sink_logits

@@ -13,16 +13,16 @@ from magi2_backend_musa_mate.provider import mate_attention
 from musa_fakes import MusaWorld
 
 import magi2_core as m2
-from magi2_core.backend_spec import BackendSpec
-from magi2_core.capability import Capability
-from magi2_core.dispatch import Dispatcher
 from magi2_core.errors import ProviderNotEligibleError
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.ops.attention import SPEC as ATTENTION
 from magi2_core.ops.attention import AttentionKey
-from magi2_core.problem import FEATURE_BIT, Feature, Problem
 from magi2_core.reasons import Candidate, ReasonCode, Resolution, Verdict
-from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import resolve_problem
+from magi2_core.selection.dispatch import Dispatcher
+from magi2_core.selection.registry import Registry, get_registry
+from magi2_core.selection.resolver import resolve_problem
 
 
 class _CudaOnly:

@@ -40,7 +40,7 @@ from moe_align_oracle import align_routes
 
 import magi2_core as m2
 from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
+from magi2_core.model.plan import Plan
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Small-shape tests run under the interpreter on CPU, and natively when a GPU is present.

@@ -29,7 +29,7 @@ from magi2_backend_triton.moe.tiles import SliceTile
 from test_moe_fused import INTERPRET, make_moe, one_kernel_plan, rel_l2
 
 from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
+from magi2_core.model.plan import Plan
 
 TILE128 = SliceTile(128, 32, 8, 3)
 # per aligned row block; per expert over route lists; per aligned row block, warp-specialised

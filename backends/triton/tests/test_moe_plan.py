@@ -32,10 +32,10 @@ from typer.testing import CliRunner
 
 from magi2_core.cli import app
 from magi2_core.errors import InvalidValueError
-from magi2_core.kernel import Planned
-from magi2_core.plan import Plan
-from magi2_core.problem import Feature, Problem
-from magi2_core.virtual_device import VirtualDevice
+from magi2_core.model.kernel import Planned
+from magi2_core.model.plan import Plan
+from magi2_core.model.problem import Feature, Problem
+from magi2_core.model.virtual_device import VirtualDevice
 
 H200 = mp.DeviceId("cuda", "NVIDIA H200", (9, 0))
 H20 = mp.DeviceId("cuda", "NVIDIA H20", (9, 0))

@@ -29,7 +29,7 @@ from test_moe_fused import INTERPRET, make_moe, one_kernel_plan, rel_l2
 
 from magi2_core.contracts.acceptance import accept_moe_experts
 from magi2_core.errors import InvalidValueError
-from magi2_core.plan import Plan
+from magi2_core.model.plan import Plan
 
 # The Gluon kernel is GPU-only (test_moe_gluon.py).
 _T16 = SliceTile(16, 16, 4, 1)

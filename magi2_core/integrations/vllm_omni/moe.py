@@ -43,11 +43,11 @@ from torch import nn
 
 from magi2_core import ops
 from magi2_core.contracts.moe import ScoreFunc
+from magi2_core.contracts.moe_weights import CHECKPOINT, PreparedMoEWeights
 from magi2_core.distributed import ep_head_counts, ep_local_heads, ep_plan, ep_slice
 from magi2_core.errors import InvalidShapeError, InvalidValueError
 from magi2_core.integrations.vllm_omni.settings import router_bias_source
-from magi2_core.moe_weights import CHECKPOINT, PreparedMoEWeights
-from magi2_core.registry import REFERENCE
+from magi2_core.selection.registry import REFERENCE
 
 __all__ = ["EPGroup", "Magi2MultiHeadMoE", "Magi2MultiHeadMoEConfig", "MoEConfigLike", "ParallelGroupLike"]
 

@@ -46,7 +46,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from magi2_core import config as m2_config
-from magi2_core import devices
 from magi2_core.errors import ResolutionError
 from magi2_core.integrations.vllm_omni.attention import packed_attention_with_sink
 from magi2_core.integrations.vllm_omni.gate import METHODS as GATE_METHODS
@@ -66,8 +65,9 @@ from magi2_core.integrations.vllm_omni.settings import (
 )
 from magi2_core.integrations.vllm_omni.shared_experts import METHODS as SHARED_EXPERTS_METHODS
 from magi2_core.integrations.vllm_omni.shared_experts import SharedExpertsMethods
-from magi2_core.problem import Feature, Problem
-from magi2_core.resolver import resolve_problem
+from magi2_core.model import devices
+from magi2_core.model.problem import Feature, Problem
+from magi2_core.selection.resolver import resolve_problem
 
 __all__ = ["SUPPORTED_VERSIONS", "register", "unregister"]
 

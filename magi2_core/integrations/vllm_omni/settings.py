@@ -12,7 +12,7 @@ settings.
 from __future__ import annotations
 
 from magi2_core import config
-from magi2_core.backend_spec import Setting
+from magi2_core.model.backend_spec import Setting
 
 __all__ = [
     "OWNER",

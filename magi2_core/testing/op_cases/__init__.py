@@ -7,15 +7,15 @@ claimed dtype, head dim (a small default set when the descriptor does not restri
 integer range, plus the edge layouts of the contract (ragged and empty segments, T = 0, empty
 modality groups). Cases outside a claimed *range* are not generated; cases that a *rule* makes
 ineligible are kept, and reported as ineligible rather than run. :data:`CASES` has one generator per
-operator, in the order of :data:`magi2_core.problem.OPS`.
+operator, in the order of :data:`magi2_core.model.problem.OPS`.
 """
 
 from __future__ import annotations
 
-from magi2_core.capability import Capability
-from magi2_core.problem import OPS, OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OPS, OpName, Problem
 from magi2_core.reasons import ReasonCode
-from magi2_core.resolver import static_reasons
+from magi2_core.selection.resolver import static_reasons
 from magi2_core.testing.cases import Case
 from magi2_core.testing.op_cases import (
     attention,
@@ -44,7 +44,7 @@ CASES: dict[OpName, OpCases] = {
         output_gate.CASES,
     )
 }
-assert tuple(CASES) == OPS, "one case generator per operator, in the order of magi2_core.problem.OPS"
+assert tuple(CASES) == OPS, "one case generator per operator, in the order of magi2_core.model.problem.OPS"
 
 # Boundary layouts longer than this are not generated (CPU CI stays fast); a range whose minimum is
 # larger is still served with one case at its minimum, so every claimed region gets a case.

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import Feature, OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature, OpName, Problem
 from magi2_core.testing.cases import Case, clamp, make_case, randn
 
 __all__ = ["moe_case_problem", "moe_cases", "router_inputs"]

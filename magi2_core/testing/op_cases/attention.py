@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import Feature, OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature, OpName, Problem
 from magi2_core.testing.cases import Call, Case, boundary_lengths, clamp, dtype_of, make_case, prefix_sums, randn
 from magi2_core.testing.op_cases.base import OpCases
 from magi2_core.testing.specials import SINK_KINDS, sink_logits

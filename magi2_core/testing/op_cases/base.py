@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case
 
 __all__ = ["OpCases", "out_dtypes"]

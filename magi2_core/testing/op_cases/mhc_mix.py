@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case, clamp, dtype_of, make_case, randn
 from magi2_core.testing.op_cases.base import OpCases
 from magi2_core.testing.op_cases.mhc_pre import mhc_streams

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import Feature, OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import Feature, OpName, Problem
 from magi2_core.testing.cases import Call, Case, dtype_of
 from magi2_core.testing.op_cases._moe import moe_case_problem, moe_cases, router_inputs
 from magi2_core.testing.op_cases.base import OpCases

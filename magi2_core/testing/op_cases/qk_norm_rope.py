@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from magi2_core.capability import Capability
-from magi2_core.problem import OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OpName, Problem
 from magi2_core.testing.cases import Call, Case, dtype_of, make_case, randn
 from magi2_core.testing.op_cases.base import OpCases, out_dtypes
 

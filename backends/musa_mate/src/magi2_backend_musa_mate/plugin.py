@@ -1,7 +1,7 @@
 """Entry point of magi2-backend-musa-mate: the ``mate`` descriptor only (nothing MUSA is imported).
 
 Selection facts live here as data: MUSA only, BF16/FP16, the head dims, the features, and the
-short-sequence floor as a :class:`~magi2_core.capability.Rule` with its provenance, so that
+short-sequence floor as a :class:`~magi2_core.model.capability.Rule` with its provenance, so that
 ``magi2 explain`` shows why a short call went to the exact reference instead.
 """
 

@@ -70,7 +70,7 @@ def described_reasons(device: VirtualDevice) -> CheckedOn:
 class TritonMoEExperts:
     """The fused head-routed MoE (GEMM1 + SwiGLU7, GEMM2 x routing weight, top-k sum).
 
-    Implements :class:`magi2_core.kernel.Planned`: which kernel, tile and alignment serve a problem
+    Implements :class:`magi2_core.model.kernel.Planned`: which kernel, tile and alignment serve a problem
     (`moe/plan.py`), the alternatives worth timing, and `run_plan` to run a call with one of them.
     """
 

@@ -1,8 +1,8 @@
 """Which kernel, tile and route alignment serve a fused-MoE call, as data: ``plan(problem) -> Plan``.
 
 The choice comes from plan rows (the ``plans`` of a device profile, op ``moe_experts``, provider
-``triton``): each row has ``when`` conditions (:class:`magi2_core.capability.Condition`, evaluated on
-the call's :class:`~magi2_core.problem.Problem`) and a plan (``variant``, ``tile``, ``align``; the
+``triton``): each row has ``when`` conditions (:class:`magi2_core.model.capability.Condition`, evaluated on
+the call's :class:`~magi2_core.model.problem.Problem`) and a plan (``variant``, ``tile``, ``align``; the
 vocabulary is `tiles.py`'s). This backend ships its rows as profile fragments in
 ``magi2_backend_triton/profiles/``, listed in its ``BackendSpec.profiles``: measured rows for the
 NVIDIA H200 and H100, and generic rows per device class (other CUDA 9.x devices, other CUDA, MUSA,

@@ -1,4 +1,4 @@
-"""The fused MoE's kernel variants and launch sizes, read from a :class:`magi2_core.plan.Plan`.
+"""The fused MoE's kernel variants and launch sizes, read from a :class:`magi2_core.model.plan.Plan`.
 
 A plan names a ``variant``, a ``tile`` (its launch sizes, by name) and an ``align`` (how the routes
 reach the kernel); `plan.py` says which plan serves a problem, `fused.run_fused` launches it. This

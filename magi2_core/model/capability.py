@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from magi2_core.problem import INT_FIELDS, Feature, OpName, Problem, op_fields
+from magi2_core.model.problem import INT_FIELDS, Feature, OpName, Problem, op_fields
 
 __all__ = ["Capability", "CompareOp", "Condition", "IntRange", "Provenance", "Rule"]
 

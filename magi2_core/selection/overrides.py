@@ -17,7 +17,7 @@ from contextvars import ContextVar
 
 from magi2_core import config
 from magi2_core.errors import InvalidValueError
-from magi2_core.problem import OpName
+from magi2_core.model.problem import OpName
 
 __all__ = [
     "FAMILY",

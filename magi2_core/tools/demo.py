@@ -22,9 +22,9 @@ import torch
 
 import magi2_core as m2
 from magi2_core.contracts.acceptance import rel_l2
-from magi2_core.devices import cuda_available, musa_available
+from magi2_core.model.devices import cuda_available, musa_available
+from magi2_core.model.problem import OpName
 from magi2_core.ops import SPECS
-from magi2_core.problem import OpName
 
 __all__ = ["OpReport", "best_device", "run_demo"]
 

@@ -15,11 +15,11 @@ q's device, ``max_seqlen_*`` are Python ints, ``softcap`` is ``max(softcap, 0.0)
 A kernel object that chooses among kernels of its own may also implement :class:`Planned`: its plan
 for a problem (shown by ``magi2 explain``) and the alternatives ``magi2 tune`` may time.
 
-For ``magi2 explain`` on a described device (:class:`~magi2_core.virtual_device.VirtualDevice`, one this
+For ``magi2 explain`` on a described device (:class:`~magi2_core.model.virtual_device.VirtualDevice`, one this
 host may not have), a kernel object may implement :class:`CheckableOn` and :class:`PlannedOn`: the same
 answers for that device, judged on its capability, with the provider's libraries assumed installed as on
 that device. Only explain calls them. Without ``check_on``, explain calls ``check`` and sets aside the
-reason that :func:`magi2_core.devices.absent_device` gives (this host lacks the device), saying so.
+reason that :func:`magi2_core.model.devices.absent_device` gives (this host lacks the device), saying so.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
-from magi2_core.plan import Plan
-from magi2_core.problem import Problem
+from magi2_core.model.plan import Plan
+from magi2_core.model.problem import Problem
+from magi2_core.model.virtual_device import VirtualDevice
 from magi2_core.reasons import Reason
-from magi2_core.virtual_device import VirtualDevice
 
 __all__ = ["Checkable", "CheckableOn", "CheckedOn", "Planned", "PlannedOn", "SinkRescale"]
 

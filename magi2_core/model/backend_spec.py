@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from magi2_core.capability import Capability
+from magi2_core.model.capability import Capability
 
 __all__ = ["BackendSpec", "Setting", "SettingKind", "SettingMoment", "SinkCorrectionSpec", "hookimpl"]
 

@@ -1,5 +1,5 @@
 """Resolution: from a :class:`Problem` to a provider, explained (memoised for the hot path by
-:mod:`magi2_core.dispatch`).
+:mod:`magi2_core.selection.dispatch`).
 
 Order: overrides in fixed precedence (``provider=`` argument > ``use(...)`` > environment), else the
 providers of the op in a total order, the first eligible wins: the providers that the active device
@@ -9,9 +9,9 @@ because the preferred one cannot serve it: the next eligible one wins.
 Eligibility = the descriptor's static checks (device type, dtype, head dim, ranges, features, rules)
 then the kernel object's run-time ``check`` (imports, compute capability).
 
-For a described device (``device=``, :class:`~magi2_core.virtual_device.VirtualDevice`: ``magi2 explain
+For a described device (``device=``, :class:`~magi2_core.model.virtual_device.VirtualDevice`: ``magi2 explain
 --device-name``), the profile is the one that device gets (:func:`~magi2_core.profiles.profile_of`) and the
-run-time check is the kernel object's ``check_on`` (:class:`~magi2_core.kernel.CheckableOn`), or its
+run-time check is the kernel object's ``check_on`` (:class:`~magi2_core.model.kernel.CheckableOn`), or its
 ``check`` without the reason that this host lacks the device. Calls of the ops never pass ``device``.
 """
 
@@ -20,23 +20,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from magi2_core import overrides
-from magi2_core.capability import Capability
-from magi2_core.devices import absent_device
 from magi2_core.errors import (
     NoEligibleProviderError,
     ProviderNotEligibleError,
     UnknownProviderError,
 )
-from magi2_core.kernel import Checkable, CheckableOn
-from magi2_core.overrides import FAMILY, env_overrides, env_var, key_ops, layered_overrides
-from magi2_core.problem import OpName, Problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.devices import absent_device
+from magi2_core.model.kernel import Checkable, CheckableOn
+from magi2_core.model.problem import OpName, Problem
 from magi2_core.profiles.active import DeviceKey, profile_for, profile_of
 from magi2_core.reasons import Candidate, DecidedBy, Reason, ReasonCode, Resolution, Verdict
-from magi2_core.registry import LoadedProvider, Registry, RegistryState, get_registry
+from magi2_core.selection import overrides
+from magi2_core.selection.overrides import FAMILY, env_overrides, env_var, key_ops, layered_overrides
+from magi2_core.selection.registry import LoadedProvider, Registry, RegistryState, get_registry
 
 if TYPE_CHECKING:
-    from magi2_core.virtual_device import VirtualDevice
+    from magi2_core.model.virtual_device import VirtualDevice
 
 __all__ = ["resolve_in", "resolve_problem", "static_reasons"]
 

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 import magi2_core as m2
-from magi2_core.backend_spec import BackendSpec
-from magi2_core.capability import Capability
 from magi2_core.errors import InvalidDeviceError
+from magi2_core.model.backend_spec import BackendSpec
+from magi2_core.model.capability import Capability
+from magi2_core.model.problem import OPS, OUT_DTYPE_OPS, Feature
 from magi2_core.ops import SPECS, dispatcher
-from magi2_core.problem import OPS, OUT_DTYPE_OPS, Feature
 
 __all__ = ["DEVICES", "dispatch_overhead"]
 

@@ -5,9 +5,9 @@ Off by default; when off, an op call pays one ContextVar read. Turn it on for th
 ``magi2_core.reload_config()``; ``MAGI2_SHADOW_RAISE=1`` raises on a mismatch) or :func:`configure`,
 or for a scope::
 
-    with magi2_core.shadow.shadow(rate=0.05, raise_on_mismatch=False):
+    with magi2_core.selection.shadow.shadow(rate=0.05, raise_on_mismatch=False):
         model(x)
-    print(magi2_core.shadow.stats())
+    print(magi2_core.selection.shadow.stats())
 
 A scope is a ContextVar, like ``use()``: it covers the block in this thread or task only, nests (the
 innermost wins; ``rate=0`` turns shadowing off inside), and outside any scope the process setting
@@ -34,8 +34,8 @@ import torch
 
 from magi2_core import config
 from magi2_core.errors import Magi2Error
-from magi2_core.problem import OpName
-from magi2_core.registry import get_registry
+from magi2_core.model.problem import OpName
+from magi2_core.selection.registry import get_registry
 
 if TYPE_CHECKING:
     from magi2_core.ops._spec import OpSpec

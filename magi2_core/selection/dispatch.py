@@ -6,9 +6,9 @@ in :mod:`magi2_core.ops`): device, dtype, feature mask and each integer field *b
 boundaries that the installed descriptors and the device profiles' rows use, plus the active
 overrides. A new sequence length reuses the cached decision unless it crosses a boundary. The cache
 belongs to one registry generation: a call that sees a newer generation starts a fresh cache, and
-each resolution reads one consistent :class:`~magi2_core.registry.RegistryState`, so a backend
+each resolution reads one consistent :class:`~magi2_core.selection.registry.RegistryState`, so a backend
 registered or unregistered while other threads run ops never leaves a half-built list or a stale
-kernel behind. What is chosen, and why, is :mod:`magi2_core.resolver`'s business.
+kernel behind. What is chosen, and why, is :mod:`magi2_core.selection.resolver`'s business.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from magi2_core import config
 from magi2_core.config import WATCH
 from magi2_core.contracts._checks import replace_device_value_checks
-from magi2_core.overrides import context_token
-from magi2_core.problem import HEAD, OpName
+from magi2_core.model.problem import HEAD, OpName
 from magi2_core.profiles.active import boundaries as profile_boundaries
-from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import resolve_in
-from magi2_core.strict import check_resolution, replace_strict
+from magi2_core.selection.overrides import context_token
+from magi2_core.selection.registry import Registry, get_registry
+from magi2_core.selection.resolver import resolve_in
+from magi2_core.selection.strict import check_resolution, replace_strict
 
 if TYPE_CHECKING:
     from magi2_core.ops._spec import OpSpec

@@ -1,7 +1,7 @@
 """A provider's execution plan for one problem: which kernel variant, tile and alignment serve it, and why.
 
 A provider that chooses among kernels of its own (the Triton MoE: variants, tiles, route alignments)
-exposes the choice as a :class:`Plan` through :class:`magi2_core.kernel.Planned`, so that
+exposes the choice as a :class:`Plan` through :class:`magi2_core.model.kernel.Planned`, so that
 ``magi2 explain`` can show it and ``magi2 tune`` can time the alternatives. The fields ``variant``,
 ``tile`` and ``align`` are the provider's own vocabulary; the core only shows and stores them.
 """

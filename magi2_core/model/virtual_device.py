@@ -4,9 +4,9 @@ Explaining for a :class:`VirtualDevice` answers "what would that device pick?" o
 (a laptop, CI): the profile is chosen for its name and capability as on that device, and providers
 are judged on its capability rather than on this host's devices. Their libraries are assumed to be
 installed as on that device: a provider whose library does not import here says so in a note on its
-candidate, and is judged as its usual build would be (:class:`magi2_core.kernel.CheckableOn`).
+candidate, and is judged as its usual build would be (:class:`magi2_core.model.kernel.CheckableOn`).
 
-Only explain takes a virtual device (:func:`magi2_core.resolver.resolve_problem`'s ``device=``); a
+Only explain takes a virtual device (:func:`magi2_core.selection.resolver.resolve_problem`'s ``device=``); a
 call of an op never does, so the resolution of real calls is the same with or without this module.
 
 :func:`magi2_core.profiles.described.describe_device` builds one from what the caller knows (a name

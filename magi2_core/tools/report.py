@@ -20,12 +20,12 @@ import torch
 
 from magi2_core import config
 from magi2_core._version import CORE_API_VERSION, __version__
-from magi2_core.capability import Capability
-from magi2_core.devices import cuda_available, musa_available
 from magi2_core.errors import ResolutionError
-from magi2_core.problem import OPS, Problem
-from magi2_core.registry import Registry, get_registry
-from magi2_core.resolver import invalid_env_overrides, resolve_problem
+from magi2_core.model.capability import Capability
+from magi2_core.model.devices import cuda_available, musa_available
+from magi2_core.model.problem import OPS, Problem
+from magi2_core.selection.registry import Registry, get_registry
+from magi2_core.selection.resolver import invalid_env_overrides, resolve_problem
 
 __all__ = ["ProviderStatus", "environment_report", "present_device_types", "provider_status"]
 

@@ -1,11 +1,11 @@
 """Backend discovery: entry points, spec validation, quarantine, allow/deny lists.
 
 Backends are found under the entry-point group ``magi2_core.backends``; each entry point names a
-function that returns the backend's whole :class:`~magi2_core.backend_spec.BackendSpec` (or the module
+function that returns the backend's whole :class:`~magi2_core.model.backend_spec.BackendSpec` (or the module
 that defines it as ``magi2_backend``). Each one is loaded and called in isolation: an entry point that
 fails to import, is no such function, has a pluggy-era hook beside it (told what to change), raises,
 returns an invalid spec, declares an incompatible core contract range, redeclares a provider name, a
-sink-correction name or a ``MAGI2_*`` variable (:class:`~magi2_core.backend_spec.Setting`) that the core
+sink-correction name or a ``MAGI2_*`` variable (:class:`~magi2_core.model.backend_spec.Setting`) that the core
 or another backend declares, or forces the sink correction of a device type that another backend's
 setting already forces, is *quarantined* with its reason (shown by ``magi2 backends`` and in every
 ``explain()``) and never breaks the others; so is one whose device-profile fragments
@@ -52,9 +52,9 @@ from packaging.version import Version
 
 from magi2_core import config
 from magi2_core._version import CHANGED_SINCE, CORE_API_VERSION
-from magi2_core.backend_spec import BackendSpec, SinkCorrectionSpec
-from magi2_core.capability import Capability, descriptor_errors
-from magi2_core.problem import INT_FIELDS, OPS, OpName
+from magi2_core.model.backend_spec import BackendSpec, SinkCorrectionSpec
+from magi2_core.model.capability import Capability, descriptor_errors
+from magi2_core.model.problem import INT_FIELDS, OPS, OpName
 from magi2_core.profiles.active import Fragment, fragment_from_resource, use_backend_fragments
 from magi2_core.reasons import QuarantinedPlugin
 
