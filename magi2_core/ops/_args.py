@@ -99,8 +99,12 @@ def modality_sizes_arg(doc: str) -> Arg:
     )
 
 
-def index_arg(doc: str) -> Arg:
-    """``index: torch.Tensor | None``: an optional row gather on the input's device."""
+def index_arg(upstream: str) -> Arg:
+    """``index: torch.Tensor | None``: an optional row gather on x's device (``upstream``: vllm-omni's name for it)."""
+    doc = (
+        f"``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's ``{upstream}``); "
+        "values in [0, T), not checked on the host (that would sync). None: row t."
+    )
     return Arg("index", "torch.Tensor | None", doc, None, schema=torch.Tensor | None, layout=OPTIONAL_TENSOR)
 
 

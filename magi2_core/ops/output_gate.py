@@ -74,10 +74,7 @@ ARGS = Args(
             schema=torch.Tensor,
             layout=TENSOR,
         ),
-        index_arg(
-            "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
-            "``permute``); values in [0, T), not checked on the host (that would sync). None: row t."
-        ),
+        index_arg("permute"),
         out_dtype_arg(),
     ),
 )

@@ -95,10 +95,7 @@ ARGS = Args(
         modality_sizes_arg(
             "host-side ints, the sizes of the M contiguous groups of x's rows, summing to T (None: M = 1)."
         ),
-        index_arg(
-            "``[T]`` int32 or int64 on x's device: output row t reads x's row ``index[t]`` (vllm-omni's "
-            "``inverse_permute``); values in [0, T), not checked on the host (that would sync). None: row t."
-        ),
+        index_arg("inverse_permute"),
         out_dtype_arg(),
     ),
 )
