@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
     from magi2_core._api import *  # noqa: F403
 
 # The public surface (docs/api.md): what users and backend authors call. Everything else is imported
-# from its submodule (e.g. ``magi2_core.reasons.ReasonCode``, ``magi2_core.model.capability.Provenance``).
+# from its submodule (e.g. ``magi2_core.reasons.ReasonCode``; a backend's names from ``magi2_core.backend``).
 __all__ = [
     "CORE_API_VERSION",
     "__version__",
@@ -35,6 +35,7 @@ __all__ = [
     "resolve",
     "set_device_value_checks",
     "set_strict",
+    "shadow",
     "use",
     # errors
     "ConfigChangeError",

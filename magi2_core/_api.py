@@ -37,6 +37,7 @@ from magi2_core.ops import (
     rmsnorm,
 )
 from magi2_core.reasons import Resolution
+from magi2_core.selection import shadow
 from magi2_core.selection.dispatch import set_device_value_checks, set_strict
 from magi2_core.selection.overrides import use
 from magi2_core.selection.registry import get_registry

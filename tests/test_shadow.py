@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import magi2_core as m2
-from magi2_core.selection import shadow
+from magi2_core import shadow  # the public path (docs/api.md)
 
 BACKEND = "bad_example_shadow"
 
@@ -157,3 +157,11 @@ def test_process_setting_applies_outside_scopes_and_in_other_threads() -> None:
     with shadow.shadow(rate=0.0):
         m2.rmsnorm(x, w[:1], provider="bad_rmsnorm")
     assert shadow.stats().observed == 1
+
+
+def test_the_public_name_is_the_selection_module() -> None:
+    """``from magi2_core import shadow`` and ``m2.shadow`` are the module in ``magi2_core.selection``."""
+    import magi2_core.selection.shadow as module
+
+    assert shadow is module
+    assert m2.shadow is module

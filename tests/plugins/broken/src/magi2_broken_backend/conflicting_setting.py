@@ -2,7 +2,7 @@
 the core's variable keeps its meaning."""
 
 from magi2_core import BackendSpec
-from magi2_core.model.backend_spec import Setting
+from magi2_core.backend import Setting
 
 
 def magi2_backend() -> BackendSpec:

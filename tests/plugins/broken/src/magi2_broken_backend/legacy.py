@@ -2,7 +2,7 @@
 functions the registry no longer calls (its sink correction would be lost without a word)."""
 
 from magi2_core import BackendSpec, hookimpl
-from magi2_core.model.backend_spec import SinkCorrectionSpec
+from magi2_core.backend import SinkCorrectionSpec
 
 
 @hookimpl

@@ -1,7 +1,6 @@
 """Descriptors of the example backend (cheap: no kernel imports)."""
 
-from magi2_core import BackendSpec, Capability, Condition, Rule
-from magi2_core.model.capability import Provenance
+from magi2_core.backend import BackendSpec, Capability, Condition, Provenance, Rule
 
 
 def magi2_backend() -> BackendSpec:
