@@ -109,6 +109,12 @@ SUPERSEDED = {
     "output_gate_h100_822c45d.json": "output_gate_h100.json",
     "dispatch_cuda_h100_915066e.json": "dispatch_cuda_h100.json",
     "dispatch_cpu_h100host_915066e.json": "dispatch_cpu_h100host.json",
+    # dispatch at 899c9a4 and 84ca57e, measured again at 2f6d7e6 (the core in folders); docs/benchmarks.md
+    # keeps their numbers
+    "dispatch_cuda_h100_899c9a4.json": "dispatch_cuda_h100.json",
+    "dispatch_cpu_h100host_899c9a4.json": "dispatch_cpu_h100host.json",
+    "dispatch_cuda_h100_84ca57e.json": "dispatch_cuda_h100.json",
+    "dispatch_cpu_h100host_84ca57e.json": "dispatch_cpu_h100host.json",
     # 899c9a4's runs of the layer and the two fused ops, measured again at a27c0ad (the layer with the
     # shared-experts swap); docs/benchmarks.md keeps their numbers
     "vllm_omni_stack_h100_899c9a4.json": "vllm_omni_stack_h100.json",
